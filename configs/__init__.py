@@ -1,0 +1,1 @@
+"""YAML registries, installed as r2med_agent.configs."""

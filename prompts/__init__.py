@@ -1,0 +1,1 @@
+"""Jinja prompt templates, installed as r2med_agent.prompts."""

@@ -1,0 +1,200 @@
+"""Registries (LLMs, encoders, tasks, reproduction grids) as YAML layers, read into frozen
+dataclasses.
+
+Layers, later wins per entry name: the package's ``configs/<name>.yaml``, then the user's config
+file (``--config FILE``, else ``$R2MED_CONFIG``, else ``~/.config/r2med-agent/config.yaml`` when it
+exists), whose top-level section of the same name (``llms:``, ``encoders:``) adds or replaces
+entries without editing the package. Unknown keys are errors that name the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.paths import configs_dir
+
+T = TypeVar("T")
+
+_user_config: Path | None = None
+
+
+def set_user_config(path: str | os.PathLike[str] | None) -> None:
+    """Point the registries at a user config file (the CLI's ``--config``)."""
+    global _user_config
+    _user_config = Path(path) if path else None
+    load_yaml.cache_clear()
+
+
+def user_config_path() -> Path | None:
+    if _user_config is not None:
+        return _user_config
+    env = os.environ.get("R2MED_CONFIG")
+    if env:
+        return Path(env)
+    default = Path.home() / ".config" / "r2med-agent" / "config.yaml"
+    return default if default.exists() else None
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: malformed YAML: {getattr(e, 'problem', e)}") from None
+
+
+class _Cache:
+    def __init__(self) -> None:
+        self._d: dict[Path, Any] = {}
+
+    def __call__(self, path: Path) -> Any:
+        path = Path(path)
+        if path not in self._d:
+            self._d[path] = _load_yaml(path)
+        return self._d[path]
+
+    def cache_clear(self) -> None:
+        self._d.clear()
+
+
+load_yaml = _Cache()
+
+
+def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
+    """All raw entries of a registry section, package layer first, then the user file.
+
+    Returns ``{name: (fields, file it came from)}``.
+    """
+    out: dict[str, tuple[dict[str, Any], Path]] = {}
+    layers = [configs_dir() / f"{section}.yaml"]
+    user = user_config_path()
+    for i, path in enumerate([*layers, user] if user else layers):
+        if not path.exists():
+            if i == len(layers) and user is not None:
+                raise ConfigError(f"{path}: user config file does not exist")
+            continue
+        doc = load_yaml(path) or {}
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        entries = doc.get(section, {}) if path == user else doc
+        if entries is None:
+            continue
+        if not isinstance(entries, Mapping):
+            raise ConfigError(f"{path}: section '{section}' must be a mapping of name -> fields")
+        for name, fields in entries.items():
+            if not isinstance(fields, Mapping):
+                raise ConfigError(f"{path}: entry '{section}.{name}' must be a mapping")
+            out[str(name)] = (dict(fields), path)
+    return out
+
+
+def build(cls: type[T], fields: Mapping[str, Any], where: str) -> T:
+    """Build frozen dataclass ``cls`` from YAML ``fields``; unknown keys and bad types are errors.
+
+    Nested dataclass fields are built recursively; lists become tuples.
+    """
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in fields.items():
+        kwargs[key] = _coerce(hints[key], value, f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping")
+        return build(tp, value, where)
+    if origin in (tuple, list) or tp in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        return tuple(_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping) or tp in (dict,):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def load_registry(section: str, cls: type[T]) -> dict[str, T]:
+    """Read a whole registry section into ``{name: cls(...)}`` (every entry validated).
+
+    ``cls`` must have a ``name`` field; it is filled from the entry's key.
+    """
+    out: dict[str, T] = {}
+    for name, (fields, path) in registry_entries(section).items():
+        out[name] = build(cls, {"name": name, **fields}, f"{path}: {section}.{name}")
+    return out
+
+
+def lookup(section: str, cls: type[T], name: str) -> T:
+    """One registry entry by name; an unknown name lists the known ones."""
+    reg = load_registry(section, cls)
+    if name not in reg:
+        raise ConfigError(
+            f"unknown {section[:-1] if section.endswith('s') else section} '{name}'; known: "
+            f"{', '.join(sorted(reg))} (add your own under '{section}:' in a user config file)"
+        )
+    return reg[name]

@@ -1,0 +1,52 @@
+"""Errors a user can act on. The CLI prints their message (no traceback) and exits with ``exit_code``."""
+
+from __future__ import annotations
+
+
+class R2MedError(Exception):
+    """Base class: a problem the user can fix; the message says what and how."""
+
+    exit_code = 1
+
+
+class DataError(R2MedError):
+    """Malformed or inconsistent input data; the message names the file and line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, path: object | None = None, line: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+
+
+class ConfigError(R2MedError):
+    """A bad option or configuration value; the message names the key and the allowed values."""
+
+    exit_code = 2
+
+
+class MissingExtraError(R2MedError):
+    """An optional dependency is not installed; the message gives the install command."""
+
+    exit_code = 3
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(
+            f"{package} is not installed; install it with: pip install 'r2med-agent[{extra}]'"
+        )
+
+
+class LLMError(R2MedError):
+    """An LLM backend failed in a way retrying will not fix (bad key, bad request, model missing)."""
+
+    exit_code = 4
+
+
+class HubUnavailableError(R2MedError):
+    """The Hugging Face hub could not be reached."""
+
+    exit_code = 5

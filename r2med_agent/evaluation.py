@@ -1,0 +1,194 @@
+"""Scoring with pytrec_eval (trec_eval semantics), as R2MED does, with every qrels query counted.
+
+Pure functions over Run and Qrels. Two pitfalls of the usual wrappers are fixed here:
+
+* pytrec_eval evaluates only the queries present in both the run and the qrels, so a query the
+  system returned nothing for silently disappears from the mean. Here every qrels query counts: one
+  that is missing from the run (or has an empty ranking) scores 0 on every measure, and their
+  number is reported.
+* The run is cut to the top ``depth`` documents (100, as R2MED does) in trec_eval's own order
+  (score descending, then document id descending), so the cut keeps exactly the documents trec_eval
+  would rank first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.types import Qrels, Run
+
+CUTOFFS: tuple[int, ...] = (1, 10, 25, 50, 100)
+"""Cut-offs of PROTOCOL.md: nDCG, MAP, Recall and P at 1/10/25/50/100."""
+
+_FAMILIES = {"ndcg": "ndcg_cut", "map": "map_cut", "recall": "recall", "precision": "P"}
+
+DEFAULT_METRICS: tuple[str, ...] = tuple(
+    f"{fam}_at_{k}" for fam in _FAMILIES for k in CUTOFFS
+) + ("mrr",)
+"""Metric keys as R2MED's result JSON names them (``ndcg_at_10``, ..., ``mrr``)."""
+
+
+def _trec_measure(metric: str) -> tuple[str, str]:
+    """Map ``ndcg_at_10`` -> (``ndcg_cut``, ``ndcg_cut_10``): the pytrec_eval measure to request
+    and the key it reports."""
+    if metric == "mrr":
+        return "recip_rank", "recip_rank"
+    fam, sep, k = metric.partition("_at_")
+    if not sep or fam not in _FAMILIES or not k.isdigit() or int(k) < 1:
+        raise ConfigError(
+            f"unknown metric '{metric}'; use mrr or <ndcg|map|recall|precision>_at_<k>, e.g. ndcg_at_10"
+        )
+    trec = _FAMILIES[fam]
+    return trec, f"{trec}_{int(k)}"
+
+
+def trec_sorted(ranking: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Documents in trec_eval's order: score descending, ties by document id descending."""
+    by_doc = sorted(ranking.items(), key=lambda kv: kv[0], reverse=True)
+    return sorted(by_doc, key=lambda kv: kv[1], reverse=True)  # stable: ties keep doc-desc order
+
+
+def truncate(run: Run, depth: int = 100) -> Run:
+    """Keep the top ``depth`` documents per query in trec_eval's order (scores as Python floats)."""
+    return {
+        qid: {d: float(s) for d, s in trec_sorted(ranking)[:depth]} for qid, ranking in run.items()
+    }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores of one run against one qrels.
+
+    Attributes:
+        mean: metric -> mean over every qrels query (missing ones count as 0).
+        per_query: query id -> metric -> score, for every qrels query.
+        num_queries: number of qrels queries evaluated.
+        missing: ids of qrels queries absent from the run or with an empty ranking (scored 0).
+    """
+
+    mean: dict[str, float]
+    per_query: dict[str, dict[str, float]]
+    num_queries: int
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+
+def evaluate(
+    run: Run,
+    qrels: Qrels,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    depth: int = 100,
+    relevance_level: int = 1,
+) -> Evaluation:
+    """Score ``run`` against ``qrels`` with pytrec_eval over the top ``depth`` documents.
+
+    Args:
+        run: ``{qid: {doc_id: score}}``; queries not in the qrels are ignored (as trec_eval does).
+        qrels: ``{qid: {doc_id: grade}}``; every query here is scored.
+        metrics: metric keys (see DEFAULT_METRICS).
+        depth: documents per query kept before scoring (R2MED: 100).
+        relevance_level: smallest grade that counts as relevant for binary measures.
+
+    Returns:
+        An Evaluation whose means are Python floats over all qrels queries.
+    """
+    import pytrec_eval
+
+    measures = {m: _trec_measure(m) for m in metrics}
+    judged = {qid: {d: int(g) for d, g in docs.items()} for qid, docs in qrels.items() if docs}
+    cut = truncate({q: r for q, r in run.items() if q in judged and r}, depth)
+    missing = tuple(sorted(q for q in judged if q not in cut))
+    per_query: dict[str, dict[str, float]] = {q: {m: 0.0 for m in metrics} for q in judged}
+    if cut:
+        cutoffs: dict[str, set[int]] = {}
+        for trec, key in measures.values():
+            ks = cutoffs.setdefault(trec, set())
+            if key != trec:
+                ks.add(int(key.rsplit("_", 1)[1]))
+        requested = {
+            f"{trec}.{','.join(map(str, sorted(ks)))}" if ks else trec for trec, ks in cutoffs.items()
+        }
+        evaluator = pytrec_eval.RelevanceEvaluator(
+            judged, requested, relevance_level=relevance_level
+        )
+        for qid, values in evaluator.evaluate(cut).items():
+            per_query[qid] = {m: float(values[key]) for m, (_, key) in measures.items()}
+    n = len(judged)
+    mean = {m: (sum(per_query[q][m] for q in judged) / n if n else 0.0) for m in metrics}
+    return Evaluation(mean=mean, per_query=per_query, num_queries=n, missing=missing)
+
+
+def average_over_tasks(results: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Unweighted mean of per-task means (the paper's headline averages the tasks, not queries)."""
+    results = list(results)
+    if not results:
+        return {}
+    keys = set(results[0])
+    for r in results[1:]:
+        keys &= set(r)
+    return {k: sum(float(r[k]) for r in results) / len(results) for k in sorted(keys)}
+
+
+def write_trec_run(run: Run, tag: str, depth: int = 100) -> str:
+    """A TREC run file's text (``qid Q0 docid rank score tag``), top ``depth`` in trec_eval order."""
+    lines = []
+    for qid in sorted(run):
+        for rank, (doc, score) in enumerate(trec_sorted(run[qid])[:depth], start=1):
+            lines.append(f"{qid} Q0 {doc} {rank} {float(score):.6f} {tag}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def read_trec_run(path) -> Run:
+    """Read a TREC run file (6 columns); malformed lines raise DataError with file:line."""
+    from r2med_agent.errors import DataError
+
+    run: Run = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6:
+                raise DataError(
+                    f"expected 6 columns 'qid Q0 docid rank score tag', got {len(parts)}", path, lineno
+                )
+            qid, _, doc, _, score, _ = parts
+            try:
+                value = float(score)
+            except ValueError:
+                raise DataError(f"score '{score}' is not a number", path, lineno) from None
+            if doc in run.setdefault(qid, {}):
+                raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
+            run[qid][doc] = value
+    return run
+
+
+def read_trec_qrels(path) -> Qrels:
+    """Read TREC qrels (``qid 0 docid grade``, or 3 columns ``qid docid grade``)."""
+    from r2med_agent.errors import DataError
+
+    qrels: Qrels = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) == 4:
+                qid, _, doc, grade = parts
+            elif len(parts) == 3:
+                qid, doc, grade = parts
+            else:
+                raise DataError(
+                    f"expected 'qid 0 docid grade' (or 'qid docid grade'), got {len(parts)} columns",
+                    path,
+                    lineno,
+                )
+            try:
+                g = int(grade)
+            except ValueError:
+                if lineno == 1:  # a header line such as 'query-id corpus-id score'
+                    continue
+                raise DataError(f"grade '{grade}' is not an integer", path, lineno) from None
+            qrels.setdefault(qid, {})[doc] = g
+    return qrels
