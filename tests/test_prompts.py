@@ -1,0 +1,279 @@
+"""The Jinja prompt environment: strict rendering, user overrides, template hashes, examples."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from r2med_agent import prompts
+from r2med_agent.errors import ConfigError
+from r2med_agent.paths import prompts_dir
+
+METHODS = ("hyde", "query2doc", "lamer")
+FAMILIES = ("qa", "exam", "treatment", "case")
+ENDING = {"qa": "Passage:", "exam": "Passage:", "treatment": "Passage:", "case": "Similar Case:"}
+QUERY = "A 30-year-old presents with QUERY-MARKER symptoms."
+EXAMPLES = [
+    {"query": "EXAMPLE-Q1", "passage": "EXAMPLE-P1"},
+    {"query": "EXAMPLE-Q2", "passage": "EXAMPLE-P2"},
+]
+DOCUMENTS = ["first document", "second document"]
+
+
+def full_variables(method: str) -> dict:
+    variables = {"query": QUERY, "domain": "biology", "family": "qa"}
+    if method == "query2doc":
+        variables["examples"] = EXAMPLES
+    if method == "lamer":
+        variables["documents"] = DOCUMENTS
+    return variables
+
+
+@pytest.fixture(autouse=True)
+def _no_env_override(monkeypatch):
+    monkeypatch.delenv(prompts.ENV_VAR, raising=False)
+
+
+# -- every template ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_template_renders_with_query_and_ending(method, family):
+    text = prompts.render(f"{method}/{family}.j2", **full_variables(method))
+    assert QUERY in text
+    assert text.rstrip().endswith(ENDING[family])
+    # The query comes after the instruction (and after any examples/documents).
+    assert text.index(QUERY) > 0
+    if method == "query2doc":
+        assert text.index("EXAMPLE-P2") < text.index(QUERY)
+    if method == "lamer":
+        assert "[1]. first document\n[2]. second document\n" in text
+        assert "wrong" in text or "not similar" in text
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_template_fails_on_a_missing_variable(method, family):
+    variables = full_variables(method)
+    del variables["query"]
+    with pytest.raises(ConfigError, match="query"):
+        prompts.render(f"{method}/{family}.j2", **variables)
+
+
+@pytest.mark.parametrize("method", ["query2doc", "lamer"])
+def test_method_specific_variable_is_required(method):
+    variables = full_variables(method)
+    variables.pop("examples" if method == "query2doc" else "documents")
+    with pytest.raises(ConfigError, match="examples|documents"):
+        prompts.render(f"{method}/qa.j2", **variables)
+
+
+def test_qa_templates_name_the_domain():
+    for method in METHODS:
+        text = prompts.render(f"{method}/qa.j2", **{**full_variables(method), "domain": "bioinformatics"})
+        assert "bioinformatics post" in text
+
+
+def test_hyde_layout_is_exact():
+    text = prompts.render("hyde/case.j2", query="Q", domain="medicine")
+    assert text == (
+        "Please write a similar clinical case that helps diagnose the following case.\n"
+        "Case: Q\n"
+        "Similar Case:\n"
+    )
+
+
+def test_query_text_is_not_interpreted_as_template():
+    query = "What does {{ domain }} or {% raw %} mean in my notes?"
+    text = prompts.render("hyde/qa.j2", query=query, domain="biology")
+    assert query in text
+
+
+def test_unknown_template_lists_available():
+    with pytest.raises(ConfigError, match=r"hyde/nosuch\.j2.*available: .*hyde/qa\.j2"):
+        prompts.render("hyde/nosuch.j2", query="q", domain="d")
+
+
+def test_templates_ship_in_package_folder():
+    for method in METHODS:
+        for family in FAMILIES:
+            assert (prompts_dir() / method / f"{family}.j2").is_file()
+
+
+# -- overrides ---------------------------------------------------------------------------------
+
+
+def test_override_folder_replaces_same_name_and_falls_back(tmp_path):
+    (tmp_path / "hyde").mkdir()
+    (tmp_path / "hyde" / "qa.j2").write_text("MINE {{ query }}\nPassage:\n", encoding="utf-8")
+    assert prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "MINE q\nPassage:\n"
+    # A file the override folder lacks comes from the package.
+    packaged = prompts.render("hyde/exam.j2", query="q", domain="d")
+    assert prompts.render("hyde/exam.j2", prompts_dir=tmp_path, query="q", domain="d") == packaged
+    assert prompts.search_path(tmp_path) == [tmp_path, prompts_dir()]
+
+
+def test_env_var_override(tmp_path, monkeypatch):
+    (tmp_path / "hyde").mkdir()
+    (tmp_path / "hyde" / "qa.j2").write_text("ENV {{ query }}", encoding="utf-8")
+    monkeypatch.setenv(prompts.ENV_VAR, str(tmp_path))
+    assert prompts.render("hyde/qa.j2", query="q", domain="d") == "ENV q"
+    # An explicit argument wins over the environment variable.
+    other = tmp_path / "other"
+    (other / "hyde").mkdir(parents=True)
+    (other / "hyde" / "qa.j2").write_text("ARG {{ query }}", encoding="utf-8")
+    assert prompts.render("hyde/qa.j2", prompts_dir=other, query="q", domain="d") == "ARG q"
+
+
+def test_missing_override_folder_is_an_error(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="does not exist"):
+        prompts.render("hyde/qa.j2", prompts_dir=tmp_path / "nope", query="q", domain="d")
+    monkeypatch.setenv(prompts.ENV_VAR, str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="R2MED_PROMPTS_DIR"):
+        prompts.render("hyde/qa.j2", query="q", domain="d")
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    (tmp_path / "hyde").mkdir()
+    (tmp_path / "hyde" / "qa.j2").write_text("line one\n{% if %}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"qa\.j2:2: template syntax error"):
+        prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d")
+
+
+def test_edited_template_is_reread(tmp_path):
+    (tmp_path / "hyde").mkdir()
+    path = tmp_path / "hyde" / "qa.j2"
+    path.write_text("one {{ query }}", encoding="utf-8")
+    assert prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "one q"
+    path.write_text("two {{ query }}", encoding="utf-8")
+    st = path.stat()  # make sure the modification time moves on coarse clocks
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "two q"
+
+
+# -- template_hash -----------------------------------------------------------------------------
+
+
+def copy_prompts(dst: Path) -> Path:
+    shutil.copytree(prompts_dir(), dst, ignore=shutil.ignore_patterns("*.py", "__pycache__", "*.md"))
+    return dst
+
+
+def test_hash_is_stable_and_distinct():
+    hashes = {(m, f): prompts.template_hash(m, f) for m in METHODS for f in FAMILIES}
+    assert len(set(hashes.values())) == len(hashes)
+    assert all(len(h) == 64 for h in hashes.values())
+    assert prompts.template_hash("hyde", "qa") == hashes[("hyde", "qa")]
+
+
+def test_hash_depends_on_content_not_location(tmp_path):
+    copy = copy_prompts(tmp_path / "copy")
+    for m in METHODS:
+        for f in FAMILIES:
+            assert prompts.template_hash(m, f, prompts_dir=copy) == prompts.template_hash(m, f)
+
+
+def test_hash_changes_when_template_changes(tmp_path):
+    copy = copy_prompts(tmp_path / "copy")
+    before = prompts.template_hash("hyde", "qa", prompts_dir=copy)
+    path = copy / "hyde" / "qa.j2"
+    path.write_text(path.read_text(encoding="utf-8").replace("Please write", "Write"), encoding="utf-8")
+    assert prompts.template_hash("hyde", "qa", prompts_dir=copy) != before
+    # Other families are untouched.
+    assert prompts.template_hash("hyde", "exam", prompts_dir=copy) == prompts.template_hash("hyde", "exam")
+
+
+def test_hash_changes_when_an_override_shadows_a_file(tmp_path):
+    override = tmp_path / "mine"
+    (override / "hyde").mkdir(parents=True)
+    template = "Write something.\nPost: {{ query }}\nPassage:\n"
+    (override / "hyde" / "qa.j2").write_text(template, encoding="utf-8")
+    assert prompts.template_hash("hyde", "qa", prompts_dir=override) != prompts.template_hash("hyde", "qa")
+
+
+def test_hash_follows_included_files(tmp_path):
+    copy = copy_prompts(tmp_path / "copy")
+    before = {f: prompts.template_hash("lamer", f, prompts_dir=copy) for f in FAMILIES}
+    shared = copy / "lamer" / "_documents.j2"
+    shared.write_text(shared.read_text(encoding="utf-8").replace("]. ", "] "), encoding="utf-8")
+    for f in FAMILIES:
+        assert prompts.template_hash("lamer", f, prompts_dir=copy) != before[f]
+
+
+def test_hash_follows_examples_file(tmp_path):
+    copy = copy_prompts(tmp_path / "copy")
+    before = prompts.template_hash("query2doc", "exam", prompts_dir=copy)
+    examples = copy / "query2doc" / "examples" / "exam.yaml"
+    examples.write_text(examples.read_text(encoding="utf-8").replace("Graves", "Basedow"), encoding="utf-8")
+    assert prompts.template_hash("query2doc", "exam", prompts_dir=copy) != before
+
+
+def test_hash_refuses_computed_include(tmp_path):
+    (tmp_path / "hyde").mkdir()
+    (tmp_path / "hyde" / "qa.j2").write_text('{% include "hyde/" ~ family ~ ".j2" %}', encoding="utf-8")
+    with pytest.raises(ConfigError, match="computed"):
+        prompts.template_hash("hyde", "qa", prompts_dir=tmp_path)
+
+
+def test_hash_of_unknown_template_is_an_error():
+    with pytest.raises(ConfigError, match="hyde/nosuch.j2"):
+        prompts.template_hash("hyde", "nosuch")
+
+
+# -- examples ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, domain",
+    [("qa", "biology"), ("qa", "bioinformatics"), ("qa", "medical sciences"),
+     ("exam", "medicine"), ("treatment", "medicine"), ("case", "medicine")],
+)
+def test_packaged_examples_are_two_per_family(family, domain):
+    examples = prompts.load_examples("query2doc", family, domain)
+    assert len(examples) == 2
+    for ex in examples:
+        assert set(ex) == {"query", "passage"}
+        assert len(ex["query"].split()) >= 10 and len(ex["passage"].split()) >= 50
+
+
+def test_qa_examples_differ_by_domain():
+    bio = prompts.load_examples("query2doc", "qa", "biology")
+    bioinf = prompts.load_examples("query2doc", "qa", "bioinformatics")
+    assert {e["query"] for e in bio}.isdisjoint({e["query"] for e in bioinf})
+
+
+def test_unknown_domain_is_an_error():
+    with pytest.raises(ConfigError, match="no examples for domain 'chemistry'.*biology"):
+        prompts.load_examples("query2doc", "qa", "chemistry")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("- query: q\n  passage: p\n  answer: x\n", "exactly the keys query, passage"),
+        ("- query: q\n", "exactly the keys query, passage"),
+        ("- query: ''\n  passage: p\n", "non-empty"),
+        ("[]\n", "non-empty list"),
+        ("medicine:\n  - query: q\n- stray\n", r"exam\.yaml:3: malformed YAML"),
+    ],
+)
+def test_bad_examples_file(tmp_path, content, message):
+    (tmp_path / "query2doc" / "examples").mkdir(parents=True)
+    (tmp_path / "query2doc" / "examples" / "exam.yaml").write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        prompts.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
+
+
+def test_override_examples_file(tmp_path):
+    (tmp_path / "query2doc" / "examples").mkdir(parents=True)
+    (tmp_path / "query2doc" / "examples" / "qa.yaml").write_text(
+        "chemistry:\n  - query: Why is water polar?\n    passage: Oxygen is more electronegative.\n",
+        encoding="utf-8",
+    )
+    assert prompts.load_examples("query2doc", "qa", "chemistry", prompts_dir=tmp_path) == [
+        {"query": "Why is water polar?", "passage": "Oxygen is more electronegative."}
+    ]
