@@ -1,0 +1,411 @@
+"""Backend for any OpenAI-compatible chat endpoint: the OpenAI API, ``vllm serve``, SGLang,
+``python -m llama_cpp.server``.
+
+A batch is sent as concurrent requests (at most ``max_concurrency`` in flight) over one or more
+base URLs, least-loaded first; results come back in input order. Our retries are the only ones
+(the openai client's own are off): 429, 5xx, 408, timeouts and connection errors are retried
+with exponential backoff and jitter, or after the server's ``Retry-After``; 400/401/403/404/422
+raise :class:`LLMError` at once.
+
+The API key is read only from the environment variable the registry entry names
+(``api_key_env``); it is never logged, cached or put into an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import ipaddress
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.llm.registry import LLMSpec, with_system_prompt
+from r2med_agent.types import Generation, Message, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+OPENAI_MAX_STOP = 4
+"""The OpenAI API accepts at most this many stop strings; more are applied client-side."""
+
+_RETRY_STATUSES = frozenset({408, 429})
+
+
+def is_loopback_url(url: str) -> bool:
+    """True when ``url`` points at this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_server(spec: LLMSpec) -> str:
+    """The server kind for ``spec``: ``openai``, ``vllm`` or ``llamacpp`` (``auto`` resolved)."""
+    if spec.server != "auto":
+        return spec.server
+    host = urlparse(spec.base_urls[0]).hostname or ""
+    return "openai" if host == "api.openai.com" else "vllm"
+
+
+def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
+    """Cut ``text`` before the earliest occurrence of any stop string.
+
+    Returns the (possibly) shortened text and the stop string that matched, or None.
+    """
+    cut, matched = len(text), None
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s)
+        if i != -1 and i < cut:
+            cut, matched = i, s
+    return text[:cut], matched
+
+
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """The wait a server asked for in ``Retry-After`` / ``retry-after-ms``, if any."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    import openai
+
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
+    return False
+
+
+def _server_message(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    msg: Any = None
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        msg = err.get("message") if isinstance(err, dict) else err
+        msg = msg or body.get("detail") or body.get("message")
+    if not msg:
+        msg = getattr(exc, "message", None) or str(exc)
+    text = str(msg)
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
+class _UrlPool:
+    """Picks the base URL with the fewest requests in flight; ties go round-robin."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = list(urls)
+        self.in_flight = dict.fromkeys(self.urls, 0)
+        self._turn = itertools.count()
+
+    def acquire(self) -> str:
+        start = next(self._turn) % len(self.urls)
+        order = self.urls[start:] + self.urls[:start]
+        url = min(order, key=lambda u: self.in_flight[u])
+        self.in_flight[url] += 1
+        return url
+
+    def release(self, url: str) -> None:
+        self.in_flight[url] -= 1
+
+
+class OpenAICompatBackend:
+    """An :class:`~r2med_agent.llm.base.LLM` over OpenAI-compatible HTTP endpoints.
+
+    Attributes:
+        spec: the registry entry.
+        model_id: the served model name (``spec.model``).
+        requests_per_url: HTTP attempts sent to each base URL since construction.
+        attempts: all HTTP attempts sent since construction (retries included).
+    """
+
+    def __init__(self, spec: LLMSpec) -> None:
+        if spec.backend != "openai":
+            raise ConfigError(f"llm '{spec.name}': OpenAICompatBackend needs backend 'openai'")
+        self.spec = spec
+        self.model_id = spec.model
+        self.server = resolve_server(spec)
+        self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
+        self.attempts = 0
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self, prompts: Sequence[list[Message]], params: SamplingParams
+    ) -> list[Generation]:
+        """One Generation per prompt, in input order.
+
+        Safe to call from inside a running event loop (a notebook, an async app): the batch
+        then runs on its own loop in a worker thread.
+        """
+        if not prompts:
+            return []
+        batch = [list(p) for p in prompts]
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.agenerate(batch, params))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self.agenerate(batch, params)).result()
+
+    async def agenerate(
+        self, prompts: Sequence[list[Message]], params: SamplingParams
+    ) -> list[Generation]:
+        """Async form of :meth:`generate` (must run on one event loop from start to end)."""
+        import openai
+
+        key = self._api_key()
+        clients = {
+            url: openai.AsyncOpenAI(
+                base_url=url, api_key=key, max_retries=0, timeout=self.spec.timeout_s
+            )
+            for url in self.spec.base_urls
+        }
+        pool = _UrlPool(self.spec.base_urls)
+        limit = asyncio.Semaphore(self.spec.max_concurrency)
+        try:
+            tasks = [
+                asyncio.ensure_future(self._one(m, params, clients, pool, limit, key))
+                for m in prompts
+            ]
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            for t in tasks:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            return [t.result() for t in tasks]
+        finally:
+            for client in clients.values():
+                await client.close()
+
+    # ------------------------------------------------------------------ internals
+    def _api_key(self) -> str:
+        env = self.spec.api_key_env
+        if env is None:
+            return "EMPTY"
+        value = os.environ.get(env, "")
+        if value:
+            return value
+        if all(is_loopback_url(u) for u in self.spec.base_urls):
+            return "EMPTY"
+        raise ConfigError(
+            f"llm '{self.spec.name}' needs an API key for {', '.join(self.spec.base_urls)}: "
+            f"set the environment variable ${env}"
+        )
+
+    def _request(self, messages: list[Message], params: SamplingParams) -> dict[str, Any]:
+        spec, drop = self.spec, set(self.spec.drop_params)
+        req: dict[str, Any] = {
+            "model": spec.model,
+            "messages": with_system_prompt(messages, spec.system_prompt),
+            spec.max_tokens_param: params.max_tokens,
+        }
+        if "temperature" not in drop:
+            req["temperature"] = params.temperature
+        if "top_p" not in drop:
+            req["top_p"] = params.top_p
+        if params.seed is not None and "seed" not in drop:
+            req["seed"] = params.seed
+        if params.stop and "stop" not in drop:
+            limit = OPENAI_MAX_STOP if self.server == "openai" else len(params.stop)
+            req["stop"] = list(params.stop[:limit])
+        if spec.reasoning_effort is not None:
+            req["reasoning_effort"] = spec.reasoning_effort
+        extra: dict[str, Any] = {}
+        if self.server != "openai":
+            if "top_k" not in drop:
+                # llama.cpp's server rejects -1; 0 turns top-k off there.
+                off = 0 if self.server == "llamacpp" else -1
+                extra["top_k"] = off if params.top_k == -1 else params.top_k
+            if self.server == "llamacpp":
+                extra["min_p"] = 0.0  # its default is 0.05; SamplingParams has no min-p
+            if "repetition_penalty" not in drop:
+                name = "repeat_penalty" if self.server == "llamacpp" else "repetition_penalty"
+                extra[name] = params.repetition_penalty
+            if spec.chat_template_kwargs:
+                extra["chat_template_kwargs"] = dict(spec.chat_template_kwargs)
+        extra.update(spec.extra_body)
+        if extra:
+            req["extra_body"] = extra
+        return req
+
+    async def _one(
+        self,
+        messages: list[Message],
+        params: SamplingParams,
+        clients: dict[str, Any],
+        pool: _UrlPool,
+        limit: asyncio.Semaphore,
+        key: str,
+    ) -> Generation:
+        import openai
+        from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt
+        from tenacity.wait import wait_exponential_jitter
+
+        spec = self.spec
+        request = self._request(messages, params)
+        backoff = wait_exponential_jitter(
+            initial=spec.backoff_initial_s, max=spec.backoff_max_s, jitter=spec.backoff_initial_s
+        )
+
+        def wait(state: Any) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            asked = retry_after_seconds(exc) if exc is not None else None
+            if asked is not None:
+                return min(asked, spec.backoff_max_s)
+            return float(backoff(state))
+
+        def before_sleep(state: Any) -> None:
+            exc = state.outcome.exception()
+            logger.warning(
+                "llm %s: attempt %d failed (%s); retrying in %.2fs",
+                spec.name,
+                state.attempt_number,
+                self._describe(exc, key),
+                state.next_action.sleep if state.next_action else 0.0,
+            )
+
+        last_url = spec.base_urls[0]
+        async with limit:
+            start = time.perf_counter()
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(spec.max_retries + 1),
+                    wait=wait,
+                    retry=retry_if_exception(_is_retryable),
+                    before_sleep=before_sleep,
+                    reraise=False,
+                ):
+                    with attempt:
+                        last_url = pool.acquire()
+                        self.attempts += 1
+                        self.requests_per_url[last_url] += 1
+                        try:
+                            response = await clients[last_url].chat.completions.create(**request)
+                        finally:
+                            pool.release(last_url)
+            except RetryError as e:
+                exc = e.last_attempt.exception()
+                raise LLMError(
+                    f"llm '{spec.name}': request to {last_url} failed after "
+                    f"{spec.max_retries + 1} attempts: {self._describe(exc, key)}"
+                ) from None
+            except openai.APIStatusError as e:
+                raise self._fatal(e, last_url, key) from None
+            except openai.OpenAIError as e:
+                raise LLMError(
+                    f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"
+                ) from None
+            latency = time.perf_counter() - start
+        return self._to_generation(response, params, latency)
+
+    def _describe(self, exc: BaseException | None, key: str) -> str:
+        import openai
+
+        if exc is None:
+            return "unknown error"
+        if isinstance(exc, openai.APITimeoutError):
+            text = f"timed out after {self.spec.timeout_s:g}s"
+        elif isinstance(exc, openai.APIConnectionError):
+            text = f"connection error: {exc.__cause__ or exc}"
+        elif isinstance(exc, openai.AuthenticationError):
+            text = "HTTP 401 (authentication failed)"
+        elif isinstance(exc, openai.APIStatusError):
+            text = f"HTTP {exc.status_code}: {_server_message(exc)}"
+        else:
+            text = f"{type(exc).__name__}: {exc}"
+        return self._scrub(text, key)
+
+    @staticmethod
+    def _scrub(text: str, key: str) -> str:
+        if key and key != "EMPTY":
+            text = text.replace(key, "***")
+        return text
+
+    def _fatal(self, exc: Any, url: str, key: str) -> LLMError:
+        spec, status = self.spec, exc.status_code
+        if status == 401:
+            if spec.api_key_env:
+                return LLMError(f"authentication failed for {url}: check ${spec.api_key_env}")
+            return LLMError(
+                f"authentication failed for {url}: the endpoint wants an API key; name the "
+                f"environment variable holding it in api_key_env of llm '{spec.name}'"
+            )
+        if status == 403:
+            hint = f"check ${spec.api_key_env} and its access" if spec.api_key_env else "no key"
+            return LLMError(
+                f"permission denied by {url} for model '{spec.model}' ({hint}): "
+                f"{self._scrub(_server_message(exc), key)}"
+            )
+        if status == 404:
+            return LLMError(
+                f"not found at {url} (is model '{spec.model}' served there, and does the URL "
+                f"end in /v1?): {self._scrub(_server_message(exc), key)}"
+            )
+        return LLMError(
+            f"llm '{spec.name}': request rejected by {url} (HTTP {status}): "
+            f"{self._scrub(_server_message(exc), key)}"
+        )
+
+    @staticmethod
+    def _to_generation(response: Any, params: SamplingParams, latency: float) -> Generation:
+        choice = response.choices[0]
+        message = choice.message
+        content = message.content or ""
+        reasoning = getattr(message, "reasoning_content", None) or getattr(
+            message, "reasoning", None
+        )
+        if isinstance(reasoning, str) and reasoning:
+            text = f"<think>{reasoning}</think>{content}"
+        else:
+            text = content
+        finish_reason = choice.finish_reason or "stop"
+        stop_reason = getattr(choice, "stop_reason", None)
+        if not isinstance(stop_reason, str):
+            stop_reason = None  # vLLM reports a token id (int) when a stop token ended it
+        # Stops the server was not sent (over the API's limit, or dropped) are applied here;
+        # the token counts stay the server's (what was generated and billed).
+        text, matched = truncate_at_stop(text, params.stop)
+        if matched is not None:
+            finish_reason, stop_reason = "stop", matched
+        usage = getattr(response, "usage", None)
+        return Generation(
+            text=text,
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            latency_s=latency,
+        )

