@@ -15,10 +15,10 @@ from urllib.parse import urlparse
 
 from r2med_agent.config import load_registry, lookup
 from r2med_agent.llm.base import LLM
+from r2med_agent.llm.parsing import ReasoningFormat
 from r2med_agent.types import SamplingParams
 
 Backend = Literal["vllm", "openai", "local"]
-ReasoningFormat = Literal["plain", "think", "huatuo", "search-r1"]
 
 BACKENDS: dict[str, str] = {
     "vllm": "r2med_agent.llm.vllm_backend:VLLMBackend",

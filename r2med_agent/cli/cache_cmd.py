@@ -1,0 +1,240 @@
+"""``cache stats|export|import``: inspect the generation cache and move generations between it and
+R2MED's published ``query_with_hydoc.jsonl`` files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from r2med_agent.cli.app import app
+from r2med_agent.errors import ConfigError, DataError
+
+cache_app = typer.Typer(
+    help="Inspect the generation cache; export it as, or import it from, R2MED's query_with_hydoc.jsonl.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+
+console = Console(stderr=False)
+
+_CACHE_PATH_HELP = "Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."
+
+
+def _open_cache(cache_path: Optional[Path], must_exist: bool):
+    from r2med_agent.llm import GenerationCache, default_cache_path
+
+    path = cache_path or default_cache_path()
+    if must_exist and not path.exists():
+        raise DataError("no generation cache here (run a method first, or pass --cache-path)", path)
+    return GenerationCache(path)
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+@cache_app.command("stats")
+def stats_command(
+    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Rows, tokens and model seconds per model, the tasks/methods they serve, and the size on disk."""
+    cache = _open_cache(cache_path, must_exist=True)
+    per_model = cache.stats()
+    per_use: dict[tuple[str, str, str], int] = {}
+    for use, rec in cache.uses():
+        k = (rec.model_id, use.task, use.method)
+        per_use[k] = per_use.get(k, 0) + 1
+    if as_json:
+        out = {
+            "path": str(cache.path),
+            "size_bytes": cache.size_bytes(),
+            "models": [
+                {
+                    "model_id": s.model_id,
+                    "rows": s.rows,
+                    "prompt_tokens": s.prompt_tokens,
+                    "completion_tokens": s.completion_tokens,
+                    "model_time_s": round(s.latency_s, 3),
+                }
+                for s in per_model
+            ],
+            "uses": [{"model_id": m, "task": t, "method": me, "queries": n} for (m, t, me), n in sorted(per_use.items())],
+        }
+        typer.echo(json.dumps(out, indent=2))
+        return
+    table = Table(title=f"{cache.path} ({_human_bytes(cache.size_bytes())})")
+    for col in ("model", "rows", "prompt tokens", "completion tokens", "model s"):
+        table.add_column(col, justify="left" if col == "model" else "right", overflow="fold")
+    for s in per_model:
+        table.add_row(s.model_id, str(s.rows), f"{s.prompt_tokens:,}", f"{s.completion_tokens:,}", f"{s.latency_s:.1f}")
+    console.print(table)
+    if per_use:
+        uses = Table(title="queries served, by task and method")
+        for col in ("model", "task", "method", "queries"):
+            uses.add_column(col, justify="right" if col == "queries" else "left", overflow="fold")
+        for (m, t, me), n in sorted(per_use.items()):
+            uses.add_row(m, t or "-", me or "-", str(n))
+        console.print(uses)
+
+
+def _model_ids(model: str) -> list[str]:
+    """A registry name resolves to its model id; anything else is taken as a model id."""
+    from r2med_agent.llm import load_llm_specs
+
+    ids = [model]
+    spec = load_llm_specs().get(model)
+    if spec is not None:
+        ids.insert(0, spec.model)
+    return ids
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    from r2med_agent.io import iter_jsonl
+
+    return [obj for _, obj in iter_jsonl(path)]
+
+
+@cache_app.command("export")
+def export_command(
+    model: str = typer.Option(..., "--model", help="LLM registry name (e.g. qwen-7b) or the model id stored in the cache."),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name the generations were made for (needed when the cache holds several)."),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (hyde, query2doc, lamer, ...; needed when the cache holds several)."),
+    fmt: str = typer.Option("r2med", "--format", help="Output layout; 'r2med' writes query_with_hydoc.jsonl rows: id, text, hy_doc, doc_id."),
+    queries: Optional[Path] = typer.Option(None, "--queries", help="The task's query.jsonl: gives row order, text and doc_id (recommended; without it text/doc_id are empty unless stored with the rows)."),
+    sample: int = typer.Option(0, "--sample", help="Which sample index to export."),
+    partial: bool = typer.Option(False, "--partial", help="With --queries, skip queries that have no cached generation instead of failing."),
+    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for LLM names defined there)."),
+) -> None:
+    """Write one model's generations for one task and method as R2MED's query_with_hydoc.jsonl."""
+    from r2med_agent.config import set_user_config
+    from r2med_agent.io import atomic_write_text
+    from r2med_agent.llm.cache_io import export_r2med
+
+    if fmt != "r2med":
+        raise ConfigError(f"--format {fmt!r} is not supported; allowed: r2med")
+    if config is not None:
+        set_user_config(config)
+    cache = _open_cache(cache_path, must_exist=True)
+    rows = export_r2med(
+        cache,
+        _model_ids(model),
+        task=task,
+        method=method,
+        queries=_read_jsonl(queries) if queries is not None else None,
+        sample_index=sample,
+        partial=partial,
+    )
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    typer.echo(f"wrote {len(rows)} rows to {out}")
+
+
+def _sampling_overrides(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@cache_app.command("import")
+def import_command(
+    file: Path = typer.Argument(..., help="An R2MED query_with_hydoc.jsonl (id, text, hy_doc, doc_id)."),
+    task: str = typer.Option(..., "--task", "-t", help="The task the file belongs to (its queries and prompts are rebuilt)."),
+    method: str = typer.Option(..., "--method", "-m", help="The expansion method that produced it: hyde | query2doc | lamer."),
+    llm: str = typer.Option(..., "--llm", "-l", help="LLM registry name the rows stand for (e.g. qwen-7b); a later run with this --llm and --method finds them."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as for `run`); default: the Hugging Face hub."),
+    sample: int = typer.Option(0, "--sample", help="Sample index to store the rows under."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="As in `run`: the sampling override the matching run will use."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="As in `run`."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="As in `run`."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="As in `run`."),
+    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for LLM names defined there)."),
+) -> None:
+    """Store published generations as this framework's own, so they score without any LLM.
+
+    Each hy_doc is stored under the key of the exact request `run --task T --method M --llm L`
+    would send for that query (same prompt, system prompt, sampling settings and template hash).
+    """
+    from r2med_agent.config import set_user_config
+
+    if config is not None:
+        set_user_config(config)
+    overrides = _sampling_overrides(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    cache = _open_cache(cache_path, must_exist=False)
+    report = import_for_method(
+        cache, file, task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
+        sampling_overrides=overrides,
+    )
+    typer.echo(
+        f"imported {report.imported} generations into {cache.path}"
+        + (f"; {len(report.missing)} queries had no row" if report.missing else "")
+        + (f"; {len(report.unknown)} rows matched no query" if report.unknown else "")
+    )
+
+
+def import_for_method(
+    cache,
+    file: Path,
+    *,
+    task: str,
+    method: str,
+    llm: str,
+    data_dir: Path | None = None,
+    sample_index: int = 0,
+    sampling_overrides: dict[str, Any] | None = None,
+):
+    """Rebuild the requests ``method`` sends for ``task`` with ``llm`` and import ``file`` under them.
+
+    Returns the :class:`~r2med_agent.llm.cache_io.ImportReport`.
+    """
+    from dataclasses import replace
+
+    from r2med_agent.data import load_task
+    from r2med_agent.llm import default_sampling, get_llm_spec
+    from r2med_agent.llm.cache_io import import_r2med
+    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.methods import get_method
+    from r2med_agent.types import SearchRequest
+
+    spec = get_llm_spec(llm)
+    params = default_sampling(spec)
+    if sampling_overrides:
+        allowed = set(params.to_dict())
+        unknown = sorted(set(sampling_overrides) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        params = replace(params, **sampling_overrides)
+    the_task = load_task(task, data_dir)
+    m = get_method(method)()
+    if getattr(m, "agentic", False) or not getattr(m, "uses_llm", True):
+        raise ConfigError(f"--method {method}: only single-shot expansion methods (hyde, query2doc, lamer) can be imported")
+    first_pass = None
+    if getattr(m, "needs_first_pass", False):
+        from r2med_agent.retrieval import make_retriever
+
+        bm25 = make_retriever("bm25", the_task)
+        first_pass = bm25.search([SearchRequest(q.query_id, q.text) for q in the_task.queries], 10)
+    prompts = m.build_prompts(the_task, first_pass)
+    requests = [
+        (p, params, {"task": the_task.name, "query_id": q.query_id, "method": method})
+        for p, q in zip(prompts, the_task.queries)
+    ]
+    return import_r2med(
+        cache,
+        RequestBuilder.from_spec(spec),
+        _read_jsonl(file),
+        requests,
+        template_hash=m.template_hash(the_task),
+        sample_index=sample_index,
+        source=file.name,
+    )

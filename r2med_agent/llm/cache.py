@@ -1,0 +1,453 @@
+"""The on-disk generation cache: one SQLite file, safe to share between processes.
+
+Every LLM output is stored under a key that hashes the whole request (``request_key``): the model
+id, the messages exactly as sent (system prompt included), every sampling parameter, the chat
+template options, the sample index and a prompt-template version supplied by the caller. Nothing
+secret (API keys, base URLs) is part of the key or of the stored request.
+
+Durability: the database runs in WAL mode with ``synchronous=NORMAL``; each ``put_many`` is one
+transaction, so a process killed mid-run (even by SIGKILL) loses at most the batch it had not
+committed, and the file stays consistent. Two processes can share a file: writers take the lock
+with ``BEGIN IMMEDIATE`` and wait up to ``busy_timeout_s`` for each other.
+
+Besides the generations table, a ``uses`` table links a key to the (task, query id, method) that
+asked for it, so a cache can be exported in R2MED's ``query_with_hydoc.jsonl`` layout. One
+generation may serve several queries (identical prompts share one key); uses are not part of the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.errors import DataError
+from r2med_agent.types import Generation, Message
+
+logger = logging.getLogger(__name__)
+
+KEY_VERSION = 1
+"""Bumped when the key's layout changes (old rows then simply stop matching)."""
+
+SCHEMA_VERSION = 1
+
+_SQL_BATCH = 500  # parameters per IN (...) query; below SQLite's oldest limit of 999
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS generations (
+    key TEXT PRIMARY KEY,
+    model_id TEXT NOT NULL,
+    sample_index INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    reasoning TEXT NOT NULL,
+    final TEXT NOT NULL,
+    finish_reason TEXT NOT NULL,
+    stop_reason TEXT,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    created REAL NOT NULL,
+    request TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS generations_model ON generations (model_id);
+CREATE TABLE IF NOT EXISTS uses (
+    key TEXT NOT NULL,
+    task TEXT NOT NULL,
+    query_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    extra TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (key, task, query_id, method)
+);
+CREATE INDEX IF NOT EXISTS uses_task ON uses (task, method);
+CREATE TABLE IF NOT EXISTS info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+_COLUMNS = (
+    "key, model_id, sample_index, text, reasoning, final, finish_reason, stop_reason, "
+    "prompt_tokens, completion_tokens, latency_s, created, request"
+)
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal objects give byte-equal strings."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def build_request(
+    model_id: str,
+    messages: Sequence[Message],
+    params: Mapping[str, Any],
+    *,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    sample_index: int = 0,
+    template_hash: str = "",
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The request record that is hashed into the key and stored with the row (no secrets).
+
+    Args:
+        model_id: the model's identity (checkpoint or API model name), never a URL.
+        messages: the chat messages exactly as sent, system prompt included.
+        params: every sampling parameter (``SamplingParams.to_dict()``).
+        chat_template_kwargs: chat template options (e.g. ``{"enable_thinking": True}``).
+        sample_index: which of several samples of the same request this is.
+        template_hash: version hash of the prompt template that rendered ``messages``.
+        options: other settings that change the output (e.g. ``reasoning_effort``); added to
+            the record only when non-empty.
+    """
+    req: dict[str, Any] = {
+        "v": KEY_VERSION,
+        "model_id": model_id,
+        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+        "params": dict(params),
+        "chat_template_kwargs": dict(chat_template_kwargs or {}),
+        "sample_index": int(sample_index),
+        "template_hash": template_hash,
+    }
+    if options:
+        req["options"] = dict(options)
+    return req
+
+
+def request_key(request: Mapping[str, Any]) -> str:
+    """sha256 hex digest of the canonical JSON of a ``build_request`` record."""
+    return hashlib.sha256(canonical_json(request).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """One stored generation.
+
+    Attributes:
+        key: the request hash.
+        model_id: the model that produced it.
+        sample_index: the request's sample index.
+        text: the raw generated text.
+        reasoning: the reasoning part (as parsed when stored).
+        final: the final response (as parsed when stored).
+        finish_reason: ``stop`` or ``length``.
+        stop_reason: the stop string that ended generation, if any.
+        prompt_tokens: input tokens of the original generation.
+        completion_tokens: output tokens of the original generation.
+        latency_s: backend seconds of the original generation.
+        created: unix time the row was written.
+        request: the ``build_request`` record (messages, params, ...), for export and inspection.
+    """
+
+    key: str
+    model_id: str
+    sample_index: int
+    text: str
+    reasoning: str
+    final: str
+    finish_reason: str
+    stop_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    created: float
+    request: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_generation(
+        cls, key: str, request: Mapping[str, Any], gen: Generation, created: float | None = None
+    ) -> CacheRecord:
+        return cls(
+            key=key,
+            model_id=str(request["model_id"]),
+            sample_index=int(request.get("sample_index", 0)),
+            text=gen.text,
+            reasoning=gen.reasoning,
+            final=gen.final,
+            finish_reason=gen.finish_reason,
+            stop_reason=gen.stop_reason,
+            prompt_tokens=int(gen.prompt_tokens),
+            completion_tokens=int(gen.completion_tokens),
+            latency_s=float(gen.latency_s),
+            created=time.time() if created is None else created,
+            request=dict(request),
+        )
+
+    def to_generation(self) -> Generation:
+        """The record as a Generation marked ``cached=True`` (token counts of the original run)."""
+        return Generation(
+            text=self.text,
+            final=self.final,
+            reasoning=self.reasoning,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            latency_s=self.latency_s,
+            cached=True,
+        )
+
+
+@dataclass(frozen=True)
+class Use:
+    """Which query of which task a generation served (not part of the key).
+
+    Built from the ``meta`` dicts callers pass to ``CachedLLM.generate``: the keys ``task``,
+    ``query_id`` and ``method`` become columns; any other keys are kept as JSON in ``extra``.
+    """
+
+    key: str
+    task: str = ""
+    query_id: str = ""
+    method: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_meta(cls, key: str, meta: Mapping[str, Any]) -> Use:
+        rest = {k: v for k, v in meta.items() if k not in ("task", "query_id", "method")}
+        return cls(
+            key=key,
+            task=str(meta.get("task", "")),
+            query_id=str(meta.get("query_id", "")),
+            method=str(meta.get("method", "")),
+            extra=rest,
+        )
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """Per-model totals reported by ``GenerationCache.stats``."""
+
+    model_id: str
+    rows: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    first_created: float
+    last_created: float
+
+
+class GenerationCache:
+    """Generation cache on one SQLite file (WAL mode), shareable between processes.
+
+    Args:
+        path: the database file; its folder is created when missing.
+        busy_timeout_s: how long a writer waits for another process's transaction.
+
+    The connection opens lazily and is reopened after a fork, so a cache object may be created
+    before worker processes start. Methods are safe to call from several threads.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], busy_timeout_s: float = 60.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        self._lock = threading.RLock()
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                logger.warning("generation cache %s: journal_mode is %s, not wal", self.path, mode)
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                conn.execute(stmt)
+            row = conn.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO info (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+            elif int(row[0]) != SCHEMA_VERSION:
+                conn.execute("ROLLBACK")
+                raise DataError(
+                    f"generation cache schema version {row[0]} is not the supported {SCHEMA_VERSION}; "
+                    "use another cache file (--cache-path) or delete this one",
+                    self.path,
+                )
+            conn.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            raise DataError(f"cannot open generation cache: {e}", self.path) from None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        """Close the connection (a later call reopens it)."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> GenerationCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, CacheRecord]:
+        """The stored records of those ``keys`` that are in the cache, keyed by key."""
+        keys = list(dict.fromkeys(keys))
+        out: dict[str, CacheRecord] = {}
+        with self._lock:
+            conn = self._connect()
+            for i in range(0, len(keys), _SQL_BATCH):
+                chunk = keys[i : i + _SQL_BATCH]
+                marks = ",".join("?" * len(chunk))
+                for row in conn.execute(
+                    f"SELECT {_COLUMNS} FROM generations WHERE key IN ({marks})", chunk
+                ):
+                    rec = _record(row)
+                    out[rec.key] = rec
+        return out
+
+    def get(self, key: str) -> CacheRecord | None:
+        return self.get_many([key]).get(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._connect().execute("SELECT COUNT(*) FROM generations").fetchone()[0])
+
+    def iter_records(self, model_id: str | None = None) -> Iterator[CacheRecord]:
+        """All records (of one model when given), oldest first."""
+        with self._lock:
+            conn = self._connect()
+            if model_id is None:
+                rows = conn.execute(f"SELECT {_COLUMNS} FROM generations ORDER BY created, key").fetchall()
+            else:
+                rows = conn.execute(
+                    f"SELECT {_COLUMNS} FROM generations WHERE model_id = ? ORDER BY created, key",
+                    (model_id,),
+                ).fetchall()
+        for row in rows:
+            yield _record(row)
+
+    def uses(
+        self,
+        *,
+        model_id: str | None = None,
+        task: str | None = None,
+        method: str | None = None,
+        sample_index: int | None = None,
+    ) -> list[tuple[Use, CacheRecord]]:
+        """(use, record) pairs matching every given filter, ordered by task, method, query id."""
+        where, args = [], []
+        for col, val in (
+            ("g.model_id", model_id),
+            ("u.task", task),
+            ("u.method", method),
+            ("g.sample_index", sample_index),
+        ):
+            if val is not None:
+                where.append(f"{col} = ?")
+                args.append(val)
+        sql = (
+            "SELECT u.task, u.query_id, u.method, u.extra, "
+            + ", ".join(f"g.{c.strip()}" for c in _COLUMNS.split(","))
+            + " FROM uses u JOIN generations g ON g.key = u.key"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY u.task, u.method, u.query_id, g.sample_index"
+        )
+        with self._lock:
+            rows = self._connect().execute(sql, args).fetchall()
+        out = []
+        for row in rows:
+            rec = _record(row[4:])
+            out.append((Use(rec.key, row[0], row[1], row[2], json.loads(row[3])), rec))
+        return out
+
+    def stats(self) -> list[ModelStats]:
+        """Rows, tokens and backend seconds per model id."""
+        with self._lock:
+            rows = self._connect().execute(
+                "SELECT model_id, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), "
+                "SUM(latency_s), MIN(created), MAX(created) FROM generations "
+                "GROUP BY model_id ORDER BY model_id"
+            ).fetchall()
+        return [ModelStats(r[0], r[1], r[2] or 0, r[3] or 0, r[4] or 0.0, r[5], r[6]) for r in rows]
+
+    def size_bytes(self) -> int:
+        """Bytes on disk: the database file plus its WAL and shared-memory files."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(str(self.path) + suffix)
+            if p.exists():
+                total += p.stat().st_size
+        return total
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` for a sound file)."""
+        with self._lock:
+            return str(self._connect().execute("PRAGMA integrity_check").fetchone()[0])
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def put_many(self, records: Iterable[CacheRecord], uses: Iterable[Use] = ()) -> None:
+        """Store records (replacing rows with the same key) and uses, in ONE transaction."""
+        grows = [
+            (
+                r.key, r.model_id, r.sample_index, r.text, r.reasoning, r.final, r.finish_reason,
+                r.stop_reason, r.prompt_tokens, r.completion_tokens, r.latency_s, r.created,
+                canonical_json(r.request),
+            )
+            for r in records
+        ]
+        now = time.time()
+        urows = [(u.key, u.task, u.query_id, u.method, canonical_json(u.extra), now) for u in uses]
+        if not grows and not urows:
+            return
+        with self._lock:
+            conn = self._connect()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(
+                    f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    grows,
+                )
+                conn.executemany(
+                    "INSERT OR IGNORE INTO uses (key, task, query_id, method, extra, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    urows,
+                )
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def add_uses(self, uses: Iterable[Use]) -> None:
+        """Record uses only (for cache hits), in one transaction."""
+        self.put_many((), uses)
+
+
+def _record(row: Sequence[Any]) -> CacheRecord:
+    return CacheRecord(
+        key=row[0],
+        model_id=row[1],
+        sample_index=row[2],
+        text=row[3],
+        reasoning=row[4],
+        final=row[5],
+        finish_reason=row[6],
+        stop_reason=row[7],
+        prompt_tokens=row[8],
+        completion_tokens=row[9],
+        latency_s=row[10],
+        created=row[11],
+        request=json.loads(row[12]),
+    )

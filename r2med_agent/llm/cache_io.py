@@ -1,0 +1,203 @@
+"""Moving generations between the cache and R2MED's ``query_with_hydoc.jsonl`` files.
+
+R2MED publishes its generation outputs per task, method and LLM as ``query_with_hydoc.jsonl``
+(``id``, ``text``, ``hy_doc``, ``doc_id``; ``hy_doc`` is the raw model output, reasoning
+included). ``import_r2med`` stores each ``hy_doc`` under the key of the request this framework
+would send for that query, so a later run with the same method and LLM scores the published
+outputs without any model. ``export_r2med`` writes the cache back out in the same layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from r2med_agent.errors import DataError
+from r2med_agent.llm.cache import CacheRecord, GenerationCache, Use, request_key
+from r2med_agent.llm.cached import RequestBuilder
+from r2med_agent.types import Generation, Message, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ImportRequest = tuple[Sequence[Message], SamplingParams, Mapping[str, Any]]
+"""One request the framework would send: (messages, sampling params, meta with ``query_id``)."""
+
+
+@dataclass
+class ImportReport:
+    """What ``import_r2med`` did.
+
+    Attributes:
+        imported: rows stored (new or replacing an older row of the same key).
+        missing: query ids with a request but no row in the file (left for the model to generate).
+        unknown: ids in the file that match no request (ignored).
+    """
+
+    imported: int = 0
+    missing: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+
+def import_r2med(
+    cache: GenerationCache,
+    builder: RequestBuilder,
+    rows: Sequence[Mapping[str, Any]],
+    requests: Sequence[ImportRequest],
+    *,
+    template_hash: str = "",
+    sample_index: int = 0,
+    source: str = "",
+) -> ImportReport:
+    """Store R2MED ``hy_doc`` rows as the generations of the matching requests, in ONE transaction.
+
+    Args:
+        cache: the generation cache to write.
+        builder: keys requests as the target LLM's CachedLLM does (``RequestBuilder.from_spec``).
+        rows: parsed ``query_with_hydoc.jsonl`` objects (``id`` and ``hy_doc`` are used).
+        requests: (messages, params, meta) per query, as the method would send them; ``meta``
+            must hold ``query_id`` (matched against the rows' ``id``) and usually ``task`` and
+            ``method``, which are stored as the row's use.
+        template_hash: the method's prompt-template hash (part of the key, as in its runs).
+        sample_index: the sample index the rows stand for.
+        source: provenance stored in the use's extra fields (e.g. the file name).
+
+    Raises:
+        DataError: a row lacks ``id`` or ``hy_doc``, or an id appears twice.
+    """
+    by_id: dict[str, str] = {}
+    for i, row in enumerate(rows, start=1):
+        if "id" not in row or not isinstance(row.get("hy_doc"), str):
+            raise DataError("row needs 'id' and a string 'hy_doc'", source or "rows", i)
+        qid = str(row["id"])
+        if qid in by_id:
+            raise DataError(f"duplicate id {qid!r}", source or "rows", i)
+        by_id[qid] = row["hy_doc"]
+
+    report = ImportReport()
+    records: list[CacheRecord] = []
+    uses: list[Use] = []
+    wanted: set[str] = set()
+    now = time.time()
+    for messages, params, meta in requests:
+        qid = str(meta["query_id"])
+        wanted.add(qid)
+        if qid not in by_id:
+            report.missing.append(qid)
+            continue
+        text = by_id[qid]
+        req = builder.request(messages, params, sample_index=sample_index, template_hash=template_hash)
+        key = request_key(req)
+        reasoning, final = builder.parse(text)
+        gen = Generation(text=text, final=final, reasoning=reasoning, finish_reason="stop")
+        records.append(CacheRecord.from_generation(key, req, gen, created=now))
+        uses.append(Use.from_meta(key, {**meta, "source": source} if source else meta))
+    report.unknown = sorted((set(by_id) - wanted), key=natural_key)
+    cache.put_many(records, uses)
+    report.imported = len(records)
+    if report.missing:
+        logger.warning("%d queries have no row in the imported file", len(report.missing))
+    if report.unknown:
+        logger.warning("%d ids in the imported file match no query of the task", len(report.unknown))
+    return report
+
+
+def export_r2med(
+    cache: GenerationCache,
+    model_ids: Sequence[str],
+    *,
+    task: str | None = None,
+    method: str | None = None,
+    queries: Sequence[Mapping[str, Any]] | None = None,
+    sample_index: int = 0,
+    partial: bool = False,
+) -> list[dict[str, Any]]:
+    """Rows of R2MED's ``query_with_hydoc.jsonl`` for one task and method of one model.
+
+    Args:
+        cache: the generation cache.
+        model_ids: the model's ids (rows of any of them match).
+        task: the task name stored with the rows; required when the cache holds several.
+        method: the method name stored with the rows; required when the cache holds several.
+        queries: the task's ``query.jsonl`` objects (``id``, ``text``, ``doc_id``): they give
+            the row order, ``text`` and ``doc_id``. Without them rows follow query-id order and
+            take ``text``/``doc_id`` from the use's stored extra fields (empty when absent).
+        sample_index: which sample to export.
+        partial: with ``queries``, skip queries without a generation instead of failing.
+
+    Returns:
+        ``{"id", "text", "hy_doc", "doc_id"}`` dicts; ``hy_doc`` is the raw text. When a query
+        has several generations (runs with different settings) the newest is taken.
+
+    Raises:
+        DataError: nothing matches, the selection spans several tasks/methods, or (without
+            ``partial``) queries lack a generation.
+    """
+    pairs: list[tuple[Use, CacheRecord]] = []
+    for model_id in dict.fromkeys(model_ids):
+        pairs += cache.uses(model_id=model_id, task=task, method=method, sample_index=sample_index)
+    pairs = [(u, r) for u, r in pairs if u.query_id]
+    if not pairs:
+        raise DataError(
+            f"no cached generations with query ids for model {', '.join(model_ids)}"
+            + (f", task {task}" if task else "")
+            + (f", method {method}" if method else ""),
+            cache.path,
+        )
+    groups = sorted({(u.task, u.method) for u, _ in pairs})
+    if len(groups) > 1:
+        listed = ", ".join(f"{t or '?'}/{m or '?'}" for t, m in groups)
+        raise DataError(
+            f"the selection spans several task/method pairs ({listed}); choose one with --task and --method",
+            cache.path,
+        )
+    newest: dict[str, tuple[Use, CacheRecord]] = {}
+    dupes = 0
+    for use, rec in pairs:
+        old = newest.get(use.query_id)
+        if old is not None:
+            dupes += 1
+            if old[1].created >= rec.created:
+                continue
+        newest[use.query_id] = (use, rec)
+    if dupes:
+        logger.warning("%d queries have several generations; the newest of each is exported", dupes)
+
+    out: list[dict[str, Any]] = []
+    if queries is not None:
+        missing = []
+        for q in queries:
+            qid = str(q["id"])
+            if qid not in newest:
+                missing.append(qid)
+                continue
+            out.append(
+                {"id": qid, "text": q.get("text", ""), "hy_doc": newest[qid][1].text, "doc_id": q.get("doc_id", [])}
+            )
+        if missing and not partial:
+            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            raise DataError(
+                f"{len(missing)} of {len(queries)} queries have no cached generation ({shown}); "
+                "pass --partial to export the rest",
+                cache.path,
+            )
+        return out
+    for qid in sorted(newest, key=natural_key):
+        use, rec = newest[qid]
+        out.append(
+            {
+                "id": qid,
+                "text": use.extra.get("text", ""),
+                "hy_doc": rec.text,
+                "doc_id": use.extra.get("doc_id", []),
+            }
+        )
+    return out
+
+
+def natural_key(s: str) -> tuple[Any, ...]:
+    """Sort key that orders ``"2"`` before ``"10"`` and keeps other ids alphabetical."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", s) if p)

@@ -1,0 +1,384 @@
+"""``CachedLLM``: the wrapper every backend runs behind.
+
+It looks every request up in the generation cache, sends only the misses to the backend (in
+chunks that are committed to the cache as each completes, so a killed run resumes where it
+stopped), applies reasoning-output parsing (``final``/``reasoning``) from the model's registry
+entry, and counts calls, hits, tokens and seconds in ``stats``.
+
+Chunk size trade-off: each chunk is one ``backend.generate`` call, i.e. one engine batch, and
+is committed to the cache before the next starts. Larger chunks keep a continuous-batching engine
+(vLLM) full: a chunk only a little larger than the engine's concurrent-sequence limit drains at
+its end (the last long generations run nearly alone), and every chunk boundary pays that tail
+once. Smaller chunks lose less paid work when a run is killed and show progress sooner.
+``make_llm`` picks per backend (``DEFAULT_CHUNK_SIZES``): vLLM 1024 (about four times vLLM's
+long-standing ``max_num_seqs`` default of 256, so the tail is a small part of each chunk), HTTP
+APIs 256 (a chunk is one round of concurrent requests; a kill loses at most that much spend), the
+local CPU engine 64. ``None`` sends all misses in one call (best throughput, no resume point).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.llm.base import LLM
+from r2med_agent.llm.cache import (
+    CacheRecord,
+    GenerationCache,
+    Use,
+    build_request,
+    canonical_json,
+    request_key,
+)
+from r2med_agent.llm.parsing import check_format, split_reasoning
+from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.types import Generation, Message, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 256
+"""Chunk size of a CachedLLM built directly (``make_llm`` picks per backend)."""
+
+DEFAULT_CHUNK_SIZES: dict[str, int] = {"vllm": 1024, "openai": 256, "local": 64}
+"""Backend name -> the chunk size ``make_llm`` uses unless told otherwise."""
+
+
+@dataclass
+class LLMStats:
+    """Counters of one CachedLLM, updated on each ``generate`` call (the runner reads them).
+
+    Attributes:
+        calls: ``generate`` calls on the wrapper.
+        backend_calls: ``generate`` calls that reached the backend (one per chunk of misses).
+        generations: outputs the backend produced (each unique miss once).
+        cache_hits: outputs served from the cache (counted per input prompt).
+        deduplicated: input prompts answered by an identical prompt earlier in the same call.
+        prompt_tokens: input tokens of the generations made (cache hits cost nothing).
+        completion_tokens: output tokens of the generations made.
+        model_time_s: wall seconds spent inside ``backend.generate``.
+        overhead_time_s: the rest of ``generate``'s wall time (keys, cache reads/writes, parsing).
+    """
+
+    calls: int = 0
+    backend_calls: int = 0
+    generations: int = 0
+    cache_hits: int = 0
+    deduplicated: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_time_s: float = 0.0
+    overhead_time_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def copy(self) -> LLMStats:
+        return replace(self)
+
+    def __sub__(self, other: LLMStats) -> LLMStats:
+        """Counters accumulated since the snapshot ``other`` (``stats - before``)."""
+        return LLMStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+
+class LazyBackend:
+    """Builds the real backend on the first ``generate`` call.
+
+    A run whose every request is a cache hit (e.g. scoring imported R2MED generations) then
+    never loads a model or needs the backend's optional dependency. ``model_id`` is fixed up
+    front (the registry's ``spec.model``), so cache keys do not depend on whether the backend
+    was built.
+    """
+
+    def __init__(self, factory: Callable[[], LLM], model_id: str) -> None:
+        self._factory = factory
+        self._backend: LLM | None = None
+        self.model_id = model_id
+
+    @property
+    def built(self) -> bool:
+        return self._backend is not None
+
+    def get(self) -> LLM:
+        """The real backend (built now if needed)."""
+        if self._backend is None:
+            logger.info("loading backend for %s", self.model_id)
+            self._backend = self._factory()
+        return self._backend
+
+    def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
+        return self.get().generate(prompts, params)
+
+
+@dataclass(frozen=True)
+class RequestBuilder:
+    """Turns a prompt into the cache request record and key exactly as a CachedLLM would, without
+    a backend (the importer of published caches uses it to key rows it did not generate).
+
+    Attributes:
+        model_id: the model's identity (``spec.model``, which every backend reports as its id).
+        reasoning_format: how outputs are split into reasoning and final response.
+        chat_template_kwargs: chat template options (part of the key).
+        system_prompt: prepended as a system message when a prompt has none ("" = never).
+        options: other output-changing settings (part of the key), see ``generation_options``.
+    """
+
+    model_id: str
+    reasoning_format: str = "plain"
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    system_prompt: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_format(self.reasoning_format)
+
+    @classmethod
+    def from_spec(cls, spec: Any, model_id: str | None = None) -> RequestBuilder:
+        """From a registry entry (``LLMSpec`` or anything with its attribute names)."""
+        return cls(
+            model_id=model_id if model_id is not None else spec.model,
+            reasoning_format=getattr(spec, "reasoning_format", None) or "plain",
+            chat_template_kwargs=dict(getattr(spec, "chat_template_kwargs", None) or {}),
+            system_prompt=getattr(spec, "system_prompt", "") or "",
+            options=generation_options(spec),
+        )
+
+    def as_sent(self, messages: Sequence[Message]) -> list[Message]:
+        """``messages`` as the backend receives them: the system prompt is prepended when the
+        prompt has no system message (backends do the same, so this is idempotent)."""
+        return with_system_prompt(list(messages), self.system_prompt)
+
+    def request(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams,
+        *,
+        sample_index: int = 0,
+        template_hash: str = "",
+    ) -> dict[str, Any]:
+        """The request record hashed into the key (system prompt already prepended)."""
+        return build_request(
+            self.model_id,
+            self.as_sent(messages),
+            params.to_dict(),
+            chat_template_kwargs=self.chat_template_kwargs,
+            sample_index=sample_index,
+            template_hash=template_hash,
+            options=self.options,
+        )
+
+    def key(self, messages: Sequence[Message], params: SamplingParams, **kw: Any) -> str:
+        return request_key(self.request(messages, params, **kw))
+
+    def parse(self, text: str) -> tuple[str, str]:
+        """``(reasoning, final)`` of a raw text under this model's reasoning format."""
+        return split_reasoning(text, self.reasoning_format)
+
+
+class CachedLLM:
+    """A backend behind the generation cache and reasoning-output parsing.
+
+    Args:
+        backend: any ``LLM`` (vLLM, OpenAI-compatible, local llama.cpp, a test fake).
+        spec_or_model_id: the registry entry (``LLMSpec``), whose ``reasoning_format``,
+            ``chat_template_kwargs``, ``system_prompt``, ``reasoning_effort`` and ``extra_body``
+            apply, or just a model id string (then no system prompt is added).
+        reasoning_format: ``plain``, ``think``, ``huatuo`` or ``search-r1``; overrides the spec's.
+        cache: the generation cache, or None to disable caching (``--no-cache``).
+        refresh: ignore cache hits and overwrite them with new generations (``--refresh-cache``).
+        chunk_size: misses sent per backend call and committed together; None sends all at once.
+        chat_template_kwargs: chat template options the backend applies (part of the key);
+            overrides the spec's.
+
+    ``model_id`` is the backend's. The spec's name, base URLs and API key never reach the cache.
+    """
+
+    def __init__(
+        self,
+        backend: LLM,
+        spec_or_model_id: Any = None,
+        reasoning_format: str | None = None,
+        cache: GenerationCache | None = None,
+        refresh: bool = False,
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        if isinstance(spec_or_model_id, str) and spec_or_model_id != backend.model_id:
+            raise ConfigError(
+                f"model id {spec_or_model_id!r} does not match the backend's {backend.model_id!r}"
+            )
+        spec = None if spec_or_model_id is None or isinstance(spec_or_model_id, str) else spec_or_model_id
+        self.spec = spec
+        base = (
+            RequestBuilder.from_spec(spec, model_id=backend.model_id)
+            if spec is not None
+            else RequestBuilder(model_id=backend.model_id)
+        )
+        changes: dict[str, Any] = {}
+        if reasoning_format is not None:
+            changes["reasoning_format"] = reasoning_format
+        if chat_template_kwargs is not None:
+            changes["chat_template_kwargs"] = dict(chat_template_kwargs)
+        self.builder = replace(base, **changes)
+        self.cache = cache
+        self.refresh = refresh
+        if chunk_size is not None and chunk_size < 1:
+            raise ConfigError(f"chunk_size must be a positive integer or None, got {chunk_size}")
+        self.chunk_size = chunk_size
+        self.stats = LLMStats()
+
+    @property
+    def model_id(self) -> str:
+        return self.backend.model_id
+
+    @property
+    def reasoning_format(self) -> str:
+        return self.builder.reasoning_format
+
+    def request(
+        self,
+        messages: Sequence[Message],
+        params: SamplingParams,
+        *,
+        sample_index: int = 0,
+        template_hash: str = "",
+    ) -> dict[str, Any]:
+        """The cache request record (hashed into the key) for one prompt as this wrapper sends it."""
+        return self.builder.request(messages, params, sample_index=sample_index, template_hash=template_hash)
+
+    def parse(self, text: str) -> tuple[str, str]:
+        """``(reasoning, final)`` of a raw text under this model's reasoning format."""
+        return self.builder.parse(text)
+
+    def generate(
+        self,
+        prompts: Sequence[list[Message]],
+        params: SamplingParams,
+        *,
+        sample_index: int = 0,
+        template_hash: str | Sequence[str] = "",
+        meta: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[Generation]:
+        """One Generation per prompt, in input order, with ``final``/``reasoning`` filled.
+
+        Args:
+            prompts: chat message lists, each exactly as it will be sent.
+            params: sampling settings (every field is part of the key).
+            sample_index: which sample of each request this is (part of the key); use 0, 1, ...
+                to draw several samples of the same prompts.
+            template_hash: version hash of the prompt template (part of the key): one string
+                for all prompts, or one per prompt (a batch spanning several tasks' templates).
+            meta: optional per-prompt dicts such as ``{"task", "query_id", "method"}``, stored
+                with the rows (not part of the key) so the cache can be exported per query.
+
+        Returns:
+            Generations in input order; ``cached=True`` for those served from the cache, whose
+            token counts and latency are those of the original generation.
+
+        Raises:
+            LLMError: the backend returned the wrong number of outputs (or failed itself).
+        """
+        t_start = time.perf_counter()
+        if meta is not None and len(meta) != len(prompts):
+            raise ValueError(f"meta has {len(meta)} entries for {len(prompts)} prompts")
+        hashes = [template_hash] * len(prompts) if isinstance(template_hash, str) else list(template_hash)
+        if len(hashes) != len(prompts):
+            raise ValueError(f"template_hash has {len(hashes)} entries for {len(prompts)} prompts")
+        self.stats.calls += 1
+
+        requests: dict[str, dict[str, Any]] = {}
+        messages_of: dict[str, list[Message]] = {}
+        keys: list[str] = []
+        for messages, t_hash in zip(prompts, hashes):
+            req = self.request(messages, params, sample_index=sample_index, template_hash=t_hash)
+            key = request_key(req)
+            keys.append(key)
+            if key not in requests:
+                requests[key] = req
+                messages_of[key] = req["messages"]
+
+        uses_of: dict[str, list[Use]] = {}
+        for k, m in zip(keys, meta or ()):
+            if m:
+                uses_of.setdefault(k, []).append(Use.from_meta(k, m))
+        hits: dict[str, CacheRecord] = {}
+        if self.cache is not None and not self.refresh:
+            hits = self.cache.get_many(requests)
+        misses = [k for k in requests if k not in hits]
+        if self.cache is not None:
+            hit_uses = [u for k in hits for u in uses_of.get(k, ())]
+            if hit_uses:
+                self.cache.add_uses(hit_uses)
+
+        made: dict[str, Generation] = {}
+        model_time = 0.0
+        step = self.chunk_size or max(len(misses), 1)
+        for start in range(0, len(misses), step):
+            chunk = misses[start : start + step]
+            t0 = time.perf_counter()
+            outs = self.backend.generate([messages_of[k] for k in chunk], params)
+            dt = time.perf_counter() - t0
+            model_time += dt
+            self.stats.backend_calls += 1
+            if len(outs) != len(chunk):
+                raise LLMError(
+                    f"backend {self.model_id!r} returned {len(outs)} generations for {len(chunk)} prompts"
+                )
+            records = []
+            for key, out in zip(chunk, outs):
+                reasoning, final = self.parse(out.text)
+                gen = replace(out, final=final, reasoning=reasoning, cached=False)
+                made[key] = gen
+                self.stats.generations += 1
+                self.stats.prompt_tokens += gen.prompt_tokens
+                self.stats.completion_tokens += gen.completion_tokens
+                if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
+                    records.append(CacheRecord.from_generation(key, requests[key], gen))
+            if self.cache is not None:
+                self.cache.put_many(records, [u for k in chunk for u in uses_of.get(k, ())])
+            logger.debug(
+                "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
+            )
+
+        out_list: list[Generation] = []
+        seen: set[str] = set()
+        for key in keys:
+            if key in made:
+                out_list.append(made[key])
+                if key in seen:
+                    self.stats.deduplicated += 1
+            else:
+                rec = hits[key]
+                reasoning, final = self.parse(rec.text)
+                out_list.append(replace(rec.to_generation(), reasoning=reasoning, final=final))
+                self.stats.cache_hits += 1
+            seen.add(key)
+        self.stats.model_time_s += model_time
+        self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
+        if hits or misses:
+            logger.debug(
+                "%s: %d prompts, %d cache hits, %d generated (%.1fs in the model)",
+                self.model_id, len(keys), sum(1 for k in keys if k in hits), len(made), model_time,
+            )
+        return out_list
+
+
+def generation_options(spec: Any) -> dict[str, Any]:
+    """Spec settings outside SamplingParams that change what a model generates (part of the key).
+
+    ``reasoning_effort`` goes in as is; ``extra_body`` only as a hash, so whatever a user put
+    there is never stored in the cache file.
+    """
+    options: dict[str, Any] = {}
+    effort = getattr(spec, "reasoning_effort", None)
+    if effort is not None:
+        options["reasoning_effort"] = effort
+    extra = getattr(spec, "extra_body", None)
+    if extra:
+        options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
+    return options
