@@ -58,20 +58,40 @@ def _load_yaml(path: Path) -> Any:
 
 
 class _Cache:
+    """Parsed YAML per (path, modification time, size): an edited file is read again."""
+
     def __init__(self) -> None:
-        self._d: dict[Path, Any] = {}
+        self._d: dict[tuple[Path, int, int], Any] = {}
 
     def __call__(self, path: Path) -> Any:
         path = Path(path)
-        if path not in self._d:
-            self._d[path] = _load_yaml(path)
-        return self._d[path]
+        try:
+            st = path.stat()
+            key = (path, st.st_mtime_ns, st.st_size)
+        except OSError:
+            return _load_yaml(path)  # raises the readable error
+        if key not in self._d:
+            self._d[key] = _load_yaml(path)
+        return self._d[key]
 
     def cache_clear(self) -> None:
         self._d.clear()
+        _registry_cache.clear()
 
 
 load_yaml = _Cache()
+_registry_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+_hints_cache: dict[type, dict[str, Any]] = {}
+
+
+def _file_state(path: Path | None) -> tuple[Any, ...]:
+    if path is None:
+        return (None,)
+    try:
+        st = path.stat()
+        return (path, st.st_mtime_ns, st.st_size)
+    except OSError:
+        return (path, None, None)
 
 
 def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
@@ -113,7 +133,9 @@ def build(cls: type[T], fields: Mapping[str, Any], where: str) -> T:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
-    hints = typing.get_type_hints(cls)
+    hints = _hints_cache.get(cls)
+    if hints is None:
+        hints = _hints_cache[cls] = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in fields.items():
         kwargs[key] = _coerce(hints[key], value, f"{where}.{key}")
@@ -183,10 +205,16 @@ def load_registry(section: str, cls: type[T]) -> dict[str, T]:
 
     ``cls`` must have a ``name`` field; it is filled from the entry's key.
     """
+    pkg = configs_dir() / f"{section}.yaml"
+    key = (section, cls, _file_state(pkg), _file_state(user_config_path()))
+    cached = _registry_cache.get(key)
+    if cached is not None:
+        return dict(cached)
     out: dict[str, T] = {}
     for name, (fields, path) in registry_entries(section).items():
         out[name] = build(cls, {"name": name, **fields}, f"{path}: {section}.{name}")
-    return out
+    _registry_cache[key] = out
+    return dict(out)
 
 
 def lookup(section: str, cls: type[T], name: str) -> T:

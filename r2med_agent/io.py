@@ -23,11 +23,21 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # read once: os.umask is process-wide and not thread-safe to toggle
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> Path:

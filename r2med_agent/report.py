@@ -1,0 +1,405 @@
+"""Plots and a self-contained HTML report of compared results.
+
+:func:`write_report` writes into one folder:
+
+* ``per_task.png``: grouped bars, one group per task (and the average), one bar per result row;
+* ``quality_vs_cost.png``: average score against cost (dollars, tokens or model time);
+* ``report.html``: one static file with no network access: the comparison table, both plots
+  (embedded as base64), and a per-query drill-down: pick a row, a task and a query to see the
+  query text, the generated text or agent trace, and the top-10 documents of the run with the
+  relevant ones marked. ``report.html#row=0&task=Biology&query=q1`` opens that drill-down.
+
+Query texts, relevance judgements and document texts come from the loaded tasks (``tasks``), kept
+to the documents shown and cut to ``doc_chars`` characters. Without tasks the drill-down falls back
+to what the result files hold: the query text and positive ids the generations file records.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.compare import (
+    MISSING,
+    PARTIAL_MARK,
+    ComparisonTable,
+    TableRow,
+    key_headers,
+    render_markdown,
+    text_grid,
+)
+from r2med_agent.errors import ConfigError
+from r2med_agent.evaluation import read_trec_run, trec_sorted
+from r2med_agent.io import atomic_write_text, iter_jsonl
+from r2med_agent.paths import resources_dir
+from r2med_agent.types import Task
+
+logger = logging.getLogger(__name__)
+
+COST_AXES: tuple[str, ...] = ("auto", "usd", "tokens", "llm-time", "time")
+"""x axis of the quality/cost plot: dollars, prompt+completion tokens, LLM seconds, LLM+retrieval
+seconds; ``auto`` takes the first of usd, tokens, time that any row has above zero."""
+
+DRILL_METRICS: tuple[str, ...] = ("ndcg_at_10", "ndcg_at_100", "recall_at_100", "map_at_10", "mrr")
+"""Per-query metrics shown in the drill-down (beside the table's own metric)."""
+
+TOP_K = 10
+
+
+# ----------------------------------------------------------------------------------------------
+# Plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _short(r: TableRow) -> str:
+    return f"{r.index}: {r.row.label}"
+
+
+def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
+    """Grouped bars: one group per task plus the average, one bar per row (hatched: partial average)."""
+    plt = _pyplot()
+    groups = [*table.tasks, "Avg"]
+    n = len(table.rows)
+    width = 0.8 / max(n, 1)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(groups) + 0.25 * n), 4.8), dpi=110)
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    for i, r in enumerate(table.rows):
+        xs, ys = [], []
+        for g, task in enumerate(table.tasks):
+            v = r.values[task]
+            if v is not None:
+                xs.append(g - 0.4 + width * (i + 0.5))
+                ys.append(v)
+        color = cmap(i % cmap.N)
+        ax.bar(xs, ys, width=width, color=color, label=_short(r))
+        if r.average is not None:
+            ax.bar(
+                [len(table.tasks) - 0.4 + width * (i + 0.5)],
+                [r.average],
+                width=width,
+                color=color,
+                hatch="//" if r.partial else None,
+                edgecolor="black" if r.partial else color,
+            )
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=25, ha="right")
+    ax.set_ylabel(table.metric)
+    hatched = any(r.partial for r in table.rows)
+    ax.set_title(f"{table.metric} per task" + (" (hatched: average over fewer tasks)" if hatched else ""))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(
+        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(3, max(n, 1)), frameon=False
+    )
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _cost_values(table: ComparisonTable, axis: str) -> tuple[str, list[float]]:
+    totals = [r.row.totals(table.tasks) for r in table.rows]
+
+    def series(name: str) -> list[float]:
+        if name == "usd":
+            return [t.get("cost_usd", 0.0) for t in totals]
+        if name == "tokens":
+            return [t.get("prompt_tokens", 0.0) + t.get("completion_tokens", 0.0) for t in totals]
+        if name == "llm-time":
+            return [t.get("llm_time_s", 0.0) for t in totals]
+        return [t.get("llm_time_s", 0.0) + t.get("retrieval_time_s", 0.0) for t in totals]
+
+    labels = {
+        "usd": "cost (USD, summed over tasks)",
+        "tokens": "LLM tokens (prompt + completion, summed over tasks)",
+        "llm-time": "LLM time (s, summed over tasks)",
+        "time": "LLM + retrieval time (s, summed over tasks)",
+    }
+    if axis == "auto":
+        for name in ("usd", "tokens", "time"):
+            if any(v > 0 for v in series(name)):
+                return labels[name], series(name)
+        return labels["time"], series("time")
+    if axis not in labels:
+        raise ConfigError(f"unknown cost axis '{axis}'; allowed: {', '.join(COST_AXES)}")
+    return labels[axis], series(axis)
+
+
+def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "auto") -> Path:
+    """Average score (y) against cost (x), one labelled point per row (hollow: partial average)."""
+    plt = _pyplot()
+    xlabel, xs = _cost_values(table, axis)
+    fig, ax = plt.subplots(figsize=(7.5, 5.0), dpi=110)
+    cmap = plt.get_cmap("tab10" if len(table.rows) <= 10 else "tab20")
+    for r, x in zip(table.rows, xs):
+        if r.average is None:
+            continue
+        color = cmap(r.index % cmap.N)
+        ax.scatter(
+            [x],
+            [r.average],
+            s=60,
+            color="white" if r.partial else color,
+            edgecolors=color,
+            linewidths=2,
+            zorder=3,
+        )
+        ax.annotate(
+            f"{r.index}: {r.row.label}" + (PARTIAL_MARK if r.partial else ""),
+            (x, r.average),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize=8,
+        )
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"average {table.metric}")
+    ax.set_title(f"average {table.metric} against cost")
+    ax.grid(alpha=0.3)
+    ax.margins(x=0.25, y=0.15)
+    if xs and min(xs) >= 0:  # costs are never negative: no axis below 0 from the margins
+        ax.set_xlim(left=-0.04 * (max(xs) or 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Drill-down data
+
+
+def _cut(text: Any, limit: int) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= limit else text[:limit] + f" … [{len(text) - limit} more characters]"
+
+
+def _by_query(path: Path, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return out
+    for _, rec in iter_jsonl(path):
+        for k in keys:
+            if k in rec:
+                out[str(rec[k])] = rec
+                break
+    return out
+
+
+def _trace_view(rec: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    steps = []
+    for s in rec.get("steps") or []:
+        if not isinstance(s, Mapping):
+            continue
+        steps.append(
+            {
+                "generated": _cut(s.get("generated"), limit),
+                "search_query": s.get("search_query"),
+                "doc_ids": [str(d) for d in s.get("doc_ids") or []],
+                "inserted": _cut(s.get("inserted"), limit),
+            }
+        )
+    return {
+        "method": rec.get("method", ""),
+        "final": _cut(rec.get("final"), limit),
+        "finish_reason": rec.get("finish_reason", ""),
+        "steps": steps,
+    }
+
+
+def drilldown_data(
+    table: ComparisonTable,
+    tasks: Mapping[str, Task] | None = None,
+    *,
+    top_k: int = TOP_K,
+    doc_chars: int = 700,
+    text_chars: int = 20_000,
+) -> dict[str, Any]:
+    """The JSON the report's drill-down reads.
+
+    Shape: ``{"metric", "rows": [{"index", "label", "tasks"}], "tasks": {task: {"queries":
+    {qid: text}, "order": [qid], "qrels": {qid: {doc: grade}}, "qrels_source", "docs": {doc:
+    text}}}, "results": {row index: {task: {qid: {"metrics", "top": [[doc, score]],
+    "relevant_ranks": {doc: rank or null}, "generation", "trace"}}}}}``.
+    """
+    tasks = tasks or {}
+    out_tasks: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {}
+    shown_docs: dict[str, set[str]] = {}
+    for t in table.tasks:
+        task = tasks.get(t)
+        out_tasks[t] = {
+            "queries": {q.query_id: _cut(q.text, text_chars) for q in task.queries} if task else {},
+            "order": [q.query_id for q in task.queries] if task else [],
+            "qrels": (
+                {q: {d: int(g) for d, g in docs.items() if g > 0} for q, docs in task.qrels.items()}
+                if task
+                else {}
+            ),
+            "qrels_source": "qrels" if task else "",
+            "docs": {},
+        }
+        shown_docs[t] = set()
+    # Read every row's files first: without task data, the generations files supply the query
+    # texts and positives that every row's drill-down needs.
+    loaded: dict[tuple[int, str], tuple[Any, Any, Any, Any]] = {}
+    for r in table.rows:
+        for t in table.tasks:
+            result = r.row.tasks.get(t)
+            if result is None:
+                continue
+            run = read_trec_run(result.run_path) if result.run_path.exists() else {}
+            gens = _by_query(result.generations_path, ("id", "query_id"))
+            traces = _by_query(result.traces_path, ("query_id", "id"))
+            loaded[(r.index, t)] = (result, run, gens, traces)
+            info = out_tasks[t]
+            for qid, g in gens.items():
+                if qid not in info["queries"] and g.get("text"):
+                    info["queries"][qid] = _cut(g["text"], text_chars)
+                if info["qrels_source"] != "qrels" and isinstance(g.get("doc_id"), list):
+                    info["qrels"][qid] = {str(d): 1 for d in g["doc_id"]}
+                    info["qrels_source"] = "generations"
+    keep = list(dict.fromkeys([table.metric, *DRILL_METRICS]))
+    for (index, t), (result, run, gens, traces) in loaded.items():
+        qrels = out_tasks[t]["qrels"]
+        per_task: dict[str, Any] = {}
+        for qid in dict.fromkeys([*result.per_query, *run, *gens, *traces]):
+            ranked = trec_sorted(run.get(qid, {}))
+            rank_of = {d: i for i, (d, _) in enumerate(ranked, start=1)}
+            top = [[d, s] for d, s in ranked[:top_k]]
+            shown_docs[t].update(d for d, _ in top)
+            metrics = result.per_query.get(qid, {})
+            entry: dict[str, Any] = {
+                "metrics": {m: metrics[m] for m in keep if m in metrics},
+                "top": top,
+                "relevant_ranks": {d: rank_of.get(d) for d in qrels.get(qid, {})},
+                "run_length": len(ranked),
+                "generation": None,
+                "trace": None,
+            }
+            if qid in gens:
+                g = gens[qid]
+                entry["generation"] = {
+                    "text": _cut(g.get("hy_doc", g.get("final", "")), text_chars),
+                    "reasoning": _cut(g.get("reasoning", ""), text_chars),
+                    "finish_reason": g.get("finish_reason", ""),
+                }
+            if qid in traces:
+                entry["trace"] = _trace_view(traces[qid], text_chars)
+            per_task[qid] = entry
+        results.setdefault(str(index), {})[t] = per_task
+    for t, task in tasks.items():
+        if t not in out_tasks:
+            continue
+        texts = {d.doc_id: d for d in task.corpus if d.doc_id in shown_docs[t]}
+        out_tasks[t]["docs"] = {
+            d: _cut((doc.title + "\n" if doc.title else "") + doc.text, doc_chars) for d, doc in texts.items()
+        }
+    for t, info in out_tasks.items():
+        if not info["order"]:
+            seen = list(dict.fromkeys(q for per_row in results.values() for q in per_row.get(t, {})))
+            info["order"] = seen
+    return {
+        "metric": table.metric,
+        "rows": [
+            {"index": r.index, "label": r.row.label, "tasks": [t for t in table.tasks if t in r.row.tasks]}
+            for r in table.rows
+        ],
+        "tasks": out_tasks,
+        "results": results,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML
+
+
+def _png_data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _json_for_script(obj: Any) -> str:
+    """JSON safe inside ``<script type="application/json">`` (no ``</script>`` can close it)."""
+    text = json.dumps(obj, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(
+    table: ComparisonTable,
+    plots: Mapping[str, Path],
+    data: Mapping[str, Any],
+    *,
+    title: str = "r2med-agent report",
+) -> str:
+    """The report page: inline CSS and JS, plots as data URIs, the drill-down data as JSON."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resources_dir())),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    template = env.get_template("report.html.j2")
+    headers, body = text_grid(table)
+    return template.render(
+        title=title,
+        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        metric=table.metric,
+        headers=headers,
+        n_keys=len(key_headers(table)),
+        body=[(r.index, cells) for r, cells in zip(table.rows, body)],
+        baseline=table.baseline,
+        footnotes=table.footnotes(),
+        plots=[(name, _png_data_uri(p)) for name, p in plots.items()],
+        data_json=_json_for_script(data),
+        missing=MISSING,
+        markdown=render_markdown(table),
+    )
+
+
+def write_report(
+    table: ComparisonTable,
+    out_dir: str | Path,
+    *,
+    tasks: Mapping[str, Task] | None = None,
+    cost_axis: str = "auto",
+    title: str = "r2med-agent report",
+    doc_chars: int = 700,
+) -> Path:
+    """Write the plots and ``report.html`` into ``out_dir``; returns the HTML file.
+
+    Args:
+        table: the comparison (see :func:`r2med_agent.compare.build_table`).
+        out_dir: folder to write into (created).
+        tasks: loaded tasks by name, for query texts, qrels and document texts in the drill-down.
+        cost_axis: x axis of the quality/cost plot (COST_AXES).
+        title: page title.
+        doc_chars: characters of each document text kept.
+    """
+    if cost_axis not in COST_AXES:
+        raise ConfigError(f"unknown cost axis '{cost_axis}'; allowed: {', '.join(COST_AXES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {
+        f"{table.metric} per task": plot_per_task(table, out / "per_task.png"),
+        "quality against cost": plot_quality_vs_cost(table, out / "quality_vs_cost.png", cost_axis),
+    }
+    data = drilldown_data(table, tasks, doc_chars=doc_chars)
+    page = render_html(table, plots, data, title=title)
+    path = atomic_write_text(out / "report.html", page)
+    logger.info("wrote %s (%d KiB) and %d plots", path, len(page) // 1024, len(plots))
+    return path

@@ -1,0 +1,526 @@
+"""Reproduction grids: each published R2MED configuration beside the command that reproduces it.
+
+In the spirit of pyserini's ``2cr/*.yaml``: ``configs/reproduce/<table>.yaml`` lists the run
+arguments of every configuration of one of the paper's tables; the scores each must reproduce are
+taken from the packaged published CSV when the grid is loaded (so they cannot drift from it), and
+loading fails when an entry has none. ``--dry-run`` reports what each entry needs: GPU memory
+(sizes from ``configs/reproduce/models.yaml``), API keys and hub access (from the LLM, encoder and
+reranker registries).
+
+Grid file::
+
+    title: Generation-augmented retrieval (HyDE, Query2Doc, LameR)
+    entries:
+      - {method: hyde, llm: qwen-7b, retriever: bm25}
+      - {method: none, retriever: nv, reranker: monobert, args: {rerank_k: 100}}
+      # run names that differ from the CSV's: published: {retriever: nv}
+
+:func:`reproduce` runs each entry through :func:`_run_one` (the runner, in-process), skipping
+tasks whose result files exist, then returns the side-by-side comparison table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.compare import (
+    NO_LLM,
+    ComparisonTable,
+    PublishedKey,
+    build_table,
+    load_results,
+    published_results,
+    r2med_tasks,
+)
+from r2med_agent.config import build, load_yaml
+from r2med_agent.errors import ConfigError
+from r2med_agent.paths import configs_dir
+
+logger = logging.getLogger(__name__)
+
+TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank")
+"""Grid names: ``configs/reproduce/<name>.yaml``."""
+
+GPU_GIB = 80.0
+"""Memory of one GPU assumed by the estimates (A100/H100 80 GB)."""
+
+BYTES_PER_PARAM = 2
+"""bf16/fp16 weights."""
+
+RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "top_k")
+"""Run options a grid entry may set in ``args``: RunConfig fields that are also ``run`` flags
+(``rerank_k`` -> ``--rerank-k``)."""
+
+
+@dataclass(frozen=True)
+class PublishedName:
+    """Override of the names an entry has in the published CSV (fields left empty: as the run's)."""
+
+    method: str | None = None
+    llm: str | None = None
+    retriever: str | None = None
+    reranker: str | None = None
+
+
+@dataclass(frozen=True)
+class GridEntry:
+    """One configuration of a grid: the run's arguments.
+
+    Attributes:
+        method: ``none``, ``hyde``, ``query2doc``, ``lamer``, ``search-r1``, ``search-o1``.
+        retriever: retriever spec (``bm25``, an encoder name).
+        llm: LLM registry name ("" for method ``none``).
+        reranker: reranker registry name ("" for none).
+        args: further run options (RUN_ARGS: ``loop_retriever``, ``final``, ``rerank_k``, ``top_k``).
+        published: the names this configuration has in the published CSV, where they differ.
+        note: free text shown by ``--dry-run``.
+    """
+
+    method: str
+    retriever: str
+    llm: str = ""
+    reranker: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    published: PublishedName = field(default_factory=PublishedName)
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        """``method/llm/retriever[/reranker]``, the label compare gives its result row."""
+        parts = [self.method, self.llm or NO_LLM, self.retriever]
+        return "/".join(parts + [self.reranker] if self.reranker else parts)
+
+    @property
+    def published_key(self) -> PublishedKey:
+        p = self.published
+        return PublishedKey(
+            method=p.method if p.method is not None else self.method,
+            llm=p.llm if p.llm is not None else self.llm,
+            retriever=p.retriever if p.retriever is not None else self.retriever,
+            reranker=p.reranker if p.reranker is not None else self.reranker,
+        )
+
+    def run_config(self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None):
+        """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``)."""
+        from r2med_agent.runner import RunConfig
+
+        return RunConfig(
+            tasks=tuple(tasks),
+            method=self.method,
+            llm=self.llm or None,
+            retriever=self.retriever,
+            reranker=self.reranker or None,
+            output_dir=Path(output_dir),
+            data_dir=data_dir,
+            **self.args,
+        )
+
+    def command(self, task: str, output_dir: Path, data_dir: Path | None = None) -> str:
+        """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value)."""
+        parts = ["r2med-agent", "run", "--method", self.method]
+        if self.llm:
+            parts += ["--llm", self.llm]
+        parts += ["--retriever", self.retriever]
+        if self.reranker:
+            parts += ["--reranker", self.reranker]
+        for key, value in self.args.items():
+            parts += [f"--{key.replace('_', '-')}", str(value)]
+        parts += ["--task", task, "--output-dir", str(output_dir)]
+        if data_dir is not None:
+            parts += ["--data-dir", str(data_dir)]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class _GridFile:
+    title: str
+    entries: tuple[GridEntry, ...]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A loaded grid: its entries and, per entry, the published scores (task -> nDCG@10)."""
+
+    name: str
+    title: str
+    description: str
+    path: Path
+    entries: tuple[GridEntry, ...]
+    published: tuple[dict[str, float], ...]
+    """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for a custom entry)."""
+
+
+def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
+    """Load a grid by table name (``retrievers``, ``gar``, ``agentic``, ``rerank``) or file path.
+
+    Args:
+        name_or_path: a name in TABLES or a YAML file in the same format.
+        strict: every entry must have published scores for all 8 tasks (default: True for the
+            package's grids, False for other files).
+
+    Raises:
+        ConfigError: unknown table, malformed file, unknown keys, duplicate entries, or (strict) an
+            entry the published CSV does not have.
+    """
+    if isinstance(name_or_path, str) and name_or_path in TABLES:
+        path = configs_dir() / "reproduce" / f"{name_or_path}.yaml"
+        name = name_or_path
+        strict = True if strict is None else strict
+    elif isinstance(name_or_path, Path) or name_or_path.endswith((".yaml", ".yml")):
+        path = Path(name_or_path)
+        name = path.stem
+        strict = False if strict is None else strict
+        if not path.exists():
+            raise ConfigError(f"{path}: grid file does not exist")
+    else:
+        raise ConfigError(
+            f"unknown table '{name_or_path}'; allowed: {', '.join(TABLES)} (or a .yaml grid file)"
+        )
+    doc = load_yaml(path)
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{path}: expected a mapping with 'title' and 'entries'")
+    spec = build(_GridFile, doc, str(path))
+    pub = published_results()
+    scores: list[dict[str, float]] = []
+    seen: dict[tuple[str, ...], int] = {}
+    all_tasks = set(r2med_tasks())
+    for i, entry in enumerate(spec.entries):
+        where = f"{path}: entries[{i}] ({entry.label})"
+        if entry.method != "none" and not entry.llm:
+            raise ConfigError(f"{where}: method {entry.method} needs an llm")
+        unknown = sorted(set(entry.args) - set(RUN_ARGS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
+        ident = (entry.method, entry.llm, entry.retriever, entry.reranker, repr(sorted(entry.args.items())))
+        if ident in seen:
+            raise ConfigError(f"{where}: duplicate of entries[{seen[ident]}]")
+        seen[ident] = i
+        s = pub.scores(entry.published_key, "ndcg_at_10")
+        if strict and set(s) != all_tasks:
+            raise ConfigError(
+                f"{where}: the published scores ({pub.path.name}) have "
+                f"{'no row for ' + str(entry.published_key) if not s else 'only ' + ', '.join(sorted(s))}; "
+                "fix the names or add published: {retriever: <CSV name>, ...}"
+            )
+        scores.append(s)
+    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores))
+
+
+@lru_cache(maxsize=1)
+def load_grids() -> dict[str, Grid]:
+    """Every package grid by table name."""
+    return {t: load_grid(t) for t in TABLES}
+
+
+# ----------------------------------------------------------------------------------------------
+# What an entry needs
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Size and access of one model a grid names (``configs/reproduce/models.yaml``).
+
+    Hub ids, API key variables and tensor parallelism come from the registries (llms.yaml,
+    encoders.yaml, rerankers.yaml); this adds what they do not record.
+
+    Attributes:
+        name: the registry name (``qwen-72b``, ``nv``, ``monobert``).
+        params_b: parameters in billions (for the bf16 weight estimate).
+        gated: a hub repo it needs is gated (accept the licence on the hub, set ``HF_TOKEN``).
+        note: shown by ``--dry-run``.
+    """
+
+    name: str
+    params_b: float
+    gated: bool = False
+    note: str = ""
+
+
+def load_models() -> dict[str, ModelInfo]:
+    """``configs/reproduce/models.yaml`` as ``{name: ModelInfo}``."""
+    path = configs_dir() / "reproduce" / "models.yaml"
+    doc = load_yaml(path) or {}
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of model name -> fields")
+    return {str(k): build(ModelInfo, {"name": str(k), **(v or {})}, f"{path}: {k}") for k, v in doc.items()}
+
+
+def weights_gib(params_b: float) -> float:
+    """bf16 weight memory in GiB of a model with ``params_b`` billion parameters."""
+    return params_b * 1e9 * BYTES_PER_PARAM / 2**30
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What running one entry needs, for ``--dry-run``."""
+
+    gpu: tuple[str, ...]
+    api_keys: tuple[str, ...]
+    hub: tuple[str, ...]
+    problems: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        out = [f"GPU: {'; '.join(self.gpu) if self.gpu else 'none (CPU only)'}"]
+        out.append(f"API keys: {', '.join(self.api_keys) if self.api_keys else 'none'}")
+        out.append(f"hub access: {'; '.join(self.hub) if self.hub else 'none'}")
+        out += [f"PROBLEM: {p}" for p in self.problems]
+        return out
+
+
+_GATED = " [gated: accept its licence on the hub, set HF_TOKEN]"
+
+
+def _gpu_line(role: str, name: str, info: ModelInfo, tp: int, gpu_gib: float) -> str:
+    """``≈X GiB bf16 weights`` (over ``tp`` GPUs), flagged when a share does not fit one GPU
+    with a fifth more for activations and KV cache."""
+    w = weights_gib(info.params_b)
+    per_gpu = w / tp
+    line = f"{role} {name} ≈{w:.1f} GiB bf16 weights"
+    if tp > 1:
+        line += f", tensor-parallel {tp} -> ≈{per_gpu:.1f} GiB/GPU"
+    if role == "LLM":
+        line += " + KV cache"
+    if per_gpu * 1.2 > gpu_gib:
+        line += f" (does not fit one {gpu_gib:.0f} GiB GPU)"
+    return line
+
+
+@dataclass(frozen=True)
+class Registries:
+    """The registries ``--dry-run`` consults, read once per plan."""
+
+    llms: Mapping[str, Any]
+    encoders: Mapping[str, Any]
+    rerankers: Mapping[str, Any]
+    models: Mapping[str, ModelInfo]
+
+    @classmethod
+    def load(cls) -> Registries:
+        from r2med_agent.llm.registry import load_llm_specs
+        from r2med_agent.retrieval.encoders import encoder_registry
+        from r2med_agent.retrieval.rerank import reranker_registry
+
+        return cls(load_llm_specs(), encoder_registry(), reranker_registry(), load_models())
+
+
+def dataset_repos(tasks: Sequence[str], data_dir: Path | None = None) -> list[str]:
+    """Hub dataset repos the tasks load from (none with a local ``data_dir``)."""
+    if data_dir is not None:
+        return []
+    from r2med_agent.data import get_task_spec, task_registry
+
+    registry = task_registry()
+    specs = [registry.get(t) or get_task_spec(t) for t in tasks]
+    return list(dict.fromkeys(s.repo for s in specs if s.source != "package"))
+
+
+def entry_needs(
+    entry: GridEntry,
+    datasets: Sequence[str] = (),
+    gpu_gib: float = GPU_GIB,
+    registries: Registries | None = None,
+) -> Needs:
+    """GPU memory, API keys and hub access one entry needs.
+
+    Backends, hub ids, API key variables and tensor parallelism come from the registries
+    (configs/llms.yaml, encoders.yaml, rerankers.yaml); sizes and gating from
+    configs/reproduce/models.yaml. Names missing from either are reported as problems.
+
+    Args:
+        entry: the grid entry.
+        datasets: hub dataset repos its tasks load from (:func:`dataset_repos`).
+        gpu_gib: memory of one GPU.
+        registries: the registries (read here when not given).
+    """
+    from r2med_agent.retrieval import BM25_SPECS
+
+    reg = registries or Registries.load()
+    gpu: list[str] = []
+    keys: list[str] = []
+    hub: list[str] = []
+    problems: list[str] = []
+
+    def weights(role: str, name: str, repos: Sequence[str], tp: int = 1) -> None:
+        info = reg.models.get(name)
+        if info is None:
+            problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
+        else:
+            gpu.append(_gpu_line(role, name, info, tp, gpu_gib))
+        gated = _GATED if info is not None and info.gated else ""
+        hub.append(f"{', '.join(repos)} (weights){gated}")
+
+    if entry.llm:
+        spec = reg.llms.get(entry.llm)
+        if spec is None:
+            problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
+        elif spec.backend == "openai":
+            if spec.api_key_env:
+                keys.append(spec.api_key_env)
+        elif spec.backend == "vllm":
+            weights("LLM", entry.llm, [spec.model], spec.tensor_parallel_size)
+        else:
+            problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
+    for part in entry.retriever.split("+"):
+        if part in BM25_SPECS:
+            continue
+        enc = reg.encoders.get(part)
+        if enc is None:
+            problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
+        elif enc.kind == "api":
+            if enc.api_key_env:
+                keys.append(enc.api_key_env)
+        else:
+            repos = [m for m in (enc.model, enc.query_model, enc.doc_model) if m]
+            weights("encoder", part, list(dict.fromkeys(repos)))
+    if entry.reranker:
+        rr = reg.rerankers.get(entry.reranker)
+        if rr is None:
+            problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
+        else:
+            weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m])
+    if datasets:
+        hub.append(f"datasets {', '.join(datasets)}")
+    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems))
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning and running
+
+
+@dataclass(frozen=True)
+class ReproduceOptions:
+    """Options of one ``reproduce`` call.
+
+    Attributes:
+        output_dir: root of the result tree (as ``run --output-dir``).
+        data_dir: local data (None: the hub).
+        tasks: tasks to run (default: the 8 R2MED tasks).
+        gpu_gib: memory of one GPU for the estimates.
+    """
+
+    output_dir: Path = Path("results")
+    data_dir: Path | None = None
+    tasks: tuple[str, ...] = field(default_factory=r2med_tasks)
+    gpu_gib: float = GPU_GIB
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One grid entry, its command, which tasks are done, and what it needs."""
+
+    entry: GridEntry
+    published: dict[str, float]
+    command: str
+    result_dir: Path
+    done: tuple[str, ...]
+    pending: tuple[str, ...]
+    needs: Needs
+
+    @property
+    def published_average(self) -> float | None:
+        """The paper's mean over the planned tasks (None when it lacks any of them)."""
+        tasks = self.done + self.pending
+        if not tasks or any(t not in self.published for t in tasks):
+            return None
+        return sum(self.published[t] for t in tasks) / len(tasks)
+
+
+def task_option(tasks: Sequence[str]) -> str:
+    """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, else a comma list."""
+    return "all" if tuple(tasks) == r2med_tasks() else ",".join(tasks)
+
+
+def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
+    """Every entry of ``grid`` with its command, finished/pending tasks and needs."""
+    registries = Registries.load()
+    repos: dict[tuple[str, ...], list[str]] = {}
+    task_arg = task_option(opts.tasks)
+    out = []
+    for entry, scores in zip(grid.entries, grid.published):
+        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir)
+        rdir = cfg.result_dir()
+        done = tuple(t for t in opts.tasks if (rdir / f"{t}.json").exists())
+        pending = tuple(t for t in opts.tasks if t not in done)
+        needed = pending or opts.tasks
+        if needed not in repos:
+            repos[needed] = dataset_repos(needed, opts.data_dir)
+        out.append(
+            PlannedRun(
+                entry=entry,
+                published=scores,
+                command=entry.command(task_arg, opts.output_dir, opts.data_dir),
+                result_dir=rdir,
+                done=done,
+                pending=pending,
+                needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries),
+            )
+        )
+    return out
+
+
+def format_plan(planned: Sequence[PlannedRun]) -> str:
+    """The ``--dry-run`` listing: per entry its status, command, published average and needs."""
+    lines = []
+    for i, p in enumerate(planned):
+        status = "done" if not p.pending else ("partial" if p.done else "to run")
+        avg = p.published_average
+        paper = f"paper nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
+        lines.append(f"[{i}] {p.entry.label}  ({status}; {paper})")
+        lines.append(f"    {p.command}")
+        if p.done and p.pending:
+            lines.append(f"    done: {', '.join(p.done)}; runs: {', '.join(p.pending)}")
+        lines += [f"    {line}" for line in p.needs.lines()]
+        if p.entry.note:
+            lines.append(f"    note: {p.entry.note}")
+    todo = sum(1 for p in planned if p.pending)
+    lines.append(f"{len(planned)} configuration(s): {todo} to run, {len(planned) - todo} already done")
+    return "\n".join(lines) + "\n"
+
+
+def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> None:
+    """Run one entry on ``tasks`` in-process through the runner (the one call to wire)."""
+    from r2med_agent.runner import run_experiment
+
+    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir))
+
+
+def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
+    """Run every entry's pending tasks, then compare the grid's results with the paper.
+
+    Returns:
+        The comparison table (rows in grid order, published scores beside ours).
+    """
+    planned = plan(grid, opts)
+    for i, p in enumerate(planned):
+        if not p.pending:
+            logger.info("[%d/%d] %s: results exist, skipped", i + 1, len(planned), p.entry.label)
+            continue
+        logger.info("[%d/%d] %s on %s", i + 1, len(planned), p.entry.label, ", ".join(p.pending))
+        _run_one(p.entry, opts, p.pending)
+    return results_table(grid, opts, planned)
+
+
+def results_table(
+    grid: Grid, opts: ReproduceOptions, planned: Sequence[PlannedRun] | None = None
+) -> ComparisonTable:
+    """The grid's finished results beside the published scores (rows in grid order)."""
+    planned = plan(grid, opts) if planned is None else planned
+    order = {p.result_dir.resolve(): i for i, p in enumerate(planned)}
+    root = Path(opts.output_dir)
+    rows = load_results([root]) if root.is_dir() else []
+    rows = sorted((r for r in rows if r.directory in order), key=lambda r: order[r.directory])
+    if not rows:
+        raise ConfigError(f"no results of grid '{grid.name}' under {root} yet; run without --dry-run")
+    tasks = [t for t in opts.tasks if any(t in r.tasks for r in rows)]
+    aliases = {
+        (e.method, e.llm or NO_LLM, e.retriever, e.reranker): e.published_key for e in grid.entries
+    }
+    return build_table(
+        rows, "ndcg_at_10", tasks=tasks, published=any(grid.published), published_aliases=aliases
+    )

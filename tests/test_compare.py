@@ -1,0 +1,316 @@
+"""compare: result trees -> rows -> table; values, published column, baseline marks, outputs, CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from r2med_agent.compare import (
+    BETTER_MARK,
+    MISSING,
+    PARTIAL_MARK,
+    WORSE_MARK,
+    PublishedKey,
+    build_table,
+    load_results,
+    published_results,
+    r2med_tasks,
+    render,
+    render_csv,
+    render_markdown,
+    split_leaf,
+)
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.paths import resources_dir
+from tests.result_trees import GOOD, MIXED, WEAK, ranking, read_json, write_result
+
+
+
+@pytest.fixture()
+def cli():
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    return app
+
+
+def published_csv_rows() -> list[dict[str, str]]:
+    with (resources_dir() / "published_results.csv").open(encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture()
+def two_trees(tmp_path: Path) -> tuple[Path, Path]:
+    """Tree A: BM25 (Biology, sample) and HyDE (Biology only); tree B: a dense row on both tasks."""
+    a, b = tmp_path / "runA", tmp_path / "runB"
+    for task in ("sample", "Biology"):
+        write_result(a, "none", "none", "bm25", task, MIXED)
+        write_result(b, "none", "none", "minilm", task, GOOD)
+    write_result(
+        a, "hyde", "smollm2", "bm25", "Biology", WEAK,
+        stats={"generations": 4, "cache_hits": 1, "prompt_tokens": 400, "completion_tokens": 120,
+               "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": 0.0},
+    )
+    (a / "none" / "none" / "bm25" / "summary.json").write_text(json.dumps({"average": {}}))
+    return a, b
+
+
+def test_split_leaf_keeps_the_fuse_variant_on_the_retriever():
+    assert split_leaf("bm25") == ("bm25", "")
+    assert split_leaf("nv__monobert") == ("nv", "monobert")
+    assert split_leaf("bm25__fuse") == ("bm25__fuse", "")
+    assert split_leaf("nv__fuse__rankllama") == ("nv__fuse", "rankllama")
+
+
+def test_rows_and_table_values_equal_the_result_files(two_trees):
+    a, b = two_trees
+    rows = load_results([a, b])
+    assert [r.label for r in rows] == ["none/none/bm25", "hyde/smollm2/bm25", "none/none/minilm"]
+    assert [r.source for r in rows] == [str(a), str(a), str(b)]
+    table = build_table(rows, "ndcg_at_10")
+    # R2MED tasks first, in PROTOCOL order, then the others.
+    assert table.tasks == ("Biology", "sample")
+    assert table.show_source
+    for tr in table.rows:
+        for task in table.tasks:
+            path = tr.row.directory / f"{task}.json"
+            if path.exists():
+                assert tr.values[task] == read_json(path)["test"]["ndcg_at_10"]
+            else:
+                assert tr.values[task] is None
+    bm25 = table.rows[0]
+    assert bm25.average == pytest.approx(
+        (bm25.values["Biology"] + bm25.values["sample"]) / 2, abs=0
+    )
+    # The CSV carries full precision: parse it back and compare exactly with the files.
+    parsed = list(csv.DictReader(io.StringIO(render_csv(table))))
+    assert len(parsed) == 3
+    for rec, tr in zip(parsed, table.rows):
+        assert rec["method"] == tr.row.method and rec["retriever"] == tr.row.retriever
+        for task in table.tasks:
+            path = tr.row.directory / f"{task}.json"
+            expected = read_json(path)["test"]["ndcg_at_10"] if path.exists() else None
+            assert (float(rec[task]) if rec[task] else None) == expected
+
+
+def test_partial_average_is_flagged_never_silent(two_trees):
+    a, b = two_trees
+    table = build_table(load_results([a, b]))
+    hyde = table.rows[1]
+    assert hyde.missing_tasks == ("sample",)
+    assert hyde.average == hyde.values["Biology"]
+    md = render_markdown(table)
+    assert f"{hyde.average:.4f}{PARTIAL_MARK}" in md
+    assert "row 1 (hyde/smollm2/bm25): average over 1 of 2 tasks; missing: sample" in md
+    rec = list(csv.DictReader(io.StringIO(render_csv(table))))[1]
+    assert rec["avg_tasks"] == "1" and rec["avg_missing"] == "sample"
+    # Complete rows carry no flag.
+    assert f"{table.rows[0].average:.4f}{PARTIAL_MARK}" not in md
+
+
+def test_metric_and_task_selection(two_trees):
+    a, _ = two_trees
+    rows = load_results([a])
+    table = build_table(rows, "recall_at_100", tasks=["sample"])
+    assert table.tasks == ("sample",)
+    assert table.rows[0].values["sample"] == read_json(a / "none/none/bm25/sample.json")["test"]["recall_at_100"]
+    with pytest.raises(ConfigError, match="no result file has metric 'ndcg_at_7'"):
+        build_table(rows, "ndcg_at_7")
+    with pytest.raises(ConfigError, match="no results for task"):
+        build_table(rows, tasks=["MedQA-Diag"])
+
+
+def test_published_column_equals_the_csv(tmp_path):
+    root = tmp_path / "results"
+    tasks = r2med_tasks()
+    for task in tasks:
+        write_result(root, "none", "none", "bm25", task, GOOD)
+        write_result(root, "none", "none", "nv", task, MIXED, reranker="monobert")
+    write_result(root, "hyde", "qwen-7b", "bge", "Biology", WEAK)
+    write_result(root, "hyde", "smollm2", "bm25", "Biology", WEAK)  # not a published configuration
+    table = build_table(load_results([root]), published=True)
+    by_label = {tr.row.label: tr for tr in table.rows}
+    csv_rows = published_csv_rows()
+
+    def paper(kind, method, llm, retriever, reranker, task):
+        hits = [r for r in csv_rows if (r["kind"], r["method"], r["llm"], r["retriever"], r["reranker"], r["task"])
+                == (kind, method, llm, retriever, reranker, task)]
+        assert len(hits) == 1
+        return float(hits[0]["ndcg_at_10"])
+
+    bm25 = by_label["none/none/bm25"]
+    assert bm25.published == {t: paper("retrieval", "none", "", "bm25", "", t) for t in tasks}
+    assert bm25.published_average == pytest.approx(sum(bm25.published.values()) / 8)
+    rerank = by_label["none/none/nv/monobert"]
+    assert rerank.published == {t: paper("rerank", "none", "", "nv", "monobert", t) for t in tasks}
+    hyde = by_label["hyde/qwen-7b/bge"]
+    # The paper's numbers show for every column, also where we lack the task ...
+    assert hyde.published == {t: paper("gar", "hyde", "qwen-7b", "bge", "", t) for t in tasks}
+    assert hyde.values["MedQA-Diag"] is None
+    # ... but its average covers exactly our tasks (here Biology only), like ours.
+    assert hyde.average == hyde.values["Biology"]
+    assert hyde.published_average == hyde.published["Biology"]
+    assert by_label["hyde/smollm2/bm25"].published == {}
+
+    parsed = {f"{r['method']}/{r['llm']}/{r['retriever']}": r for r in csv.DictReader(io.StringIO(render_csv(table)))}
+    rec = parsed["none/none/bm25"]
+    for t in tasks:
+        assert float(rec[f"{t}_published"]) == paper("retrieval", "none", "", "bm25", "", t)
+        assert float(rec[f"{t}_diff"]) == pytest.approx(bm25.values[t] - bm25.published[t])
+    assert parsed["hyde/smollm2/bm25"]["Biology_published"] == ""
+    md = render_markdown(table)
+    smollm = next(line for line in md.splitlines() if "| smollm2 |" in line)
+    assert MISSING in smollm
+    assert f"{bm25.published['Biology']:.4f}" in md
+
+
+def test_published_scores_load_all_568_rows():
+    pub = published_results()
+    assert len(pub.keys()) == 71
+    assert len(pub.keys("retrieval")) == 15 and len(pub.keys("rerank")) == 3
+    assert pub.scores(PublishedKey("none", "", "bm25"))["Biology"] == 0.19188
+    # MRR is blank for most rows: those tasks are left out, not read as 0.
+    assert pub.scores(PublishedKey("none", "", "bge"), "mrr") == {}
+
+
+def test_baseline_marks_significant_rows(tmp_path):
+    root = tmp_path / "results"
+    qids = [f"q{i}" for i in range(20)]
+    qrels = {q: {f"{q}-rel": 1} for q in qids}
+    good = {q: ranking(f"{q}-rel", "x1", "x2") for q in qids}  # relevant at rank 1 everywhere
+    bad = {q: ranking("x1", "x2", "x3", f"{q}-rel") for q in qids}  # relevant at rank 4
+    write_result(root, "none", "none", "bm25", "sample", bad, qrels)
+    write_result(root, "none", "none", "bm25-compat", "sample", bad, qrels)
+    write_result(root, "hyde", "smollm2", "bm25", "sample", good, qrels)
+    rows = load_results([root])
+    table = build_table(rows, baseline="none/none/bm25", seed=1)
+    labels = [r.row.label for r in table.rows]
+    base = labels.index("none/none/bm25")
+    assert table.baseline == base and table.rows[base].tests == {}
+    hyde = table.rows[labels.index("hyde/smollm2/bm25")]
+    same = table.rows[labels.index("none/none/bm25-compat")]
+    t = hyde.tests["all"]
+    assert (t.wins, t.ties, t.losses) == (20, 0, 0)
+    assert not t.exact and t.p_value == pytest.approx(1 / 10_001)
+    assert table.marker(hyde, "sample") == BETTER_MARK
+    assert table.marker(same, "all") == ""
+    assert same.tests["all"].p_value == 1.0
+    md = render_markdown(table)
+    assert f"{hyde.values['sample']:.4f}{BETTER_MARK}" in md
+    assert "| 20/0/0 |" in md and "| 0/20/0 |" in md
+    assert f"| {base} (base) |" in md
+    # Swapping the roles turns the marker around.
+    table2 = build_table(rows, baseline=labels.index("hyde/smollm2/bm25"))
+    assert table2.marker(table2.rows[base], "all") == WORSE_MARK
+    # --alpha below the attainable p-value removes the marks.
+    assert build_table(rows, baseline=base, alpha=1e-5).marker(hyde, "all") == ""
+    with pytest.raises(ConfigError, match="matches no row"):
+        build_table(rows, baseline="hyde/qwen-7b/bm25")
+    with pytest.raises(ConfigError, match="only 3 rows"):
+        build_table(rows, baseline="7")
+
+
+def test_significance_needs_per_query_scores(tmp_path):
+    root = tmp_path / "r"
+    write_result(root, "none", "none", "bm25", "sample", GOOD)
+    leaf = write_result(root, "none", "none", "minilm", "sample", MIXED)
+    rec = read_json(leaf / "sample.json")
+    del rec["per_query"]
+    (leaf / "sample.json").write_text(json.dumps(rec))
+    with pytest.raises(DataError, match="no per_query scores"):
+        build_table(load_results([root]), baseline=0)
+
+
+def test_cost_columns_sum_stats_over_tasks(tmp_path):
+    root = tmp_path / "r"
+    for task, tokens in (("Biology", 100), ("sample", 250)):
+        write_result(
+            root, "hyde", "gpt4", "bm25", task, GOOD,
+            stats={"generations": 4, "cache_hits": 2, "prompt_tokens": tokens, "completion_tokens": 10,
+                   "llm_time_s": 1.5, "retrieval_time_s": 0.5, "cost_usd": 0.125},
+        )
+    table = build_table(load_results([root]), cost=True)
+    assert table.rows[0].totals == {
+        "generations": 8, "cache_hits": 4, "prompt_tokens": 350, "completion_tokens": 20,
+        "llm_time_s": 3.0, "retrieval_time_s": 1.0, "cost_usd": 0.25,
+    }
+    rec = next(csv.DictReader(io.StringIO(render_csv(table))))
+    assert float(rec["prompt_tokens"]) == 350 and float(rec["cost_usd"]) == 0.25
+    assert "| 350 |" in render_markdown(table)
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_results([tmp_path / "nope"])
+    leaf = tmp_path / "r" / "none" / "none" / "bm25"
+    leaf.mkdir(parents=True)
+    (leaf / "Biology.json").write_text('{"test": {"ndcg_at_10": 0.5,}}')
+    with pytest.raises(DataError, match=r"Biology\.json:1: malformed JSON"):
+        load_results([tmp_path / "r"])
+    (leaf / "Biology.json").write_text('{"test": {"ndcg_at_10": "high"}}')
+    with pytest.raises(DataError, match="test.ndcg_at_10 must be a number"):
+        load_results([tmp_path / "r"])
+    with pytest.raises(ConfigError, match="no results to compare"):
+        build_table([])
+
+
+def test_same_folder_through_two_paths_is_loaded_once(two_trees):
+    a, _ = two_trees
+    rows = load_results([a, a / "none" / "none" / "bm25"])
+    assert [r.label for r in rows] == ["none/none/bm25", "hyde/smollm2/bm25"]
+
+
+def test_rich_rendering_lists_every_row(two_trees):
+    a, b = two_trees
+    text = render(build_table(load_results([a, b]), published=True), "rich")
+    for label in ("bm25", "smollm2", "minilm"):
+        assert label in text
+    assert "paper (Δ)" in text
+
+
+def test_cli_compare_markdown_csv_and_out_file(cli, two_trees, tmp_path):
+    a, b = two_trees
+    runner = CliRunner()
+    res = runner.invoke(cli, ["compare", str(a), str(b), "--format", "md"])
+    assert res.exit_code == 0, res.output
+    rows = load_results([a, b])
+    table = build_table(rows)
+    assert res.stdout == render_markdown(table)
+    res = runner.invoke(cli, ["compare", str(a), "--format", "csv", "--metric", "mrr"])
+    assert res.exit_code == 0, res.output
+    parsed = list(csv.DictReader(io.StringIO(res.output)))
+    assert float(parsed[0]["sample"]) == read_json(a / "none/none/bm25/sample.json")["test"]["mrr"]
+    out = tmp_path / "table.csv"
+    res = runner.invoke(cli, ["compare", str(a), str(b), "--published", "--cost", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    header = out.read_text().splitlines()[0].split(",")
+    assert "Biology_published" in header and "cost_usd" in header and "results" in header
+    res = runner.invoke(cli, ["compare", str(a), "--format", "rich"])
+    assert res.exit_code == 0 and "hyde" in res.output
+
+
+def test_cli_compare_baseline_and_errors(cli, two_trees):
+    a, b = two_trees
+    runner = CliRunner()
+    res = runner.invoke(cli, ["compare", str(a), str(b), "--baseline", "none/none/bm25", "--format", "md"])
+    assert res.exit_code == 0, res.output
+    assert "W/T/L" in res.output and "0 (base)" in res.output
+    res = runner.invoke(cli, ["compare", str(a), "--baseline", "nope/x/y", "--format", "md"])
+    assert res.exit_code != 0
+    assert isinstance(res.exception, ConfigError) and "0: none/none/bm25" in str(res.exception)
+    res = runner.invoke(cli, ["compare", str(a), "--format", "html"])
+    assert isinstance(res.exception, ConfigError) and "rich, md, csv" in str(res.exception)
+
+
+def test_cli_main_prints_user_errors_without_traceback(two_trees, capsys):
+    from r2med_agent.cli import main
+
+    a, _ = two_trees
+    assert main(["compare", str(a), "--metric", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "no result file has metric 'bogus'" in err and "Traceback" not in err

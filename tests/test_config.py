@@ -1,0 +1,75 @@
+"""Registries: YAML layers into frozen dataclasses, user entries, unknown keys as errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from r2med_agent import config
+from r2med_agent.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Thing:
+    name: str
+    size: int = 1
+    ratio: float = 0.5
+    tags: tuple[str, ...] = ()
+    mode: str | None = None
+
+
+@pytest.fixture
+def layers(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "things.yaml").write_text("a:\n  size: 2\nb:\n  ratio: 1\n  tags: [x, y]\n")
+    monkeypatch.setattr(config, "configs_dir", lambda: pkg)
+    yield tmp_path
+    config.set_user_config(None)
+
+
+def test_package_layer_builds_frozen_entries(layers):
+    reg = config.load_registry("things", Thing)
+    assert reg["a"] == Thing("a", size=2)
+    assert reg["b"].ratio == 1.0 and isinstance(reg["b"].ratio, float)
+    assert reg["b"].tags == ("x", "y")
+
+
+def test_user_layer_adds_and_replaces_entries(layers):
+    user = layers / "user.yaml"
+    user.write_text("things:\n  a:\n    size: 7\n  mine:\n    mode: fast\n")
+    config.set_user_config(user)
+    reg = config.load_registry("things", Thing)
+    assert reg["a"].size == 7 and reg["mine"].mode == "fast" and "b" in reg
+
+
+def test_unknown_key_names_file_and_key(layers):
+    user = layers / "user.yaml"
+    user.write_text("things:\n  a:\n    sise: 7\n")
+    config.set_user_config(user)
+    with pytest.raises(ConfigError, match=r"user\.yaml: things\.a: unknown key\(s\) sise; allowed: "):
+        config.load_registry("things", Thing)
+
+
+def test_bad_type_and_bad_yaml(layers):
+    user = layers / "user.yaml"
+    user.write_text("things:\n  a:\n    size: big\n")
+    config.set_user_config(user)
+    with pytest.raises(ConfigError, match="things.a.size: expected an integer"):
+        config.load_registry("things", Thing)
+    user.write_text("things:\n  a: [\n")
+    config.load_yaml.cache_clear()
+    with pytest.raises(ConfigError, match=r"user\.yaml:\d+: malformed YAML"):
+        config.load_registry("things", Thing)
+
+
+def test_unknown_entry_lists_known_names(layers):
+    with pytest.raises(ConfigError, match="unknown thing 'zzz'; known: a, b"):
+        config.lookup("things", Thing, "zzz")
+
+
+def test_missing_user_file_is_an_error(layers):
+    config.set_user_config(layers / "nope.yaml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load_registry("things", Thing)

@@ -1,0 +1,232 @@
+"""report: plots, the self-contained HTML page, and its drill-down checked in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from r2med_agent.compare import build_table, load_results
+from r2med_agent.evaluation import read_trec_run, trec_sorted
+from r2med_agent.report import drilldown_data, write_report
+from tests.result_trees import CORPUS, GOOD, MIXED, QRELS, QUERIES, WEAK, make_task, ranking, write_result
+
+CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# Twelve documents for q2, so the drill-down cuts the list at ten.
+LONG = {**GOOD, "q2": ranking(*[f"d{i}" for i in (8, 9, 10, 11, 12, 13, 14, 15, 1, 3, 2, 4)])}
+
+HOSTILE = "A passage about light </script><script>window.__pwned = 1</script> & <b>bold</b>"
+
+
+def generations() -> list[dict]:
+    return [
+        {"id": q, "text": t, "hy_doc": HOSTILE if q == "q1" else f"A passage for {q}",
+         "doc_id": sorted(QRELS[q]), "reasoning": f"reasoning for {q}", "finish_reason": "stop"}
+        for q, t in QUERIES.items()
+    ]
+
+
+def traces() -> list[dict]:
+    return [
+        {"query_id": q, "method": "search-r1", "finish_reason": "answer", "final": f"final answer for {q}",
+         "steps": [
+             {"generated": "<think>search it</think><search>fever vaccine cause</search>",
+              "search_query": "fever vaccine cause", "doc_ids": ["d3", "d11"], "inserted": "Doc 1 (Title: ...)",
+              "prompt_tokens": 50, "completion_tokens": 20},
+             {"generated": "<answer>an immune response</answer>", "search_query": None, "doc_ids": [],
+              "inserted": "", "prompt_tokens": 80, "completion_tokens": 10},
+         ], "extra": {}}
+        for q in QUERIES
+    ]
+
+
+@pytest.fixture()
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    write_result(root, "none", "none", "bm25", "sample", MIXED)
+    write_result(root, "hyde", "qwen-7b", "bm25", "sample", LONG, generations=generations(),
+                 stats={"generations": 4, "cache_hits": 0, "prompt_tokens": 400, "completion_tokens": 120,
+                        "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": 0.0})
+    write_result(root, "search-r1", "qwen-7b-ins", "bm25", "sample", WEAK, traces=traces(),
+                 stats={"generations": 8, "cache_hits": 0, "prompt_tokens": 520, "completion_tokens": 120,
+                        "llm_time_s": 5.0, "retrieval_time_s": 0.5, "cost_usd": 0.0})
+    return root
+
+
+@pytest.fixture()
+def report(tree: Path, tmp_path: Path) -> Path:
+    table = build_table(load_results([tree]), baseline=0)
+    return write_report(table, tmp_path / "report", tasks={"sample": make_task()}, doc_chars=12)
+
+
+def embedded_data(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="r2med-data">(.*?)</script>', page, re.S)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def chromium(tmp_path: Path, url: str, *extra: str) -> str:
+    if not CHROMIUM.exists():
+        pytest.skip("needs headless Chromium: chromium on PATH or /usr/bin/chromium (apt-get install chromium)")
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", *extra, url,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def js_errors(dom: str) -> str:
+    m = re.search(r'<pre id="js-errors"[^>]*>(.*?)</pre>', dom, re.S)
+    assert m is not None, "the error box is missing from the page"
+    return m.group(1)
+
+
+def test_report_writes_plots_and_a_self_contained_page(report: Path):
+    out = report.parent
+    for name in ("per_task.png", "quality_vs_cost.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    page = report.read_text(encoding="utf-8")
+    # No network: no external scripts, styles or images; both plots inline.
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)
+    assert "<link" not in page and "<script src" not in page
+    assert page.count('src="data:image/png;base64,') == 2
+    # The hostile generated text cannot close the data script early: every script tag pairs up,
+    # and the data block parses whole (test_drilldown_data_matches_the_run_files reads it back).
+    assert page.count("</script>") == page.count("<script")
+    assert "<script>window.__pwned" not in page
+    # The comparison table is in the page.
+    assert "hyde" in page and "search-r1" in page and "0 (base)" in page
+
+
+def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
+    data = embedded_data(report.read_text(encoding="utf-8"))
+    labels = [r["label"] for r in data["rows"]]
+    assert labels == ["none/none/bm25", "hyde/qwen-7b/bm25", "search-r1/qwen-7b-ins/bm25"]
+    run = read_trec_run(tree / "hyde/qwen-7b/bm25/sample.run")
+    q2 = data["results"]["1"]["sample"]["q2"]
+    assert [d for d, _ in q2["top"]] == [d for d, _ in trec_sorted(run["q2"])[:10]]
+    assert q2["run_length"] == 12
+    assert q2["relevant_ranks"] == {"d2": 11}  # relevant, but below the top 10
+    assert data["results"]["1"]["sample"]["q1"]["generation"]["text"] == HOSTILE
+    assert data["results"]["2"]["sample"]["q3"]["trace"]["steps"][0]["search_query"] == "fever vaccine cause"
+    task = data["tasks"]["sample"]
+    assert task["queries"] == QUERIES and task["qrels"] == QRELS
+    # Document texts: only documents some row shows in its top 10, cut to doc_chars.
+    shown = {d for row in data["results"].values() for q in row["sample"].values() for d, _ in q["top"]}
+    assert set(task["docs"]) == shown
+    assert "d6" in CORPUS and "d6" not in task["docs"]  # in the corpus, never ranked
+    assert task["docs"]["d1"].startswith(CORPUS["d1"][:12]) and "more characters" in task["docs"]["d1"]
+
+
+def test_drilldown_without_task_data_uses_the_generations_file(tree: Path):
+    table = build_table(load_results([tree]))
+    data = drilldown_data(table, tasks=None)
+    task = data["tasks"]["sample"]
+    assert task["qrels_source"] == "generations"
+    assert task["queries"] == QUERIES
+    assert task["qrels"]["q3"] == {"d3": 1, "d7": 1}
+    # Also rows without a generations file (row 0, BM25 before HyDE) get relevance marks.
+    assert data["results"]["0"]["sample"]["q3"]["relevant_ranks"] == {"d3": None, "d7": 1}
+    assert task["docs"] == {}
+
+
+def test_chromium_opens_the_drilldown_from_the_url_fragment(report: Path, tmp_path: Path):
+    dom = chromium(tmp_path, report.as_uri() + "#row=1&task=sample&query=q1", "--dump-dom")
+    assert js_errors(dom) == ""
+    m = re.search(r'<div id="drilldown"[^>]*data-row="1"[^>]*>(.*)', dom, re.S)
+    assert m is not None, "the drill-down did not open row 1"
+    drill = m.group(1)
+    assert 'data-query="q1"' in dom
+    # Top documents of q1 in rank order, the relevant ones marked.
+    ids = re.findall(r'<li class="doc( relevant)?" data-doc-id="([^"]+)"', drill)
+    assert ids == [(" relevant", "d1"), (" relevant", "d5"), ("", "d9")]
+    assert drill.count(">RELEVANT<") == 2
+    assert QUERIES["q1"] in drill
+    # The hostile generated text is shown as text, not parsed as markup.
+    assert "&lt;/script&gt;&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in drill
+    assert "reasoning for q1" in drill
+
+
+def test_chromium_shows_an_agent_trace_and_missed_relevant_documents(report: Path, tmp_path: Path):
+    dom = chromium(tmp_path, report.as_uri() + "#row=2&task=sample&query=q3", "--dump-dom")
+    assert js_errors(dom) == ""
+    trace = re.search(r'<div id="dd-trace">(.*?)</div>\s*<h3>Final response', dom, re.S)
+    assert trace is not None
+    assert "search: fever vaccine cause" in trace.group(1) and "retrieved: d3, d11" in trace.group(1)
+    assert "final answer for q3" in dom
+    assert re.search(r'<li class="doc relevant" data-doc-id="d3">.*?RELEVANT \(grade 2\)', dom, re.S)
+    assert "d7 (not retrieved)" in dom
+
+
+def test_the_error_box_catches_script_errors(report: Path, tmp_path: Path):
+    broken = tmp_path / "broken.html"
+    page = report.read_text(encoding="utf-8")
+    broken.write_text(page.replace("</body>", "<script>noSuchFunction();</script></body>"), encoding="utf-8")
+    dom = chromium(tmp_path, broken.as_uri(), "--dump-dom")
+    assert "noSuchFunction" in js_errors(dom)
+
+
+def test_chromium_screenshot(report: Path, tmp_path: Path):
+    shot = tmp_path / "report.png"
+    chromium(
+        tmp_path, report.as_uri() + "#row=1&task=sample&query=q1",
+        f"--screenshot={shot}", "--window-size=1300,2200", "--hide-scrollbars",
+    )
+    data = shot.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 20_000
+
+
+@pytest.fixture()
+def cli():
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    return app
+
+
+def write_r2med_task(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "query.jsonl").write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in CORPUS.items()))
+    (folder / "qrels.jsonl").write_text(
+        "".join(json.dumps({"q_id": q, "p_id": d, "score": g}) + "\n" for q, docs in QRELS.items() for d, g in docs.items())
+    )
+
+
+def test_cli_report_loads_task_texts_from_data_dir(cli, tree: Path, tmp_path: Path):
+    data_dir = tmp_path / "data"
+    write_r2med_task(data_dir / "sample")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["report", str(tree), "--out", str(out), "--data-dir", str(data_dir), "--published"])
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text(encoding="utf-8")
+    data = embedded_data(page)
+    assert data["tasks"]["sample"]["qrels_source"] == "qrels"
+    assert data["tasks"]["sample"]["docs"]["d9"] == CORPUS["d9"]
+    assert (out / "per_task.png").exists() and (out / "quality_vs_cost.png").exists()
+
+
+def test_cli_report_without_texts_and_with_missing_data(cli, tree: Path, tmp_path: Path):
+    runner = CliRunner()
+    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "a"), "--no-texts", "--cost-axis", "time"])
+    assert res.exit_code == 0, res.output
+    assert embedded_data((tmp_path / "a" / "report.html").read_text())["tasks"]["sample"]["docs"] == {}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "b"), "--data-dir", str(empty)])
+    assert res.exit_code != 0
+    assert "--no-texts" in str(res.exception) and "no data for task sample" in str(res.exception)
+    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "c"), "--no-texts", "--cost-axis", "euros"])
+    assert "usd, tokens" in str(res.exception)

@@ -1,0 +1,237 @@
+"""reproduce: the grids against the published CSV, --dry-run listings and needs, skipping finished
+work, and one real run through the runner."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from r2med_agent import reproduce as rep
+from r2med_agent.compare import PublishedKey, published_results, r2med_tasks
+from r2med_agent.errors import ConfigError
+from r2med_agent.paths import resources_dir
+from r2med_agent.reproduce import (
+    TABLES,
+    Registries,
+    ReproduceOptions,
+    entry_needs,
+    format_plan,
+    load_grid,
+    load_grids,
+    plan,
+    reproduce,
+    weights_gib,
+)
+from tests.result_trees import QRELS, ranking, write_result
+
+RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
+
+
+@pytest.fixture()
+def cli():
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    return app
+
+
+def csv_ndcg() -> dict[tuple[str, str, str, str], dict[str, float]]:
+    out: dict[tuple[str, str, str, str], dict[str, float]] = {}
+    with (resources_dir() / "published_results.csv").open(encoding="utf-8", newline="") as f:
+        for r in csv.DictReader(f):
+            out.setdefault((r["method"], r["llm"], r["retriever"], r["reranker"]), {})[r["task"]] = float(r["ndcg_at_10"])
+    return out
+
+
+def test_grids_cover_every_published_configuration_exactly_once():
+    grids = load_grids()
+    assert set(grids) == set(TABLES)
+    assert {t: len(g.entries) for t, g in grids.items()} == {"retrievers": 15, "gar": 45, "agentic": 8, "rerank": 3}
+    keys = [e.published_key for g in grids.values() for e in g.entries]
+    assert len(keys) == len(set(keys)) == 71
+    assert set(keys) == set(published_results().keys())
+    kinds = published_results().kinds
+    assert {kinds[e.published_key] for e in grids["retrievers"].entries} == {"retrieval"}
+    assert {kinds[e.published_key] for e in grids["rerank"].entries} == {"rerank"}
+    assert {e.method for e in grids["agentic"].entries} == {"search-r1", "search-o1"}
+    assert {e.method for e in grids["gar"].entries} == {"hyde", "query2doc", "lamer"}
+
+
+def test_grid_scores_are_the_csv_scores():
+    expected = csv_ndcg()
+    for grid in load_grids().values():
+        for entry, scores in zip(grid.entries, grid.published):
+            k = entry.published_key
+            assert scores == expected[(k.method, k.llm, k.retriever, k.reranker)]
+            assert set(scores) == set(r2med_tasks())
+
+
+def test_every_grid_model_is_in_the_registries_and_sized():
+    registries = Registries.load()
+    for grid in load_grids().values():
+        for entry in grid.entries:
+            needs = entry_needs(entry, ["R2MED/Biology"], registries=registries)
+            assert needs.problems == (), (entry.label, needs.problems)
+
+
+def test_dry_run_lists_every_entry(cli, tmp_path):
+    out = tmp_path / "out"
+    runner = CliRunner()
+    for table, grid in load_grids().items():
+        res = runner.invoke(cli, ["reproduce", "--table", table, "--dry-run", "--output-dir", str(out)])
+        assert res.exit_code == 0, res.output
+        for i, entry in enumerate(grid.entries):
+            cmd = entry.command("all", out)
+            assert f"    {cmd}\n" in res.output
+            assert f"[{i}] {entry.label}  (to run; paper nDCG@10 avg " in res.output
+        n = len(grid.entries)
+        assert f"{n} configuration(s): {n} to run, 0 already done" in res.output
+        assert "PROBLEM" not in res.output
+    assert not out.exists()  # a dry run writes nothing
+
+
+def test_dry_run_commands_and_needs(tmp_path):
+    grids = load_grids()
+    opts = ReproduceOptions(output_dir=tmp_path)
+
+    def find(table, label):
+        return next(p for p in plan(grids[table], opts) if p.entry.label == label)
+
+    p = find("gar", "hyde/qwen-72b/bm25")
+    assert p.command == f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25 --task all --output-dir {tmp_path}"
+    # 72.7e9 params * 2 bytes = 135.4 GiB; llms.yaml runs it on 4 GPUs: 33.9 GiB each.
+    assert weights_gib(72.7) == pytest.approx(135.41, abs=0.01)
+    assert p.needs.gpu == ("LLM qwen-72b ≈135.4 GiB bf16 weights, tensor-parallel 4 -> ≈33.9 GiB/GPU + KV cache",)
+    assert p.needs.api_keys == ()
+    assert p.needs.hub[0] == "Qwen/Qwen2.5-72B-Instruct (weights)"
+    assert p.needs.hub[1].startswith("datasets R2MED/Biology, R2MED/Bioinformatics")
+    assert p.published_average == pytest.approx(sum(p.published.values()) / 8)
+
+    gpt = find("gar", "query2doc/gpt4/nv")
+    assert gpt.needs.api_keys == ("OPENAI_API_KEY",)
+    assert gpt.needs.gpu == ("encoder nv ≈14.6 GiB bf16 weights",)
+    assert find("retrievers", "none/none/voyage").needs.api_keys == ("VOYAGE_API_KEY",)
+    assert "GPU: none (CPU only)" in find("retrievers", "none/none/bm25").needs.lines()
+    llama = find("gar", "hyde/llama-70b/bm25")
+    assert "gated" in llama.needs.hub[0]
+    rank = find("rerank", "none/none/nv/rankllama")
+    assert rank.command.endswith(f"--reranker rankllama --rerank-k 100 --task all --output-dir {tmp_path}")
+    assert "meta-llama/Llama-2-7b-hf" in rank.needs.hub[1]
+    # With a local copy no dataset comes from the hub; a smaller GPU flags what does not fit.
+    local = plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, data_dir=tmp_path / "d", gpu_gib=24))
+    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/bm25")
+    assert not any(h.startswith("datasets") for h in big.needs.hub)
+    assert big.needs.gpu[0].endswith("(does not fit one 24 GiB GPU)")
+    assert "--data-dir" in big.command
+
+
+def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch):
+    grid = load_grid("rerank")
+    out = tmp_path / "results"
+    tasks = r2med_tasks()
+    first, second, third = grid.entries
+    for t in tasks:
+        write_result(out, "none", "none", "nv", t, RUN, QRELS, reranker=first.reranker)
+    write_result(out, "none", "none", "nv", "Biology", RUN, QRELS, reranker=second.reranker)
+    opts = ReproduceOptions(output_dir=out)
+    listing = format_plan(plan(grid, opts))
+    assert f"[0] {first.label}  (done;" in listing
+    assert f"[1] {second.label}  (partial;" in listing
+    assert "done: Biology; runs: Bioinformatics" in listing
+    assert f"[2] {third.label}  (to run;" in listing
+
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(rep, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
+    table = reproduce(grid, opts)
+    assert calls == [(second.label, tasks[1:]), (third.label, tasks)]
+    # The closing table: the grid's finished rows with the paper's numbers beside them.
+    assert [r.row.label for r in table.rows] == [first.label, second.label]
+    expected = csv_ndcg()[("none", "", "nv", "monobert")]
+    assert table.rows[0].published == expected
+    assert table.rows[1].missing_tasks == tasks[1:]
+    assert table.rows[1].published_average == csv_ndcg()[("none", "", "nv", "bge-reranker")]["Biology"]
+
+
+def test_grid_files_are_validated(tmp_path):
+    def grid(name: str, body: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text("title: t\nentries:\n" + body)
+        return path
+
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, llm, method"):
+        load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
+    with pytest.raises(ConfigError, match="method hyde needs an llm"):
+        load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
+    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: loop_retriever, final, rerank_k, top_k"):
+        load_grid(grid("args", "  - {method: none, retriever: nv, reranker: monobert, args: {rerank_n: 10}}\n"))
+    with pytest.raises(ConfigError, match=r"duplicate of entries\[0\]"):
+        load_grid(grid("dup", "  - {method: none, retriever: bm25}\n  - {method: none, retriever: bm25}\n"))
+    custom = grid("custom", "  - {method: none, retriever: minilm}\n")
+    assert load_grid(custom).published == ({},)  # a custom grid may run unpublished configurations
+    with pytest.raises(ConfigError, match="no row for"):
+        load_grid(custom, strict=True)
+    with pytest.raises(ConfigError, match="unknown table 'tables'"):
+        load_grid("tables")
+    with pytest.raises(ConfigError, match="grid file does not exist"):
+        load_grid(tmp_path / "none.yaml")
+
+
+def test_published_override_matches_renamed_runs(tmp_path):
+    grid_file = tmp_path / "renamed.yaml"
+    grid_file.write_text(
+        "title: renamed\nentries:\n"
+        "  - {method: none, retriever: medcpt-article, published: {retriever: medcpt}}\n"
+    )
+    grid = load_grid(grid_file, strict=True)
+    assert grid.entries[0].published_key == PublishedKey("none", "", "medcpt", "")
+    assert grid.published[0] == csv_ndcg()[("none", "", "medcpt", "")]
+    out = tmp_path / "results"
+    write_result(out, "none", "none", "medcpt-article", "Biology", RUN, QRELS)
+    table = rep.results_table(grid, ReproduceOptions(output_dir=out, tasks=("Biology",)))
+    assert table.rows[0].published == {"Biology": grid.published[0]["Biology"]}
+
+
+def test_cli_needs_exactly_one_grid(cli):
+    res = CliRunner().invoke(cli, ["reproduce", "--dry-run"])
+    assert isinstance(res.exception, ConfigError) and "exactly one of --table" in str(res.exception)
+
+
+def test_reproduce_runs_a_grid_through_the_real_runner(cli, tmp_path, monkeypatch):
+    # BM25 on the embedded sample task: the runner, bm25s and pytrec_eval for real, offline.
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text("title: sample\nentries:\n  - {method: none, retriever: bm25}\n")
+    out = tmp_path / "results"
+    args = ["reproduce", "--grid", str(grid_file), "--tasks", "sample", "--output-dir", str(out), "--format", "csv"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    result = out / "none" / "none" / "bm25" / "sample.json"
+    assert result.exists() and (out / "none" / "none" / "bm25" / "sample.run").exists()
+    import json
+
+    score = json.loads(result.read_text())["test"]["ndcg_at_10"]
+    rec = next(csv.DictReader(res.stdout.splitlines()))
+    assert float(rec["sample"]) == score
+    assert rec["sample_published"] == ""  # the paper has no number for the sample task
+    # A second call finds the files and runs nothing.
+    mtime = result.stat().st_mtime_ns
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0 and result.stat().st_mtime_ns == mtime
+
+
+def test_run_args_are_runner_fields_and_run_flags(cli):
+    import dataclasses
+
+    import typer
+
+    from r2med_agent.runner import RunConfig
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    run = typer.main.get_command(cli).commands["run"]
+    flags = {opt for p in run.params for opt in p.opts}
+    for arg in rep.RUN_ARGS:
+        assert arg in fields
+        assert f"--{arg.replace('_', '-')}" in flags
