@@ -848,7 +848,7 @@ def test_make_llm_wires_spec_cache_and_flags(tmp_path, monkeypatch):
     assert make_llm("qwen3-32b").request([], SamplingParams())["chat_template_kwargs"] == {"enable_thinking": True}
     assert make_llm("qwen-7b-ins").request(msgs("q")[1:], SamplingParams())["messages"] == msgs("q")[1:]
     assert llm.chunk_size == 1024
-    assert make_llm("gpt4").chunk_size == 256 and make_llm("smollm2").chunk_size == 64
+    assert make_llm("gpt4").chunk_size == 256 and make_llm("smollm2").chunk_size == 4
     assert make_llm("gpt4", chunk_size=None).chunk_size is None
     assert make_llm("smollm2", use_cache=False).cache is None
     assert make_llm("smollm2", refresh=True, cache_path=tmp_path / "x.sqlite").refresh is True
@@ -909,3 +909,18 @@ def test_real_local_model_through_the_cache(tmp_path):
     second = again.generate(prompts, params)
     assert [g.text for g in second] == [g.text for g in first]
     assert all(g.cached for g in second) and not again.backend.built
+
+
+def test_continuation_of_a_final_assistant_message_is_part_of_the_key():
+    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.registry import LLMSpec
+
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>so"}]
+    local = RequestBuilder.from_spec(LLMSpec(name="a", backend="local", model="m"))
+    hosted = RequestBuilder.from_spec(LLMSpec(name="b", backend="openai", model="m", server="openai", base_urls=("https://api.openai.com/v1",)))
+    params = SamplingParams()
+    assert local.request(convo, params)["options"]["final_assistant"] == "continue"
+    assert hosted.request(convo, params)["options"]["final_assistant"] == "new_turn"
+    # A prompt ending with the user's message keys the same whichever way a backend continues.
+    assert "final_assistant" not in local.request(convo[:1], params).get("options", {})
+    assert local.key(convo[:1], params) == RequestBuilder(model_id="m", system_prompt=local.system_prompt).key(convo[:1], params)

@@ -211,6 +211,8 @@ class _FakeVLLM:
 
     engines: list[dict[str, Any]] = field(default_factory=list)
     chats: list[dict[str, Any]] = field(default_factory=list)
+    echo: bool = False
+    """Reply to each conversation with ``re:<content of its last message>`` (finish "stop")."""
 
     def module(self) -> types.ModuleType:
         fake = self
@@ -225,6 +227,14 @@ class _FakeVLLM:
 
             def chat(self, messages, sampling_params, **kwargs):  # noqa: ANN001, ANN202
                 fake.chats.append({"messages": messages, "params": sampling_params, **kwargs})
+                if fake.echo:
+                    return [
+                        _FakeRequestOutput(
+                            prompt_token_ids=[0] * len(m),
+                            outputs=[_FakeCompletion(f"re:{m[-1]['content']}", [1], "stop", None)],
+                        )
+                        for m in messages
+                    ]
                 replies = [
                     ("first", "stop", "</search>"),
                     ("second", "length", None),
@@ -287,6 +297,8 @@ def test_vllm_backend_maps_params_and_outputs(monkeypatch) -> None:
     assert first["messages"][1] == prompts[1]  # an existing system message is kept
     assert first["chat_template_kwargs"] == {"enable_thinking": True}
     assert first["use_tqdm"] is False
+    # New turns only: vLLM's defaults (generation prompt on, no continuation) are left alone.
+    assert "continue_final_message" not in first and "add_generation_prompt" not in first
     assert first["params"].kwargs == {
         "n": 1, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_tokens": 99, "seed": 7,
         "stop": ["</search>"], "include_stop_str_in_output": False, "repetition_penalty": 1.05,
@@ -299,6 +311,52 @@ def test_vllm_backend_maps_params_and_outputs(monkeypatch) -> None:
         (10, 3), (11, 4), (12, 5), (13, 6),
     ]  # fmt: skip
     assert all(g.final == "" and g.reasoning == "" and not g.cached for g in gens)
+
+
+def test_vllm_backend_continues_final_assistant_messages_in_their_own_call(monkeypatch) -> None:
+    from r2med_agent.llm import vllm_backend
+
+    fake = _FakeVLLM(echo=True)
+    monkeypatch.setitem(sys.modules, "vllm", fake.module())
+    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    backend = make_backend(get_llm_spec("qwen-7b-ins"))
+
+    def user(q: str) -> dict[str, str]:
+        return {"role": "user", "content": q}
+
+    def assistant(text: str) -> dict[str, str]:
+        return {"role": "assistant", "content": text}
+
+    prompts = [
+        [user("q0")],
+        [user("q1"), assistant("<think>a1")],
+        [user("q2")],
+        [user("q3"), assistant("<think>a3</think><search>x</search><information>d</information>")],
+        [user("q4"), assistant("done"), user("q4 again")],  # ends in a user turn: a new turn
+    ]
+    gens = backend.generate(prompts, SamplingParams(max_tokens=8))
+
+    # Outputs come back in input order although they were generated in two calls.
+    assert [g.text for g in gens] == [f"re:{p[-1]['content']}" for p in prompts]
+    assert len(fake.chats) == 2
+    new, cont = fake.chats
+    assert [m[-1]["content"] for m in new["messages"]] == ["q0", "q2", "q4 again"]
+    assert "continue_final_message" not in new and "add_generation_prompt" not in new
+    assert [m[-1]["content"] for m in cont["messages"]] == [
+        "<think>a1",
+        "<think>a3</think><search>x</search><information>d</information>",
+    ]
+    assert (cont["add_generation_prompt"], cont["continue_final_message"]) == (False, True)
+    assert cont["messages"][0] == prompts[1]  # sent as is (this entry has no system prompt)
+    assert cont["params"] is new["params"]  # the same sampling for both calls
+
+    fake.chats.clear()
+    only_cont = [prompts[1], prompts[3]]
+    assert [g.text for g in backend.generate(only_cont, SamplingParams())] == [
+        "re:<think>a1",
+        "re:<think>a3</think><search>x</search><information>d</information>",
+    ]
+    assert len(fake.chats) == 1 and fake.chats[0]["continue_final_message"] is True
 
 
 def test_vllm_missing_names_the_extra(monkeypatch) -> None:
@@ -334,6 +392,94 @@ def test_local_backend_stop_string_is_cut_and_reported(smollm2_llm) -> None:
     )[0]
     assert stopped.text == full.text[: full.text.index("3")]
     assert (stopped.finish_reason, stopped.stop_reason) == ("stop", "3")
+
+
+@pytest.mark.slow
+def test_local_backend_continues_a_final_assistant_message(smollm2_llm) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    prefix = "The capital of France is"
+    new_turn = smollm2_llm.render_prompt(question)
+    open_turn = smollm2_llm.render_prompt([*question, {"role": "assistant", "content": prefix}])
+    assert new_turn.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    assert new_turn.endswith("<|im_start|>assistant\n")
+    # The assistant message is left open: SmolLM2's generation prompt, then the text, and no
+    # end-of-turn marker or new assistant turn after it.
+    assert open_turn == new_turn + prefix
+
+    counted = [*COUNT, {"role": "assistant", "content": "1\n2\n3\n4\n"}]
+    params = SamplingParams(temperature=0.0, max_tokens=8, stop=("7",))
+    cont = smollm2_llm.generate([counted], params)[0]
+    assert cont.text.split() == ["5", "6"]  # carries on counting instead of starting over
+    assert (cont.finish_reason, cont.stop_reason) == ("stop", "7")
+    model = smollm2_llm._model().llama
+    prompt_ids = model.tokenize(
+        smollm2_llm.render_prompt(counted).encode("utf-8"), add_bos=False, special=True
+    )
+    assert cont.prompt_tokens == len(prompt_ids)  # the open prompt is what was evaluated
+    assert 0 < cont.completion_tokens <= 8
+
+    fresh = smollm2_llm.generate([COUNT], SamplingParams(temperature=0.0, max_tokens=3))[0]
+    assert "1" in fresh.text and "5" not in fresh.text  # a new turn starts from the beginning
+
+
+@pytest.mark.slow
+def test_local_state_cache_resumes_interleaved_trajectories(smollm2_llm) -> None:
+    import llama_cpp
+
+    model = smollm2_llm._model().llama
+    assert model.cache is not None
+    doc = "<information>" + "Iron deficiency is treated with oral iron. " * 6 + "</information>\n"
+    a = [*COUNT, {"role": "assistant", "content": "1\n2\n"}]
+    b = [{"role": "user", "content": "Name three colours."}]
+    params = SamplingParams(temperature=0.0, max_tokens=6, stop=("4",))
+    first = smollm2_llm.generate([a], params)[0]
+    assert first.stop_reason == "4"  # abandoned early; its state is cached all the same
+    a_next = [*COUNT, {"role": "assistant", "content": "1\n2\n" + first.text + doc}]
+
+    def evaluated_for_a_next() -> tuple[int, int]:
+        smollm2_llm.generate([b], params)  # another trajectory in between
+        llama_cpp.llama_perf_context_reset(model.ctx)
+        gen = smollm2_llm.generate([a_next], params)[0]
+        assert gen.prompt_tokens > first.prompt_tokens + 40
+        return int(llama_cpp.llama_perf_context(model.ctx).n_p_eval), gen.prompt_tokens
+
+    with_cache, total = evaluated_for_a_next()
+    # Restored from a's own state: only the text added after it is evaluated.
+    assert with_cache <= total - first.prompt_tokens
+    cache = model.cache
+    assert all(len(state.scores) == 1 for state in cache.cache_state.values())  # lean states
+    model.set_cache(None)
+    try:
+        without_cache, _ = evaluated_for_a_next()
+    finally:
+        model.set_cache(cache)
+    assert without_cache >= with_cache + first.prompt_tokens // 2
+
+
+def test_continuation_prompt_follows_the_transformers_rule() -> None:
+    from r2med_agent.llm.local import continuation_prompt
+
+    keeps = "<u>Say it</u><a>Say it, then\n\n</a><eot>"
+    assert continuation_prompt(keeps, "Say it, then\n\n") == "<u>Say it</u><a>Say it, then\n\n"
+    trims = "<u>Say it</u><a>Say it, then</a><eot>"  # a template that strips contents
+    assert continuation_prompt(trims, "Say it, then\n\n") == "<u>Say it</u><a>Say it, then"
+    assert continuation_prompt("<u>x</u><a>x</a>", "x") == "<u>x</u><a>x"  # the last occurrence
+    with pytest.raises(ValueError, match="cannot be continued"):
+        continuation_prompt("<u>q</u><a>[redacted]</a>", "secret")
+
+
+@pytest.mark.slow
+def test_local_without_a_gguf_template_answers_in_a_new_turn(smollm2_spec, caplog) -> None:
+    from dataclasses import replace
+
+    backend = make_backend(replace(smollm2_spec, engine_kwargs={"chat_format": "chatml"}))
+    messages = [*COUNT, {"role": "assistant", "content": "1\n2\n"}]
+    with pytest.raises(LLMError, match="chat_format"):
+        backend.render_prompt(messages)
+    with caplog.at_level("WARNING", logger="r2med_agent.llm.local"):
+        gen = backend.generate([messages], SamplingParams(temperature=0.0, max_tokens=2))[0]
+    assert gen.completion_tokens > 0
+    assert "answered in a new turn" in caplog.text
 
 
 def test_local_missing_model_package_names_the_extra() -> None:
@@ -480,6 +626,40 @@ def test_http_stop_strings_server_side_and_over_the_openai_limit(fault_proxy: Fa
     assert sent["stop"] == ["zz1", "zz2", "zz3", "zz4"]
     assert "top_k" not in sent and "repeat_penalty" not in sent
     assert "3" not in cut.text and cut.stop_reason == "3" and cut.finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_http_asks_vllm_servers_to_continue_a_final_assistant_message(
+    fault_proxy: FaultProxy, caplog
+) -> None:
+    open_turn = [*COUNT, {"role": "assistant", "content": "1\n2\n"}]
+    # top_k is set because llama.cpp's server (standing in for vLLM here) rejects vLLM's -1.
+    params = SamplingParams(temperature=0.0, max_tokens=3, top_k=40)
+    vllm_like = make_backend(openai_spec([fault_proxy.base_url], server="vllm"))
+    gens = vllm_like.generate([open_turn, COUNT], params)
+    assert all(g.completion_tokens > 0 for g in gens)
+    sent = {e.json()["messages"][-1]["role"]: e.json() for e in fault_proxy.events_for()}
+    assert sent["assistant"]["messages"][-1] == {"role": "assistant", "content": "1\n2\n"}
+    assert sent["assistant"]["continue_final_message"] is True
+    assert sent["assistant"]["add_generation_prompt"] is False
+    assert "continue_final_message" not in sent["user"]
+    assert "add_generation_prompt" not in sent["user"]
+
+    # llama-cpp-python's server and the OpenAI API have no such option: the messages go as they
+    # are (the model answers in a new turn), which is logged once per backend at debug level.
+    for server, note in (("llamacpp", "llama-cpp-python's server"), ("openai", "no assistant")):
+        fault_proxy.reset()
+        caplog.clear()
+        backend = make_backend(openai_spec([fault_proxy.base_url], server=server))
+        with caplog.at_level("DEBUG", logger="r2med_agent.llm.openai_compat"):
+            gens = backend.generate([open_turn, open_turn], params)
+        assert all(g.completion_tokens > 0 for g in gens)
+        for event in fault_proxy.events_for():
+            body = event.json()
+            assert body["messages"][-1] == open_turn[-1]
+            assert "continue_final_message" not in body and "add_generation_prompt" not in body
+        notes = [r for r in caplog.records if note in r.getMessage()]
+        assert len(notes) == 1 and notes[0].levelname == "DEBUG", server
 
 
 def test_reasoning_returned_separately_is_wrapped_in_think_tags() -> None:

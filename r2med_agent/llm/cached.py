@@ -13,7 +13,8 @@ once. Smaller chunks lose less paid work when a run is killed and show progress 
 ``make_llm`` picks per backend (``DEFAULT_CHUNK_SIZES``): vLLM 1024 (about four times vLLM's
 long-standing ``max_num_seqs`` default of 256, so the tail is a small part of each chunk), HTTP
 APIs 256 (a chunk is one round of concurrent requests; a kill loses at most that much spend), the
-local CPU engine 64. ``None`` sends all misses in one call (best throughput, no resume point).
+in-process llama.cpp engine 4 (it decodes prompts one after another, so small chunks cost no
+throughput and a kill loses at most a few generations). ``None`` sends all misses in one call (best throughput, no resume point).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 256
 """Chunk size of a CachedLLM built directly (``make_llm`` picks per backend)."""
 
-DEFAULT_CHUNK_SIZES: dict[str, int] = {"vllm": 1024, "openai": 256, "local": 64}
+DEFAULT_CHUNK_SIZES: dict[str, int] = {"vllm": 1024, "openai": 256, "local": 4}
 """Backend name -> the chunk size ``make_llm`` uses unless told otherwise."""
 
 
@@ -168,7 +169,7 @@ class RequestBuilder:
             chat_template_kwargs=self.chat_template_kwargs,
             sample_index=sample_index,
             template_hash=template_hash,
-            options=self.options,
+            options=_request_options(self.options, messages),
         )
 
     def key(self, messages: Sequence[Message], params: SamplingParams, **kw: Any) -> str:
@@ -381,4 +382,20 @@ def generation_options(spec: Any) -> dict[str, Any]:
     extra = getattr(spec, "extra_body", None)
     if extra:
         options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
+    backend, server = getattr(spec, "backend", None), getattr(spec, "server", None)
+    if backend in ("local", "vllm") or (backend == "openai" and server == "vllm"):
+        options[_CONTINUES] = True
     return options
+
+
+_CONTINUES = "continues_final_message"
+"""Option marking backends that continue a trailing assistant message instead of answering it
+in a new turn; it enters a key only for prompts that end with an assistant message."""
+
+
+def _request_options(options: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+    opts = dict(options)
+    continues = bool(opts.pop(_CONTINUES, False))
+    if messages and messages[-1].get("role") == "assistant":
+        opts["final_assistant"] = "continue" if continues else "new_turn"
+    return opts

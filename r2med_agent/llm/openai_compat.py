@@ -9,6 +9,23 @@ raise :class:`LLMError` at once.
 
 The API key is read only from the environment variable the registry entry names
 (``api_key_env``); it is never logged, cached or put into an error message.
+
+A conversation whose last message is an assistant message asks the model to CONTINUE that text
+(the reasoning-search loops re-submit a trajectory's running text that way). What happens
+depends on the ``server`` of the registry entry:
+
+- ``vllm`` (vLLM, SGLang): the request carries ``continue_final_message: true`` and
+  ``add_generation_prompt: false``, so the server renders the chat template without closing the
+  final message and the model continues it.
+- ``llamacpp``: the messages are sent as they are. llama.cpp's own ``llama-server`` continues a
+  final assistant message by default (its "assistant prefill"; off with
+  ``--no-prefill-assistant``). llama-cpp-python's ``python -m llama_cpp.server`` has no such
+  option: its chat endpoint always renders the generation prompt, so the model answers in a new
+  turn; continuing would need ``/v1/completions`` with a prompt rendered by the model's chat
+  template, which that server does not expose to clients. Use the ``local`` backend (llama.cpp
+  in-process, which continues) or a vLLM/``llama-server`` endpoint where it matters.
+- ``openai`` (hosted OpenAI API): chat completions have no prefill; the model answers in a new
+  turn (logged once at debug level).
 """
 
 from __future__ import annotations
@@ -36,6 +53,14 @@ OPENAI_MAX_STOP = 4
 
 _RETRY_STATUSES = frozenset({408, 429})
 
+_NEW_TURN_NOTES = {
+    "openai": "the OpenAI API has no assistant prefill: a final assistant message is answered "
+    "in a new turn, not continued",
+    "llamacpp": "a final assistant message is sent as is: llama.cpp's llama-server continues it, "
+    "llama-cpp-python's server answers it in a new turn",
+}
+"""Logged once per backend (debug) when a server cannot be asked to continue a final message."""
+
 
 def is_loopback_url(url: str) -> bool:
     """True when ``url`` points at this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
@@ -54,6 +79,11 @@ def resolve_server(spec: LLMSpec) -> str:
         return spec.server
     host = urlparse(spec.base_urls[0]).hostname or ""
     return "openai" if host == "api.openai.com" else "vllm"
+
+
+def continues_final_message(messages: Sequence[Message]) -> bool:
+    """True when the conversation ends with an assistant message (to be continued, not answered)."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
 
 
 def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
@@ -157,6 +187,7 @@ class OpenAICompatBackend:
         self.server = resolve_server(spec)
         self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
         self.attempts = 0
+        self._noted_new_turn = False
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -256,6 +287,13 @@ class OpenAICompatBackend:
                 extra[name] = params.repetition_penalty
             if spec.chat_template_kwargs:
                 extra["chat_template_kwargs"] = dict(spec.chat_template_kwargs)
+        if continues_final_message(messages):
+            if self.server == "vllm":
+                extra["continue_final_message"] = True
+                extra["add_generation_prompt"] = False
+            elif not self._noted_new_turn:
+                self._noted_new_turn = True
+                logger.debug("llm %s: %s", spec.name, _NEW_TURN_NOTES[self.server])
         extra.update(spec.extra_body)
         if extra:
             req["extra_body"] = extra

@@ -3,6 +3,13 @@
 The engine is built once per process for a given model and engine settings (with prefix
 caching on: the loops resend long shared prefixes), and every ``generate`` call is ONE
 ``LLM.chat`` call over all conversations, which vLLM schedules with continuous batching.
+
+A conversation whose last message is an assistant message is CONTINUED: the model extends that
+message's text instead of answering it in a new turn (``LLM.chat(...,
+add_generation_prompt=False, continue_final_message=True)``, vLLM >= 0.6.3). This is how the
+reasoning-search loops re-submit a trajectory's running text. Since these flags apply to a whole
+``LLM.chat`` call, a batch that mixes both kinds is sent as two calls (new turns, then
+continuations), and the outputs are put back into input order.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from r2med_agent.errors import ConfigError, MissingExtraError
+from r2med_agent.llm.openai_compat import continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.types import Generation, Message, SamplingParams
 
@@ -108,23 +116,39 @@ class VLLMBackend:
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams
     ) -> list[Generation]:
-        """All prompts in one ``LLM.chat`` call; outputs in input order.
+        """All prompts in one ``LLM.chat`` call (two when new turns and continuations are
+        mixed, see the module docstring); outputs in input order.
 
-        ``latency_s`` of each item is the call's wall time shared evenly.
+        ``latency_s`` of each item is its call's wall time shared evenly over that call.
         """
         if not prompts:
             return []
         vllm = _import_vllm()
         engine = self._engine()
         conversations = [with_system_prompt(list(p), self.spec.system_prompt) for p in prompts]
-        chat_kwargs: dict[str, Any] = {"use_tqdm": False}
+        sampling = to_vllm_sampling(vllm, params)
+        base_kwargs: dict[str, Any] = {"use_tqdm": False}
         if self.spec.chat_template_kwargs:
-            chat_kwargs["chat_template_kwargs"] = dict(self.spec.chat_template_kwargs)
-        start = time.perf_counter()
-        outputs = engine.chat(conversations, to_vllm_sampling(vllm, params), **chat_kwargs)
-        share = (time.perf_counter() - start) / len(conversations)
-        if len(outputs) != len(conversations):
-            raise RuntimeError(
-                f"vLLM returned {len(outputs)} outputs for {len(conversations)} prompts"
-            )
-        return [from_request_output(o, share) for o in outputs]
+            base_kwargs["chat_template_kwargs"] = dict(self.spec.chat_template_kwargs)
+        groups: dict[bool, list[int]] = {False: [], True: []}
+        for i, conversation in enumerate(conversations):
+            groups[continues_final_message(conversation)].append(i)
+        out: list[Generation | None] = [None] * len(conversations)
+        for continuation, indices in groups.items():
+            if not indices:
+                continue
+            chat_kwargs = dict(base_kwargs)
+            if continuation:
+                chat_kwargs["add_generation_prompt"] = False
+                chat_kwargs["continue_final_message"] = True
+            batch = [conversations[i] for i in indices]
+            start = time.perf_counter()
+            outputs = engine.chat(batch, sampling, **chat_kwargs)
+            share = (time.perf_counter() - start) / len(batch)
+            if len(outputs) != len(batch):
+                raise RuntimeError(
+                    f"vLLM returned {len(outputs)} outputs for {len(batch)} prompts"
+                )
+            for i, output in zip(indices, outputs):
+                out[i] = from_request_output(output, share)
+        return [g for g in out if g is not None]
