@@ -1,0 +1,96 @@
+"""Retrievers (BM25, dense, fusion) and rerankers, built from short spec strings.
+
+``make_retriever("bm25", task)``, ``make_retriever("minilm", task)`` or
+``make_retriever("bm25+minilm", task)`` (reciprocal rank fusion of the parts);
+``make_reranker("bge-reranker")``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.retrieval.base import Retriever
+
+if TYPE_CHECKING:  # pragma: no cover
+    from r2med_agent.retrieval.rerank import Reranker
+    from r2med_agent.types import Task
+
+__all__ = ["Retriever", "make_retriever", "make_reranker", "retriever_names"]
+
+BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
+"""Spec word -> BM25Retriever mode."""
+
+_BM25_OPTS = {"k1", "b", "index_root", "n_threads", "show_progress"}
+_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root"}
+_FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
+
+
+def retriever_names() -> list[str]:
+    """Every single-retriever spec word: the BM25 variants and the encoder registry's names."""
+    from r2med_agent.retrieval.encoders import encoder_registry
+
+    return [*BM25_SPECS, *sorted(encoder_registry())]
+
+
+def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
+    """Build the retriever named by ``spec`` over ``task``'s corpus.
+
+    Args:
+        spec: ``bm25`` (Lucene-style bm25s), ``bm25-compat`` (R2MED's reference analyzer), an
+            encoder name from ``configs/encoders.yaml``, or several joined by ``+`` (fused).
+        task: the loaded task.
+        **opts: BM25 ``k1``, ``b``, ``index_root``, ``n_threads``; dense ``device``,
+            ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``; both ``show_progress``;
+            fusion ``fusion`` (``rrf`` or ``score``), ``rrf_k``, ``weights``, ``depth``.
+    """
+    unknown = sorted(set(opts) - _BM25_OPTS - _DENSE_OPTS - _FUSION_OPTS)
+    if unknown:
+        allowed = sorted(_BM25_OPTS | _DENSE_OPTS | _FUSION_OPTS)
+        raise ConfigError(f"unknown retriever option(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    parts = [p.strip() for p in spec.split("+")]
+    if not spec.strip() or any(not p for p in parts):
+        raise ConfigError(f"retriever spec '{spec}' has an empty part; write e.g. 'bm25+minilm'")
+    if len(set(parts)) != len(parts):
+        raise ConfigError(f"retriever spec '{spec}' names a retriever twice")
+    members = [_single(p, task, opts) for p in parts]
+    if len(members) == 1:
+        if any(o in opts for o in _FUSION_OPTS):
+            raise ConfigError(f"fusion options need a '+'-joined spec, got '{spec}'")
+        return members[0]
+    from r2med_agent.retrieval.fusion import FusionRetriever
+
+    return FusionRetriever(
+        members,
+        method=opts.get("fusion", "rrf"),
+        rrf_k=opts.get("rrf_k", 60),
+        weights=opts.get("weights"),
+        depth=opts.get("depth", 100),
+    )
+
+
+def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
+    if word in BM25_SPECS:
+        from r2med_agent.retrieval.bm25 import BM25Retriever
+
+        kw = {k: opts[k] for k in _BM25_OPTS if k in opts}
+        return BM25Retriever.for_task(task, mode=BM25_SPECS[word], **kw)
+    from r2med_agent.retrieval.encoders import encoder_registry
+
+    if word in encoder_registry():
+        from r2med_agent.retrieval.dense import DenseRetriever
+
+        kw = {k: opts[k] for k in _DENSE_OPTS if k in opts}
+        return DenseRetriever.for_task(task, encoder=word, **kw)
+    raise ConfigError(
+        f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
+        "or several joined by '+'"
+    )
+
+
+def make_reranker(name: str, **opts: Any) -> Reranker:
+    """The reranker registered as ``name`` in ``configs/rerankers.yaml`` (options: ``device``,
+    ``backend``, ``show_progress``)."""
+    from r2med_agent.retrieval.rerank import make_reranker as _make
+
+    return _make(name, **opts)

@@ -1,0 +1,787 @@
+"""Text encoders for dense retrieval: the registry entry (``configs/encoders.yaml``) and the two
+backends, Hugging Face models run with transformers and OpenAI-compatible embedding APIs.
+
+An encoder turns texts into one float32 row each. The caller decides what goes before the text
+(the task instruction, resolved per task by :func:`instruction_prefixes`); the encoder only knows
+which *side* it encodes (``query`` or ``doc``, since MedCPT uses two models) and the prefix, which
+some models leave out of pooling (Instructor, GritLM).
+
+Heavy dependencies (torch, transformers) are imported inside functions; a missing one raises
+:class:`~r2med_agent.errors.MissingExtraError` naming the ``dense`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from r2med_agent.config import load_registry
+from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger(__name__)
+
+Side = Literal["query", "doc"]
+
+_INSTRUCTION_DEFAULT_KEY = "default"
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """One entry of ``configs/encoders.yaml`` (or a user config's ``encoders:`` section)."""
+
+    name: str
+    """Registry key; also the retriever's name in result paths."""
+    kind: Literal["hf", "api"] = "hf"
+    """``hf``: a transformers model run locally; ``api``: an OpenAI-compatible ``/embeddings`` API."""
+    model: str = ""
+    """HF hub id, local folder, ``resource:<package>/<folder>`` (a model shipped inside an installed
+    Python package), or the API's model name."""
+    query_model: str | None = None
+    """Model for the query side when it differs from ``model`` (MedCPT's query encoder)."""
+    doc_model: str | None = None
+    """Model for the document side when it differs from ``model`` (MedCPT's article encoder)."""
+    pooling: Literal["cls", "mean", "last-token", "model"] = "mean"
+    """How token states become one vector: first token, masked mean, last non-padding token, or
+    ``model``: the model's own ``encode(texts, instruction=..., max_length=...)`` (NV-Embed's remote
+    code, which pools with its latent-attention layer)."""
+    normalize: bool = True
+    """L2-normalise each embedding as it is produced. This decides how the two halves weigh in the
+    HyDE/LameR mean; search always scores by cosine (final vectors are normalised)."""
+    max_length: int = 512
+    """Token limit per text (documents, and queries unless ``query_max_length`` is set)."""
+    query_max_length: int | None = None
+    """Token limit for queries when it differs from documents (GritLM: 512 vs 2048)."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Weights/activations dtype. ``auto``: bfloat16 on GPUs that support it, else float16; float32
+    on CPU (half precision is always replaced by float32 on CPU)."""
+    query_prefix: str = ""
+    """Fixed text put before every query when no per-task instruction applies (bge's prompt)."""
+    doc_prefix: str = ""
+    """Fixed text put before every document when no per-task doc instruction applies."""
+    query_instructions: Mapping[str, str] = field(default_factory=dict)
+    """Task instruction per task name, task family (``qa``, ``exam``, ``treatment``, ``case``) or
+    ``default``, looked up in that order. ``{domain}`` is replaced by the task's domain."""
+    doc_instructions: Mapping[str, str] = field(default_factory=dict)
+    """Document-side instructions, same keys as ``query_instructions`` (Instructor)."""
+    instruction_format: str = "{instruction}{text}"
+    """How a query instruction joins the text; must end with ``{text}``. e5-mistral:
+    ``"Instruct: {instruction}\\nQuery: {text}"``; GritLM: ``"<|user|>\\n{instruction}\\n<|embed|>\\n{text}"``."""
+    doc_instruction_format: str = "{instruction}{text}"
+    """How a document instruction joins the text; must end with ``{text}``."""
+    instruction_on: Literal["query", "both"] = "query"
+    """Where the query instruction goes for HyDE/LameR/reasoning means: the original query only
+    (most encoders) or both halves, query and generated text (Instructor, GritLM, NV-Embed)."""
+    pool_exclude_prefix: bool = False
+    """Leave the prefix tokens out of mean pooling (Instructor pairs, GritLM), counted as
+    sentence-transformers does: the prefix's token count without its trailing special token."""
+    append_eos: bool = False
+    """Truncate to ``max_length - 1`` tokens and append the EOS token (BMRetriever)."""
+    doc_title_pair: bool = False
+    """Encode documents as a (title, text) token pair (MedCPT's article encoder; empty titles)."""
+    trust_remote_code: bool = False
+    """Allow the model repo's own modelling code (NV-Embed, GritLM)."""
+    forward_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the model's forward call (GritLM: ``is_causal: false``)."""
+    batch_size: int = 64
+    """Texts per forward pass at ``max_length``; shorter texts are batched more densely (the same
+    token budget), never more than 8x this many."""
+    provider: Literal["openai", "voyage"] = "openai"
+    """API flavour (``kind: api``): ``voyage`` adds ``input_type`` query/document to requests."""
+    base_url: str = ""
+    """API base URL (``kind: api``), e.g. ``https://api.openai.com/v1``."""
+    api_key_env: str = ""
+    """Environment variable holding the API key (``kind: api``); the key itself is never stored."""
+    max_chars: int | None = None
+    """API inputs are cut to this many characters (APIs reject over-long inputs)."""
+
+    def __post_init__(self) -> None:
+        for attr in ("instruction_format", "doc_instruction_format"):
+            fmt = getattr(self, attr)
+            if not fmt.endswith("{text}") or "{instruction}" not in fmt:
+                raise ValueError(
+                    f"{attr} must contain '{{instruction}}' and end with '{{text}}', got {fmt!r}"
+                )
+        if self.kind == "hf" and not (self.model or (self.query_model and self.doc_model)):
+            raise ValueError("an 'hf' encoder needs 'model' (or both 'query_model' and 'doc_model')")
+        if self.kind == "api" and not (self.model and self.base_url and self.api_key_env):
+            raise ValueError("an 'api' encoder needs 'model', 'base_url' and 'api_key_env'")
+        if self.max_length < 2 or self.batch_size < 1:
+            raise ValueError("max_length must be >= 2 and batch_size >= 1")
+
+    def model_for(self, side: Side) -> str:
+        """The model id used for ``side``."""
+        if side == "query":
+            return self.query_model or self.model
+        return self.doc_model or self.model
+
+    def max_length_for(self, side: Side) -> int:
+        if side == "query" and self.query_max_length:
+            return self.query_max_length
+        return self.max_length
+
+
+def encoder_registry() -> dict[str, EncoderSpec]:
+    """All encoder entries (package file plus the user config's ``encoders:`` section)."""
+    return load_registry("encoders", EncoderSpec)
+
+
+def get_encoder_spec(name: str) -> EncoderSpec:
+    """One encoder entry by name; an unknown name lists the known ones."""
+    reg = encoder_registry()
+    if name not in reg:
+        raise ConfigError(
+            f"unknown encoder '{name}'; known: {', '.join(sorted(reg))} "
+            "(add your own under 'encoders:' in a user config file)"
+        )
+    return reg[name]
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+def _lookup_instruction(
+    table: Mapping[str, str], task_name: str, family: str, domain: str
+) -> str | None:
+    for key in (task_name, family, _INSTRUCTION_DEFAULT_KEY):
+        if key and key in table:
+            return table[key].replace("{domain}", domain)
+    return None
+
+
+def _prefix_from(fmt: str, instruction: str) -> str:
+    # fmt ends with "{text}" (validated), so everything before it is the prefix.
+    head = fmt[: -len("{text}")]
+    return head.replace("{instruction}", instruction)
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """The resolved text put before each kind of input for one task.
+
+    Attributes:
+        query: before the original query (instruction or fixed query prefix).
+        expansion: before generated text in the HyDE/LameR/reasoning mean (the query prefix when
+            ``instruction_on`` is ``both``, else nothing).
+        doc: before every document.
+    """
+
+    query: str = ""
+    expansion: str = ""
+    doc: str = ""
+
+
+def instruction_prefixes(
+    spec: EncoderSpec, task_name: str = "", family: str = "", domain: str = ""
+) -> Prefixes:
+    """Resolve the encoder's instructions for one task.
+
+    The query instruction is looked up by task name, then family, then ``default``; without one the
+    fixed ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
+    """
+    q_instr = _lookup_instruction(spec.query_instructions, task_name, family, domain)
+    query = (
+        _prefix_from(spec.instruction_format, q_instr) if q_instr is not None else spec.query_prefix
+    )
+    d_instr = _lookup_instruction(spec.doc_instructions, task_name, family, domain)
+    doc = (
+        _prefix_from(spec.doc_instruction_format, d_instr) if d_instr is not None else spec.doc_prefix
+    )
+    expansion = query if spec.instruction_on == "both" else ""
+    return Prefixes(query=query, expansion=expansion, doc=doc)
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Texts in, one float32 row per text out, in input order."""
+
+    name: str
+    spec: EncoderSpec
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        side: Side,
+        prefix: str = "",
+        titles: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """Encode ``prefix + text`` for each text; ``titles`` pair with texts where the spec asks."""
+        ...
+
+
+def make_encoder(
+    spec: EncoderSpec | str, *, device: str | None = None, show_progress: bool = False
+) -> Encoder:
+    """Build the encoder of a registry entry (models load lazily, on the first ``encode``)."""
+    if isinstance(spec, str):
+        spec = get_encoder_spec(spec)
+    if spec.kind == "api":
+        return APIEncoder(spec, show_progress=show_progress)
+    return HFEncoder(spec, device=device, show_progress=show_progress)
+
+
+# --------------------------------------------------------------------------- model paths
+
+
+def resolve_model_path(model: str) -> str:
+    """Map ``resource:<package>/<folder>`` to the installed folder; other ids pass through."""
+    if not model.startswith("resource:"):
+        return model
+    rest = model[len("resource:") :]
+    package, _, sub = rest.partition("/")
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError:
+        raise MissingExtraError(package.replace("_", "-"), "dense") from None
+    path = Path(str(root / sub)) if sub else Path(str(root))
+    if not (path / "config.json").exists():
+        raise ConfigError(f"model '{model}': no config.json under {path}; reinstall the package")
+    return str(path)
+
+
+def model_fingerprint(model: str) -> str:
+    """A stable description of a model for cache keys: the id, plus for local folders (and
+    packaged models) the names and sizes of its files, so replaced weights invalidate caches.
+    Machine paths never enter the key."""
+    if model.startswith("resource:") or Path(model).is_dir():
+        try:
+            path = Path(resolve_model_path(model))
+        except (ConfigError, MissingExtraError):
+            return model
+        files = sorted(
+            (p.name, p.stat().st_size) for p in path.iterdir() if p.is_file() and p.name != "README.md"
+        )
+        label = model if model.startswith("resource:") else path.name
+        return f"{label}|{json.dumps(files)}"
+    return model
+
+
+# --------------------------------------------------------------------------- torch helpers
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtraError("torch", "dense") from None
+    return torch
+
+
+def _import_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise MissingExtraError("transformers", "dense") from None
+    return transformers
+
+
+def resolve_devices(device: str | None) -> list[str]:
+    """``None``/``"cuda"``: every visible GPU (else the CPU); ``"cuda:1"``/``"cpu"``: that one."""
+    torch = _import_torch()
+    if device is None or device == "cuda":
+        if torch.cuda.is_available():
+            return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if device == "cuda":
+            raise ConfigError("device 'cuda' requested but torch sees no GPU")
+        return ["cpu"]
+    return [device]
+
+
+def resolve_dtype(spec_dtype: str, device: str) -> Any:
+    torch = _import_torch()
+    if device.startswith("cpu"):
+        return torch.float32
+    if spec_dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec_dtype]
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
+    """Pool token states ``(B, L, H)`` with attention mask ``(B, L)`` into ``(B, H)``.
+
+    ``last-token`` takes the last position whose mask is 1 (right padding assumed; with left padding
+    the last position is also the last non-padding token)."""
+    torch = _import_torch()
+    if method == "cls":
+        return hidden[:, 0]
+    if method == "mean":
+        m = mask.to(hidden.dtype).unsqueeze(-1)
+        summed = (hidden * m).sum(dim=1)
+        count = m.sum(dim=1).clamp(min=1e-9)
+        return summed / count
+    if method == "last-token":
+        positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+        last = (positions * mask.long()).argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ConfigError(f"unknown pooling '{method}'; allowed: cls, mean, last-token, model")
+
+
+@dataclass
+class _DenseLayer:
+    """A sentence-transformers ``Dense`` module (Instructor has one after pooling)."""
+
+    weight: Any
+    bias: Any | None
+    activation: str
+
+
+def _read_st_dense_layers(model_path: str) -> list[_DenseLayer]:
+    """Dense layers listed in a sentence-transformers ``modules.json``, if the model has any."""
+    torch = _import_torch()
+
+    def fetch(rel: str) -> Path | None:
+        local = Path(model_path)
+        if local.is_dir():
+            p = local / rel
+            return p if p.exists() else None
+        try:
+            from huggingface_hub import hf_hub_download
+            from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+        except ImportError:
+            return None
+        try:
+            return Path(hf_hub_download(model_path, rel))
+        except (EntryNotFoundError, LocalEntryNotFoundError, OSError):
+            return None
+
+    modules_file = fetch("modules.json")
+    if modules_file is None:
+        return []
+    layers: list[_DenseLayer] = []
+    for module in json.loads(modules_file.read_text(encoding="utf-8")):
+        if not str(module.get("type", "")).endswith("models.Dense"):
+            continue
+        folder = module["path"]
+        cfg_file = fetch(f"{folder}/config.json")
+        if cfg_file is None:
+            raise ConfigError(f"{model_path}: Dense module '{folder}' has no config.json")
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        weights_file = fetch(f"{folder}/model.safetensors") or fetch(f"{folder}/pytorch_model.bin")
+        if weights_file is None:
+            raise ConfigError(f"{model_path}: Dense module '{folder}' has no weights file")
+        if weights_file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(weights_file))
+        else:
+            state = torch.load(str(weights_file), map_location="cpu", weights_only=True)
+        layers.append(
+            _DenseLayer(
+                weight=state["linear.weight"].float(),
+                bias=state["linear.bias"].float() if "linear.bias" in state else None,
+                activation=str(cfg.get("activation_function", "torch.nn.modules.linear.Identity")),
+            )
+        )
+    return layers
+
+
+def _apply_dense(layers: list[_DenseLayer], x: torch.Tensor) -> torch.Tensor:
+    torch = _import_torch()
+    for layer in layers:
+        w = layer.weight.to(x.device, x.dtype)
+        b = layer.bias.to(x.device, x.dtype) if layer.bias is not None else None
+        x = torch.nn.functional.linear(x, w, b)
+        act = layer.activation.rsplit(".", 1)[-1]
+        if act == "Tanh":
+            x = torch.tanh(x)
+        elif act == "ReLU":
+            x = torch.relu(x)
+        elif act != "Identity":
+            raise ConfigError(f"unsupported Dense activation '{layer.activation}'")
+    return x
+
+
+# --------------------------------------------------------------------------- HF encoder
+
+
+@dataclass
+class _Loaded:
+    tokenizer: Any
+    replicas: list[tuple[str, Any]]  # (device, model)
+    dense: list[_DenseLayer]
+    pad_id: int
+    eos_id: int | None
+    uses_token_types: bool
+
+
+def _batches_by_budget(sorted_lengths: Sequence[int], batch_size: int, max_length: int) -> list[tuple[int, int]]:
+    """Cut a length-sorted (longest first) sequence into ``[start, end)`` batches whose padded
+    size stays within ``batch_size * max_length`` tokens (at most ``8 * batch_size`` texts)."""
+    budget = batch_size * max_length
+    cap = batch_size * 8
+    out: list[tuple[int, int]] = []
+    i, n = 0, len(sorted_lengths)
+    while i < n:
+        longest = max(1, sorted_lengths[i])
+        size = max(1, min(cap, budget // longest))
+        out.append((i, min(n, i + size)))
+        i += size
+    return out
+
+
+def _split_for_replicas(
+    batches: list[tuple[int, int]], costs: Sequence[int], n_rep: int
+) -> list[list[tuple[int, int]]]:
+    """Deal batches to ``n_rep`` replicas as contiguous runs of roughly equal padded-token cost."""
+    groups: list[list[tuple[int, int]]] = [[] for _ in range(n_rep)]
+    total, acc, g = sum(costs), 0, 0
+    for b, c in zip(batches, costs):
+        if g < n_rep - 1 and acc >= total * (g + 1) / n_rep:
+            g += 1
+        groups[g].append(b)
+        acc += c
+    return groups
+
+
+class HFEncoder:
+    """A transformers encoder: length-sorted batches, ``torch.inference_mode``, one model replica
+    per visible GPU (sorted batches are split across devices by threads), bf16/fp16 on GPU and
+    float32 on CPU.
+
+    Multi-GPU data parallelism cannot be exercised on a machine without GPUs; it shares every code
+    path with the single-device case except the split of batches across replicas.
+    """
+
+    def __init__(
+        self, spec: EncoderSpec, *, device: str | None = None, show_progress: bool = False
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.device = device
+        self.show_progress = show_progress
+        self._loaded: dict[str, _Loaded] = {}
+        self._lock = threading.Lock()
+
+    # -- loading -----------------------------------------------------------------------
+    def _load(self, side: Side) -> _Loaded:
+        model_id = self.spec.model_for(side)
+        with self._lock:
+            if model_id in self._loaded:
+                return self._loaded[model_id]
+            torch = _import_torch()
+            transformers = _import_transformers()
+            path = resolve_model_path(model_id)
+            devices = resolve_devices(self.device)
+            t0 = time.perf_counter()
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                path, trust_remote_code=self.spec.trust_remote_code
+            )
+            config = transformers.AutoConfig.from_pretrained(
+                path, trust_remote_code=self.spec.trust_remote_code
+            )
+            model_cls = (
+                transformers.T5EncoderModel
+                if getattr(config, "model_type", "") in ("t5", "mt5")
+                else transformers.AutoModel
+            )
+            replicas = []
+            for dev in devices:
+                dtype = resolve_dtype(self.spec.dtype, dev)
+                model = model_cls.from_pretrained(
+                    path, dtype=dtype, trust_remote_code=self.spec.trust_remote_code
+                )
+                model.eval()
+                model.to(torch.device(dev))
+                replicas.append((dev, model))
+            pad_id = tokenizer.pad_token_id
+            if pad_id is None:
+                pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+            loaded = _Loaded(
+                tokenizer=tokenizer,
+                replicas=replicas,
+                dense=_read_st_dense_layers(path),
+                pad_id=int(pad_id),
+                eos_id=tokenizer.eos_token_id,
+                uses_token_types="token_type_ids" in getattr(tokenizer, "model_input_names", ()),
+            )
+            logger.info(
+                "loaded encoder %s (%s) on %s in %.1f s",
+                self.name, model_id, ", ".join(devices), time.perf_counter() - t0,
+            )
+            self._loaded[model_id] = loaded
+            return loaded
+
+    # -- encoding ----------------------------------------------------------------------
+    def _tokenize(
+        self, lo: _Loaded, texts: list[str], titles: Sequence[str] | None, max_length: int
+    ) -> tuple[list[list[int]], list[list[int]] | None]:
+        """Token ids per text, unpadded (plus segment ids for (title, text) pairs)."""
+        spec = self.spec
+        limit = max_length - 1 if spec.append_eos else max_length
+        kwargs: dict[str, Any] = dict(
+            truncation=True if titles is None else "longest_first",
+            max_length=limit,
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=titles is not None and lo.uses_token_types,
+        )
+        if titles is not None:
+            enc = lo.tokenizer(list(titles), texts, **kwargs)
+        else:
+            enc = lo.tokenizer(texts, **kwargs)
+        ids: list[list[int]] = enc["input_ids"]
+        types: list[list[int]] | None = enc.get("token_type_ids") if titles is not None else None
+        if spec.append_eos:
+            if lo.eos_id is None:
+                raise ConfigError(f"encoder '{self.name}': append_eos set but the tokenizer has no EOS")
+            ids = [x + [lo.eos_id] for x in ids]
+            if types is not None:
+                types = [t + [t[-1] if t else 0] for t in types]
+        return ids, types
+
+    def _prefix_token_count(self, lo: _Loaded, prefix: str) -> int:
+        if not prefix or not self.spec.pool_exclude_prefix:
+            return 0
+        n = len(lo.tokenizer(prefix)["input_ids"])
+        return max(0, n - 1)
+
+    def _run_batch(
+        self,
+        lo: _Loaded,
+        dev: str,
+        model: Any,
+        ids: list[list[int]],
+        types: list[list[int]] | None,
+        n_prefix: int,
+    ) -> np.ndarray:
+        torch = _import_torch()
+        width = max(len(x) for x in ids)
+        arr = np.full((len(ids), width), lo.pad_id, dtype=np.int64)
+        mask = np.zeros((len(ids), width), dtype=np.int64)
+        tt = np.zeros((len(ids), width), dtype=np.int64)
+        for r, x in enumerate(ids):
+            arr[r, : len(x)] = x
+            mask[r, : len(x)] = 1
+            if types is not None:
+                tt[r, : len(x)] = types[r]
+        input_ids = torch.from_numpy(arr).to(dev)
+        attention = torch.from_numpy(mask).to(dev)
+        inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention}
+        if lo.uses_token_types:
+            inputs["token_type_ids"] = torch.from_numpy(tt).to(dev)
+        out = model(**inputs, **dict(self.spec.forward_kwargs))
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        pool_mask = attention
+        if n_prefix:
+            pool_mask = attention.clone()
+            pool_mask[:, :n_prefix] = 0
+        vec = pool(hidden, pool_mask, self.spec.pooling).float()
+        if lo.dense:
+            vec = _apply_dense(lo.dense, vec)
+        if self.spec.normalize:
+            vec = torch.nn.functional.normalize(vec, dim=-1)
+        return vec.cpu().numpy().astype(np.float32, copy=False)
+
+    def _encode_with_model_method(
+        self, lo: _Loaded, texts: list[str], prefix: str, max_length: int
+    ) -> np.ndarray:
+        """``pooling: model``: the repo's own ``encode`` (NV-Embed), longest texts first."""
+        torch = _import_torch()
+        _, model = lo.replicas[0]
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        parts = []
+        bs = self.spec.batch_size
+        for start in range(0, len(order), bs):
+            batch = [texts[i] for i in order[start : start + bs]]
+            with torch.inference_mode():
+                emb = model.encode(batch, instruction=prefix, max_length=max_length)
+            emb = torch.as_tensor(emb).float()
+            if self.spec.normalize:
+                emb = torch.nn.functional.normalize(emb, dim=-1)
+            parts.append(emb.cpu().numpy())
+        sorted_out = np.concatenate(parts).astype(np.float32, copy=False)
+        out = np.empty_like(sorted_out)
+        out[order] = sorted_out
+        return out
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        side: Side,
+        prefix: str = "",
+        titles: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        torch = _import_torch()
+        lo = self._load(side)
+        max_length = self.spec.max_length_for(side)
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        if self.spec.pooling == "model":
+            return self._encode_with_model_method(lo, texts, prefix, max_length)
+        use_titles = titles if (self.spec.doc_title_pair and side == "doc") else None
+        if self.spec.doc_title_pair and side == "doc" and use_titles is None:
+            use_titles = [""] * len(texts)
+        full = [prefix + t for t in texts] if prefix else texts
+        ids, types = self._tokenize(lo, full, use_titles, max_length)
+        n_prefix = self._prefix_token_count(lo, prefix)
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        order = np.argsort(-lengths, kind="stable")  # longest first: memory peaks early
+        batches = _batches_by_budget(lengths[order].tolist(), self.spec.batch_size, max_length)
+
+        groups = _split_for_replicas(
+            batches, [(e - s) * int(lengths[order[s]]) for s, e in batches], len(lo.replicas)
+        )
+        n_rep = len(lo.replicas)
+
+        results: list[np.ndarray | None] = [None] * len(batches)
+        index_of = {b: i for i, b in enumerate(batches)}
+        bar = None
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(texts), desc=f"encode {self.name} ({side})", unit="text", leave=False)
+        bar_lock = threading.Lock()
+
+        def work(rep: int) -> None:
+            dev, model = lo.replicas[rep]
+            with torch.inference_mode():
+                for s, e in groups[rep]:
+                    rows = order[s:e]
+                    chunk = [ids[i] for i in rows]
+                    chunk_types = [types[i] for i in rows] if types is not None else None
+                    results[index_of[(s, e)]] = self._run_batch(lo, dev, model, chunk, chunk_types, n_prefix)
+                    if bar is not None:
+                        with bar_lock:
+                            bar.update(e - s)
+
+        try:
+            if n_rep == 1:
+                work(0)
+            else:
+                with ThreadPoolExecutor(max_workers=n_rep) as pool_:
+                    for f in [pool_.submit(work, r) for r in range(n_rep)]:
+                        f.result()
+        finally:
+            if bar is not None:
+                bar.close()
+        sorted_out = np.concatenate([r for r in results if r is not None], axis=0)
+        out = np.empty_like(sorted_out)
+        out[order] = sorted_out
+        return out
+
+
+# --------------------------------------------------------------------------- API encoder
+
+
+class APIEncoder:
+    """An OpenAI-compatible ``POST {base_url}/embeddings`` client (OpenAI, Voyage, vLLM, TEI).
+
+    Batches of ``batch_size`` texts, retried on transport errors, 429 and 5xx. The key is read from
+    ``api_key_env`` at call time and never logged or cached.
+    """
+
+    def __init__(self, spec: EncoderSpec, *, show_progress: bool = False, timeout_s: float = 120.0) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.show_progress = show_progress
+        self.timeout_s = timeout_s
+
+    def _key(self) -> str:
+        key = os.environ.get(self.spec.api_key_env, "")
+        if not key:
+            raise ConfigError(
+                f"encoder '{self.name}' needs an API key: set the environment variable "
+                f"{self.spec.api_key_env}"
+            )
+        return key
+
+    def _post(self, client: Any, payload: dict[str, Any]) -> list[list[float]]:
+        import httpx
+        from tenacity import (
+            retry,
+            retry_if_exception,
+            stop_after_attempt,
+            wait_exponential,
+        )
+
+        def transient(e: BaseException) -> bool:
+            if isinstance(e, httpx.TransportError):
+                return True
+            return isinstance(e, httpx.HTTPStatusError) and (
+                e.response.status_code == 429 or e.response.status_code >= 500
+            )
+
+        @retry(
+            retry=retry_if_exception(transient),
+            stop=stop_after_attempt(5),
+            wait=wait_exponential(multiplier=0.5, max=20),
+            reraise=True,
+        )
+        def call() -> list[list[float]]:
+            r = client.post("/embeddings", json=payload)
+            r.raise_for_status()
+            data = r.json().get("data")
+            if not isinstance(data, list) or len(data) != len(payload["input"]):
+                raise LLMError(f"encoder '{self.name}': malformed /embeddings response")
+            data = sorted(data, key=lambda d: d.get("index", 0))
+            return [d["embedding"] for d in data]
+
+        try:
+            return call()
+        except httpx.HTTPStatusError as e:
+            raise LLMError(
+                f"encoder '{self.name}': {self.spec.base_url}/embeddings answered "
+                f"{e.response.status_code}: {e.response.text[:300]}"
+            ) from None
+        except httpx.TransportError as e:
+            raise LLMError(f"encoder '{self.name}': cannot reach {self.spec.base_url}: {e}") from None
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        side: Side,
+        prefix: str = "",
+        titles: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        import httpx
+
+        spec = self.spec
+        inputs = [(prefix + t) for t in texts]
+        if spec.max_chars:
+            inputs = [t[: spec.max_chars] for t in inputs]
+        inputs = [t if t.strip() else " " for t in inputs]  # APIs reject empty strings
+        if not inputs:
+            return np.zeros((0, 0), dtype=np.float32)
+        rows: list[list[float]] = []
+        headers = {"Authorization": f"Bearer {self._key()}"}
+        bar = None
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(inputs), desc=f"embed {self.name} ({side})", unit="text", leave=False)
+        try:
+            with httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s) as client:
+                for s in range(0, len(inputs), spec.batch_size):
+                    payload: dict[str, Any] = {"model": spec.model, "input": inputs[s : s + spec.batch_size]}
+                    if spec.provider == "voyage":
+                        payload["input_type"] = "query" if side == "query" else "document"
+                    rows.extend(self._post(client, payload))
+                    if bar is not None:
+                        bar.update(len(payload["input"]))
+        finally:
+            if bar is not None:
+                bar.close()
+        out = np.asarray(rows, dtype=np.float32)
+        if spec.normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out

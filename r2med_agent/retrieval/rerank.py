@@ -1,0 +1,365 @@
+"""Rerankers: re-score the top-k documents of a run with a cross-encoder (bge-reranker, monoBERT)
+or RankLLaMA (a LoRA adapter on Llama-2 with a one-logit classification head).
+
+Every reranker takes the whole run of a task at once: all (query, document) pairs of all queries
+are tokenised, sorted by length and scored in batches, then put back in order. The reranked head
+(top ``k`` by the run's order) carries the reranker's scores; the rest of each list keeps its
+original order below it. The query text is the request's original query (``SearchRequest.query``).
+
+Backends: transformers (``AutoModelForSequenceClassification``; peft for adapters) or vLLM's
+scoring API (``LLM.score``), which needs a merged checkpoint: adapters are merged once into the
+cache. Heavy imports are lazy; a missing package raises MissingExtraError with the extra to install.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from r2med_agent.config import load_registry
+from r2med_agent.errors import ConfigError, DataError, MissingExtraError
+from r2med_agent.paths import cache_dir
+from r2med_agent.retrieval.encoders import (
+    _batches_by_budget,
+    _import_torch,
+    _import_transformers,
+    resolve_devices,
+    resolve_dtype,
+    resolve_model_path,
+)
+from r2med_agent.retrieval.fusion import ranked
+from r2med_agent.types import Run, SearchRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RerankerSpec:
+    """One entry of ``configs/rerankers.yaml``."""
+
+    name: str
+    """Registry key; also the reranker's name in result paths."""
+    model: str
+    """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
+    adapter when ``base_model`` is set."""
+    base_model: str | None = None
+    """The model a LoRA adapter applies to (RankLLaMA: ``meta-llama/Llama-2-7b-hf``)."""
+    max_length: int = 512
+    """Token limit of a (query, document) pair; the longer side is cut first."""
+    batch_size: int = 32
+    """Pairs per forward pass at ``max_length``; shorter pairs are batched more densely."""
+    query_template: str = "{query}"
+    """How the query is written into the first segment (RankLLaMA: ``"query: {query}"``)."""
+    doc_template: str = "{text}"
+    """How the document is written into the second segment (RankLLaMA: ``"document: {text}"``)."""
+    score_index: int = 0
+    """Which logit is the relevance score (monoBERT's two-way head: 1)."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """As for encoders: half precision on GPU, float32 on CPU."""
+    backend: Literal["auto", "transformers", "vllm"] = "auto"
+    """``auto``: vLLM when it is installed and a GPU is present, else transformers."""
+    trust_remote_code: bool = False
+    """Allow the model repo's own modelling code."""
+
+    def __post_init__(self) -> None:
+        if "{query}" not in self.query_template or "{text}" not in self.doc_template:
+            raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
+        if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
+            raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
+
+
+def reranker_registry() -> dict[str, RerankerSpec]:
+    return load_registry("rerankers", RerankerSpec)
+
+
+def get_reranker_spec(name: str) -> RerankerSpec:
+    reg = reranker_registry()
+    if name not in reg:
+        raise ConfigError(
+            f"unknown reranker '{name}'; known: {', '.join(sorted(reg))} "
+            "(add your own under 'rerankers:' in a user config file)"
+        )
+    return reg[name]
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Re-scores the top ``k`` of each query's list; the rest stays below in its original order."""
+
+    name: str
+
+    def rerank(
+        self, requests: Sequence[SearchRequest], run: Run, corpus: Mapping[str, str], k: int
+    ) -> Run: ...
+
+
+# --------------------------------------------------------------------------- scorers
+
+
+class _TransformersScorer:
+    """Pairs -> scores with a transformers sequence-classification model (peft for adapters)."""
+
+    def __init__(self, spec: RerankerSpec, device: str | None, show_progress: bool) -> None:
+        self.spec = spec
+        self.device = device
+        self.show_progress = show_progress
+        self._state: tuple[Any, list[tuple[str, Any]], int] | None = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[Any, list[tuple[str, Any]], int]:
+        with self._lock:
+            if self._state is not None:
+                return self._state
+            torch = _import_torch()
+            transformers = _import_transformers()
+            spec = self.spec
+            t0 = time.perf_counter()
+            tok_path = resolve_model_path(spec.base_model or spec.model)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                tok_path, trust_remote_code=spec.trust_remote_code
+            )
+            if tokenizer.pad_token_id is None:
+                tokenizer.pad_token = tokenizer.unk_token or tokenizer.eos_token
+            dev = resolve_devices(self.device)[0]
+            dtype = resolve_dtype(spec.dtype, dev)
+            model = _load_classifier(spec, dtype)
+            if getattr(model.config, "pad_token_id", None) is None:
+                model.config.pad_token_id = tokenizer.pad_token_id
+            model.eval()
+            model.to(torch.device(dev))
+            logger.info("loaded reranker %s on %s in %.1f s", spec.name, dev, time.perf_counter() - t0)
+            self._state = (tokenizer, [(dev, model)], int(tokenizer.pad_token_id))
+            return self._state
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        torch = _import_torch()
+        tokenizer, replicas, pad_id = self._load()
+        dev, model = replicas[0]
+        spec = self.spec
+        enc = tokenizer(
+            [q for q, _ in pairs],
+            [d for _, d in pairs],
+            truncation="longest_first",
+            max_length=spec.max_length,
+            padding=False,
+        )
+        ids: list[list[int]] = enc["input_ids"]
+        types: list[list[int]] | None = enc.get("token_type_ids")
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        order = np.argsort(-lengths, kind="stable")
+        batches = _batches_by_budget(lengths[order].tolist(), spec.batch_size, spec.max_length)
+        out = np.empty(len(pairs), dtype=np.float32)
+        bar = None
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(pairs), desc=f"rerank {spec.name}", unit="pair", leave=False)
+        try:
+            with torch.inference_mode():
+                for s, e in batches:
+                    rows = order[s:e]
+                    width = int(lengths[rows[0]])
+                    arr = np.full((len(rows), width), pad_id, dtype=np.int64)
+                    mask = np.zeros((len(rows), width), dtype=np.int64)
+                    tt = np.zeros((len(rows), width), dtype=np.int64)
+                    for r, i in enumerate(rows):
+                        n = len(ids[i])
+                        arr[r, :n] = ids[i]
+                        mask[r, :n] = 1
+                        if types is not None:
+                            tt[r, :n] = types[i]
+                    inputs = {
+                        "input_ids": torch.from_numpy(arr).to(dev),
+                        "attention_mask": torch.from_numpy(mask).to(dev),
+                    }
+                    if types is not None:
+                        inputs["token_type_ids"] = torch.from_numpy(tt).to(dev)
+                    logits = model(**inputs).logits.float()
+                    if spec.score_index >= logits.shape[-1]:
+                        raise ConfigError(
+                            f"reranker '{spec.name}': score_index {spec.score_index} but the model "
+                            f"has {logits.shape[-1]} logit(s)"
+                        )
+                    out[rows] = logits[:, spec.score_index].cpu().numpy()
+                    if bar is not None:
+                        bar.update(len(rows))
+        finally:
+            if bar is not None:
+                bar.close()
+        return out
+
+
+def _load_classifier(spec: RerankerSpec, dtype: Any) -> Any:
+    transformers = _import_transformers()
+    if spec.base_model is None:
+        return transformers.AutoModelForSequenceClassification.from_pretrained(
+            resolve_model_path(spec.model), dtype=dtype, trust_remote_code=spec.trust_remote_code
+        )
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise MissingExtraError("peft", "dense") from None
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(
+        resolve_model_path(spec.base_model),
+        num_labels=1,
+        dtype=dtype,
+        trust_remote_code=spec.trust_remote_code,
+    )
+    return PeftModel.from_pretrained(base, resolve_model_path(spec.model)).merge_and_unload()
+
+
+def merge_adapter(spec: RerankerSpec, out_dir: Path) -> Path:
+    """Merge a LoRA reranker into its base model and save it (for vLLM, which loads full models)."""
+    torch = _import_torch()
+    transformers = _import_transformers()
+    model = _load_classifier(spec, torch.float16)
+    if getattr(model.config, "pad_token_id", None) is None:
+        tok = transformers.AutoTokenizer.from_pretrained(resolve_model_path(spec.base_model or spec.model))
+        model.config.pad_token_id = tok.unk_token_id if tok.unk_token_id is not None else tok.eos_token_id
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    model.save_pretrained(tmp)
+    transformers.AutoTokenizer.from_pretrained(
+        resolve_model_path(spec.base_model or spec.model)
+    ).save_pretrained(tmp)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+class _VLLMScorer:
+    """Pairs -> scores through vLLM's offline scoring API (``LLM.score``).
+
+    Not exercised on machines without a GPU and vLLM; the transformers path is the tested one.
+    """
+
+    def __init__(self, spec: RerankerSpec) -> None:
+        self.spec = spec
+        self._llm: Any = None
+
+    def _load(self) -> Any:
+        if self._llm is not None:
+            return self._llm
+        try:
+            import vllm
+        except ImportError:
+            raise MissingExtraError("vllm", "vllm") from None
+        path = resolve_model_path(self.spec.model)
+        if self.spec.base_model is not None:
+            merged = cache_dir() / "merged" / self.spec.name
+            if not merged.exists():
+                logger.info("merging %s into %s once, for vLLM", self.spec.model, merged)
+                merged.parent.mkdir(parents=True, exist_ok=True)
+                merge_adapter(self.spec, merged)
+            path = str(merged)
+        kwargs = dict(model=path, max_model_len=self.spec.max_length, trust_remote_code=self.spec.trust_remote_code)
+        try:
+            self._llm = vllm.LLM(runner="pooling", **kwargs)
+        except TypeError:  # vLLM < 0.10 names it task="score"
+            self._llm = vllm.LLM(task="score", **kwargs)
+        return self._llm
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        llm = self._load()
+        outputs = llm.score([q for q, _ in pairs], [d for _, d in pairs], truncate_prompt_tokens=self.spec.max_length)
+        return np.asarray([o.outputs.score for o in outputs], dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- reranker
+
+
+class PairwiseReranker:
+    """A pointwise reranker over (query, document) pairs: cross-encoders and RankLLaMA.
+
+    Args:
+        spec: the registry entry.
+        device: as for encoders (the first device is used).
+        backend: override the entry's backend.
+        show_progress: a tqdm bar over pairs.
+    """
+
+    def __init__(
+        self,
+        spec: RerankerSpec,
+        *,
+        device: str | None = None,
+        backend: str | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        chosen = backend or spec.backend
+        if chosen not in ("auto", "transformers", "vllm"):
+            raise ConfigError(f"reranker backend '{chosen}' is not one of: auto, transformers, vllm")
+        if chosen == "auto":
+            chosen = "vllm" if _vllm_usable() else "transformers"
+        self.backend = chosen
+        self._scorer: _TransformersScorer | _VLLMScorer = (
+            _VLLMScorer(spec) if chosen == "vllm" else _TransformersScorer(spec, device, show_progress)
+        )
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Relevance score of each (query text, document text) pair, templates applied here."""
+        spec = self.spec
+        formatted = [
+            (spec.query_template.replace("{query}", q), spec.doc_template.replace("{text}", d))
+            for q, d in pairs
+        ]
+        return self._scorer.score(formatted)
+
+    def rerank(
+        self, requests: Sequence[SearchRequest], run: Run, corpus: Mapping[str, str], k: int
+    ) -> Run:
+        heads: list[tuple[str, list[tuple[str, float]], list[tuple[str, float]]]] = []
+        pairs: list[tuple[str, str]] = []
+        for req in requests:
+            items = ranked(run.get(req.query_id, {}))
+            head, tail = items[:k], items[k:]
+            for doc_id, _ in head:
+                if doc_id not in corpus:
+                    raise DataError(f"query {req.query_id}: document '{doc_id}' of the run is not in the corpus")
+                pairs.append((req.query, corpus[doc_id]))
+            heads.append((req.query_id, head, tail))
+        t0 = time.perf_counter()
+        scores = self.score_pairs(pairs)
+        logger.info("%s: %d pairs scored in %.1f s", self.name, len(pairs), time.perf_counter() - t0)
+        out: Run = {}
+        pos = 0
+        for qid, head, tail in heads:
+            s = scores[pos : pos + len(head)]
+            pos += len(head)
+            order = sorted(range(len(head)), key=lambda i: (-float(s[i]), i))
+            new = {head[i][0]: float(s[i]) for i in order}
+            floor = min(new.values()) if new else 0.0
+            for j, (doc_id, _) in enumerate(tail, start=1):
+                new[doc_id] = floor - j
+            out[qid] = new
+        return out
+
+
+def _vllm_usable() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        torch = _import_torch()
+    except MissingExtraError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def make_reranker(
+    name: str, *, device: str | None = None, backend: str | None = None, show_progress: bool = False
+) -> Reranker:
+    """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use."""
+    return PairwiseReranker(get_reranker_spec(name), device=device, backend=backend, show_progress=show_progress)

