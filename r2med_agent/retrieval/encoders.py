@@ -477,6 +477,8 @@ class HFEncoder:
                 return self._loaded[model_id]
             torch = _import_torch()
             transformers = _import_transformers()
+            if not self.show_progress:  # transformers' own "Loading weights" bar
+                transformers.utils.logging.disable_progress_bar()
             path = resolve_model_path(model_id)
             devices = resolve_devices(self.device)
             t0 = time.perf_counter()

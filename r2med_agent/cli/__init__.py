@@ -1,0 +1,7 @@
+"""The ``r2med-agent`` command line: thin typer commands over the library."""
+
+from __future__ import annotations
+
+from r2med_agent.cli.app import app, main
+
+__all__ = ["app", "main"]

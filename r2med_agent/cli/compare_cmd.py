@@ -1,0 +1,162 @@
+"""``compare``, ``report`` and ``reproduce``: thin commands over compare, report and reproduce."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from r2med_agent.cli.app import app
+from r2med_agent.errors import ConfigError
+
+_RESULTS_HELP = "Result directories (the runner's --output-dir, or any folder inside it). Default: results."
+
+
+def _tasks_option(spec: Optional[str]) -> list[str] | None:
+    if not spec:
+        return None
+    from r2med_agent.data import task_names
+
+    return task_names(spec)
+
+
+def _load_table(
+    results: Optional[list[Path]],
+    metric: str,
+    tasks: Optional[str],
+    published: bool,
+    baseline: Optional[str],
+    test: str,
+    alpha: float,
+    resamples: int,
+    seed: int,
+    cost: bool,
+):
+    from r2med_agent.compare import build_table, load_results
+
+    rows = load_results(results or [Path("results")])
+    return build_table(
+        rows,
+        metric,
+        tasks=_tasks_option(tasks),
+        published=published,
+        baseline=baseline,
+        alpha=alpha,
+        test=test,
+        n_resamples=resamples,
+        seed=seed,
+        cost=cost,
+    )
+
+
+def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
+    from r2med_agent.compare import FORMATS
+
+    if fmt is None:
+        if out is None:
+            return "rich"
+        return "csv" if out.suffix.lower() == ".csv" else "md"
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got '{fmt}'")
+    return fmt
+
+
+def _emit(table, fmt: str, out: Optional[Path]) -> None:
+    from r2med_agent.compare import print_rich, render
+    from r2med_agent.io import atomic_write_text
+
+    if out is not None:
+        atomic_write_text(out, render(table, fmt))
+        typer.echo(f"wrote {out}", err=True)
+    elif fmt == "rich":
+        print_rich(table)
+    else:
+        typer.echo(render(table, fmt), nl=False)
+
+
+@app.command("compare")
+def compare_command(
+    results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
+    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric key of the result files (ndcg_at_10, recall_at_100, mrr, ...)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these task columns: a comma list, 'all' or 'nano-all' (default: every task found)."),
+    published: bool = typer.Option(False, "--published", help="Add R2MED's published score beside ours, and the difference ('—' where the paper has none)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Row to test the others against: its index, or method/llm/retriever (plus /reranker if it has one). Marks ▲/▼ where p < --alpha and adds W/T/L and p."),
+    test: str = typer.Option("permutation", "--test", help="Significance test: permutation (paired randomisation, exact when 2^n is small) or bootstrap."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the ▲/▼ markers."),
+    resamples: int = typer.Option(10_000, "--resamples", help="Random permutations or bootstrap resamples."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="rich (terminal), md or csv. Default: rich, or from --out's suffix (.csv -> csv, else md)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal."),
+) -> None:
+    """One table of results: tasks as columns, one row per configuration (method, llm, retriever, reranker), and the average."""
+    fmt = _format_for(fmt, out)
+    table = _load_table(results, metric, tasks, published, baseline, test, alpha, resamples, seed, cost)
+    _emit(table, fmt, out)
+
+
+@app.command("report")
+def report_command(
+    results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
+    out: Path = typer.Option(..., "--out", help="Folder for report.html, per_task.png and quality_vs_cost.png."),
+    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all' or 'nano-all' (default: every task found)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down. Default: the package/hub copy."),
+    texts: bool = typer.Option(True, "--texts/--no-texts", help="Load the tasks for texts and qrels; --no-texts shows ids only (query text and positives from the generations file where there is one)."),
+    published: bool = typer.Option(False, "--published", help="Add R2MED's published scores to the table."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Row index, or method/llm/retriever (plus /reranker), to test the others against."),
+    test: str = typer.Option("permutation", "--test", help="permutation or bootstrap."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level."),
+    cost_axis: str = typer.Option("auto", "--cost-axis", help="x axis of the quality/cost plot: auto, usd, tokens, llm-time, time."),
+    title: str = typer.Option("r2med-agent report", "--title", help="Page title."),
+) -> None:
+    """Plots and one self-contained HTML page: the table, the plots and a per-query drill-down."""
+    from r2med_agent.report import write_report
+
+    table = _load_table(results, metric, tasks, published, baseline, test, alpha, 10_000, 0, False)
+    loaded = {}
+    if texts:
+        from r2med_agent.data import load_task
+        from r2med_agent.errors import R2MedError
+
+        for name in table.tasks:
+            try:
+                loaded[name] = load_task(name, data_dir)
+            except R2MedError as e:
+                err = R2MedError(
+                    f"{e}\n(the report loads task '{name}' for its texts; pass --data-dir DIR, "
+                    "or --no-texts for ids only)"
+                )
+                err.exit_code = e.exit_code
+                raise err from None
+    path = write_report(table, out, tasks=loaded, cost_axis=cost_axis, title=title)
+    typer.echo(str(path))
+
+
+@app.command("reproduce")
+def reproduce_command(
+    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic or rerank (configs/reproduce/<table>.yaml)."),
+    grid_file: Optional[Path] = typer.Option(None, "--grid", help="A grid YAML of your own instead of --table (same format)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published score and what it needs (GPU memory, API keys, hub access); run nothing."),
+    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; configurations whose result files exist are skipped."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
+    tasks: str = typer.Option("all", "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks) or a comma list."),
+    gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
+    fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
+) -> None:
+    """Run every configuration of one of the paper's tables and compare it with the published scores."""
+    from r2med_agent.data import task_names
+    from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce
+
+    if (table_name is None) == (grid_file is None):
+        raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")
+    grid = load_grid(table_name if table_name is not None else grid_file)  # type: ignore[arg-type]
+    opts = ReproduceOptions(
+        output_dir=output_dir, data_dir=data_dir, tasks=tuple(task_names(tasks)), gpu_gib=gpu_gib
+    )
+    if dry_run:
+        typer.echo(f"{grid.title} ({grid.path.name})")
+        typer.echo(format_plan(plan(grid, opts)), nl=False)
+        return
+    _emit(reproduce(grid, opts), _format_for(fmt, None), None)

@@ -1,0 +1,213 @@
+"""``run``, ``evaluate``, ``tasks`` and ``llms``: thin commands over runner, evaluation and registries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from r2med_agent.cli.app import app
+
+console = Console(stderr=False)
+
+_HEADLINE = ("ndcg_at_10", "recall_at_100", "mrr")
+_SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
+
+
+@app.command("run")
+def run_command(
+    task: str = typer.Option(
+        "sample", "--task", "-t",
+        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted.",
+    ),
+    method: str = typer.Option(
+        "none", "--method", "-m",
+        help="none | hyde | query2doc | lamer | search-r1 | search-o1.",
+    ),
+    llm: Optional[str] = typer.Option(
+        None, "--llm", "-l",
+        help="LLM registry name (see `r2med-agent llms`), e.g. qwen-32b, gpt4, or the offline default smollm2.",
+    ),
+    retriever: str = typer.Option(
+        "bm25", "--retriever", "-r",
+        help="bm25 | bm25-compat (R2MED's gensim scoring) | an encoder name (minilm, bge, nv, ...) | a '+'-joined fusion such as bm25+minilm.",
+    ),
+    loop_retriever: Optional[str] = typer.Option(
+        None, "--loop-retriever",
+        help="Retriever that Search-R1/Search-o1 query while they reason (default: --retriever; the final ranking uses --retriever).",
+    ),
+    final: str = typer.Option(
+        "default", "--final",
+        help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of all the trajectory's searches plus the final query).",
+    ),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
+    rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
+    top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and scored (R2MED: 100)."),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", "-d",
+        help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub.",
+    ),
+    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<retriever>/<Task>.json|.run."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
+    refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
+    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Override the sampling seed."),
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
+    from r2med_agent.config import set_user_config
+    from r2med_agent.data import task_names
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    if config is not None:
+        set_user_config(config)
+    if task == "list":
+        tasks_command()
+        return
+    sampling = {
+        k: v
+        for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}.items()
+        if v is not None
+    }
+    cfg = RunConfig(
+        tasks=tuple(task_names(task)),
+        method=method,
+        llm=llm,
+        retriever=retriever,
+        loop_retriever=loop_retriever,
+        reranker=reranker,
+        rerank_k=rerank_k,
+        top_k=top_k,
+        data_dir=data_dir,
+        output_dir=output_dir,
+        use_cache=not no_cache,
+        refresh_cache=refresh_cache,
+        cache_path=cache_path,
+        final=final,
+        sampling=sampling,
+        show_progress=progress,
+    )
+    result = run_experiment(cfg)
+    print_summary(result)
+
+
+def print_summary(result) -> None:
+    """The closing table: headline metrics per task and their average, plus LLM work done."""
+    table = Table(title=f"{result.config.method} / {result.config.llm_label} / {result.config.retriever_label}")
+    uses_llm = result.config.method != "none"
+    table.add_column("task")
+    for m in _HEADLINE:
+        table.add_column(_SHORT[m], justify="right")
+    table.add_column("queries", justify="right")
+    table.add_column("empty", justify="right")
+    if uses_llm:
+        table.add_column("new gens", justify="right")
+        table.add_column("cached", justify="right")
+    for o in result.outcomes:
+        cells = [
+            o.task,
+            *(f"{o.evaluation.mean.get(m, 0.0):.4f}" for m in _HEADLINE),
+            str(o.evaluation.num_queries),
+            str(len(o.evaluation.missing)),
+        ]
+        if uses_llm:
+            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0))]
+        table.add_row(*cells)
+    if len(result.outcomes) > 1:
+        blanks = [""] * (4 if uses_llm else 2)
+        table.add_row(
+            "average", *(f"{result.average.get(m, 0.0):.4f}" for m in _HEADLINE), *blanks,
+            style="bold",
+        )
+    console.print(table)
+    console.print("empty = queries with no retrieved document (they score 0)", style="dim")
+    gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
+    hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
+    if result.config.method != "none":
+        console.print(f"LLM generations: {gens} new, {hits} from cache")
+    console.print(f"results: {result.result_dir}")
+
+
+@app.command("evaluate")
+def evaluate_command(
+    run: Path = typer.Option(..., "--run", help="TREC run file (qid Q0 docid rank score tag)."),
+    qrels: Path = typer.Option(..., "--qrels", help="Qrels: TREC format (qid 0 docid grade), 3 columns, or R2MED qrels.jsonl."),
+    depth: int = typer.Option(100, "--depth", help="Documents per query scored (R2MED: 100)."),
+    per_query: bool = typer.Option(False, "--per-query", help="Also print every query's scores."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Score a TREC run file against qrels with trec_eval semantics; every qrels query counts."""
+    from r2med_agent.evaluation import evaluate, read_trec_qrels, read_trec_run
+
+    run_data = read_trec_run(run)
+    qrels_data = _read_qrels_any(qrels)
+    ev = evaluate(run_data, qrels_data, depth=depth)
+    if as_json:
+        out = {"test": ev.mean, "num_queries": ev.num_queries, "missing_queries": len(ev.missing)}
+        if per_query:
+            out["per_query"] = ev.per_query
+        console.print_json(json.dumps(out))
+        return
+    table = Table(title=f"{run.name} ({ev.num_queries} queries, {len(ev.missing)} with no results)")
+    table.add_column("metric")
+    table.add_column("mean", justify="right")
+    for m, v in ev.mean.items():
+        table.add_row(m, f"{v:.4f}")
+    console.print(table)
+    if per_query:
+        for qid, scores in ev.per_query.items():
+            console.print(qid, " ".join(f"{m}={scores[m]:.4f}" for m in _HEADLINE if m in scores))
+
+
+def _read_qrels_any(path: Path):
+    from r2med_agent.evaluation import read_trec_qrels
+
+    if path.suffix == ".jsonl":
+        from r2med_agent.data import read_qrels_jsonl
+
+        return read_qrels_jsonl(path)
+    return read_trec_qrels(path)
+
+
+@app.command("tasks")
+def tasks_command() -> None:
+    """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
+    from r2med_agent.data import list_tasks
+
+    rows = list_tasks()
+    table = Table(title="tasks")
+    cols = ["name", "family", "group", "repo", "revision", "queries", "docs"]
+    for c in cols:
+        table.add_column(str(c))
+    for r in rows:
+        row = dict(r)
+        if row.get("revision") and len(str(row["revision"])) == 40:
+            row["revision"] = str(row["revision"])[:12]
+        table.add_row(*("" if row.get(c) in (None, "") else str(row[c]) for c in cols))
+    console.print(table)
+
+
+@app.command("llms")
+def llms_command(
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'llms:' entries."),
+) -> None:
+    """List the LLM registry (short name, backend, model, reasoning format)."""
+    from r2med_agent.config import load_registry, set_user_config
+    from r2med_agent.llm.registry import LLMSpec
+
+    if config is not None:
+        set_user_config(config)
+    table = Table(title="LLMs")
+    for c in ("name", "backend", "model", "reasoning format"):
+        table.add_column(c)
+    for name, spec in sorted(load_registry("llms", LLMSpec).items()):
+        table.add_row(name, spec.backend, spec.model, spec.reasoning_format)
+    console.print(table)

@@ -1,0 +1,392 @@
+"""The one place that orchestrates stages and writes files.
+
+CLI -> RunConfig -> run_experiment: load tasks -> build retrievers -> method (one LLM batch over all
+tasks) -> search per task (all queries in one call) -> optional rerank -> evaluate -> files.
+Methods never write files; this module never parses LLM text.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate
+from r2med_agent.io import atomic_write_json, atomic_write_text
+from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
+
+log = logging.getLogger(__name__)
+
+FINAL_MODES = ("default", "fuse")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One experiment: a method with an LLM over a retriever, on one or more tasks.
+
+    Attributes:
+        tasks: task names (already resolved from specs such as ``all``).
+        method: ``none``, ``hyde``, ``query2doc``, ``lamer``, ``search-r1``, ``search-o1``.
+        llm: LLM registry name; required by every method but ``none``.
+        retriever: retriever spec (``bm25``, ``bm25-compat``, an encoder name, ``bm25+minilm``).
+        loop_retriever: retriever the agentic loops search while reasoning (None: the same as
+            ``retriever``). With ``final="fuse"`` the fused ranking comes from the loop's own
+            searches, so the two must be the same.
+        reranker: reranker registry name, or None.
+        rerank_k: how many top documents the reranker re-scores.
+        top_k: documents kept per query (R2MED scores the top 100).
+        data_dir: local copy of the data (R2MED or BEIR layout); None loads from the hub.
+        output_dir: root of the result tree.
+        use_cache: read and write the generation cache.
+        refresh_cache: regenerate and overwrite cached generations.
+        cache_path: the generation cache file (None: the default under the cache directory).
+        final: agentic final ranking: ``default`` (final response as the query, as R2MED does)
+            or ``fuse`` (RRF of every search of the trajectory plus the final query).
+        sampling: overrides of the LLM's default sampling (temperature, max_tokens, seed, ...).
+        metrics: metric keys to compute.
+        show_progress: progress bars.
+    """
+
+    tasks: tuple[str, ...]
+    method: str = "none"
+    llm: str | None = None
+    retriever: str = "bm25"
+    loop_retriever: str | None = None
+    reranker: str | None = None
+    rerank_k: int = 100
+    top_k: int = 100
+    data_dir: Path | None = None
+    output_dir: Path = Path("results")
+    use_cache: bool = True
+    refresh_cache: bool = False
+    cache_path: Path | None = None
+    final: str = "default"
+    sampling: dict[str, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method != "none" and not self.llm:
+            raise ConfigError(f"--method {self.method} needs --llm (see `r2med-agent llms`)")
+        if self.final not in FINAL_MODES:
+            raise ConfigError(f"--final must be one of {', '.join(FINAL_MODES)}, got '{self.final}'")
+        if self.final == "fuse" and self.loop_retriever not in (None, self.retriever):
+            raise ConfigError(
+                "--final fuse ranks with the loop's own searches: --loop-retriever must be the same "
+                f"as --retriever (got {self.loop_retriever} and {self.retriever})"
+            )
+        if self.top_k < 1 or self.rerank_k < 1:
+            raise ConfigError("--top-k and --rerank-k must be at least 1")
+
+    @property
+    def llm_label(self) -> str:
+        return self.llm if self.method != "none" and self.llm else "none"
+
+    @property
+    def retriever_label(self) -> str:
+        label = self.retriever
+        if self.method in ("search-r1", "search-o1") and self.final == "fuse":
+            label += "__fuse"
+        if self.reranker:
+            label += f"__{self.reranker}"
+        return label
+
+    def result_dir(self) -> Path:
+        """``<output>/<method>/<llm>/<retriever>[__fuse][__<reranker>]``."""
+        return Path(self.output_dir) / self.method / self.llm_label / self.retriever_label
+
+
+@dataclass
+class TaskOutcome:
+    task: str
+    evaluation: Evaluation
+    files: list[Path]
+    stats: dict[str, Any]
+
+
+@dataclass
+class ExperimentResult:
+    config: RunConfig
+    outcomes: list[TaskOutcome]
+    average: dict[str, float]
+    result_dir: Path
+    llm_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _generation_stats(gens: Sequence[Generation], price_in: float, price_out: float) -> dict[str, Any]:
+    made = [g for g in gens if not g.cached]
+    p_in = sum(g.prompt_tokens for g in gens)
+    p_out = sum(g.completion_tokens for g in gens)
+    return {
+        "generations": len(made),
+        "cache_hits": len(gens) - len(made),
+        "prompt_tokens": p_in,
+        "completion_tokens": p_out,
+        "llm_time_s": round(sum(g.latency_s for g in made), 4),
+        # What the method's generations cost at the registry's prices, cached or not.
+        "cost_usd": round((p_in * price_in + p_out * price_out) / 1e6, 6),
+    }
+
+
+def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
+    """Run one configuration over its tasks and write every result file; see module docstring.
+
+    Args:
+        cfg: the configuration.
+        llm: an LLM to use instead of building ``cfg.llm`` from the registry (tests, notebooks);
+            its generations still go through whatever wrapper it has.
+    """
+    from r2med_agent.data import load_task
+    from r2med_agent.methods import get_method
+    from r2med_agent.retrieval import make_retriever
+
+    method_cls = get_method(cfg.method)
+    tasks = [load_task(name, cfg.data_dir) for name in cfg.tasks]
+    out_dir = cfg.result_dir()
+
+    retrievers: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for task in tasks:
+        retrievers[task.name] = make_retriever(cfg.retriever, task, show_progress=cfg.show_progress)
+    index_time = time.perf_counter() - t0
+
+    spec = None
+    params = None
+    if cfg.method != "none":
+        from r2med_agent.llm import default_sampling, make_llm
+        from r2med_agent.llm.registry import get_llm_spec
+
+        spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
+        params = _with_overrides(default_sampling(spec), cfg.sampling)
+        if llm is None:
+            llm = make_llm(
+                cfg.llm,  # type: ignore[arg-type]
+                cache_path=cfg.cache_path,
+                use_cache=cfg.use_cache,
+                refresh=cfg.refresh_cache,
+            )
+    else:
+        llm = None
+    price_in = getattr(spec, "price_in_per_mtok", 0.0) or 0.0
+    price_out = getattr(spec, "price_out_per_mtok", 0.0) or 0.0
+
+    per_task_requests: dict[str, list[SearchRequest]] = {}
+    per_task_gens: dict[str, list[Generation]] = {}
+    per_task_traces: dict[str, list[Any]] = {}
+    per_task_fused: dict[str, Run] = {}
+    method = method_cls()
+
+    if cfg.method == "none":
+        for task in tasks:
+            per_task_requests[task.name] = [SearchRequest(q.query_id, q.text) for q in task.queries]
+    elif getattr(method, "agentic", False):
+        _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, per_task_traces,
+                     per_task_fused)
+    else:
+        _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens)
+
+    reranker = None
+    if cfg.reranker:
+        from r2med_agent.retrieval import make_reranker
+
+        reranker = make_reranker(cfg.reranker)
+
+    outcomes: list[TaskOutcome] = []
+    for task in tasks:
+        t0 = time.perf_counter()
+        requests = per_task_requests[task.name]
+        if task.name in per_task_fused:
+            run = per_task_fused[task.name]
+        else:
+            run = retrievers[task.name].search(requests, max(cfg.top_k, cfg.rerank_k if reranker else 0))
+        if reranker is not None:
+            corpus = {d.doc_id: d.text for d in task.corpus}
+            run = reranker.rerank(requests, run, corpus, cfg.rerank_k)
+        retrieval_time = time.perf_counter() - t0
+        ev = evaluate(run, task.qrels, cfg.metrics, depth=cfg.top_k)
+        stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), price_in, price_out)
+        stats["retrieval_time_s"] = round(retrieval_time, 4)
+        stats["index_time_s"] = round(index_time / max(len(tasks), 1), 4)
+        files = _write_task_files(cfg, out_dir, task, run, ev, stats, per_task_gens.get(task.name),
+                                  per_task_traces.get(task.name), requests)
+        outcomes.append(TaskOutcome(task.name, ev, files, stats))
+        if ev.missing:
+            log.warning("%s: %d of %d queries have no results and score 0", task.name,
+                        len(ev.missing), ev.num_queries)
+
+    average = average_over_tasks([o.evaluation.mean for o in outcomes])
+    llm_stats = asdict(llm.stats) if llm is not None and hasattr(llm, "stats") else {}
+    summary = {
+        "method": cfg.method,
+        "llm": cfg.llm_label,
+        "retriever": cfg.retriever_label,
+        "tasks": [o.task for o in outcomes],
+        "average": average,
+        "per_task": {o.task: o.evaluation.mean for o in outcomes},
+        "llm_stats": llm_stats,
+        "config": _config_record(cfg),
+        "evaluation_time": _now(),
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    return ExperimentResult(cfg, outcomes, average, out_dir, llm_stats)
+
+
+def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
+    """Apply CLI sampling overrides; unknown names are errors naming the allowed ones."""
+    allowed = set(params.to_dict())
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return replace(params, **overrides)
+
+
+def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens) -> None:
+    """Single-shot methods: render every task's prompts, ONE generate call, then requests."""
+    prompts: list[list[dict[str, str]]] = []
+    metas: list[dict[str, Any]] = []
+    spans: dict[str, tuple[int, int]] = {}
+    hashes: list[str] = []  # one per prompt: part of each generation's cache key
+    for task in tasks:
+        first_pass = None
+        if getattr(method, "needs_first_pass", False):
+            first_pass = _bm25_first_pass(cfg, task, retrievers)
+        task_prompts = method.build_prompts(task, first_pass)
+        spans[task.name] = (len(prompts), len(prompts) + len(task_prompts))
+        prompts.extend(task_prompts)
+        metas.extend(
+            {"task": task.name, "query_id": q.query_id, "method": cfg.method, "text": q.text}
+            for q in task.queries
+        )
+        hashes.extend([method.template_hash(task)] * len(task_prompts))
+    log.info("generating %d texts with %s (%s) in one batch", len(prompts), cfg.llm, cfg.method)
+    gens = llm.generate(prompts, params, meta=metas, template_hash=hashes)
+    for task in tasks:
+        a, b = spans[task.name]
+        per_task_gens[task.name] = gens[a:b]
+        per_task_requests[task.name] = method.to_requests(task, gens[a:b])
+
+
+def _bm25_first_pass(cfg: RunConfig, task: Task, retrievers: dict[str, Any]) -> Run:
+    """LameR's first pass: BM25 top-10 for every query (reuses the run's BM25 index if it is one)."""
+    from r2med_agent.retrieval import make_retriever
+
+    bm25 = retrievers[task.name] if cfg.retriever == "bm25" else make_retriever(
+        "bm25", task, show_progress=cfg.show_progress
+    )
+    return bm25.search([SearchRequest(q.query_id, q.text) for q in task.queries], 10)
+
+
+def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, per_task_traces,
+                 per_task_fused):
+    from r2med_agent.retrieval import make_retriever
+
+    loop_spec = cfg.loop_retriever or cfg.retriever
+    loop_retrievers = {
+        t.name: retrievers[t.name] if loop_spec == cfg.retriever
+        else make_retriever(loop_spec, t, show_progress=cfg.show_progress)
+        for t in tasks
+    }
+    # The loops fix their own sampling (Search-R1 greedy, Search-o1 0.7/0.8/20); a model's
+    # registered repetition penalty (QwQ: 1.05, as Search-o1 uses) and CLI overrides apply on top.
+    # The registry's max_tokens caps each step (a small local model gets its short budget).
+    sampling = dict(cfg.sampling)
+    if spec is not None and getattr(spec, "repetition_penalty", 1.0) != 1.0:
+        sampling.setdefault("repetition_penalty", spec.repetition_penalty)
+    if spec is not None and spec.max_tokens < method.params.max_tokens:
+        sampling.setdefault("max_tokens", spec.max_tokens)
+    results = method.run(
+        [(t, loop_retrievers[t.name]) for t in tasks], llm, final=cfg.final, top_k=cfg.top_k,
+        sampling=sampling,
+    )
+    for task in tasks:
+        res = results[task.name]
+        per_task_requests[task.name] = list(res.requests)
+        per_task_traces[task.name] = list(res.traces)
+        if res.fused_run is not None:
+            per_task_fused[task.name] = res.fused_run
+
+
+def _task_stats(gens, traces, price_in: float, price_out: float) -> dict[str, Any]:
+    if gens is not None:
+        return _generation_stats(gens, price_in, price_out)
+    if traces is not None:
+        p_in = sum(s.prompt_tokens for t in traces for s in t.steps)
+        p_out = sum(s.completion_tokens for t in traces for s in t.steps)
+        extra = [t.extra or {} for t in traces]
+        return {
+            "generations": sum(int(e.get("generations", 0)) for e in extra),
+            "cache_hits": sum(int(e.get("cache_hits", 0)) for e in extra),
+            "prompt_tokens": p_in,
+            "completion_tokens": p_out,
+            "llm_time_s": round(sum(float(e.get("llm_time_s", 0.0)) for e in extra), 4),
+            "cost_usd": round((p_in * price_in + p_out * price_out) / 1e6, 6),
+        }
+    return {"generations": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
+            "llm_time_s": 0.0, "cost_usd": 0.0}
+
+
+def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests) -> list[Path]:
+    from r2med_agent.evaluation import write_trec_run
+
+    tag = f"r2med-agent.{cfg.method}.{cfg.llm_label}.{cfg.retriever_label}"
+    files = [atomic_write_text(out_dir / f"{task.name}.run", write_trec_run(run, tag, cfg.top_k))]
+    record = {
+        "dataset_name": task.name,
+        "model_name": f"{cfg.method}/{cfg.llm_label}/{cfg.retriever_label}",
+        "evaluation_time": _now(),
+        "test": ev.mean,
+        "num_queries": ev.num_queries,
+        "missing_queries": len(ev.missing),
+        "missing_query_ids": list(ev.missing),
+        "per_query": ev.per_query,
+        "stats": stats,
+        "config": _config_record(cfg),
+        "source": task.source,
+        "corpus_fingerprint": task.fingerprint,
+    }
+    files.append(atomic_write_json(out_dir / f"{task.name}.json", record))
+    if gens is not None:
+        import json
+
+        by_id = {r.query_id: r for r in requests}
+        lines = []
+        for q, g in zip(task.queries, gens):
+            lines.append(json.dumps({
+                "id": q.query_id,
+                "text": q.text,
+                "hy_doc": g.final,
+                "doc_id": sorted(task.qrels.get(q.query_id, {})),
+                "reasoning": g.reasoning,
+                "raw": g.text,
+                "finish_reason": g.finish_reason,
+                "query_used": by_id[q.query_id].combine if q.query_id in by_id else "none",
+            }, ensure_ascii=False))
+        files.append(atomic_write_text(out_dir / f"{task.name}.generations.jsonl", "\n".join(lines) + "\n"))
+    if traces is not None:
+        import json
+
+        from r2med_agent.methods.agentic import trace_to_dict
+
+        text = "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n" for t in traces)
+        files.append(atomic_write_text(out_dir / f"{task.name}.traces.jsonl", text))
+    return files
+
+
+def _config_record(cfg: RunConfig) -> dict[str, Any]:
+    """The configuration as written into result files (no secrets: names and settings only)."""
+    rec = asdict(cfg)
+    rec["tasks"] = list(cfg.tasks)
+    rec["metrics"] = list(cfg.metrics)
+    for key in ("data_dir", "output_dir", "cache_path"):
+        rec[key] = str(rec[key]) if rec[key] is not None else None
+    rec.pop("show_progress", None)
+    return rec
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
