@@ -1,0 +1,101 @@
+"""``r2med-agent trace show FILE``: print agentic trajectories (``<Task>.traces.jsonl``) for a person."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from r2med_agent.cli.app import app
+from r2med_agent.errors import ConfigError
+
+trace_app = typer.Typer(
+    name="trace",
+    help="Inspect the trajectories of the agentic methods (search-r1, search-o1).",
+    no_args_is_help=True,
+)
+app.add_typer(trace_app, name="trace")
+
+CUT = 600
+"""Characters of each text shown without ``--full``."""
+
+
+def _cut(text: str, full: bool, limit: int = CUT) -> str:
+    if full or len(text) <= limit:
+        return text
+    return text[:limit].rstrip() + f" … [{len(text) - limit} more characters; --full shows all]"
+
+
+@trace_app.command("show")
+def show(
+    file: Path = typer.Argument(..., help="a <Task>.traces.jsonl file written by `r2med-agent run`"),
+    query: list[str] = typer.Option(None, "--query", "-q", help="show only this query id (repeatable)"),
+    full: bool = typer.Option(False, "--full", help="print every text whole (default: cut to 600 characters)"),
+) -> None:
+    """Show each step of a trajectory: the reasoning, the query issued, the documents retrieved,
+    the text inserted, the tokens, and the finish reason and final response."""
+    from rich.console import Console
+
+    from r2med_agent.methods.loop import read_traces
+
+    if not file.is_file():
+        raise ConfigError(f"{file}: no such trace file")
+    traces = read_traces(file)
+    if query:
+        wanted = set(query)
+        known = {t.query_id for t in traces}
+        unknown = sorted(wanted - known)
+        if unknown:
+            sample = ", ".join(sorted(known)[:10]) + (" ..." if len(known) > 10 else "")
+            raise ConfigError(f"{file}: no trace for query id(s) {', '.join(unknown)}; ids in the file: {sample}")
+        traces = [t for t in traces if t.query_id in wanted]
+    console = Console(highlight=False)
+    for trace in traces:
+        _print_trace(console, trace, full)
+    if len(traces) > 1:
+        counts = Counter(t.finish_reason for t in traces)
+        reasons = ", ".join(f"{r} {n}" for r, n in counts.most_common())
+        console.print(f"{len(traces)} trajectories; finish reasons: {reasons}", markup=False)
+
+
+def _print_trace(console: Any, trace: Any, full: bool) -> None:
+    from rich.panel import Panel
+    from rich.rule import Rule
+    from rich.table import Table
+    from rich.text import Text
+
+    extra = dict(trace.extra or {})
+    p_in = sum(s.prompt_tokens for s in trace.steps)
+    p_out = sum(s.completion_tokens for s in trace.steps)
+    searches = len(extra["searches"]) if isinstance(extra.get("searches"), list) else sum(
+        1 for s in trace.steps if s.doc_ids
+    )
+    task = f" ({extra['task']})" if extra.get("task") else ""
+    title = (
+        f"{trace.method} · query {trace.query_id}{task} · finish: {trace.finish_reason} · "
+        f"{len(trace.steps)} steps · searches: {searches} · tokens {p_in} in / {p_out} out"
+    )
+    console.print(Rule(Text(title, style="bold")))
+    if extra.get("query"):
+        console.print(Text.assemble(("Query: ", "bold"), _cut(str(extra["query"]), full)))
+    condensed = {int(c["step"]): c for c in extra.get("condensed", []) if isinstance(c, dict) and "step" in c}
+    for i, step in enumerate(trace.steps):
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold cyan", no_wrap=True)
+        grid.add_column()
+        grid.add_row("reasoning", Text(_cut(step.generated.strip(), full) or "(empty)"))
+        if step.search_query is not None:
+            grid.add_row("query", Text(step.search_query, style="yellow"))
+        if step.doc_ids:
+            grid.add_row("documents", Text(", ".join(step.doc_ids)))
+        if step.inserted.strip():
+            grid.add_row("inserted", Text(_cut(step.inserted.strip(), full), style="green"))
+        if full and i in condensed:
+            grid.add_row("condense raw", Text(str(condensed[i].get("raw", ""))))
+        grid.add_row("tokens", Text(f"{step.prompt_tokens} in / {step.completion_tokens} out"))
+        console.print(Panel(grid, title=f"step {i + 1}", title_align="left", expand=True))
+    console.print(Text.assemble(("Finish reason: ", "bold"), trace.finish_reason))
+    console.print(Text.assemble(("Final response: ", "bold"), Text(_cut(trace.final, full) or "(empty)", style="magenta")))
+    console.print()

@@ -1,0 +1,289 @@
+"""Search-R1 and Search-o1: reasoning-search loops over a task's corpus (PROTOCOL.md).
+
+Both run on the batched engine of :mod:`r2med_agent.methods.loop` and return, per task, an
+:class:`~r2med_agent.methods.loop.AgenticResult`: the final SearchRequests (``combine="reasoning"``,
+the final response as the expansion), the traces, and with ``final="fuse"`` a fused Run.
+
+Search-R1 (its repo's evaluation loop): tags ``<think>``, ``<search>q</search>``,
+``<information>...</information>``, ``<answer>a</answer>``; generation stops at ``</search>`` (and
+at ``</answer>``, which only saves tokens); the top-3 documents are inserted as
+``Doc i(Title: t) text``; a turn with neither a search nor an answer gets a corrective message;
+up to 4 turns that may search, then one final turn in which a search is not run; greedy decoding.
+Final response: the ``<answer>`` span; with none, everything the model generated, tags removed.
+
+Search-o1 (its repo's ``run_search_o1.py``): ``<|begin_search_query|>q<|end_search_query|>``;
+generation stops at the end-of-query token; the top-10 documents of every search of a step go to
+ONE batched Reason-in-Documents call of the same model, and only the text after
+``**Final Information**`` is inserted within ``<|begin_search_result|>...<|end_search_result|>``;
+a repeated query and one over the 10-search limit get the original's fixed notices instead;
+a step without a query ends the trajectory; at most 15 turns; temperature 0.7, top_p 0.8, top_k 20.
+Final response: the model's final response under its reasoning format (``Generation.final`` of
+the last step when the parser found its marker there), else everything the model generated with
+the search tokens removed.
+
+Our documents have no titles: Search-R1's ``Title:`` slot gets the document's title when the
+corpus has one and its id otherwise (the first line of an R2MED document is ordinary text, and
+cutting it off would drop content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from r2med_agent.methods.loop import (
+    FINAL_MODES,
+    AgenticResult,
+    LoopOutcome,
+    ReasoningLoop,
+    Trajectory,
+    cut_words,
+    final_text,
+    read_traces,
+    trace_from_dict,
+    trace_to_dict,
+    traces_to_jsonl,
+)
+from r2med_agent.types import Doc, Generation, Message, Query, SamplingParams, Task
+
+__all__ = [
+    "FINAL_MODES",
+    "AgenticResult",
+    "LoopOutcome",
+    "SearchO1",
+    "SearchR1",
+    "read_traces",
+    "trace_from_dict",
+    "trace_to_dict",
+    "traces_to_jsonl",
+]
+
+FAMILIES = ("qa", "exam", "treatment", "case")
+
+
+def _templates_hash(method: str, extra: Sequence[str]) -> str:
+    """One version hash over every template of a method (all families and the extra ones).
+
+    A single loop call batches all tasks, so the key carries the method's whole template set.
+    """
+    from r2med_agent.prompts import template_hash
+
+    h = hashlib.sha256()
+    for name in (*FAMILIES, *extra):
+        h.update(f"{name}\0{template_hash(method, name)}\0".encode())
+    return h.hexdigest()
+
+
+class SearchR1(ReasoningLoop):
+    """Search-R1's evaluation loop (PeterGriffinJin/Search-R1).
+
+    Args:
+        final: ``default`` or ``fuse`` (see :class:`~r2med_agent.methods.loop.ReasoningLoop`).
+        max_turns: turns in which the model may search (4 at evaluation); a final turn follows.
+        docs_per_search: documents inserted per search (3).
+        max_tokens: tokens per generation step (1024, as the repo's ``infer.py``).
+        temperature: 0 (greedy) by default.
+        max_doc_words: each inserted document is cut to this many words (None: whole documents).
+        seed: sampling seed (matters only with a temperature above 0).
+        fuse_depth: documents per list for ``final="fuse"``.
+    """
+
+    name = "search-r1"
+    search_tags = ("<search>", "</search>")
+    answer_tags = ("<answer>", "</answer>")
+    result_tags = ("<information>", "</information>")
+
+    def __init__(
+        self,
+        *,
+        final: str = "default",
+        max_turns: int = 4,
+        docs_per_search: int = 3,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+        max_doc_words: int | None = 512,
+        seed: int | None = 42,
+        fuse_depth: int = 100,
+        rrf_k: int = 60,
+    ) -> None:
+        params = SamplingParams(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=seed)
+        super().__init__(
+            params=params, max_turns=max_turns, max_searches=None, final_turn=True,
+            docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
+            fuse_depth=fuse_depth, rrf_k=rrf_k,
+        )
+        self._hash: str | None = None
+
+    @property
+    def template_hash(self) -> str:  # type: ignore[override]
+        if self._hash is None:
+            self._hash = _templates_hash("search-r1", ("invalid",))
+        return self._hash
+
+    def initial_messages(self, task: Task, query: Query) -> list[Message]:
+        from r2med_agent.prompts import render
+
+        text = render(f"search-r1/{task.family}.j2", query=query.text, domain=task.domain)
+        return [{"role": "user", "content": text}]
+
+    def invalid_turn(self, traj: Trajectory) -> str | None:
+        from r2med_agent.prompts import render
+
+        return "\n" + render("search-r1/invalid.j2").strip() + "\n"
+
+    def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
+        return f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
+
+    def final_response(self, traj: Trajectory) -> str:
+        if traj.answer is not None:
+            return traj.answer
+        return self.model_text(traj)
+
+
+def format_docs_r1(docs: Sequence[Doc], max_words: int | None) -> str:
+    """Search-R1's document block: ``Doc i(Title: <title or id>) <text>`` per line."""
+    return "".join(
+        f"Doc {i}(Title: {d.title or d.doc_id}) {cut_words(d.text, max_words)}\n"
+        for i, d in enumerate(docs, start=1)
+    )
+
+
+SEARCH_REPEATED = "You have searched this query. Please refer to previous results."
+SEARCH_LIMIT = "The maximum search limit is exceeded. You are not allowed to search."
+NO_INFORMATION = "No helpful information found."
+FINAL_INFORMATION = "**Final Information**"
+
+
+class SearchO1(ReasoningLoop):
+    """Search-o1's loop with Reason-in-Documents (sunnynexus/Search-o1).
+
+    Args:
+        final: ``default`` or ``fuse``.
+        max_turns: generation turns (15).
+        max_searches: searches a trajectory may run (10); later ones get the limit notice.
+        docs_per_search: documents given to Reason-in-Documents per search (10).
+        max_tokens: tokens per generation (8192, the original's value for non-QwQ models).
+        temperature, top_p, top_k: sampling (0.7, 0.8, 20).
+        repetition_penalty: 1.0 (the original uses 1.05 for QwQ).
+        max_doc_words: each document is cut to this many words (None: whole documents).
+        seed: sampling seed.
+        fuse_depth: documents per list for ``final="fuse"``.
+    """
+
+    name = "search-o1"
+    search_tags = ("<|begin_search_query|>", "<|end_search_query|>")
+    answer_tags = None
+    result_tags = ("<|begin_search_result|>", "<|end_search_result|>")
+    condenses = True
+
+    def __init__(
+        self,
+        *,
+        final: str = "default",
+        max_turns: int = 15,
+        max_searches: int = 10,
+        docs_per_search: int = 10,
+        max_tokens: int = 8192,
+        temperature: float = 0.7,
+        top_p: float = 0.8,
+        top_k: int = 20,
+        repetition_penalty: float = 1.0,
+        max_doc_words: int | None = 512,
+        seed: int | None = 42,
+        fuse_depth: int = 100,
+        rrf_k: int = 60,
+    ) -> None:
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
+            repetition_penalty=repetition_penalty,
+        )
+        super().__init__(
+            params=params, max_turns=max_turns, max_searches=max_searches, final_turn=False,
+            docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
+            fuse_depth=fuse_depth, rrf_k=rrf_k,
+        )
+        self._hash: str | None = None
+
+    @property
+    def template_hash(self) -> str:  # type: ignore[override]
+        if self._hash is None:
+            self._hash = _templates_hash("search-o1", ("reason_in_documents",))
+        return self._hash
+
+    def initial_messages(self, task: Task, query: Query) -> list[Message]:
+        from r2med_agent.prompts import render
+
+        text = render(f"search-o1/{task.family}.j2", query=query.text, domain=task.domain,
+                      max_searches=self.max_searches)
+        return [{"role": "user", "content": text}]
+
+    def _notice(self, text: str) -> str:
+        return f"\n{self.result_tags[0]}\n{text}\n{self.result_tags[1]}\n"
+
+    def blocked_search(self, traj: Trajectory, query: str) -> str | None:
+        if not self.searches_left(traj):
+            return self._notice(SEARCH_LIMIT)
+        if query in traj.searches:
+            return self._notice(SEARCH_REPEATED)
+        return None
+
+    def condense_messages(
+        self, traj: Trajectory, body: str, query: str, docs: Sequence[Doc]
+    ) -> list[Message]:
+        from r2med_agent.prompts import render
+
+        # The running text plus this step's body, which ends with the query just issued.
+        reasoning = traj.text + body
+        documents = "".join(
+            f"**Document {i}** (id: {d.doc_id})\n{cut_words(d.text, self.max_doc_words)}\n\n"
+            for i, d in enumerate(docs, start=1)
+        ).strip()
+        text = render(
+            "search-o1/reason_in_documents.j2",
+            previous_steps=previous_steps(reasoning, self.search_tags[0], self.result_tags[0]),
+            search_query=query,
+            documents=documents or "(no documents found)",
+        )
+        return [{"role": "user", "content": text}]
+
+    def condense_insert(self, gen: Generation) -> tuple[str, str]:
+        info = extract_final_information(final_text(gen))
+        return info, f"\n\n{self.result_tags[0]}{info}{self.result_tags[1]}\n\n"
+
+    def final_response(self, traj: Trajectory) -> str:
+        last = traj.last
+        if last is not None and last.reasoning and last.finish_reason != "error":
+            text = last.final
+            for tag in (*self.search_tags, *self.result_tags):
+                text = text.replace(tag, " ")
+            return text.strip()
+        return self.model_text(traj)
+
+
+def previous_steps(reasoning: str, query_open: str, result_open: str, keep_last: int = 4) -> str:
+    """The "previous reasoning steps" shown to Reason-in-Documents, shortened as the original does.
+
+    Each non-empty line is a step (``Step i: ...``); with more than five steps, the first, the
+    last ``keep_last`` and every step holding a search query or result are kept and each run of
+    dropped steps becomes ``...``.
+    """
+    lines = [ln for ln in reasoning.replace("\r\n", "\n").split("\n") if ln.strip()]
+    steps = [f"Step {i}: {ln.strip()}" for i, ln in enumerate(lines, start=1)]
+    if len(steps) <= 5:
+        return "\n\n".join(steps)
+    out: list[str] = []
+    for i, step in enumerate(steps):
+        if i == 0 or i >= len(steps) - keep_last or query_open in step or result_open in step:
+            out.append(step)
+        elif not out or out[-1] != "...":
+            out.append("...")
+    return "\n\n".join(out)
+
+
+def extract_final_information(text: str) -> str:
+    """The text after the last ``**Final Information**`` marker, or the no-information notice."""
+    i = text.rfind(FINAL_INFORMATION)
+    if i == -1:
+        return NO_INFORMATION
+    info = text[i + len(FINAL_INFORMATION) :].strip().strip("`").strip()
+    return info or NO_INFORMATION

