@@ -1,0 +1,497 @@
+"""Text analysis for BM25: a fast Python match of pyserini's default Lucene English analyzer.
+
+R2MED's BM25 uses pyserini's ``get_lucene_analyzer()`` (Anserini's ``DefaultEnglishAnalyzer``)::
+
+    StandardTokenizer -> EnglishPossessiveFilter -> LowerCaseFilter -> StopFilter
+        -> PorterStemFilter
+
+This module reproduces that chain without Java:
+
+* **Tokenisation** follows ``StandardTokenizer`` (Unicode UAX#29 word boundaries) with one regular
+  expression: runs of letters, digits and underscores (combining marks stay inside a word), joined
+  across ``.``, ``'``, ``’`` or ``:`` between two letters (``u.s.a``, ``don't``) and across ``.``,
+  ``,``, ``;`` or ``'`` between two digits (``3.5``, ``1,000``); hyphens, slashes and other
+  punctuation split. One-character tokens are kept, as Lucene keeps them (bm25s's default pattern
+  ``\\w\\w+`` drops them, losing the ``b`` of "vitamin B 12" and one-letter gene names). Han
+  ideographs and Hiragana are one token per character, as in Lucene. Not reproduced (rare in
+  English text): the 255-character token limit and the Hebrew and Katakana special rules.
+  ASCII texts take an equivalent ASCII-only pattern, twice as fast.
+* **Possessives**: a trailing ``'s`` (also ``’s``, ``＇s``) is removed before the stopword test,
+  so ``it's`` is dropped as ``it``.
+* **Lowercasing**: ``str.lower`` (Java lowercases per code point; they differ for a few characters
+  such as ``İ`` and a word-final ``Σ``).
+* **Stopwords**: Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`` (33 words).
+* **Stemming**: Lucene's ``PorterStemmer`` is Martin Porter's reference implementation, which
+  departs from the published algorithm that PyStemmer's ``porter`` (Snowball) follows: it maps
+  ``-bli`` to ``-ble`` (Snowball: only ``-abli``) and ``-logi`` to ``-log`` (``possibly``,
+  ``cardiology``), undoubles any double consonant but ``l s z`` after removing ``-ed``/``-ing``
+  (Snowball: only ``bb dd ff gg mm nn pp rr tt``; ``trekking``), and leaves words of one or two
+  letters alone (``us``). PyStemmer (C) stems every distinct word; the few words those rules can
+  reach (about 3% of a vocabulary) are re-stemmed by :func:`lucene_porter_stem`, a port of
+  Lucene's class. The tests check the result equals the port on a real vocabulary.
+
+Work is done per distinct word, not per occurrence: occurrences become distinct-token ids through
+C-level dict lookups, and stopword removal and stemming are applied through a numpy lookup table.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+__all__ = [
+    "ENGLISH_STOP_WORDS",
+    "AnalyzedTexts",
+    "LuceneEnglishAnalyzer",
+    "lucene_porter_stem",
+]
+
+ENGLISH_STOP_WORDS: frozenset[str] = frozenset(
+    (
+        "a an and are as at be but by for if in into is it no not of on or such "
+        "that the their then there these they this to was will with"
+    ).split()
+)
+"""Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET``, the default of pyserini's analyzer."""
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+# Characters StandardTokenizer emits one at a time: CJK ideographs (with extensions and
+# compatibility ideographs) and Hiragana.
+_IDEO = "\u3040-\u309f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+
+
+def _category_class(categories: tuple[str, ...]) -> str:
+    """A regex character-class body holding every BMP character of the given Unicode categories."""
+    codes = [c for c in range(0x10000) if unicodedata.category(chr(c)) in categories]
+    parts: list[str] = []
+    start = prev = codes[0]
+    for c in [*codes[1:], -1]:
+        if c != prev + 1:
+            tail = "-" + re.escape(chr(prev)) if prev > start else ""
+            parts.append(re.escape(chr(start)) + tail)
+            start = c
+        prev = c
+    return "".join(parts)
+
+
+_MID_LETTER = ".:'\u2019\u2018\uff07\u00b7\u2027\ufe52\uff0e\ufe13\ufe55\uff1a"
+_MID_NUM = ".,;'\u2019\u2018\uff07\u066c\ufe50\ufe54\uff0c\uff1b\ufe52\uff0e"
+"""UAX#29 MidLetter/MidNumLet/Single_Quote (joining two letters) and MidNum/MidNumLet/Single_Quote
+(joining two digits)."""
+
+
+@functools.cache
+def _token_re() -> re.Pattern[str]:
+    """The tokenizer pattern (built on first use: the Unicode tables take a moment)."""
+    # Python's \w also matches "other numbers" (superscripts, fractions), which UAX#29 does not
+    # treat as word characters; combining marks and format characters (UAX#29 Extend/Format) do
+    # not break a word but are not \w.
+    other_num = _category_class(("No",))
+    extend = _category_class(("Mn", "Mc", "Me")) + "\u00ad\u200c\u200d\u2060\ufeff"
+    word = rf"[^\W{_IDEO}{other_num}]"  # letters, digits, underscore
+    letter = rf"[^\W\d_{_IDEO}{other_num}]"
+    chunk = rf"{word}+(?:[{extend}]+{word}*)*"
+    return re.compile(
+        rf"{chunk}(?:(?:(?<={letter})[{re.escape(_MID_LETTER)}](?={letter})"
+        rf"|(?<=\d)[{re.escape(_MID_NUM)}](?=\d)){chunk})*"
+        rf"|[{_IDEO}]"
+    )
+
+
+_ASCII_TOKEN_RE = re.compile(
+    r"[a-z0-9_]+(?:(?:(?<=[a-z])[.:'](?=[a-z])|(?<=[0-9])[.,;'](?=[0-9]))[a-z0-9_]+)*"
+)
+"""The same pattern restricted to lowercase ASCII text (twice as fast; most documents are ASCII)."""
+
+_POSSESSIVE_ENDINGS = ("'s", "\u2019s", "\uff07s")
+
+
+def _findall(text: str) -> list[str]:
+    """Raw tokens of lowercased ``text``."""
+    if text.isascii():
+        return _ASCII_TOKEN_RE.findall(text)
+    return _token_re().findall(text)
+
+
+def tokenize(text: str) -> list[str]:
+    """Split lowercased ``text`` into StandardTokenizer-like tokens (no stopwords, no stemming)."""
+    return [t for t in _findall(text.lower()) if not _only_underscores(t)]
+
+
+def _only_underscores(token: str) -> bool:
+    # StandardTokenizer emits no token made only of connector punctuation ("___").
+    return token[0] == "_" and not token.strip("_")
+
+
+# --- Lucene's Porter stemmer ------------------------------------------------------------------
+
+
+def lucene_porter_stem(word: str) -> str:
+    """Stem one lowercase word exactly as Lucene's ``PorterStemmer`` (``PorterStemFilter``) does.
+
+    A line-by-line port of ``org.apache.lucene.analysis.en.PorterStemmer`` (Martin Porter's
+    reference implementation). Pure Python, so slow: the analyzer uses it only for the words where
+    PyStemmer's Snowball ``porter`` can disagree.
+    """
+    return _PorterStemmer(word).stem()
+
+
+class _PorterStemmer:
+    """State of one stemming run; method names follow Lucene's class."""
+
+    __slots__ = ("b", "j", "k")
+
+    def __init__(self, word: str) -> None:
+        self.b = list(word)
+        self.k = len(word) - 1
+        self.j = 0
+
+    def cons(self, i: int) -> bool:
+        ch = self.b[i]
+        if ch in "aeiou":
+            return False
+        if ch == "y":
+            return True if i == 0 else not self.cons(i - 1)
+        return True
+
+    def m(self) -> int:
+        n = 0
+        i = 0
+        j = self.j
+        while True:
+            if i > j:
+                return n
+            if not self.cons(i):
+                break
+            i += 1
+        i += 1
+        while True:
+            while True:
+                if i > j:
+                    return n
+                if self.cons(i):
+                    break
+                i += 1
+            i += 1
+            n += 1
+            while True:
+                if i > j:
+                    return n
+                if not self.cons(i):
+                    break
+                i += 1
+            i += 1
+
+    def vowelinstem(self) -> bool:
+        return any(not self.cons(i) for i in range(self.j + 1))
+
+    def doublec(self, j: int) -> bool:
+        if j < 1 or self.b[j] != self.b[j - 1]:
+            return False
+        return self.cons(j)
+
+    def cvc(self, i: int) -> bool:
+        if i < 2 or not self.cons(i) or self.cons(i - 1) or not self.cons(i - 2):
+            return False
+        return self.b[i] not in "wxy"
+
+    def ends(self, s: str) -> bool:
+        length = len(s)
+        o = self.k - length + 1
+        if o < 0:
+            return False
+        if "".join(self.b[o : self.k + 1]) != s:
+            return False
+        self.j = self.k - length
+        return True
+
+    def setto(self, s: str) -> None:
+        o = self.j + 1
+        self.b[o:] = list(s)
+        self.k = self.j + len(s)
+
+    def r(self, s: str) -> None:
+        if self.m() > 0:
+            self.setto(s)
+
+    def step1(self) -> None:
+        b = self.b
+        if b[self.k] == "s":
+            if self.ends("sses"):
+                self.k -= 2
+            elif self.ends("ies"):
+                self.setto("i")
+            elif b[self.k - 1] != "s":
+                self.k -= 1
+            del b[self.k + 1 :]
+        if self.ends("eed"):
+            if self.m() > 0:
+                self.k -= 1
+        elif (self.ends("ed") or self.ends("ing")) and self.vowelinstem():
+            self.k = self.j
+            del b[self.k + 1 :]
+            if self.ends("at"):
+                self.setto("ate")
+            elif self.ends("bl"):
+                self.setto("ble")
+            elif self.ends("iz"):
+                self.setto("ize")
+            elif self.doublec(self.k):
+                ch = b[self.k]
+                self.k -= 1
+                if ch in "lsz":
+                    self.k += 1
+            elif self.m() == 1 and self.cvc(self.k):
+                self.setto("e")
+        del b[self.k + 1 :]
+
+    def step2(self) -> None:
+        if self.ends("y") and self.vowelinstem():
+            self.b[self.k] = "i"
+
+    _STEP3 = {
+        "a": (("ational", "ate"), ("tional", "tion")),
+        "c": (("enci", "ence"), ("anci", "ance")),
+        "e": (("izer", "ize"),),
+        "l": (("bli", "ble"), ("alli", "al"), ("entli", "ent"), ("eli", "e"), ("ousli", "ous")),
+        "o": (("ization", "ize"), ("ation", "ate"), ("ator", "ate")),
+        "s": (("alism", "al"), ("iveness", "ive"), ("fulness", "ful"), ("ousness", "ous")),
+        "t": (("aliti", "al"), ("iviti", "ive"), ("biliti", "ble")),
+        "g": (("logi", "log"),),
+    }
+    _STEP4 = {
+        "e": (("icate", "ic"), ("ative", ""), ("alize", "al")),
+        "i": (("iciti", "ic"),),
+        "l": (("ical", "ic"), ("ful", "")),
+        "s": (("ness", ""),),
+    }
+    _STEP5 = {
+        "a": ("al",),
+        "c": ("ance", "ence"),
+        "e": ("er",),
+        "i": ("ic",),
+        "l": ("able", "ible"),
+        "n": ("ant", "ement", "ment", "ent"),
+        "s": ("ism",),
+        "t": ("ate", "iti"),
+        "u": ("ous",),
+        "v": ("ive",),
+        "z": ("ize",),
+    }
+
+    def _replace_first(self, table: dict[str, tuple[tuple[str, str], ...]], key: str) -> None:
+        for suffix, repl in table.get(key, ()):
+            if self.ends(suffix):
+                self.r(repl)
+                del self.b[self.k + 1 :]
+                return
+
+    def step3(self) -> None:
+        if self.k == 0:
+            return
+        self._replace_first(self._STEP3, self.b[self.k - 1])
+
+    def step4(self) -> None:
+        self._replace_first(self._STEP4, self.b[self.k])
+
+    def step5(self) -> None:
+        if self.k == 0:
+            return
+        key = self.b[self.k - 1]
+        if key == "o":
+            matched = (
+                self.ends("ion") and self.j >= 0 and self.b[self.j] in "st"
+            ) or self.ends("ou")
+        else:
+            matched = any(self.ends(s) for s in self._STEP5.get(key, ()))
+        if matched and self.m() > 1:
+            self.k = self.j
+            del self.b[self.k + 1 :]
+
+    def step6(self) -> None:
+        self.j = self.k
+        if self.b[self.k] == "e":
+            a = self.m()
+            if a > 1 or (a == 1 and not self.cvc(self.k - 1)):
+                self.k -= 1
+        if self.b[self.k] == "l" and self.doublec(self.k) and self.m() > 1:
+            self.k -= 1
+        del self.b[self.k + 1 :]
+
+    def stem(self) -> str:
+        if self.k > 1:
+            self.step1()
+            self.step2()
+            self.step3()
+            self.step4()
+            self.step5()
+            self.step6()
+        return "".join(self.b[: self.k + 1])
+
+
+# Words where Snowball's "porter" and Lucene's PorterStemmer can disagree (see the module doc):
+# "-bli"/"-logi" forms reach step 2 only through a "bl" or "log" in the word, and the undoubling
+# difference needs a double consonant other than bdfgmnprt + l s z right before -ed/-ing(s).
+_SNOWBALL_DIFFERS = re.compile(r"bl|log|([^aeioulszbdfgmnprt])\1(?:ed|ing)s?$")
+
+
+# --- analyzer ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnalyzedTexts:
+    """Analyzed texts as term ids, stored flat: text ``i`` is ``ids[offsets[i]:offsets[i + 1]]``.
+
+    Terms keep their order and repetitions (a term occurring twice appears twice).
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def row(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i] : self.offsets[i + 1]]
+
+    def to_lists(self) -> list[list[int]]:
+        """One list of Python ints per text (the shape bm25s takes)."""
+        flat = self.ids.tolist()
+        bounds = self.offsets.tolist()
+        return [flat[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
+class LuceneEnglishAnalyzer:
+    """pyserini's default English analyzer (see the module doc), batched.
+
+    Attributes:
+        id: a string naming the analyzer and its version; part of every index cache key, so a
+            change in analysis (bump it) never reuses an index built by an older analyzer.
+    """
+
+    id = "lucene-english:standard-uax29:possessive:lower:stop33:porter-lucene:v1"
+
+    def __init__(self) -> None:
+        import Stemmer  # PyStemmer, a core dependency
+
+        self._stemmer = Stemmer.Stemmer("porter")
+        self._memo: dict[str, str | None] = {}
+
+    def analyze(self, text: str) -> list[str]:
+        """Terms of one text, in order (stopwords removed, stemmed)."""
+        return self.analyze_many([text])[0]
+
+    def analyze_many(self, texts: Sequence[str]) -> list[list[str]]:
+        """Terms of each text, in order."""
+        tokens = [tokenize(t) for t in texts]
+        terms = self._terms(set(chain.from_iterable(tokens)), remember=False)
+        return [[terms[t] for t in toks if terms[t] is not None] for toks in tokens]
+
+    def fit(
+        self, texts: Sequence[str], show_progress: bool = False
+    ) -> tuple[AnalyzedTexts, dict[str, int]]:
+        """Analyze a corpus and build its vocabulary.
+
+        Args:
+            texts: the documents.
+            show_progress: a progress bar over the texts while tokenizing.
+
+        Returns:
+            The texts as term ids, and the vocabulary ``{term: id}`` with ids ``0..V-1`` in order
+            of first occurrence.
+        """
+        raw_ids, offsets, raw_vocab = self._raw(texts, show_progress)
+        terms = self._terms(raw_vocab, remember=False)
+        vocab: dict[str, int] = {}
+        lookup = np.full(len(raw_vocab) + 1, -1, dtype=np.int64)
+        for i, raw in enumerate(raw_vocab):
+            term = terms[raw]
+            if term is not None:
+                lookup[i] = vocab.setdefault(term, len(vocab))
+        return _select(lookup[raw_ids], offsets), vocab
+
+    def transform(self, texts: Sequence[str], vocab: dict[str, int]) -> AnalyzedTexts:
+        """Analyze texts against an existing vocabulary; terms outside it are dropped."""
+        raw_ids, offsets, raw_vocab = self._raw(texts)
+        terms = self._terms(raw_vocab)
+        lookup = np.full(len(raw_vocab) + 1, -1, dtype=np.int64)
+        for i, raw in enumerate(raw_vocab):
+            term = terms[raw]
+            if term is not None:
+                lookup[i] = vocab.get(term, -1)
+        return _select(lookup[raw_ids], offsets)
+
+    # -- internals --
+
+    @staticmethod
+    def _raw(
+        texts: Sequence[str], show_progress: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Tokenize; return occurrence ids into the list of distinct raw tokens, and offsets."""
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            texts = tqdm(texts, desc="BM25 analyze", unit="doc", leave=False)
+        per_text = [_findall(t.lower()) for t in texts]
+        offsets = np.zeros(len(per_text) + 1, dtype=np.int64)
+        lengths = np.fromiter(map(len, per_text), dtype=np.int64, count=len(per_text))
+        np.cumsum(lengths, out=offsets[1:])
+        flat = list(chain.from_iterable(per_text))
+        index = dict.fromkeys(flat)
+        raw_vocab = list(index)
+        index.update(zip(raw_vocab, range(len(raw_vocab))))
+        raw_ids = np.fromiter(map(index.__getitem__, flat), dtype=np.int64, count=len(flat))
+        return raw_ids, offsets, raw_vocab
+
+    def _terms(self, raw_tokens: Iterable[str], remember: bool = True) -> dict[str, str | None]:
+        """Map distinct raw tokens to their term (None: dropped), stemming each new word once.
+
+        With ``remember``, results are kept for later calls (queries repeat words across calls;
+        a corpus's vocabulary is analyzed once and not kept).
+        """
+        memo = self._memo
+        out: dict[str, str | None] = {}
+        new_raw: list[str] = []
+        words: list[str] = []
+        for raw in raw_tokens:
+            if raw in memo:
+                out[raw] = memo[raw]
+                continue
+            word = raw[:-2] if raw.endswith(_POSSESSIVE_ENDINGS) else raw
+            if not word or word in ENGLISH_STOP_WORDS or _only_underscores(word):
+                out[raw] = None
+            else:
+                new_raw.append(raw)
+                words.append(word)
+        out.update(zip(new_raw, self._stem_words(words)))
+        if remember:
+            memo.update(out)
+        return out
+
+    def _stem_words(self, words: list[str]) -> list[str]:
+        stems = self._stemmer.stemWords(words)
+        search = _SNOWBALL_DIFFERS.search
+        for i, word in enumerate(words):
+            if len(word) <= 2:
+                stems[i] = word
+            elif search(word):
+                stems[i] = lucene_porter_stem(word)
+        return stems
+
+
+def _select(term_ids: np.ndarray, offsets: np.ndarray) -> AnalyzedTexts:
+    """Drop the -1 entries (stopwords, unknown terms) and recompute per-text offsets."""
+    keep = term_ids >= 0
+    kept_before = np.zeros(len(term_ids) + 1, dtype=np.int64)
+    np.cumsum(keep, out=kept_before[1:])
+    return AnalyzedTexts(ids=term_ids[keep].astype(np.int32), offsets=kept_before[offsets])

@@ -1,0 +1,512 @@
+"""BM25 retriever: analyzer, Lucene scoring, R2MED's gensim scoring, the saved index, combine rules.
+
+The corpus is real English text present wherever Python is: docstrings of the standard library
+(read from ``sysconfig.get_paths()["stdlib"]``), about 3,000 of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+import sysconfig
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.retrieval import analysis
+from r2med_agent.retrieval.analysis import (
+    ENGLISH_STOP_WORDS,
+    LuceneEnglishAnalyzer,
+    lucene_porter_stem,
+    tokenize,
+)
+from r2med_agent.retrieval.base import Retriever
+from r2med_agent.retrieval.bm25 import BM25Retriever, bm25_query_text, index_key
+from r2med_agent.types import Doc, Query, SearchRequest, Task
+
+K1, B = 0.9, 0.4
+_DOCSTRING = re.compile(r'"""(.*?)"""', re.S)
+
+
+def _stdlib_docstrings(n: int, min_words: int = 25) -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    seen: set[str] = set()
+    out: list[str] = []
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for m in _DOCSTRING.finditer(source):
+            text = " ".join(m.group(1).split())
+            if len(text.split()) >= min_words and text not in seen:
+                seen.add(text)
+                out.append(text)
+                if len(out) == n:
+                    return out
+    return out
+
+
+def make_task(texts: Sequence[str], name: str = "stdlib", ids: Sequence[str] | None = None) -> Task:
+    ids = list(ids) if ids is not None else [f"d{i}" for i in range(len(texts))]
+    corpus = tuple(Doc(i, t) for i, t in zip(ids, texts))
+    h = hashlib.sha256()
+    for d in corpus:
+        h.update(f"{len(d.doc_id)}:{d.doc_id}|{len(d.text)}:{d.text}\n".encode())
+    return Task(
+        name=name, family="qa", domain="python", queries=(Query("q0", "x"),), corpus=corpus,
+        qrels={}, source="test: stdlib docstrings", fingerprint=h.hexdigest(),
+    )
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    docs = _stdlib_docstrings(3000)
+    if len(docs) < 1000:
+        pytest.skip(f"only {len(docs)} standard-library docstrings found")
+    return docs
+
+
+@pytest.fixture(scope="module")
+def task(texts: list[str]) -> Task:
+    return make_task(texts)
+
+
+@pytest.fixture(scope="module")
+def index_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bm25-index")
+
+
+@pytest.fixture(scope="module")
+def lucene(task: Task, index_root: Path) -> BM25Retriever:
+    return BM25Retriever.for_task(task, index_root=index_root, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def compat(task: Task, index_root: Path) -> BM25Retriever:
+    return BM25Retriever.for_task(task, mode="r2med-compat", index_root=index_root,
+                                  show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def queries(texts: list[str]) -> list[SearchRequest]:
+    """Real queries: word windows cut from documents (short and long), plus a repeated-term query."""
+    rng = np.random.default_rng(7)
+    out = []
+    for n, i in enumerate(rng.choice(len(texts), size=24, replace=False).tolist()):
+        words = texts[i].split()
+        size = [6, 15, 60][n % 3]
+        start = int(rng.integers(0, max(1, len(words) - size)))
+        out.append(SearchRequest(f"q{n}", " ".join(words[start : start + size])))
+    out.append(SearchRequest("rep", "socket socket socket timeout"))
+    return out
+
+
+def analyzed_corpus(texts: Sequence[str]) -> list[list[str]]:
+    return LuceneEnglishAnalyzer().analyze_many(texts)
+
+
+def assert_ranking(
+    got: dict[str, float], ref: np.ndarray, doc_ids: list[str], k: int, rtol: float = 1e-5
+) -> None:
+    """``got`` is a correct top-``k`` of the reference scores ``ref`` (all documents).
+
+    Each returned score equals the reference score of that document; the returned scores are the
+    k best reference scores; the order is by score; and where the reference has no tie at the
+    cut, the returned documents are exactly the reference's top k.
+    """
+    pos = {d: i for i, d in enumerate(doc_ids)}
+    positive = int((ref > 0).sum())
+    assert len(got) == min(k, positive)
+    ours = np.array(list(got.values()))
+    np.testing.assert_allclose(ours, ref[[pos[d] for d in got]], rtol=rtol, atol=1e-6)
+    best = np.sort(ref)[::-1][: len(got)]
+    np.testing.assert_allclose(ours, best, rtol=rtol, atol=1e-6)
+    assert all(ours[i] >= ours[i + 1] for i in range(len(ours) - 1))
+    if len(got) < positive:
+        order = np.argsort(-ref, kind="stable")
+        gap = ref[order[len(got) - 1]] - ref[order[len(got)]]
+        if gap > 1e-4 * ref[order[0]]:
+            assert set(got) == {doc_ids[i] for i in order[: len(got)]}
+
+
+# --- analyzer ---------------------------------------------------------------------------------
+
+
+def test_stopwords_are_lucenes_33_english_stopwords() -> None:
+    assert len(ENGLISH_STOP_WORDS) == 33
+    assert {"a", "the", "such", "their", "will", "with", "into"} <= ENGLISH_STOP_WORDS
+    assert not {"he", "she", "from", "have", "which"} & ENGLISH_STOP_WORDS
+
+
+def test_analyzer_follows_the_lucene_english_chain() -> None:
+    a = LuceneEnglishAnalyzer()
+    # possessive removed before the stopword test ("it's" -> "it" -> dropped); one-letter tokens
+    # kept ("b"); dots between letters and digits join (u.s.a, 3.5); hyphen and slash split;
+    # Lucene's Porter: -bli -> -ble (possibly), undoubling kk (trekking), 2-letter words unstemmed.
+    got = a.analyze(
+        "The Patient's U.S.A. vitamin B 12 dose: 3.5 mg/kg, possibly trekking. It's COVID-19 as us"
+    )
+    assert got == ["patient", "u.s.a", "vitamin", "b", "12", "dose", "3.5", "mg", "kg",
+                   "possibl", "trek", "covid", "19", "us"]
+    assert a.analyze("the of and to") == []
+    assert a.analyze("") == []
+    assert a.analyze("Patients’ caresses, ponies; relational agreed") == [
+        "patient", "caress", "poni", "relat", "agre"]
+
+
+def test_lucene_porter_port_on_classic_examples() -> None:
+    # Examples from Porter's paper and the comments of Lucene's PorterStemmer.
+    cases = {
+        "caresses": "caress", "ponies": "poni", "ties": "ti", "cats": "cat", "feed": "feed",
+        "agreed": "agre", "disabled": "disabl", "matting": "mat", "mating": "mate",
+        "meeting": "meet", "milling": "mill", "messing": "mess", "meetings": "meet",
+        "generalizations": "gener", "oscillators": "oscil", "conditional": "condit",
+        "hopefulness": "hope", "sensibility": "sensibl", "electrical": "electr",
+        "possibly": "possibl", "cardiology": "cardiolog", "revving": "rev", "as": "as", "is": "is",
+    }
+    assert {w: lucene_porter_stem(w) for w in cases} == cases
+
+
+def test_hybrid_stemming_equals_lucene_porter_on_a_real_vocabulary(texts: list[str]) -> None:
+    import Stemmer
+
+    vocab = sorted({t for text in texts for t in tokenize(text)})
+    a = LuceneEnglishAnalyzer()
+    fast = a._stem_words(list(vocab))
+    exact = [lucene_porter_stem(w) for w in vocab]
+    assert fast == exact
+    # the test exercises the three differences between Snowball's "porter" and Lucene's
+    snowball = Stemmer.Stemmer("porter").stemWords(vocab)
+    differs = [w for w, s, e in zip(vocab, snowball, exact) if s != e]
+    assert len(differs) >= 5, differs
+
+
+def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
+    samples = [t.lower() for t in texts[:800] if t.isascii()]
+    samples.append("u.s.a. 1,000;2 x_1 ___ don't a:b 3.5. 'quoted' end.")
+    for s in samples:
+        assert analysis._ASCII_TOKEN_RE.findall(s) == analysis._token_re().findall(s)
+
+
+def test_tokenizer_agrees_with_unicode_word_boundaries(texts: list[str]) -> None:
+    """Lucene's StandardTokenizer implements UAX#29; the `regex` module implements it too."""
+    regex = pytest.importorskip("regex")
+    boundary = regex.compile(r"\b", flags=regex.WORD | regex.V1)
+    word = regex.compile(r"[\p{L}\p{Nd}]")
+    extra = ["Naïve café (e\u0301) résumé: ｶﾀｶﾅ ＡＢＣ x² 1,000.5 ½ dose’s l’hôpital"]
+
+    def uax29(text: str) -> list[str]:
+        text = text.lower()
+        cuts = [m.start() for m in boundary.finditer(text)]
+        segments = [text[a:b].lstrip("'") for a, b in zip(cuts, cuts[1:])]
+        return [s for s in segments if word.search(s)]
+
+    for text in texts[:1500] + extra:
+        assert tokenize(text) == uax29(text), text[:80]
+    assert tokenize("中文字 abc") == ["中", "文", "字", "abc"]  # ideographs one by one, as Lucene
+
+
+def test_fit_and_transform_share_ids_and_drop_unknown_terms() -> None:
+    a = LuceneEnglishAnalyzer()
+    docs, vocab = a.fit(["Cats chase mice.", "", "The mice run; the cats sleep."])
+    assert vocab == {"cat": 0, "chase": 1, "mice": 2, "run": 3, "sleep": 4}
+    assert docs.to_lists() == [[0, 1, 2], [], [2, 3, 0, 4]]
+    q = a.transform(["running cats zebra", "zebra", "cat cat"], vocab)
+    assert q.to_lists() == [[3, 0], [], [0, 0]]
+
+
+# --- lucene mode --------------------------------------------------------------------------------
+
+
+def test_lucene_mode_top10_equals_an_independent_bm25_computation(
+    task: Task, texts: list[str], lucene: BM25Retriever, queries: list[SearchRequest]
+) -> None:
+    # Lucene BM25 written out: idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
+    # tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)), summed over the query's tokens (a
+    # repeated query token counts each time, as pyserini's bag-of-words query boosts it).
+    # Lucene >= 8 and bm25s drop the constant factor (k1 + 1), so our scores are these / (k1 + 1).
+    docs = analyzed_corpus(texts)
+    n = len(docs)
+    dl = np.array([len(d) for d in docs], dtype=float)
+    avgdl = dl.mean()
+    df = Counter(t for d in docs for t in set(d))
+    postings: dict[str, list[tuple[int, int]]] = {}
+    for i, d in enumerate(docs):
+        for t, tf in Counter(d).items():
+            postings.setdefault(t, []).append((i, tf))
+    analyzer = LuceneEnglishAnalyzer()
+    run = lucene.search(queries, 10)
+    doc_ids = [d.doc_id for d in task.corpus]
+    assert list(run) == [q.query_id for q in queries]
+    for q in queries:
+        ref = np.zeros(n)
+        for t in analyzer.analyze(q.query):
+            if t not in df:
+                continue
+            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            for i, tf in postings[t]:
+                ref[i] += idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl[i] / avgdl))
+        assert run[q.query_id], q.query
+        assert_ranking(run[q.query_id], ref / (K1 + 1), doc_ids, 10)
+        assert all(type(s) is float for s in run[q.query_id].values())
+
+
+def test_repeated_query_terms_count_each_time(lucene: BM25Retriever) -> None:
+    run = lucene.search([SearchRequest("one", "socket timeout"),
+                         SearchRequest("two", "socket socket timeout")], 5)
+    assert run["one"] and run["two"]
+    assert list(run["one"].values()) != list(run["two"].values())
+
+
+# --- r2med-compat mode ----------------------------------------------------------------------------
+
+
+def test_compat_mode_matches_r2meds_gensim_pipeline(
+    task: Task, texts: list[str], compat: BM25Retriever, queries: list[SearchRequest]
+) -> None:
+    """R2MED's eval_bench_BM25.retrieval_bm25, with our analyzer in place of pyserini's."""
+    gensim = pytest.importorskip("gensim")
+    from gensim.corpora import Dictionary
+    from gensim.models import LuceneBM25Model
+    from gensim.similarities import SparseMatrixSimilarity
+
+    del gensim
+    corpus = analyzed_corpus(texts)
+    dictionary = Dictionary(corpus)
+    model = LuceneBM25Model(dictionary=dictionary, k1=K1, b=B)
+    bm25_corpus = model[list(map(dictionary.doc2bow, corpus))]
+    index = SparseMatrixSimilarity(bm25_corpus, num_docs=len(corpus), num_terms=len(dictionary),
+                                   normalize_queries=False, normalize_documents=False)
+    analyzer = LuceneEnglishAnalyzer()
+    doc_ids = [d.doc_id for d in task.corpus]
+    run10 = compat.search(queries, 10)
+    run100 = compat.search(queries[:6], 100)
+    for q in queries:
+        sims = np.asarray(index[model[dictionary.doc2bow(analyzer.analyze(q.query))]], dtype=float)
+        assert_ranking(run10[q.query_id], sims, doc_ids, 10)
+        if q.query_id in run100:
+            assert_ranking(run100[q.query_id], sims, doc_ids, 100)
+
+
+def test_compat_mode_weights_the_query_side(compat: BM25Retriever, lucene: BM25Retriever) -> None:
+    # gensim turns the query bag-of-words into BM25 weights: a term repeated in the query gains
+    # less than linearly, and the scores are not the lucene mode's.
+    reqs = [SearchRequest("q", "socket timeout error connection connection")]
+    a, b = compat.search(reqs, 10)["q"], lucene.search(reqs, 10)["q"]
+    assert a and b
+    assert not np.allclose(list(a.values()), list(b.values()))
+
+
+# --- both modes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["lucene", "r2med-compat"])
+def test_dense_block_and_posting_lists_give_the_same_ranking(
+    mode: str, task: Task, index_root: Path, queries: list[SearchRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from r2med_agent.retrieval import bm25
+
+    def search(budget: int, min_df: float) -> dict:
+        monkeypatch.setattr(bm25._ScoreMatrix, "DENSE_BUDGET", budget)
+        monkeypatch.setattr(bm25._ScoreMatrix, "DENSE_MIN_DF", min_df)
+        r = BM25Retriever.for_task(task, mode=mode, index_root=index_root, show_progress=False)
+        return r.search(queries, 20)
+
+    sparse_only = search(0, 1 / 20)
+    mostly_dense = search(2**25, 1 / len(task.corpus))  # ~2,800 terms, df >= 2
+    assert list(sparse_only) == list(mostly_dense)
+    for qid, a in sparse_only.items():
+        b = mostly_dense[qid]
+        np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
+        common = a.keys() & b.keys()  # equal but for near-ties at the cut
+        assert len(common) >= len(a) - 2
+        np.testing.assert_allclose([a[d] for d in common], [b[d] for d in common], rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["lucene", "r2med-compat"])
+def test_every_qid_present_and_non_matching_queries_are_empty(
+    mode: str, task: Task, index_root: Path
+) -> None:
+    r = BM25Retriever.for_task(task, mode=mode, index_root=index_root, show_progress=False)
+    reqs = [
+        SearchRequest("nothing", "zzqxv qqqqzz"),
+        SearchRequest("stop", "the of and to it"),
+        SearchRequest("blank", ""),
+        SearchRequest("real", "return the socket timeout"),
+        SearchRequest("hyde-empty", "zzqxv", "", "hyde"),
+    ]
+    run = r.search(reqs, 10)
+    assert list(run) == [q.query_id for q in reqs]
+    assert run["nothing"] == run["stop"] == run["blank"] == run["hyde-empty"] == {}
+    assert 0 < len(run["real"]) <= 10
+    assert isinstance(r, Retriever)
+    assert r.name == {"lucene": "bm25", "r2med-compat": "bm25-compat"}[mode]
+
+
+@pytest.mark.parametrize("mode", ["lucene", "r2med-compat"])
+def test_k_is_capped_and_zero_score_docs_are_not_matches(mode: str, tmp_path: Path) -> None:
+    t = make_task(["aspirin reduces fever", "insulin lowers glucose", "fever and cough in children"],
+                  name="tiny")
+    r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
+    run = r.search([SearchRequest("a", "fever"), SearchRequest("b", "glucose fever aspirin")], 100)
+    assert set(run["a"]) == {"d0", "d2"}
+    assert list(run["b"])[0] == "d0" and set(run["b"]) == {"d0", "d1", "d2"}
+    assert all(s > 0 for s in run["b"].values())
+
+
+# --- the saved index -----------------------------------------------------------------------------
+
+
+def test_index_is_saved_then_loaded_without_reindexing(
+    texts: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = make_task(texts[:400], name="Bio logy/x")
+    reqs = [SearchRequest("q", "socket timeout"), SearchRequest("r", "unicode string")]
+    for mode in ("lucene", "r2med-compat"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.bm25"):
+            first = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
+            second = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
+        assert first.built_index and not second.built_index
+        assert first.index_dir == second.index_dir
+        assert first.index_dir.parent == tmp_path
+        assert (first.index_dir / "meta.json").is_file()
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum(m.startswith("indexed 400 docs") for m in messages) == 1
+        assert sum(m.startswith(f"loaded BM25 index from {first.index_dir}") for m in messages) == 1
+        assert second.search(reqs, 20) == first.search(reqs, 20)
+    assert sorted(p.name.startswith("Bio-logy-x-") for p in tmp_path.iterdir()) == [True, True]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+def test_default_index_root_is_the_cache_dir(texts: list[str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path))
+    r = BM25Retriever.for_task(make_task(texts[:50]), show_progress=False)
+    assert r.index_dir.parent == tmp_path / "bm25"
+
+
+def test_index_key_changes_with_corpus_mode_and_parameters(texts: list[str]) -> None:
+    a = make_task(texts[:20])
+    b = make_task(texts[:19] + [texts[20]])
+    aid = LuceneEnglishAnalyzer.id
+    base = index_key(a, "lucene", 0.9, 0.4, aid)
+    assert base == index_key(a, "lucene", 0.9, 0.4, aid)
+    others = [
+        index_key(b, "lucene", 0.9, 0.4, aid),
+        index_key(a, "r2med-compat", 0.9, 0.4, aid),
+        index_key(a, "lucene", 1.2, 0.4, aid),
+        index_key(a, "lucene", 0.9, 0.75, aid),
+        index_key(a, "lucene", 0.9, 0.4, aid + "-v2"),
+    ]
+    assert len({base, *others}) == 6
+
+
+def test_changed_parameters_build_a_new_index(texts: list[str], tmp_path: Path) -> None:
+    t = make_task(texts[:100])
+    r1 = BM25Retriever.for_task(t, index_root=tmp_path, show_progress=False)
+    r2 = BM25Retriever.for_task(t, k1=1.2, index_root=tmp_path, show_progress=False)
+    r3 = BM25Retriever.for_task(t, k1=1.2, index_root=tmp_path, show_progress=False)
+    assert r1.built_index and r2.built_index and not r3.built_index
+    assert r1.index_dir != r2.index_dir
+    req = [SearchRequest("q", "return a string value")]
+    assert r1.search(req, 5)["q"] != r2.search(req, 5)["q"]
+
+
+def test_saved_index_of_other_documents_is_rebuilt(texts: list[str], tmp_path: Path) -> None:
+    # Same fingerprint (a careless caller), other document ids: the saved ids catch it.
+    t1 = make_task(texts[:60])
+    t2 = make_task(texts[:60], ids=[f"x{i}" for i in range(60)])
+    object.__setattr__(t2, "fingerprint", t1.fingerprint)
+    BM25Retriever.for_task(t1, index_root=tmp_path, show_progress=False)
+    r = BM25Retriever.for_task(t2, index_root=tmp_path, show_progress=False)
+    assert r.built_index
+    hits = r.search([SearchRequest("q", texts[3])], 3)["q"]
+    assert next(iter(hits)) == "x3"
+
+
+def test_incomplete_or_corrupt_saved_index_is_rebuilt(texts: list[str], tmp_path: Path) -> None:
+    t = make_task(texts[:40])
+    first = BM25Retriever.for_task(t, index_root=tmp_path, show_progress=False)
+    (first.index_dir / "meta.json").write_text("{not json", encoding="utf-8")
+    second = BM25Retriever.for_task(t, index_root=tmp_path, show_progress=False)
+    assert second.built_index
+    (second.index_dir / "meta.json").unlink()  # e.g. a folder copied by hand, half
+    third = BM25Retriever.for_task(t, index_root=tmp_path, show_progress=False)
+    assert third.built_index
+    fourth = BM25Retriever.for_task(t, index_root=tmp_path, show_progress=False)
+    assert not fourth.built_index
+    req = [SearchRequest("q", texts[5])]
+    assert fourth.search(req, 3) == first.search(req, 3)
+
+
+def test_a_failed_save_leaves_nothing_behind(texts: list[str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from r2med_agent.retrieval import bm25
+
+    def boom(self, folder: Path, show_progress: bool) -> None:
+        (folder / "partial.npy").write_bytes(b"x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bm25._CompatIndex, "save", boom)
+    with pytest.raises(OSError, match="disk full"):
+        BM25Retriever.for_task(make_task(texts[:30]), mode="r2med-compat", index_root=tmp_path,
+                               show_progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- combine rules and errors --------------------------------------------------------------------
+
+
+def test_combine_rules() -> None:
+    def text(rule: str, expansion: str = "EXP") -> str:
+        return bm25_query_text(SearchRequest("q", "QUERY", expansion, rule))  # type: ignore[arg-type]
+
+    assert text("none") == "QUERY"
+    assert text("hyde") == "EXP"
+    assert text("query2doc") == "QUERY QUERY EXP"
+    assert text("lamer") == "QUERY EXP"
+    assert text("reasoning") == "EXP"
+    for rule in ("hyde", "query2doc", "lamer", "reasoning"):
+        assert text(rule, "  ") == "QUERY"
+    with pytest.raises(ConfigError, match="allowed: none, hyde, query2doc, lamer, reasoning"):
+        text("bogus")
+
+
+def test_search_applies_the_combine_rule_and_warns_once_on_blank_expansions(
+    lucene: BM25Retriever, caplog: pytest.LogCaptureFixture
+) -> None:
+    hyde = SearchRequest("h", "zzqxv", "socket timeout", "hyde")
+    plain = SearchRequest("p", "socket timeout")
+    blank = [SearchRequest(f"b{i}", "socket timeout", "", "lamer") for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.bm25"):
+        run = lucene.search([hyde, plain, *blank], 5)
+    assert run["h"] == run["p"] == run["b0"] == run["b2"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "3 'lamer' request(s)" in warnings[0]
+
+
+def test_bad_options_raise_actionable_errors(task: Task, tmp_path: Path,
+                                             lucene: BM25Retriever) -> None:
+    with pytest.raises(ConfigError, match="allowed: lucene, r2med-compat"):
+        BM25Retriever.for_task(task, mode="okapi", index_root=tmp_path)
+    with pytest.raises(ConfigError, match="b must be between 0 and 1"):
+        BM25Retriever.for_task(task, b=1.5, index_root=tmp_path)
+    with pytest.raises(ConfigError, match="k1"):
+        BM25Retriever.for_task(task, k1=-1, index_root=tmp_path)
+    with pytest.raises(DataError, match="empty corpus"):
+        BM25Retriever.for_task(make_task([]), index_root=tmp_path)
+    with pytest.raises(DataError, match="no document has an indexable term"):
+        BM25Retriever.for_task(make_task(["the a of", ""]), index_root=tmp_path)
+    with pytest.raises(ConfigError, match="k must be a positive integer"):
+        lucene.search([SearchRequest("q", "x")], 0)
+    with pytest.raises(ValueError, match="appears twice"):
+        lucene.search([SearchRequest("q", "x"), SearchRequest("q", "y")], 5)
