@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import re
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -45,54 +43,9 @@ from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
 from r2med_agent.retrieval.bm25 import BM25Retriever
 from r2med_agent.types import Doc, Query, SearchRequest, Task
 
-_DOCSTRING = re.compile(r'"""(.*?)"""|\'\'\'(.*?)\'\'\'', re.S)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+from realtext import passages, sentence_pool  # benchmarks/realtext.py
+
 _TOP = 100
-
-
-def sentence_pool(min_words: int) -> tuple[list[str], np.ndarray, int]:
-    """Sentences of docstrings from the standard library, then installed packages (sorted paths).
-
-    Reading stops once the pool holds ``min_words`` words. Returns the sentences, their word
-    counts, and the number of files read.
-    """
-    roots = [Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])]
-    sentences: list[str] = []
-    total = 0
-    files = 0
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            try:
-                source = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            files += 1
-            for m in _DOCSTRING.finditer(source):
-                text = " ".join((m.group(1) or m.group(2) or "").split())
-                for s in _SENTENCE_END.split(text):
-                    n = s.count(" ") + 1
-                    if n >= 4:
-                        sentences.append(s)
-                        total += n
-            if total >= min_words:
-                return sentences, np.array([s.count(" ") + 1 for s in sentences]), files
-    return sentences, np.array([s.count(" ") + 1 for s in sentences]), files
-
-
-def passages(sentences: list[str], n: int, lo: int, hi: int, seed: int) -> list[str]:
-    """``n`` passages of ``lo``-``hi`` words, each consecutive sentences from a random start."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(lo, hi + 1, size=n)
-    starts = rng.integers(0, len(sentences), size=n)
-    out = []
-    for start, length in zip(starts.tolist(), lengths.tolist()):
-        words: list[str] = []
-        i = start
-        while len(words) < length:
-            words.extend(sentences[i % len(sentences)].split())
-            i += 1
-        out.append(" ".join(words[:length]))
-    return out
 
 
 def make_task(n_docs: int, n_queries: int, seed: int) -> tuple[Task, int, int]:

@@ -26,58 +26,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import logging
-import pkgutil
-import random
-import re
 import sys
 import time
-import warnings
 
 import numpy as np
 
-
-def stdlib_sentences() -> list[str]:
-    """Sentences from the docstrings of the standard library (modules, classes, functions)."""
-    names = sorted(
-        m.name for m in pkgutil.iter_modules()
-        if m.module_finder and "site-packages" not in str(getattr(m.module_finder, "path", ""))
-        and not m.name.startswith("_") and m.name not in {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"}
-    )
-    seen: set[str] = set()
-    out: list[str] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in names:
-            try:
-                mod = __import__(name)
-            except Exception:  # noqa: BLE001 - some stdlib modules do not import on every platform
-                continue
-            objs = [mod, *[v for _, v in inspect.getmembers(mod) if inspect.isclass(v) or inspect.isfunction(v)]]
-            for obj in objs:
-                doc = inspect.getdoc(obj) or ""
-                if len(doc) < 40 or doc in seen:
-                    continue
-                seen.add(doc)
-                text = re.sub(r"\s+", " ", doc)
-                out.extend(s for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 3)
-    return out
-
-
-def passages(sentences: list[str], n: int, lo: int, hi: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        start = rng.randrange(len(sentences))
-        target = rng.randint(lo, hi)
-        words: list[str] = []
-        i = start
-        while len(words) < target:
-            words.extend(sentences[i % len(sentences)].split())
-            i += 1
-        out.append(" ".join(words[:target]))
-    return out
+from realtext import passages, sentence_pool  # benchmarks/realtext.py
 
 
 def timed(fn, *args, **kwargs):
@@ -107,7 +62,8 @@ def main() -> int:
     from r2med_agent.types import SearchRequest
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    sents = stdlib_sentences()
+    # Enough sentences for the documents and queries, from stdlib docstrings first.
+    sents, _, _ = sentence_pool(args.docs * 150 + args.queries * 60)
     docs = passages(sents, args.docs, 20, 150, args.seed)
     queries = passages(sents, args.queries, 10, 60, args.seed + 1)
     spec = dataclasses.replace(get_encoder_spec("minilm"), batch_size=args.batch_size)

@@ -162,33 +162,3 @@ def read_trec_run(path) -> Run:
                 raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
             run[qid][doc] = value
     return run
-
-
-def read_trec_qrels(path) -> Qrels:
-    """Read TREC qrels (``qid 0 docid grade``, or 3 columns ``qid docid grade``)."""
-    from r2med_agent.errors import DataError
-
-    qrels: Qrels = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) == 4:
-                qid, _, doc, grade = parts
-            elif len(parts) == 3:
-                qid, doc, grade = parts
-            else:
-                raise DataError(
-                    f"expected 'qid 0 docid grade' (or 'qid docid grade'), got {len(parts)} columns",
-                    path,
-                    lineno,
-                )
-            try:
-                g = int(grade)
-            except ValueError:
-                if lineno == 1:  # a header line such as 'query-id corpus-id score'
-                    continue
-                raise DataError(f"grade '{grade}' is not an integer", path, lineno) from None
-            qrels.setdefault(qid, {})[doc] = g
-    return qrels

@@ -12,7 +12,6 @@ from r2med_agent.evaluation import (
     DEFAULT_METRICS,
     average_over_tasks,
     evaluate,
-    read_trec_qrels,
     read_trec_run,
     trec_sorted,
     truncate,
@@ -129,7 +128,7 @@ def test_trec_run_round_trip(tmp_path):
     }
 
 
-def test_bad_run_and_qrels_lines_name_file_and_line(tmp_path):
+def test_bad_run_lines_name_file_and_line(tmp_path):
     run = tmp_path / "bad.run"
     run.write_text("q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2 x t\n")
     with pytest.raises(DataError, match=r"bad\.run:2: score 'x'"):
@@ -137,9 +136,4 @@ def test_bad_run_and_qrels_lines_name_file_and_line(tmp_path):
     run.write_text("q1 Q0 d1 1 1.0\n")
     with pytest.raises(DataError, match=r"bad\.run:1: expected 6 columns"):
         read_trec_run(run)
-    qrels = tmp_path / "q.txt"
-    qrels.write_text("query-id corpus-id score\nq1 d1 1\nq1 0 d2 1\nq2 d3 x\n")
-    with pytest.raises(DataError, match=r"q\.txt:4: grade 'x'"):
-        read_trec_qrels(qrels)
-    qrels.write_text("query-id corpus-id score\nq1 d1 1\nq1 0 d2 1\n")
-    assert read_trec_qrels(qrels) == {"q1": {"d1": 1, "d2": 1}}
+    # Qrels files are read by the data layer (r2med_agent.data.read_qrels_file, tested there).

@@ -80,6 +80,10 @@ def test_expansion_sends_all_tasks_in_one_llm_call_and_reuses_the_cache(tmp_path
     second = run_experiment(cfg, llm=llm2)
     assert backend2.calls == []
     assert [o.stats["cache_hits"] for o in second.outcomes] == [12, 2]
+    # Cost columns describe the method's generations, whether this run made them or not.
+    for key in ("prompt_tokens", "completion_tokens", "llm_time_s"):
+        assert [o.stats[key] for o in second.outcomes] == [o.stats[key] for o in first.outcomes]
+    assert all(o.stats["llm_time_new_s"] == 0 for o in second.outcomes)
     assert second.average == first.average
 
 

@@ -145,10 +145,11 @@ def evaluate_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Score a TREC run file against qrels with trec_eval semantics; every qrels query counts."""
-    from r2med_agent.evaluation import evaluate, read_trec_qrels, read_trec_run
+    from r2med_agent.data import read_qrels_file
+    from r2med_agent.evaluation import evaluate, read_trec_run
 
     run_data = read_trec_run(run)
-    qrels_data = _read_qrels_any(qrels)
+    qrels_data = read_qrels_file(qrels)
     ev = evaluate(run_data, qrels_data, depth=depth)
     if as_json:
         out = {"test": ev.mean, "num_queries": ev.num_queries, "missing_queries": len(ev.missing)}
@@ -165,16 +166,6 @@ def evaluate_command(
     if per_query:
         for qid, scores in ev.per_query.items():
             console.print(qid, " ".join(f"{m}={scores[m]:.4f}" for m in _HEADLINE if m in scores))
-
-
-def _read_qrels_any(path: Path):
-    from r2med_agent.evaluation import read_trec_qrels
-
-    if path.suffix == ".jsonl":
-        from r2med_agent.data import read_qrels_jsonl
-
-        return read_qrels_jsonl(path)
-    return read_trec_qrels(path)
 
 
 @app.command("tasks")

@@ -188,6 +188,7 @@ class Trajectory:
     generations: int = 0
     cache_hits: int = 0
     llm_time_s: float = 0.0
+    llm_time_new_s: float = 0.0
     final: str = ""
 
     @property
@@ -201,11 +202,14 @@ class Trajectory:
         return [*(dict(m) for m in self.messages), {"role": "assistant", "content": self.text}]
 
     def count(self, gen: Generation) -> None:
+        # Model time of every generation (a cached one keeps its original time), as the
+        # expansion methods report it; llm_time_new_s is what this run spent.
+        self.llm_time_s += gen.latency_s
         if gen.cached:
             self.cache_hits += 1
         else:
             self.generations += 1
-            self.llm_time_s += gen.latency_s
+            self.llm_time_new_s += gen.latency_s
 
     def add_step(
         self,
@@ -729,6 +733,7 @@ class ReasoningLoop:
             "generations": traj.generations,
             "cache_hits": traj.cache_hits,
             "llm_time_s": round(traj.llm_time_s, 4),
+            "llm_time_new_s": round(traj.llm_time_new_s, 4),
         }
         if self.condenses:
             extra["condensed"] = list(traj.condensed)
