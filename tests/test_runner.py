@@ -173,3 +173,28 @@ def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smo
                              capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr
     assert f"LLM generations: {12 - done} new, {done} from cache" in resumed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["query2doc", "lamer"])
+def test_query2doc_and_lamer_with_the_local_model(tmp_path, smollm2_gguf, method):
+    """Real SmolLM2 generations become BM25 queries as PROTOCOL.md tabulates."""
+    from r2med_agent.data import load_task
+    from r2med_agent.retrieval.bm25 import bm25_query_text
+
+    cfg = RunConfig(tasks=("sample",), method=method, llm="smollm2", output_dir=tmp_path,
+                    cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 16}, show_progress=False)
+    result = run_experiment(cfg)
+    assert result.outcomes[0].stats["generations"] == 12
+    d = tmp_path / method / "smollm2" / "bm25"
+    rows = [json.loads(line) for line in (d / "sample.generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["hy_doc"].strip() for r in rows)
+    task = load_task("sample")
+    from r2med_agent.methods import get_method
+    from r2med_agent.types import Generation
+
+    requests = get_method(method)().to_requests(task, [Generation(text=r["hy_doc"], final=r["hy_doc"]) for r in rows])
+    q, passage = task.queries[0].text, rows[0]["hy_doc"]
+    expected = f"{q} {q} {passage}" if method == "query2doc" else f"{q} {passage}"
+    assert bm25_query_text(requests[0]) == expected
+    assert 0.0 <= json.loads((d / "sample.json").read_text())["test"]["ndcg_at_10"] <= 1.0
