@@ -144,7 +144,11 @@ def read_trec_run(path) -> Run:
     from r2med_agent.errors import DataError
 
     run: Run = {}
-    with open(path, encoding="utf-8") as f:
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"cannot read run file: {e.strerror}", path) from None
+    with f:
         for lineno, line in enumerate(f, start=1):
             parts = line.split()
             if not parts:

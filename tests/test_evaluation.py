@@ -136,4 +136,6 @@ def test_bad_run_lines_name_file_and_line(tmp_path):
     run.write_text("q1 Q0 d1 1 1.0\n")
     with pytest.raises(DataError, match=r"bad\.run:1: expected 6 columns"):
         read_trec_run(run)
+    with pytest.raises(DataError, match=r"missing\.run: cannot read run file"):
+        read_trec_run(tmp_path / "missing.run")
     # Qrels files are read by the data layer (r2med_agent.data.read_qrels_file, tested there).

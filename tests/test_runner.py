@@ -198,3 +198,12 @@ def test_query2doc_and_lamer_with_the_local_model(tmp_path, smollm2_gguf, method
     expected = f"{q} {q} {passage}" if method == "query2doc" else f"{q} {passage}"
     assert bm25_query_text(requests[0]) == expected
     assert 0.0 <= json.loads((d / "sample.json").read_text())["test"]["ndcg_at_10"] <= 1.0
+
+
+def test_usage_errors_and_missing_files_exit_non_zero_without_traceback(tmp_path):
+    for args, code in ((["run", "--no-such-option"], 2), (["run", "--top-k", "abc"], 2),
+                       (["evaluate", "--run", str(tmp_path / "none.run"), "--qrels", str(tmp_path / "q.txt")], 2),
+                       (["trace", "show", str(tmp_path / "none.jsonl")], 2)):
+        proc = subprocess.run([sys.executable, "-m", "r2med_agent", *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == code, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr + proc.stdout, args

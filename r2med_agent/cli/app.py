@@ -30,23 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("r2med_agent").setLevel(logging.INFO)
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        # Standalone mode: click prints usage errors (unknown option, bad value) as one message
+        # with exit code 2 and handles --help; our own errors propagate to the handler below.
+        app(args=argv, standalone_mode=True)
     except R2MedError as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         return e.exit_code
     except KeyboardInterrupt:
         typer.secho("interrupted; finished work is cached and a re-run resumes", err=True)
         return 130
-    except (typer.Exit, SystemExit) as e:  # --help and typer's own exits
-        code = getattr(e, "exit_code", getattr(e, "code", 0))
-        return int(code or 0)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            return e.exit_code
-        if isinstance(e, click.exceptions.Abort):
-            return 1
-        raise
+    except SystemExit as e:
+        code = e.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
