@@ -130,12 +130,23 @@ def average_over_tasks(results: Iterable[Mapping[str, float]]) -> dict[str, floa
     return {k: sum(float(r[k]) for r in results) / len(results) for k in sorted(keys)}
 
 
+def _format_score(score: float) -> str:
+    """Six decimals when that is exact, else every digit (``repr``): trec_eval ranks by the
+    score column, so rounding two close scores to one value would reorder them on reading."""
+    score = float(score)
+    fixed = f"{score:.6f}"
+    return fixed if float(fixed) == score else repr(score)
+
+
 def write_trec_run(run: Run, tag: str, depth: int = 100) -> str:
-    """A TREC run file's text (``qid Q0 docid rank score tag``), top ``depth`` in trec_eval order."""
+    """A TREC run file's text (``qid Q0 docid rank score tag``), top ``depth`` in trec_eval order.
+
+    Scores are written exactly, so reading the file back ranks as the run did.
+    """
     lines = []
     for qid in sorted(run):
         for rank, (doc, score) in enumerate(trec_sorted(run[qid])[:depth], start=1):
-            lines.append(f"{qid} Q0 {doc} {rank} {float(score):.6f} {tag}")
+            lines.append(f"{qid} Q0 {doc} {rank} {_format_score(score)} {tag}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 

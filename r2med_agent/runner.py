@@ -8,6 +8,7 @@ Methods never write files; this module never parses LLM text.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -82,6 +83,7 @@ class RunConfig:
             )
         if self.top_k < 1 or self.rerank_k < 1:
             raise ConfigError("--top-k and --rerank-k must be at least 1")
+        _check_sampling_values(self.sampling)
 
     @property
     def llm_label(self) -> str:
@@ -152,12 +154,19 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     tasks = [load_task(name, cfg.data_dir) for name in cfg.tasks]
     out_dir = cfg.result_dir()
 
-    # Everything that can fail cheaply (names, indexes) comes before any LLM work.
+    # Everything that can fail cheaply (names, indexes) comes before any LLM work; the LLM's
+    # name is checked before the indexes, which can take hours to build.
+    spec = None
+    if cfg.method != "none":
+        from r2med_agent.llm.registry import get_llm_spec
+
+        spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
     reranker = None
     if cfg.reranker:
         from r2med_agent.retrieval import make_reranker
 
         reranker = make_reranker(cfg.reranker)
+    _check_output_dir(out_dir)
     retrievers: dict[str, Any] = {}
     index_time: dict[str, float] = {}
     for task in tasks:
@@ -165,13 +174,10 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         retrievers[task.name] = make_retriever(cfg.retriever, task, show_progress=cfg.show_progress)
         index_time[task.name] = time.perf_counter() - t0
 
-    spec = None
     params = None
-    if cfg.method != "none":
+    if spec is not None:
         from r2med_agent.llm import default_sampling, make_llm
-        from r2med_agent.llm.registry import get_llm_spec
 
-        spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
         params = _with_overrides(default_sampling(spec), cfg.sampling)
         if llm is None:
             llm = make_llm(
@@ -238,6 +244,30 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     }
     atomic_write_json(out_dir / "summary.json", summary)
     return ExperimentResult(cfg, outcomes, average, out_dir, llm_stats)
+
+
+def _check_output_dir(out_dir: Path) -> None:
+    """Create the result folder now, so an unusable ``--output-dir`` fails before any work."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{out_dir}: cannot create the result folder ({e.strerror}); check --output-dir") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"{out_dir}: the result folder is not writable; check --output-dir")
+
+
+def _check_sampling_values(overrides: dict[str, Any]) -> None:
+    """Reject sampling overrides out of range before any work (llama.cpp reads a
+    ``max_tokens`` below 1 as "until the context is full"; vLLM fails mid-run)."""
+    problems = []
+    if "max_tokens" in overrides and overrides["max_tokens"] < 1:
+        problems.append(f"--max-tokens must be at least 1, got {overrides['max_tokens']}")
+    if "temperature" in overrides and overrides["temperature"] < 0:
+        problems.append(f"--temperature must be >= 0 (0 = greedy), got {overrides['temperature']}")
+    if "top_p" in overrides and not 0 < overrides["top_p"] <= 1:
+        problems.append(f"--top-p must be in (0, 1], got {overrides['top_p']}")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:

@@ -229,6 +229,17 @@ def test_combine_rules_place_the_instruction(encoder_name: str, both: bool) -> N
     np.testing.assert_allclose(got, l2_normalize(np.stack(expected)), atol=1e-6)
 
 
+def test_blank_query2doc_expansion_falls_back_to_the_query_alone() -> None:
+    # As BM25 does: no dangling "[SEP]" when the generation came back empty.
+    spec = get_encoder_spec("minilm")
+    enc = HashEncoder(spec)
+    pre = instruction_prefixes(spec)
+    got = query_embeddings(enc, [SearchRequest("q", "fever and rash", "  ", combine="query2doc")], pre)
+    assert enc.calls[0][2] == ["fever and rash"]
+    plain = query_embeddings(enc, [SearchRequest("q", "fever and rash")], pre)
+    np.testing.assert_allclose(got, plain, atol=1e-6)
+
+
 def test_unknown_combine_is_rejected() -> None:
     enc = HashEncoder(get_encoder_spec("minilm"))
     with pytest.raises(ConfigError, match="combine"):

@@ -139,3 +139,15 @@ def test_bad_run_lines_name_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"missing\.run: cannot read run file"):
         read_trec_run(tmp_path / "missing.run")
     # Qrels files are read by the data layer (r2med_agent.data.read_qrels_file, tested there).
+
+
+def test_trec_run_file_keeps_close_scores_apart(tmp_path):
+    # Two scores equal to six decimals: rounding them would make a tie that trec_eval breaks by
+    # document id (descending), putting the non-relevant "b" first when read back.
+    run = {"q1": {"a": 0.12345661, "b": 0.12345649}}
+    qrels = {"q1": {"a": 1}}
+    path = tmp_path / "close.run"
+    path.write_text(write_trec_run(run, "tag"))
+    back = read_trec_run(path)
+    assert back == run
+    assert evaluate(back, qrels, ["mrr"]).mean == evaluate(run, qrels, ["mrr"]).mean == {"mrr": 1.0}

@@ -97,6 +97,43 @@ def test_bad_options_are_config_errors():
                   loop_retriever="minilm")
 
 
+def test_sampling_overrides_out_of_range_are_config_errors():
+    # llama.cpp reads max_tokens <= 0 as "until the context is full": never pass it on.
+    with pytest.raises(ConfigError, match="--max-tokens must be at least 1"):
+        RunConfig(tasks=("sample",), method="hyde", llm="smollm2", sampling={"max_tokens": 0})
+    with pytest.raises(ConfigError, match="--temperature must be >= 0"):
+        RunConfig(tasks=("sample",), method="hyde", llm="smollm2", sampling={"temperature": -1.0})
+    with pytest.raises(ConfigError, match=r"--top-p must be in \(0, 1\]"):
+        RunConfig(tasks=("sample",), method="hyde", llm="smollm2", sampling={"top_p": 1.5})
+
+
+def test_unknown_llm_fails_before_any_index_is_built(tmp_path, monkeypatch):
+    built = []
+
+    def record(spec, task, **kw):
+        built.append(spec)
+        raise AssertionError("an index was built before the LLM name was checked")
+
+    monkeypatch.setattr("r2med_agent.retrieval.make_retriever", record)
+    cfg = RunConfig(tasks=("sample",), method="hyde", llm="no-such-llm", output_dir=tmp_path,
+                    show_progress=False)
+    with pytest.raises(ConfigError, match="unknown llm 'no-such-llm'"):
+        run_experiment(cfg)
+    assert built == []
+
+
+def test_unusable_output_dir_is_a_clean_error_before_any_work(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(
+        "r2med_agent.retrieval.make_retriever",
+        lambda *a, **k: (_ for _ in ()).throw(AssertionError("indexing before the output check")),
+    )
+    code, _, err = _cli(["run", "--task", "sample", "-o", str(blocker / "results"), "--no-progress"], capsys)
+    assert code == 2
+    assert "cannot create the result folder" in err and "--output-dir" in err
+
+
 def _write_task(folder: Path, corpus_lines: list[str]) -> None:
     folder.mkdir(parents=True)
     (folder / "query.jsonl").write_text('{"id": "q1", "text": "fever and rash"}\n')

@@ -331,7 +331,11 @@ def query_embeddings(
     fallback = 0
     for i, r in enumerate(requests):
         if r.combine == "query2doc":
-            primary.append(r.query + SEP + r.expansion)
+            if r.expansion.strip():
+                primary.append(r.query + SEP + r.expansion)
+            else:
+                primary.append(r.query)
+                fallback += 1
         elif r.combine in ("hyde", "lamer", "reasoning"):
             primary.append(r.query)
             if r.expansion.strip():
