@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
-from r2med_agent.io import iter_jsonl
+from r2med_agent.io import iter_jsonl, iter_lines
 from r2med_agent.paths import resources_dir
 from r2med_agent.types import Doc, Family, Qrels, Query, Task
 
@@ -710,18 +710,13 @@ def _qrels_from_text(path: Path) -> list[tuple[Path, int, str, str, int]]:
     is a header when its last column is a column name (``score``, ``rel``, ``relevance``, ...), as in
     BEIR's ``query-id corpus-id score``.
     """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise DataError(f"cannot read file: {e.strerror}", path) from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"not UTF-8 text ({e.reason})", path) from None
     rows = []
     width: int | None = None
     first = True
-    for line_no, line in enumerate(lines, start=1):
+    for line_no, line in iter_lines(path, "qrels file"):
         if not line.strip():
             continue
+        line = line.rstrip("\r\n")
         fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
         if first:
             first = False
@@ -782,6 +777,12 @@ def _collect_qrels(rows: Sequence[tuple[Path, int, str, str, int]], qrels_path: 
                 line,
             )
         grades[doc_id] = score
+    if not qrels:
+        raise DataError(
+            f"no qrels entry has a positive grade (all {dropped} are <= 0), so no query can be "
+            "scored; relevant documents need a grade of 1 or more",
+            qrels_path,
+        )
     if dropped:
         logger.info("%s: dropped %d qrels entries with grade <= 0", qrels_path, dropped)
     return qrels

@@ -1,5 +1,6 @@
 """Small file helpers: atomic writes (a killed process never leaves a half-written file) and
-JSONL reading with file:line errors."""
+reading UTF-8 text and JSONL with ``file:line`` errors (never a UnicodeDecodeError or a
+RecursionError from a deeply nested line)."""
 
 from __future__ import annotations
 
@@ -44,21 +45,85 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int | None
     return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; malformed lines raise DataError."""
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def iter_lines(path: str | os.PathLike[str], what: str = "file") -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, line)`` of a UTF-8 text file (a leading byte-order mark is skipped).
+
+    Lines break where Python's universal newlines break them (``\\n``, ``\\r\\n`` or ``\\r``)
+    and end with ``\\n`` (except perhaps the last). Bytes that are not UTF-8 raise DataError
+    naming the line and column.
+
+    Args:
+        path: the file.
+        what: what the file is, for the message when it cannot be opened ("run file", ...).
+    """
     path = Path(path)
     try:
-        f = path.open(encoding="utf-8")
+        f = path.open(encoding="utf-8-sig")
     except OSError as e:
-        raise DataError(f"cannot read file: {e.strerror}", path) from None
+        raise DataError(f"cannot read {what}: {e.strerror}", path) from None
     with f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, lineno) from None
-            if not isinstance(obj, dict):
-                raise DataError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
-            yield lineno, obj
+        try:
+            yield from enumerate(f, start=1)
+        except UnicodeDecodeError:
+            raise _decode_error(path) from None
+        except OSError as e:
+            raise DataError(f"cannot read {what}: {e.strerror}", path) from None
+
+
+def _decode_error(path: Path) -> DataError:
+    """The line and column of the first byte of ``path`` that is not UTF-8.
+
+    The text reader decodes in chunks, so its exception does not say which line failed; the file
+    is scanned again line by line (``bytes.splitlines`` breaks lines where universal newlines do).
+    """
+    advice = "save it as UTF-8"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        return DataError(f"cannot read file: {e.strerror}", path)
+    if raw.startswith(_UTF16_BOMS):
+        return DataError(f"not UTF-8 text: the file starts with a UTF-16 byte-order mark; {advice}",
+                         path, 1)
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    for lineno, line in enumerate(raw.splitlines(), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return DataError(
+                f"not UTF-8 text: byte 0x{line[e.start]:02x} at column {e.start + 1} "
+                f"({e.reason}); {advice}",
+                path,
+                lineno,
+            )
+    return DataError(f"not UTF-8 text; {advice}", path)
+
+
+def loads_json_line(line: str, path: str | os.PathLike[str], lineno: int) -> Any:
+    """``json.loads`` of one line; anything that is not JSON raises DataError with file:line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, lineno) from None
+    except RecursionError:
+        raise DataError("malformed JSON (nested too deeply)", path, lineno) from None
+    except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
+        raise DataError(f"malformed JSON ({e})", path, lineno) from None
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line of a UTF-8 JSONL file.
+
+    Not UTF-8, malformed JSON (including nesting too deep to parse) and lines that are not JSON
+    objects raise DataError naming the file and line.
+    """
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        obj = loads_json_line(line, path, lineno)
+        if not isinstance(obj, dict):
+            raise DataError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
+        yield lineno, obj

@@ -394,6 +394,57 @@ def test_bad_input_names_file_and_line(tmp_path: Path, case: str) -> None:
     assert e.value.line == line_no and Path(str(e.value.path)).name == file_name
 
 
+# case: (file, its bytes, line number the error must name, pattern the message must match)
+BAD_BYTES = {
+    "latin-1 byte in corpus": (
+        "corpus.jsonl",
+        (D1 + "\n" + '{"id": "d2", "text": "caf\u00e9"}\n').encode("latin-1"),
+        2,
+        r"not UTF-8 text: byte 0xe9 at column 26 \(invalid continuation byte\)",
+    ),
+    "utf-16 query file": (
+        "query.jsonl", (Q1 + "\n").encode("utf-16"), 1, "UTF-16 byte-order mark; save it as UTF-8"
+    ),
+    "latin-1 byte in qrels.txt": ("qrels.txt", b"q1 0 d1 1\nq1 0 d\xe92 1\n", 2, "not UTF-8 text"),
+    "bad byte after crlf lines": (
+        "corpus.jsonl", (D1 + "\r\n" + D1.replace("d1", "d2") + "\r\n").encode() + b"\xff\n", 3,
+        "byte 0xff at column 1",
+    ),
+    "deep nesting": ("corpus.jsonl", (D1 + "\n" + "[" * 200_000 + "\n").encode(), 2, "nested too deeply"),
+    "huge integer": ("query.jsonl", (Q1 + "\n" + "1" * 5000 + "\n").encode(), 2, "malformed JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BYTES))
+def test_undecodable_input_names_file_and_line(tmp_path: Path, case: str) -> None:
+    file_name, raw, line_no, pattern = BAD_BYTES[case]
+    folder = make_r2med_dir(tmp_path / "t", qrels=None if file_name == "qrels.txt" else QRELS)
+    (folder / file_name).write_bytes(raw)
+    with pytest.raises(DataError) as e:
+        load_dir(folder)
+    msg = str(e.value)
+    assert f"{file_name}:{line_no}: " in msg and re.search(pattern, msg), msg
+
+
+def test_utf8_byte_order_mark_and_crlf_are_read(tmp_path: Path) -> None:
+    folder = make_r2med_dir(tmp_path / "t")
+    for name in ("query.jsonl", "corpus.jsonl", "qrels.jsonl"):
+        text = (folder / name).read_text(encoding="utf-8")
+        (folder / name).write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    task, plain = load_dir(folder), load_dir(make_r2med_dir(tmp_path / "plain"))
+    assert (task.queries, task.corpus, task.qrels) == (plain.queries, plain.corpus, plain.qrels)
+
+
+def test_qrels_without_a_positive_grade_are_a_data_error(tmp_path: Path) -> None:
+    trec = tmp_path / "qrels.txt"
+    trec.write_text("q1 0 d1 0\nq2 0 d2 -1\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"qrels\.txt: no qrels entry has a positive grade \(all 2"):
+        data.read_qrels_file(trec)
+    folder = make_r2med_dir(tmp_path / "t", qrels=[{"q_id": "q1", "p_id": "d1", "score": 0}])
+    with pytest.raises(DataError, match=r"qrels\.jsonl: no qrels entry has a positive grade"):
+        load_dir(folder)
+
+
 def test_beir_bad_qrels_names_file_and_line(tmp_path: Path) -> None:
     folder = tmp_path / "beir"
     write_jsonl(folder / "queries.jsonl", [{"_id": "1", "text": "q"}])

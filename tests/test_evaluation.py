@@ -141,6 +141,29 @@ def test_bad_run_lines_name_file_and_line(tmp_path):
     # Qrels files are read by the data layer (r2med_agent.data.read_qrels_file, tested there).
 
 
+@pytest.mark.parametrize(
+    "raw, line, pattern",
+    [
+        (b"\xff\xfeq\x001\x00", 1, "UTF-16 byte-order mark"),
+        (b"q1 Q0 d1 1 1.0 t\nq1 Q0 d\xe9 2 0.5 t\n", 2, r"byte 0xe9 at column 8"),
+        (b"q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2 nan t\n", 2, "score 'nan' is not finite"),
+        (b"q1 Q0 d1 1 inf t\n", 1, "score 'inf' is not finite"),
+        (b"q1 Q0 d1 1 -Infinity t\n", 1, "score '-Infinity' is not finite"),
+    ],
+)
+def test_undecodable_or_non_finite_run_lines_name_file_and_line(tmp_path, raw, line, pattern):
+    run = tmp_path / "bad.run"
+    run.write_bytes(raw)
+    with pytest.raises(DataError, match=rf"bad\.run:{line}: .*{pattern}"):
+        read_trec_run(run)
+
+
+@pytest.mark.parametrize("depth", [0, -5, 2.5, True])
+def test_depth_below_one_is_rejected(depth):
+    with pytest.raises(ConfigError, match="depth must be an integer >= 1"):
+        evaluate(RUN, QRELS, ["mrr"], depth=depth)
+
+
 def test_trec_run_file_keeps_close_scores_apart(tmp_path):
     # Two scores equal to six decimals: rounding them would make a tie that trec_eval breaks by
     # document id (descending), putting the non-relevant "b" first when read back.

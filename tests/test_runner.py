@@ -155,6 +155,60 @@ def test_malformed_data_exits_2_with_file_and_line_and_no_traceback(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "r2med_agent", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+# case: (corpus.jsonl bytes, the message stderr must hold)
+_UNREADABLE_CORPUS = {
+    "latin-1 byte": (b'{"id": "d1", "text": "measles"}\n{"id": "d2", "text": "caf\xe9"}\n',
+                     "corpus.jsonl:2: not UTF-8 text: byte 0xe9 at column 26"),
+    "deep nesting": (b'{"id": "d1", "text": "measles"}\n' + b"[" * 200_000 + b"\n",
+                     "corpus.jsonl:2: malformed JSON (nested too deeply)"),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNREADABLE_CORPUS))
+def test_unreadable_corpus_exits_2_with_file_and_line(tmp_path, case):
+    raw, message = _UNREADABLE_CORPUS[case]
+    folder = tmp_path / "Mine"
+    _write_task(folder, [])
+    (folder / "corpus.jsonl").write_bytes(raw)
+    proc = _run_cli("run", "--task", "sample", "--data-dir", str(folder), "-o", str(tmp_path / "out"),
+                    "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_evaluate_rejects_binary_runs_bad_depth_and_unscorable_input(tmp_path):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 1\n")
+    binary = tmp_path / "binary.run"
+    binary.write_bytes(b"\xff\xfe" + "q1 Q0 d1 1 1.0 t\n".encode("utf-16-le"))
+    nan = tmp_path / "nan.run"
+    nan.write_text("q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2 nan t\n")
+    good = tmp_path / "good.run"
+    good.write_text("q1 Q0 d1 1 1.0 t\n")
+    zeros = tmp_path / "zeros.txt"
+    zeros.write_text("q1 0 d1 0\n")
+    cases = [
+        (["--run", str(binary), "--qrels", str(qrels)], "binary.run:1: not UTF-8 text"),
+        (["--run", str(nan), "--qrels", str(qrels)], "nan.run:2: score 'nan' is not finite"),
+        (["--run", str(good), "--qrels", str(zeros)], "zeros.txt: no qrels entry has a positive grade"),
+        (["--run", str(good), "--qrels", str(qrels), "--depth", "0"], "--depth must be at least 1"),
+        (["--run", str(good), "--qrels", str(qrels), "--depth", "-5"], "--depth must be at least 1"),
+    ]
+    for args, message in cases:
+        proc = _run_cli("evaluate", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr + proc.stdout, args
+    proc = _run_cli("evaluate", "--run", str(good), "--qrels", str(qrels), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["test"]["mrr"] == 1.0
+
+
 def test_unknown_method_and_unreachable_hub_are_clean_errors(tmp_path, monkeypatch, capsys):
     code, _, err = _cli(["run", "--task", "sample", "--method", "magic", "--llm", "smollm2", "-o", str(tmp_path)], capsys)
     assert code == 2 and "unknown method 'magic'" in err

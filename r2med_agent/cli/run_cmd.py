@@ -146,8 +146,11 @@ def evaluate_command(
 ) -> None:
     """Score a TREC run file against qrels with trec_eval semantics; every qrels query counts."""
     from r2med_agent.data import read_qrels_file
+    from r2med_agent.errors import ConfigError
     from r2med_agent.evaluation import evaluate, read_trec_run
 
+    if depth < 1:
+        raise ConfigError(f"--depth must be at least 1 (R2MED scores the top 100), got {depth}")
     run_data = read_trec_run(run)
     qrels_data = read_qrels_file(qrels)
     ev = evaluate(run_data, qrels_data, depth=depth)
