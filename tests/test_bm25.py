@@ -362,6 +362,45 @@ def test_k_is_capped_and_zero_score_docs_are_not_matches(mode: str, tmp_path: Pa
     assert all(s > 0 for s in run["b"].values())
 
 
+def test_top_k_cut_keeps_trec_eval_top_documents_among_ties() -> None:
+    """The cut and the order follow trec_eval (score desc, doc id desc) against a full sort."""
+    from r2med_agent.evaluation import trec_sorted
+    from r2med_agent.retrieval.bm25 import _doc_id_ranks, _top_positive
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        # few distinct values, so ties at the cut are the rule; zeros and negatives are not hits
+        scores = rng.integers(-2, 6, size=n).astype(np.float32)
+        ids = [f"{rng.integers(0, 10**6)}-{i}" for i in range(n)]
+        ids = [ids[i] for i in rng.permutation(n)]
+        k = int(rng.integers(1, n + 2))
+        hits, values = _top_positive(scores, min(k, n), _doc_id_ranks(ids))
+        full = [(d, s) for d, s in trec_sorted(dict(zip(ids, scores.tolist()))) if s > 0]
+        assert [(ids[h], v) for h, v in zip(hits.tolist(), values.tolist())] == full[:k], trial
+
+
+@pytest.mark.parametrize("mode", ["lucene", "r2med-compat"])
+def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(mode: str, tmp_path: Path) -> None:
+    # 150 identical documents score equally; k=100 must keep the 100 with the largest ids, not
+    # whichever 100 a partition leaves (nor the first 100 of the corpus).
+    ids = [f"dup{i:03d}" for i in range(150)] + ["best", "other"]
+    texts = ["fever and rash"] * 150 + ["fever rash fever rash measles", "insulin and glucose"]
+    order = np.random.default_rng(1).permutation(len(ids))
+    t = make_task([texts[i] for i in order], name="ties", ids=[ids[i] for i in order])
+    r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
+    req = [SearchRequest("q", "fever rash")]
+    full = r.search(req, len(ids))["q"]
+    assert len(full) == 151 and len(set(list(full.values())[1:])) == 1
+    from r2med_agent.evaluation import trec_sorted, truncate
+
+    for k in (1, 10, 100, 150):
+        cut = r.search(req, k)["q"]
+        assert list(cut.items()) == trec_sorted(full)[:k]
+        assert cut == truncate({"q": full}, k)["q"]
+    assert list(r.search(req, 100)["q"])[1:] == [f"dup{i:03d}" for i in range(149, 50, -1)]
+
+
 # --- the saved index -----------------------------------------------------------------------------
 
 
