@@ -628,7 +628,8 @@ def _parse_docs(
     for line, obj in records:
         # Fast path for the common well-formed record; anything unusual goes through the checks.
         doc_id = obj.get(key)
-        if not (type(doc_id) is str and _clean(doc_id)):
+        if not (type(doc_id) is str and doc_id and not doc_id[0].isspace()
+                and not doc_id[-1].isspace()):
             doc_id = _get_id(obj, id_keys, path, line, "document")
         if doc_id in seen:
             raise DataError(f"duplicate document id {doc_id!r} (first on line {seen[doc_id]})", path, line)
@@ -645,11 +646,6 @@ def _parse_docs(
     if not out:
         raise DataError("empty corpus", path)
     return out
-
-
-def _clean(value: str) -> bool:
-    """Non-empty with no surrounding whitespace (so no normalisation is needed)."""
-    return bool(value) and not value[0].isspace() and not value[-1].isspace()
 
 
 _SCORE_HEADERS = {"score", "rel", "relevance", "label", "grade", "judgment", "judgement"}
