@@ -332,8 +332,14 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
                 "corpus.jsonl, query.jsonl and qrels.jsonl (a copy of "
                 f"{spec.repo}), or a parent folder holding {spec.name}/"
             )
+        from r2med_agent.hub import is_commit
+
         folder = fetch_snapshot(spec.repo, spec.revision, patterns, hint=hint)
         source = spec.provenance
+        if not is_commit(spec.revision) and is_commit(folder.name):
+            # A branch (NanoR2MED follows main): record the commit the files came from, so a
+            # result says which data it was computed on. (Snapshot folders are named by commit.)
+            source += f" (commit {folder.name})"
     return load_task_dir(
         folder,
         name=spec.name,

@@ -754,10 +754,12 @@ def test_real_download_of_branch_then_cache_fallback(
     downloaded = {r.split("/resolve/")[1].partition("/")[2] for r in fake.requests if "/resolve/" in r}
     assert downloaded == {f"{c}/{split}.jsonl" for c in ("corpus", "queries", "qrels")}
     assert task.name == "nano-IIYi-Clinical" and len(task.corpus) == 4
+    # the branch's commit is recorded, so a result says which data it was computed on
+    assert task.source == f"hf://datasets/hakari-bench/NanoR2MED@main#{split} (commit {'b' * 40})"
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     with caplog.at_level(logging.WARNING, logger="r2med_agent.hub"):
         again = data.load_task("nano-IIYi-Clinical")
-    assert again.fingerprint == task.fingerprint
+    assert again.fingerprint == task.fingerprint and again.source == task.source
     assert any("using the cached copy" in r.getMessage() for r in caplog.records)
 
 
