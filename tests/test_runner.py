@@ -298,3 +298,33 @@ def test_usage_errors_and_missing_files_exit_non_zero_without_traceback(tmp_path
         proc = subprocess.run([sys.executable, "-m", "r2med_agent", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, (args, proc.stderr)
         assert "Traceback" not in proc.stderr + proc.stdout, args
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+@pytest.mark.parametrize("args", [["tasks"], ["run", "--task", "list"], ["llms"]])
+def test_listings_never_cut_names_on_a_narrow_console(monkeypatch, args, terminal):
+    import io
+
+    from rich.console import Console
+
+    from r2med_agent.cli import run_cmd
+    from r2med_agent.config import load_registry
+    from r2med_agent.data import task_registry
+    from r2med_agent.llm.registry import LLMSpec
+
+    out = io.StringIO()
+    monkeypatch.setattr(run_cmd, "console", Console(file=out, width=40, force_terminal=terminal,
+                                                    color_system=None))
+    assert main(args) == 0
+    text = out.getvalue()
+    names = list(load_registry("llms", LLMSpec) if args == ["llms"] else task_registry())
+    assert len(names) > 5 and "…" not in text
+    lines = text.splitlines()
+    for name in names:  # whole, on one line, in the name column
+        assert any(line.lstrip("│ ").startswith(name + " ") or line.lstrip("│ ") == name
+                   for line in lines), (name, text)
+    if not terminal:  # plain rows: every cell whole, e.g. the repo and the model ids
+        assert any(line.split()[:1] == [names[0]] for line in lines)
+        full = " ".join(lines)
+        assert ("R2MED/Bioinformatics" in full) if args != ["llms"] else (
+            "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B" in full)

@@ -15,6 +15,24 @@ from r2med_agent.cli.app import app
 console = Console(stderr=False)
 
 _HEADLINE = ("ndcg_at_10", "recall_at_100", "mrr")
+
+
+def print_listing(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    """A listing whose cells are never cut: a table on a terminal (the first column kept on one
+    line, the others folded when the terminal is narrow), plain aligned columns otherwise, so a
+    pipe (``| grep``) gets every name whole whatever the width."""
+    if console.is_terminal:
+        table = Table(title=title)
+        for i, c in enumerate(columns):
+            table.add_column(c, no_wrap=i == 0, overflow="fold")
+        for r in rows:
+            table.add_row(*r)
+        console.print(table)
+        return
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    for r in [columns, *rows]:
+        line = "  ".join(cell.ljust(w) for cell, w in zip(r, widths))
+        console.print(line.rstrip(), markup=False, highlight=False, soft_wrap=True)
 _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 
@@ -103,7 +121,7 @@ def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
     table = Table(title=f"{result.config.method} / {result.config.llm_label} / {result.config.retriever_label}")
     uses_llm = result.config.method != "none"
-    table.add_column("task")
+    table.add_column("task", no_wrap=True)
     for m in _HEADLINE:
         table.add_column(_SHORT[m], justify="right")
     table.add_column("queries", justify="right")
@@ -133,7 +151,7 @@ def print_summary(result) -> None:
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     if result.config.method != "none":
         console.print(f"LLM generations: {gens} new, {hits} from cache")
-    console.print(f"results: {result.result_dir}")
+    console.print(f"results: {result.result_dir}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("evaluate")
@@ -176,17 +194,14 @@ def tasks_command() -> None:
     """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
     from r2med_agent.data import list_tasks
 
-    rows = list_tasks()
-    table = Table(title="tasks")
     cols = ["name", "family", "group", "repo", "revision", "queries", "docs"]
-    for c in cols:
-        table.add_column(str(c))
-    for r in rows:
+    rows = []
+    for r in list_tasks():
         row = dict(r)
         if row.get("revision") and len(str(row["revision"])) == 40:
             row["revision"] = str(row["revision"])[:12]
-        table.add_row(*("" if row.get(c) in (None, "") else str(row[c]) for c in cols))
-    console.print(table)
+        rows.append(["" if row.get(c) in (None, "") else str(row[c]) for c in cols])
+    print_listing("tasks", cols, rows)
 
 
 @app.command("llms")
@@ -199,9 +214,6 @@ def llms_command(
 
     if config is not None:
         set_user_config(config)
-    table = Table(title="LLMs")
-    for c in ("name", "backend", "model", "reasoning format"):
-        table.add_column(c)
-    for name, spec in sorted(load_registry("llms", LLMSpec).items()):
-        table.add_row(name, spec.backend, spec.model, spec.reasoning_format)
-    console.print(table)
+    rows = [[name, spec.backend, spec.model, spec.reasoning_format]
+            for name, spec in sorted(load_registry("llms", LLMSpec).items())]
+    print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)
