@@ -45,6 +45,23 @@ def _trec_measure(metric: str) -> tuple[str, str]:
     return trec, f"{trec}_{int(k)}"
 
 
+def metric_cutoff(metric: str) -> int | None:
+    """The rank cut-off of a metric key (``ndcg_at_10`` -> 10; ``mrr`` -> None: it reads the
+    whole ranking)."""
+    _, key = _trec_measure(metric)
+    return None if metric == "mrr" else int(key.rsplit("_", 1)[1])
+
+
+def metrics_within_depth(metrics: Sequence[str], depth: int) -> tuple[str, ...]:
+    """The metrics whose cut-off is at most ``depth``.
+
+    A run cut to its top ``depth`` documents has no rank beyond it: its ``recall_at_100`` at
+    depth 10 would be recall at 10 under another name, so such metrics are left out rather than
+    reported under a cut-off the run does not reach.
+    """
+    return tuple(m for m in metrics if (metric_cutoff(m) or 0) <= depth)
+
+
 def trec_sorted(ranking: Mapping[str, float]) -> list[tuple[str, float]]:
     """Documents in trec_eval's order: score descending, ties by document id descending."""
     by_doc = sorted(ranking.items(), key=lambda kv: kv[0], reverse=True)

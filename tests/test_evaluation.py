@@ -112,6 +112,18 @@ def test_unknown_metric_names_allowed_forms():
         evaluate(RUN, QRELS, ["ndgc@10"])
 
 
+def test_metrics_beyond_the_depth_are_left_out():
+    from r2med_agent.evaluation import metrics_within_depth
+
+    assert metrics_within_depth(DEFAULT_METRICS, 100) == DEFAULT_METRICS
+    assert metrics_within_depth(DEFAULT_METRICS, 25) == (
+        "ndcg_at_1", "ndcg_at_10", "ndcg_at_25", "map_at_1", "map_at_10", "map_at_25",
+        "recall_at_1", "recall_at_10", "recall_at_25", "precision_at_1", "precision_at_10",
+        "precision_at_25", "mrr",
+    )
+    assert metrics_within_depth(["mrr", "ndcg_at_10"], 1) == ("mrr",)
+
+
 def test_average_over_tasks_is_unweighted():
     assert average_over_tasks([{"m": 1.0, "x": 2.0}, {"m": 0.0}]) == {"m": 0.5}
     assert average_over_tasks([]) == {}

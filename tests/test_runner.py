@@ -56,6 +56,33 @@ def test_run_bm25_on_sample_writes_r2med_files(tmp_path, capsys):
     assert json.loads(out)["test"]["ndcg_at_10"] == pytest.approx(record["test"]["ndcg_at_10"])
 
 
+def test_another_top_k_gets_its_own_folder_and_only_metrics_it_reaches(tmp_path, capsys):
+    for k in ("100", "10"):
+        code, out, _ = _cli(["run", "--task", "sample", "-o", str(tmp_path), "--no-progress",
+                             "--top-k", k], capsys)
+        assert code == 0
+    full_dir, k10_dir = tmp_path / "none" / "none" / "bm25", tmp_path / "none" / "none" / "bm25__k10"
+    assert f"results: {k10_dir}" in out and "R@100" in out
+    full = json.loads((full_dir / "sample.json").read_text())
+    k10 = json.loads((k10_dir / "sample.json").read_text())
+    assert full["depth"] == 100 and k10["depth"] == 10
+    assert full["model_name"] == "none/none/bm25" and k10["model_name"] == "none/none/bm25__k10"
+    assert "recall_at_100" in full["test"] and "recall_at_100" not in k10["test"]
+    assert set(k10["test"]) == {"ndcg_at_1", "ndcg_at_10", "map_at_1", "map_at_10", "recall_at_1",
+                                "recall_at_10", "precision_at_1", "precision_at_10", "mrr"}
+    assert k10["config"]["metrics"] == list(k10["test"])
+    assert json.loads((k10_dir / "summary.json").read_text())["depth"] == 10
+    # the cut keeps what the top-100 run ranks first, so metrics at 10 agree query by query
+    for qid, scores in k10["per_query"].items():
+        assert scores["ndcg_at_10"] == full["per_query"][qid]["ndcg_at_10"]
+    assert all(len(r) <= 10 for r in read_trec_run(k10_dir / "sample.run").values())
+    assert max(len(r) for r in read_trec_run(full_dir / "sample.run").values()) > 10
+    # the table shows "-" for a metric the depth does not reach, never a made-up 0
+    row = next(line for line in out.splitlines() if line.startswith("│ sample"))
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[2] == "-" and float(cells[1]) == pytest.approx(k10["test"]["ndcg_at_10"], abs=1e-4)
+
+
 def _scripted_cached(tmp_path: Path) -> tuple[CachedLLM, ScriptedLLM]:
     backend = ScriptedLLM(lambda msgs, p: "Passage: " + msgs[-1]["content"][-200:], model_id="scripted")
     cache = GenerationCache(tmp_path / "gen.sqlite")

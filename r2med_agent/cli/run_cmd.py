@@ -64,7 +64,7 @@ def run_command(
     ),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
-    top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and scored (R2MED: 100)."),
+    top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", "-d",
         help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub.",
@@ -117,6 +117,11 @@ def run_command(
     print_summary(result)
 
 
+def _score(means: dict[str, float], metric: str) -> str:
+    """A mean to four decimals; "-" for a metric not scored (its cut-off is beyond --top-k)."""
+    return f"{means[metric]:.4f}" if metric in means else "-"
+
+
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
     table = Table(title=f"{result.config.method} / {result.config.llm_label} / {result.config.retriever_label}")
@@ -132,7 +137,7 @@ def print_summary(result) -> None:
     for o in result.outcomes:
         cells = [
             o.task,
-            *(f"{o.evaluation.mean.get(m, 0.0):.4f}" for m in _HEADLINE),
+            *(_score(o.evaluation.mean, m) for m in _HEADLINE),
             str(o.evaluation.num_queries),
             str(len(o.evaluation.missing)),
         ]
@@ -142,7 +147,7 @@ def print_summary(result) -> None:
     if len(result.outcomes) > 1:
         blanks = [""] * (4 if uses_llm else 2)
         table.add_row(
-            "average", *(f"{result.average.get(m, 0.0):.4f}" for m in _HEADLINE), *blanks,
+            "average", *(_score(result.average, m) for m in _HEADLINE), *blanks,
             style="bold",
         )
     console.print(table)
