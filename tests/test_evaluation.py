@@ -52,20 +52,65 @@ def test_ndcg_matches_hand_computation():
     assert ev.mean["ndcg_at_10"] == pytest.approx((q1 + 1 / math.log2(3) + 1.0) / 3)
 
 
-def test_parity_with_plain_pytrec_eval_when_no_query_is_missing():
-    ev = evaluate(RUN, QRELS)
-    measures = {"ndcg_cut.10", "map_cut.100", "recall.25", "P.1", "recip_rank"}
-    raw = pytrec_eval.RelevanceEvaluator(QRELS, measures).evaluate(RUN)
-    for qid in QRELS:
-        assert ev.per_query[qid]["ndcg_at_10"] == raw[qid]["ndcg_cut_10"]
-        assert ev.per_query[qid]["map_at_100"] == raw[qid]["map_cut_100"]
-        assert ev.per_query[qid]["recall_at_25"] == raw[qid]["recall_25"]
-        assert ev.per_query[qid]["precision_at_1"] == raw[qid]["P_1"]
-        assert ev.per_query[qid]["mrr"] == raw[qid]["recip_rank"]
-    assert set(ev.mean) == set(DEFAULT_METRICS)
+def _random_run_and_qrels(seed: int) -> tuple[dict, dict]:
+    """30 queries, 100 documents each (so the depth cut changes nothing), tied scores, graded
+    qrels with relevant documents at every depth and some never retrieved."""
+    import random
+
+    rng = random.Random(seed)
+    run, qrels = {}, {}
+    for q in range(30):
+        docs = [f"d{i}" for i in rng.sample(range(400), 100)]
+        run[f"q{q}"] = {d: float(rng.randint(0, 40)) / 4 for d in docs}  # many ties
+        judged = rng.sample(docs, rng.randint(1, 12)) + [f"x{q}-{i}" for i in range(rng.randint(0, 3))]
+        qrels[f"q{q}"] = {d: rng.randint(1, 3) for d in judged}
+    return run, qrels
+
+
+# every metric of PROTOCOL.md -> the key pytrec_eval reports it under (written out, not derived)
+_TREC_KEYS = {
+    **{f"ndcg_at_{k}": f"ndcg_cut_{k}" for k in (1, 10, 25, 50, 100)},
+    **{f"map_at_{k}": f"map_cut_{k}" for k in (1, 10, 25, 50, 100)},
+    **{f"recall_at_{k}": f"recall_{k}" for k in (1, 10, 25, 50, 100)},
+    **{f"precision_at_{k}": f"P_{k}" for k in (1, 10, 25, 50, 100)},
+    "mrr": "recip_rank",
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_parity_with_plain_pytrec_eval_on_every_metric(seed):
+    run, qrels = _random_run_and_qrels(seed)
+    assert set(_TREC_KEYS) == set(DEFAULT_METRICS) and len(DEFAULT_METRICS) == 21
+    ev = evaluate(run, qrels)
+    raw = pytrec_eval.RelevanceEvaluator(
+        qrels, {"ndcg_cut.1,10,25,50,100", "map_cut.1,10,25,50,100", "recall.1,10,25,50,100",
+                "P.1,10,25,50,100", "recip_rank"}
+    ).evaluate(run)
+    assert set(raw) == set(qrels) == set(ev.per_query)
+    for qid in qrels:
+        for metric, key in _TREC_KEYS.items():
+            assert ev.per_query[qid][metric] == raw[qid][key], (qid, metric)
+    for metric, key in _TREC_KEYS.items():
+        assert ev.mean[metric] == pytest.approx(sum(raw[q][key] for q in qrels) / len(qrels), abs=1e-15)
     assert all(type(v) is float for v in ev.mean.values())
     assert all(type(v) is float for q in ev.per_query.values() for v in q.values())
     assert ev.missing == ()
+    # the data tells every cut-off of a family apart (so a cut-off mix-up could not pass)
+    for family in ("ndcg", "map", "recall", "precision"):
+        vectors = {k: [ev.per_query[q][f"{family}_at_{k}"] for q in sorted(qrels)]
+                   for k in (1, 10, 25, 50, 100)}
+        assert all(vectors[a] != vectors[b] for a in vectors for b in vectors if a < b), family
+
+
+def test_parity_with_plain_pytrec_eval_when_no_query_is_missing():
+    ev = evaluate(RUN, QRELS)
+    raw = pytrec_eval.RelevanceEvaluator(
+        QRELS, {"ndcg_cut.1,10,25,50,100", "map_cut.1,10,25,50,100", "recall.1,10,25,50,100",
+                "P.1,10,25,50,100", "recip_rank"}
+    ).evaluate(RUN)
+    for qid in QRELS:
+        for metric, key in _TREC_KEYS.items():
+            assert ev.per_query[qid][metric] == raw[qid][key], (qid, metric)
 
 
 def test_missing_query_scores_zero_and_is_counted():
