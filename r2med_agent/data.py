@@ -294,7 +294,9 @@ def _unknown_task_message(name: str, registry: dict[str, TaskSpec]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_task(name: str, data_dir: str | Path | None = None) -> Task:
+def load_task(
+    name: str, data_dir: str | Path | None = None, *, allow_missing_qrels_docs: bool = False
+) -> Task:
     """Load and validate one task.
 
     Args:
@@ -303,6 +305,10 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
             parent folder holding ``<Task>/`` (the task name, one of its aliases, or its Nano split
             name). Without it, package tasks load from the package and the others from the hub at
             the registry's pinned revision.
+        allow_missing_qrels_docs: keep qrels that name documents absent from the corpus (with a
+            warning giving their number) instead of failing; they stay relevant documents, so
+            they count in the ideal DCG as pytrec_eval scores them. Registry entries known to
+            ship such qrels (``r2med-demo``) set it themselves.
 
     Raises:
         ConfigError: unknown task name.
@@ -347,7 +353,7 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
         domain=spec.domain,
         split=spec.split or None,
         source=source,
-        allow_missing_qrels_docs=spec.allow_missing_qrels_docs,
+        allow_missing_qrels_docs=allow_missing_qrels_docs or spec.allow_missing_qrels_docs,
     )
 
 
@@ -368,7 +374,8 @@ def load_task_dir(
         name, family, domain: copied into the Task.
         split: the split to read when the folder is in Nano layout.
         source: provenance string for the Task (default: the folder's absolute path).
-        allow_missing_qrels_docs: accept qrels naming documents missing from the corpus (warned).
+        allow_missing_qrels_docs: keep qrels naming documents missing from the corpus (warned);
+            see :func:`load_task`.
     """
     folder = Path(folder)
     started = time.perf_counter()
@@ -809,14 +816,18 @@ def _build_qrels(
         if doc_id not in doc_ids:
             if not allow_missing_docs:
                 raise DataError(
-                    f"qrels name document {doc_id!r}, which is not in {corpus_path.name}", path, line
+                    f"qrels name document {doc_id!r}, which is not in {corpus_path.name}; if the "
+                    "release is meant so (R2MED's demo files are), --allow-missing-qrels-docs keeps "
+                    "such qrels as relevant documents no retriever can find",
+                    path,
+                    line,
                 )
             missing_docs[doc_id] = None
     qrels = _collect_qrels(rows, qrels_path)
     if missing_docs:
         logger.warning(
-            "%s: %d qrels documents are not in %s (allowed for this task; they count as relevant "
-            "documents no retriever can find): %s",
+            "%s: %d qrels documents are not in %s; kept as relevant documents no retriever can "
+            "find (they count in the ideal DCG, so no score can reach 1): %s",
             qrels_path,
             len(missing_docs),
             corpus_path.name,

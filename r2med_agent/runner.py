@@ -52,6 +52,8 @@ class RunConfig:
             depth gets its own result folder (``<retriever>__k<top_k>``), and metrics whose
             cut-off exceeds it are left out (see :func:`~r2med_agent.evaluation.metrics_within_depth`).
         data_dir: local copy of the data (R2MED or BEIR layout); None loads from the hub.
+        allow_missing_qrels_docs: keep qrels naming documents absent from the corpus (warned)
+            instead of failing (see :func:`r2med_agent.data.load_task`).
         output_dir: root of the result tree.
         use_cache: read and write the generation cache.
         refresh_cache: regenerate and overwrite cached generations.
@@ -72,6 +74,7 @@ class RunConfig:
     rerank_k: int = 100
     top_k: int = DEFAULT_TOP_K
     data_dir: Path | None = None
+    allow_missing_qrels_docs: bool = False
     output_dir: Path = Path("results")
     use_cache: bool = True
     refresh_cache: bool = False
@@ -169,7 +172,8 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     from r2med_agent.retrieval import make_retriever
 
     method_cls = get_method(cfg.method)
-    tasks = [load_task(name, cfg.data_dir) for name in cfg.tasks]
+    tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs)
+             for name in cfg.tasks]
     out_dir = cfg.result_dir()
     beyond = [m for m in cfg.metrics if m not in cfg.scored_metrics]
     if beyond:

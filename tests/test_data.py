@@ -249,6 +249,25 @@ def test_r2med_demo_allows_missing_qrels_docs_only_by_flag(caplog: pytest.LogCap
         load_dir(folder)
 
 
+def test_qrels_naming_missing_documents_are_kept_only_on_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    qrels = [*QRELS, {"q_id": "q1", "p_id": "gone-1", "score": 2},
+             {"q_id": "q2", "p_id": "gone-2", "score": 1}]
+    make_r2med_dir(tmp_path / "Biology", qrels=qrels)
+    with pytest.raises(DataError, match=r"qrels\.jsonl:4: .*'gone-1'.*--allow-missing-qrels-docs"):
+        data.load_task("Biology", data_dir=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
+        task = data.load_task("Biology", data_dir=tmp_path, allow_missing_qrels_docs=True)
+    # they stay in the qrels (relevant documents no retriever can find), and their count is logged
+    assert task.qrels == {"q1": {"d1": 1, "gone-1": 2}, "q2": {"d2": 2, "gone-2": 1}}
+    assert any("2 qrels documents are not in corpus.jsonl" in r.getMessage() for r in caplog.records)
+    # the same path the bundled r2med-demo takes through its registry entry
+    demo = data.load_task("r2med-demo")
+    folder = Path(data.__file__).parent / "resources" / "r2med-demo" / "Biology"
+    assert load_dir(folder, allow_missing_qrels_docs=True).qrels == demo.qrels
+
+
 # --------------------------------------------------------------------------------------------------
 # local layouts
 # --------------------------------------------------------------------------------------------------

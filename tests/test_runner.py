@@ -4,6 +4,7 @@ bad input as a clean error, a killed run that resumes from the cache."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -81,6 +82,34 @@ def test_another_top_k_gets_its_own_folder_and_only_metrics_it_reaches(tmp_path,
     row = next(line for line in out.splitlines() if line.startswith("│ sample"))
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells[2] == "-" and float(cells[1]) == pytest.approx(k10["test"]["ndcg_at_10"], abs=1e-4)
+
+
+def test_allow_missing_qrels_docs_scores_them_as_pytrec_eval_does(tmp_path, capsys, caplog):
+    import logging
+
+    import pytrec_eval
+
+    folder = tmp_path / "data" / "Biology"
+    folder.mkdir(parents=True)
+    (folder / "query.jsonl").write_text('{"id": "q1", "text": "measles rash fever"}\n')
+    (folder / "corpus.jsonl").write_text('{"id": "d1", "text": "measles causes a rash and fever"}\n'
+                                         '{"id": "d2", "text": "insulin lowers glucose"}\n')
+    (folder / "qrels.jsonl").write_text('{"q_id": "q1", "p_id": "d1", "score": 1}\n'
+                                        '{"q_id": "q1", "p_id": "absent", "score": 1}\n')
+    args = ["run", "--task", "Biology", "--data-dir", str(tmp_path / "data"), "-o",
+            str(tmp_path / "out"), "--no-progress"]
+    code, _, err = _cli(args, capsys)
+    assert code == 2 and "qrels.jsonl:2: " in err and "--allow-missing-qrels-docs" in err
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
+        code, _, err = _cli([*args, "--allow-missing-qrels-docs"], capsys)
+    assert code == 0
+    assert any("1 qrels documents are not in corpus.jsonl" in r.getMessage() for r in caplog.records)
+    record = json.loads((tmp_path / "out" / "none" / "none" / "bm25" / "Biology.json").read_text())
+    assert record["config"]["allow_missing_qrels_docs"] is True
+    # the absent document is in the ideal DCG: d1 at rank 1 gives 1 / (1 + 1/log2(3))
+    raw = pytrec_eval.RelevanceEvaluator({"q1": {"d1": 1, "absent": 1}}, {"ndcg_cut.10"}).evaluate(
+        {"q1": {"d1": 2.0}})
+    assert record["test"]["ndcg_at_10"] == raw["q1"]["ndcg_cut_10"] == pytest.approx(1 / (1 + 1 / math.log2(3)))
 
 
 def _scripted_cached(tmp_path: Path) -> tuple[CachedLLM, ScriptedLLM]:

@@ -69,6 +69,10 @@ def run_command(
         None, "--data-dir", "-d",
         help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub.",
     ),
+    allow_missing_qrels_docs: bool = typer.Option(
+        False, "--allow-missing-qrels-docs",
+        help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1.",
+    ),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<retriever>/<Task>.json|.run."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
     refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
@@ -105,6 +109,7 @@ def run_command(
         rerank_k=rerank_k,
         top_k=top_k,
         data_dir=data_dir,
+        allow_missing_qrels_docs=allow_missing_qrels_docs,
         output_dir=output_dir,
         use_cache=not no_cache,
         refresh_cache=refresh_cache,
