@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,10 +104,47 @@ def _decode_error(path: Path) -> DataError:
 
 
 _DECODER = json.JSONDecoder()
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def loads_json_line(line: str, path: str | os.PathLike[str], lineno: int) -> Any:
-    """``json.loads`` of one line; anything that is not JSON raises DataError with file:line."""
+    """``json.loads`` of one line; anything that is not JSON raises DataError with file:line.
+
+    So does a string holding an unpaired surrogate (a ``\\ud800`` escape without its partner):
+    JSON lets it through, but it is no Unicode text and could not be written back as UTF-8.
+    """
+    obj = _loads(line, path, lineno)
+    # (a backslash test first: one memchr, where the pattern search would read every line)
+    if "\\" in line and _SURROGATE_ESCAPE.search(line) and not _encodable(obj):
+        raise DataError(
+            "a string holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which is not "
+            "Unicode text; fix or drop it",
+            path,
+            lineno,
+        )
+    return obj
+
+
+def _encodable(obj: Any) -> bool:
+    """Every string in ``obj`` (keys too) encodes as UTF-8 (escaped surrogate pairs have been
+    joined by the parser; only unpaired ones fail)."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def _loads(line: str, path: str | os.PathLike[str], lineno: int) -> Any:
     try:
         # raw_decode skips json.loads's two whitespace scans (about 15% of parsing a corpus);
         # a line it does not take whole (leading blanks, an error) goes through json.loads.

@@ -431,6 +431,13 @@ BAD_BYTES = {
     ),
     "deep nesting": ("corpus.jsonl", (D1 + "\n" + "[" * 200_000 + "\n").encode(), 2, "nested too deeply"),
     "huge integer": ("query.jsonl", (Q1 + "\n" + "1" * 5000 + "\n").encode(), 2, "malformed JSON"),
+    "unpaired surrogate in a text": (
+        "corpus.jsonl", (D1 + "\n" + r'{"id": "d2", "text": "fever \ud800 rash"}' + "\n").encode(), 2,
+        "unpaired UTF-16 surrogate escape",
+    ),
+    "unpaired low surrogate in an id": (
+        "query.jsonl", (r'{"id": "q\uDC00", "text": "x"}' + "\n").encode(), 1, "unpaired UTF-16 surrogate",
+    ),
 }
 
 
@@ -443,6 +450,13 @@ def test_undecodable_input_names_file_and_line(tmp_path: Path, case: str) -> Non
         load_dir(folder)
     msg = str(e.value)
     assert f"{file_name}:{line_no}: " in msg and re.search(pattern, msg), msg
+
+
+def test_escaped_surrogate_pairs_are_text(tmp_path: Path) -> None:
+    corpus = [{"id": "d1", "text": "a"}, {"id": "d2", "text": "b"}, {"id": "d3", "text": "emoji \U0001F600"}]
+    folder = make_r2med_dir(tmp_path / "t", corpus=corpus)  # json.dumps writes "\ud83d\ude00"
+    assert r"\ud83d\ude00" in (folder / "corpus.jsonl").read_text()
+    assert load_dir(folder).corpus[2].text == "emoji \U0001F600"
 
 
 def test_utf8_byte_order_mark_and_crlf_are_read(tmp_path: Path) -> None:

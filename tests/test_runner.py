@@ -222,6 +222,8 @@ _UNREADABLE_CORPUS = {
                      "corpus.jsonl:2: not UTF-8 text: byte 0xe9 at column 26"),
     "deep nesting": (b'{"id": "d1", "text": "measles"}\n' + b"[" * 200_000 + b"\n",
                      "corpus.jsonl:2: malformed JSON (nested too deeply)"),
+    "unpaired surrogate": (b'{"id": "d1", "text": "measles \\ud800"}\n',
+                           "corpus.jsonl:1: a string holds an unpaired UTF-16 surrogate escape"),
 }
 
 
