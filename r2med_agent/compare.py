@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -64,14 +65,17 @@ MISSING = "—"
 
 VARIANTS: tuple[str, ...] = ("fuse",)
 """Leaf-folder suffixes that belong to the retriever part (``bm25__fuse``: an agentic run whose
-final ranking fuses every search), not to a reranker."""
+final ranking fuses every search), not to a reranker. ``k<N>`` (a run scored at depth N instead
+of 100, ``bm25__k10``) is one too."""
+
+_DEPTH_VARIANT = re.compile(r"k[0-9]+")
 
 
 def split_leaf(name: str) -> tuple[str, str]:
     """``retriever[__variant][__reranker]`` -> ``(retriever[__variant], reranker)``."""
     parts = name.split("__")
     n = 1
-    while n < len(parts) and parts[n] in VARIANTS:
+    while n < len(parts) and (parts[n] in VARIANTS or _DEPTH_VARIANT.fullmatch(parts[n])):
         n += 1
     return "__".join(parts[:n]), "__".join(parts[n:])
 

@@ -49,12 +49,17 @@ def _load_yaml(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: config file is not UTF-8 text ({e.reason})") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{line}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: malformed YAML: nested too deeply") from None
 
 
 class _Cache:

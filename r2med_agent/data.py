@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
-from r2med_agent.io import iter_jsonl
+from r2med_agent.io import iter_jsonl, iter_lines
 from r2med_agent.paths import resources_dir
 from r2med_agent.types import Doc, Family, Qrels, Query, Task
 
@@ -294,7 +294,9 @@ def _unknown_task_message(name: str, registry: dict[str, TaskSpec]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_task(name: str, data_dir: str | Path | None = None) -> Task:
+def load_task(
+    name: str, data_dir: str | Path | None = None, *, allow_missing_qrels_docs: bool = False
+) -> Task:
     """Load and validate one task.
 
     Args:
@@ -303,6 +305,10 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
             parent folder holding ``<Task>/`` (the task name, one of its aliases, or its Nano split
             name). Without it, package tasks load from the package and the others from the hub at
             the registry's pinned revision.
+        allow_missing_qrels_docs: keep qrels that name documents absent from the corpus (with a
+            warning giving their number) instead of failing; they stay relevant documents, so
+            they count in the ideal DCG as pytrec_eval scores them. Registry entries known to
+            ship such qrels (``r2med-demo``) set it themselves.
 
     Raises:
         ConfigError: unknown task name.
@@ -332,8 +338,14 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
                 "corpus.jsonl, query.jsonl and qrels.jsonl (a copy of "
                 f"{spec.repo}), or a parent folder holding {spec.name}/"
             )
+        from r2med_agent.hub import is_commit
+
         folder = fetch_snapshot(spec.repo, spec.revision, patterns, hint=hint)
         source = spec.provenance
+        if not is_commit(spec.revision) and is_commit(folder.name):
+            # A branch (NanoR2MED follows main): record the commit the files came from, so a
+            # result says which data it was computed on. (Snapshot folders are named by commit.)
+            source += f" (commit {folder.name})"
     return load_task_dir(
         folder,
         name=spec.name,
@@ -341,7 +353,7 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
         domain=spec.domain,
         split=spec.split or None,
         source=source,
-        allow_missing_qrels_docs=spec.allow_missing_qrels_docs,
+        allow_missing_qrels_docs=allow_missing_qrels_docs or spec.allow_missing_qrels_docs,
     )
 
 
@@ -362,7 +374,8 @@ def load_task_dir(
         name, family, domain: copied into the Task.
         split: the split to read when the folder is in Nano layout.
         source: provenance string for the Task (default: the folder's absolute path).
-        allow_missing_qrels_docs: accept qrels naming documents missing from the corpus (warned).
+        allow_missing_qrels_docs: keep qrels naming documents missing from the corpus (warned);
+            see :func:`load_task`.
     """
     folder = Path(folder)
     started = time.perf_counter()
@@ -628,7 +641,8 @@ def _parse_docs(
     for line, obj in records:
         # Fast path for the common well-formed record; anything unusual goes through the checks.
         doc_id = obj.get(key)
-        if not (type(doc_id) is str and _clean(doc_id)):
+        if not (type(doc_id) is str and doc_id and not doc_id[0].isspace()
+                and not doc_id[-1].isspace()):
             doc_id = _get_id(obj, id_keys, path, line, "document")
         if doc_id in seen:
             raise DataError(f"duplicate document id {doc_id!r} (first on line {seen[doc_id]})", path, line)
@@ -645,11 +659,6 @@ def _parse_docs(
     if not out:
         raise DataError("empty corpus", path)
     return out
-
-
-def _clean(value: str) -> bool:
-    """Non-empty with no surrounding whitespace (so no normalisation is needed)."""
-    return bool(value) and not value[0].isspace() and not value[-1].isspace()
 
 
 _SCORE_HEADERS = {"score", "rel", "relevance", "label", "grade", "judgment", "judgement"}
@@ -710,18 +719,13 @@ def _qrels_from_text(path: Path) -> list[tuple[Path, int, str, str, int]]:
     is a header when its last column is a column name (``score``, ``rel``, ``relevance``, ...), as in
     BEIR's ``query-id corpus-id score``.
     """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise DataError(f"cannot read file: {e.strerror}", path) from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"not UTF-8 text ({e.reason})", path) from None
     rows = []
     width: int | None = None
     first = True
-    for line_no, line in enumerate(lines, start=1):
+    for line_no, line in iter_lines(path, "qrels file"):
         if not line.strip():
             continue
+        line = line.rstrip("\r\n")
         fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
         if first:
             first = False
@@ -782,6 +786,12 @@ def _collect_qrels(rows: Sequence[tuple[Path, int, str, str, int]], qrels_path: 
                 line,
             )
         grades[doc_id] = score
+    if not qrels:
+        raise DataError(
+            f"no qrels entry has a positive grade (all {dropped} are <= 0), so no query can be "
+            "scored; relevant documents need a grade of 1 or more",
+            qrels_path,
+        )
     if dropped:
         logger.info("%s: dropped %d qrels entries with grade <= 0", qrels_path, dropped)
     return qrels
@@ -806,14 +816,18 @@ def _build_qrels(
         if doc_id not in doc_ids:
             if not allow_missing_docs:
                 raise DataError(
-                    f"qrels name document {doc_id!r}, which is not in {corpus_path.name}", path, line
+                    f"qrels name document {doc_id!r}, which is not in {corpus_path.name}; if the "
+                    "release is meant so (R2MED's demo files are), --allow-missing-qrels-docs keeps "
+                    "such qrels as relevant documents no retriever can find",
+                    path,
+                    line,
                 )
             missing_docs[doc_id] = None
     qrels = _collect_qrels(rows, qrels_path)
     if missing_docs:
         logger.warning(
-            "%s: %d qrels documents are not in %s (allowed for this task; they count as relevant "
-            "documents no retriever can find): %s",
+            "%s: %d qrels documents are not in %s; kept as relevant documents no retriever can "
+            "find (they count in the ideal DCG, so no score can reach 1): %s",
             qrels_path,
             len(missing_docs),
             corpus_path.name,

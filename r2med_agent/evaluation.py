@@ -13,6 +13,7 @@ Pure functions over Run and Qrels. Two pitfalls of the usual wrappers are fixed 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +43,23 @@ def _trec_measure(metric: str) -> tuple[str, str]:
         )
     trec = _FAMILIES[fam]
     return trec, f"{trec}_{int(k)}"
+
+
+def metric_cutoff(metric: str) -> int | None:
+    """The rank cut-off of a metric key (``ndcg_at_10`` -> 10; ``mrr`` -> None: it reads the
+    whole ranking)."""
+    _, key = _trec_measure(metric)
+    return None if metric == "mrr" else int(key.rsplit("_", 1)[1])
+
+
+def metrics_within_depth(metrics: Sequence[str], depth: int) -> tuple[str, ...]:
+    """The metrics whose cut-off is at most ``depth``.
+
+    A run cut to its top ``depth`` documents has no rank beyond it: its ``recall_at_100`` at
+    depth 10 would be recall at 10 under another name, so such metrics are left out rather than
+    reported under a cut-off the run does not reach.
+    """
+    return tuple(m for m in metrics if (metric_cutoff(m) or 0) <= depth)
 
 
 def trec_sorted(ranking: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -95,6 +113,8 @@ def evaluate(
     """
     import pytrec_eval
 
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ConfigError(f"evaluation depth must be an integer >= 1, got {depth!r}")
     measures = {m: _trec_measure(m) for m in metrics}
     judged = {qid: {d: int(g) for d, g in docs.items()} for qid, docs in qrels.items() if docs}
     cut = truncate({q: r for q, r in run.items() if q in judged and r}, depth)
@@ -151,29 +171,34 @@ def write_trec_run(run: Run, tag: str, depth: int = 100) -> str:
 
 
 def read_trec_run(path) -> Run:
-    """Read a TREC run file (6 columns); malformed lines raise DataError with file:line."""
+    """Read a TREC run file (6 columns, UTF-8).
+
+    Raises:
+        DataError: with file:line for text that is not UTF-8, a line without 6 columns, a score
+            that is not a finite number, or a document listed twice for one query.
+    """
     from r2med_agent.errors import DataError
+    from r2med_agent.io import iter_lines
 
     run: Run = {}
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise DataError(f"cannot read run file: {e.strerror}", path) from None
-    with f:
-        for lineno, line in enumerate(f, start=1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) != 6:
-                raise DataError(
-                    f"expected 6 columns 'qid Q0 docid rank score tag', got {len(parts)}", path, lineno
-                )
-            qid, _, doc, _, score, _ = parts
-            try:
-                value = float(score)
-            except ValueError:
-                raise DataError(f"score '{score}' is not a number", path, lineno) from None
-            if doc in run.setdefault(qid, {}):
-                raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
-            run[qid][doc] = value
+    for lineno, line in iter_lines(path, "run file"):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 6:
+            raise DataError(
+                f"expected 6 columns 'qid Q0 docid rank score tag', got {len(parts)}", path, lineno
+            )
+        qid, _, doc, _, score, _ = parts
+        try:
+            value = float(score)
+        except ValueError:
+            raise DataError(f"score '{score}' is not a number", path, lineno) from None
+        if not math.isfinite(value):
+            raise DataError(
+                f"score '{score}' is not finite; trec_eval cannot rank nan or inf", path, lineno
+            )
+        if doc in run.setdefault(qid, {}):
+            raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
+        run[qid][doc] = value
     return run

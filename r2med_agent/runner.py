@@ -17,13 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate
+from r2med_agent.evaluation import (
+    DEFAULT_METRICS,
+    Evaluation,
+    average_over_tasks,
+    evaluate,
+    metrics_within_depth,
+)
 from r2med_agent.io import atomic_write_json, atomic_write_text
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
 
 log = logging.getLogger(__name__)
 
 FINAL_MODES = ("default", "fuse")
+DEFAULT_TOP_K = 100
+"""R2MED's depth: the top 100 documents per query are kept and scored."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,12 @@ class RunConfig:
             searches, so the two must be the same.
         reranker: reranker registry name, or None.
         rerank_k: how many top documents the reranker re-scores.
-        top_k: documents kept per query (R2MED scores the top 100).
+        top_k: documents kept per query and the depth they are scored at (R2MED: 100). Any other
+            depth gets its own result folder (``<retriever>__k<top_k>``), and metrics whose
+            cut-off exceeds it are left out (see :func:`~r2med_agent.evaluation.metrics_within_depth`).
         data_dir: local copy of the data (R2MED or BEIR layout); None loads from the hub.
+        allow_missing_qrels_docs: keep qrels naming documents absent from the corpus (warned)
+            instead of failing (see :func:`r2med_agent.data.load_task`).
         output_dir: root of the result tree.
         use_cache: read and write the generation cache.
         refresh_cache: regenerate and overwrite cached generations.
@@ -60,8 +72,9 @@ class RunConfig:
     loop_retriever: str | None = None
     reranker: str | None = None
     rerank_k: int = 100
-    top_k: int = 100
+    top_k: int = DEFAULT_TOP_K
     data_dir: Path | None = None
+    allow_missing_qrels_docs: bool = False
     output_dir: Path = Path("results")
     use_cache: bool = True
     refresh_cache: bool = False
@@ -94,12 +107,20 @@ class RunConfig:
         label = self.retriever
         if self.method in ("search-r1", "search-o1") and self.final == "fuse":
             label += "__fuse"
+        if self.top_k != DEFAULT_TOP_K:
+            label += f"__k{self.top_k}"
         if self.reranker:
             label += f"__{self.reranker}"
         return label
 
+    @property
+    def scored_metrics(self) -> tuple[str, ...]:
+        """``metrics`` whose cut-off the depth ``top_k`` reaches (all of them at 100)."""
+        return metrics_within_depth(self.metrics, self.top_k)
+
     def result_dir(self) -> Path:
-        """``<output>/<method>/<llm>/<retriever>[__fuse][__<reranker>]``."""
+        """``<output>/<method>/<llm>/<retriever>[__fuse][__k<top_k>][__<reranker>]`` (``__k`` only
+        when ``top_k`` is not 100, so runs at two depths never overwrite each other)."""
         return Path(self.output_dir) / self.method / self.llm_label / self.retriever_label
 
 
@@ -151,8 +172,13 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     from r2med_agent.retrieval import make_retriever
 
     method_cls = get_method(cfg.method)
-    tasks = [load_task(name, cfg.data_dir) for name in cfg.tasks]
+    tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs)
+             for name in cfg.tasks]
     out_dir = cfg.result_dir()
+    beyond = [m for m in cfg.metrics if m not in cfg.scored_metrics]
+    if beyond:
+        log.info("scoring the top %d: %s left out (their cut-off is beyond the depth)",
+                 cfg.top_k, ", ".join(beyond))
 
     # Everything that can fail cheaply (names, indexes) comes before any LLM work; the LLM's
     # name is checked before the indexes, which can take hours to build.
@@ -218,7 +244,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
             corpus = {d.doc_id: d.text for d in task.corpus}
             run = reranker.rerank(requests, run, corpus, cfg.rerank_k)
         retrieval_time = time.perf_counter() - t0
-        ev = evaluate(run, task.qrels, cfg.metrics, depth=cfg.top_k)
+        ev = evaluate(run, task.qrels, cfg.scored_metrics, depth=cfg.top_k)
         stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), price_in, price_out)
         stats["retrieval_time_s"] = round(retrieval_time, 4)
         stats["index_time_s"] = round(index_time[task.name], 4)
@@ -237,6 +263,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         "retriever": cfg.retriever_label,
         "tasks": [o.task for o in outcomes],
         "average": average,
+        "depth": cfg.top_k,
         "per_task": {o.task: o.evaluation.mean for o in outcomes},
         "llm_stats": llm_stats,
         "config": _config_record(cfg),
@@ -375,6 +402,7 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
         "model_name": f"{cfg.method}/{cfg.llm_label}/{cfg.retriever_label}",
         "evaluation_time": _now(),
         "test": ev.mean,
+        "depth": cfg.top_k,
         "num_queries": ev.num_queries,
         "missing_queries": len(ev.missing),
         "missing_query_ids": list(ev.missing),
@@ -416,7 +444,7 @@ def _config_record(cfg: RunConfig) -> dict[str, Any]:
     """The configuration as written into result files (no secrets: names and settings only)."""
     rec = asdict(cfg)
     rec["tasks"] = list(cfg.tasks)
-    rec["metrics"] = list(cfg.metrics)
+    rec["metrics"] = list(cfg.scored_metrics)
     for key in ("data_dir", "output_dir", "cache_path"):
         rec[key] = str(rec[key]) if rec[key] is not None else None
     rec.pop("show_progress", None)

@@ -188,6 +188,59 @@ def test_hybrid_stemming_equals_lucene_porter_on_a_real_vocabulary(texts: list[s
     assert len(differs) >= 5, differs
 
 
+def _stdlib_vocabulary() -> list[str]:
+    """Every distinct run of lowercase letters in the standard library's own sources (its
+    docstrings, comments and identifiers; installed packages left out): about 40,000 words."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    letters = re.compile(r"[a-z]+")
+    words: set[str] = set()
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts:
+            continue
+        try:
+            words.update(letters.findall(path.read_text(encoding="utf-8").lower()))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return sorted(words)
+
+
+def test_lucene_porter_port_against_snowball_porter_on_the_stdlib_vocabulary() -> None:
+    """PyStemmer's ``porter`` (Snowball, the published algorithm) as an independent check.
+
+    Lucene's PorterStemmer is Martin Porter's reference implementation, which departs from the
+    published algorithm in four documented ways (see r2med_agent.retrieval.analysis). Every
+    disagreement over the vocabulary must be one of them, checked against Snowball itself, never
+    against the port: anything else would be a bug in the port.
+    """
+    import Stemmer
+
+    words = _stdlib_vocabulary()
+    assert len(words) > 30_000
+    snowball = Stemmer.Stemmer("porter")
+    ours = [lucene_porter_stem(w) for w in words]
+    undoubling = re.compile(r"([^aeioulszbdfgmnprt])\1(?:ed|ing)s?$")
+    kinds: Counter[str] = Counter()
+    unexplained = []
+    for word, theirs, mine in zip(words, snowball.stemWords(words), ours):
+        if theirs == mine:
+            continue
+        if len(word) <= 2 and mine == word:  # the reference leaves 1-2 letter words alone
+            kinds["short"] += 1
+        elif theirs.endswith("logi") and mine == theirs[:-1]:  # -logi -> -log
+            kinds["logi"] += 1
+        elif theirs.endswith("bli") and mine == snowball.stemWord(theirs[:-1] + "e"):  # -bli -> -ble
+            kinds["bli"] += 1
+        elif undoubling.search(word) and mine == theirs[:-1]:  # "specced" -> "spec"
+            kinds["undoubling"] += 1
+        else:
+            unexplained.append((word, theirs, mine))
+    assert unexplained == []
+    assert set(kinds) == {"short", "logi", "bli", "undoubling"}, kinds  # each rule is exercised
+    assert sum(kinds.values()) < 0.005 * len(words)
+    # the analyzer (PyStemmer, then the port for the words those rules can reach) equals the port
+    assert LuceneEnglishAnalyzer()._stem_words(list(words)) == ours
+
+
 def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
     samples = [t.lower() for t in texts[:800] if t.isascii()]
     samples.append("u.s.a. 1,000;2 x_1 ___ don't a:b 3.5. 'quoted' end.")
@@ -197,7 +250,7 @@ def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
 
 def test_tokenizer_agrees_with_unicode_word_boundaries(texts: list[str]) -> None:
     """Lucene's StandardTokenizer implements UAX#29; the `regex` module implements it too."""
-    regex = pytest.importorskip("regex")
+    import regex  # the dev extra's; Python's re has no UAX#29 word boundaries
     boundary = regex.compile(r"\b", flags=regex.WORD | regex.V1)
     word = regex.compile(r"[\p{L}\p{Nd}]")
     extra = ["Naïve café (e\u0301) résumé: ｶﾀｶﾅ ＡＢＣ x² 1,000.5 ½ dose’s l’hôpital"]
@@ -360,6 +413,45 @@ def test_k_is_capped_and_zero_score_docs_are_not_matches(mode: str, tmp_path: Pa
     assert set(run["a"]) == {"d0", "d2"}
     assert list(run["b"])[0] == "d0" and set(run["b"]) == {"d0", "d1", "d2"}
     assert all(s > 0 for s in run["b"].values())
+
+
+def test_top_k_cut_keeps_trec_eval_top_documents_among_ties() -> None:
+    """The cut and the order follow trec_eval (score desc, doc id desc) against a full sort."""
+    from r2med_agent.evaluation import trec_sorted
+    from r2med_agent.retrieval.bm25 import _doc_id_ranks, _top_positive
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        # few distinct values, so ties at the cut are the rule; zeros and negatives are not hits
+        scores = rng.integers(-2, 6, size=n).astype(np.float32)
+        ids = [f"{rng.integers(0, 10**6)}-{i}" for i in range(n)]
+        ids = [ids[i] for i in rng.permutation(n)]
+        k = int(rng.integers(1, n + 2))
+        hits, values = _top_positive(scores, min(k, n), _doc_id_ranks(ids))
+        full = [(d, s) for d, s in trec_sorted(dict(zip(ids, scores.tolist()))) if s > 0]
+        assert [(ids[h], v) for h, v in zip(hits.tolist(), values.tolist())] == full[:k], trial
+
+
+@pytest.mark.parametrize("mode", ["lucene", "r2med-compat"])
+def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(mode: str, tmp_path: Path) -> None:
+    # 150 identical documents score equally; k=100 must keep the 100 with the largest ids, not
+    # whichever 100 a partition leaves (nor the first 100 of the corpus).
+    ids = [f"dup{i:03d}" for i in range(150)] + ["best", "other"]
+    texts = ["fever and rash"] * 150 + ["fever rash fever rash measles", "insulin and glucose"]
+    order = np.random.default_rng(1).permutation(len(ids))
+    t = make_task([texts[i] for i in order], name="ties", ids=[ids[i] for i in order])
+    r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
+    req = [SearchRequest("q", "fever rash")]
+    full = r.search(req, len(ids))["q"]
+    assert len(full) == 151 and len(set(list(full.values())[1:])) == 1
+    from r2med_agent.evaluation import trec_sorted, truncate
+
+    for k in (1, 10, 100, 150):
+        cut = r.search(req, k)["q"]
+        assert list(cut.items()) == trec_sorted(full)[:k]
+        assert cut == truncate({"q": full}, k)["q"]
+    assert list(r.search(req, 100)["q"])[1:] == [f"dup{i:03d}" for i in range(149, 50, -1)]
 
 
 # --- the saved index -----------------------------------------------------------------------------

@@ -891,6 +891,23 @@ def test_cli_roundtrip_on_the_shipped_r2med_demo(tmp_path, capsys):
     assert out.read_bytes() == hyde_file.read_bytes()
 
 
+def test_cli_import_of_the_demo_as_a_data_dir_needs_the_missing_docs_option(tmp_path, capsys):
+    """R2MED's demo folder given as --data-dir for Biology: its qrels name absent documents."""
+    from r2med_agent.cli.app import main
+    from r2med_agent.paths import resources_dir
+
+    demo = resources_dir() / "r2med-demo" / "Biology"
+    hyde_file = demo / "hyde" / "qwen-7b" / "query_with_hydoc.jsonl"
+    if not hyde_file.is_file():
+        pytest.skip("the packaged r2med-demo copy is not installed")
+    args = ["cache", "import", str(hyde_file), "--task", "Biology", "--data-dir", str(demo),
+            "--method", "hyde", "--llm", "qwen-7b", "--cache-path", str(tmp_path / "g.sqlite")]
+    assert main(args) == 2
+    assert "--allow-missing-qrels-docs" in capsys.readouterr().err
+    assert main([*args, "--allow-missing-qrels-docs"]) == 0
+    assert "imported 2 generations" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_real_local_model_through_the_cache(tmp_path):
     """SmolLM2 (llama.cpp, in-process) behind the cache: a second identical call is served from disk."""

@@ -65,6 +65,8 @@ def test_split_leaf_keeps_the_fuse_variant_on_the_retriever():
     assert split_leaf("nv__monobert") == ("nv", "monobert")
     assert split_leaf("bm25__fuse") == ("bm25__fuse", "")
     assert split_leaf("nv__fuse__rankllama") == ("nv__fuse", "rankllama")
+    assert split_leaf("bm25__k10") == ("bm25__k10", "")  # a run at depth 10 (--top-k 10)
+    assert split_leaf("bm25__fuse__k1000__bge-reranker") == ("bm25__fuse__k1000", "bge-reranker")
 
 
 def test_rows_and_table_values_equal_the_result_files(two_trees):

@@ -249,6 +249,25 @@ def test_r2med_demo_allows_missing_qrels_docs_only_by_flag(caplog: pytest.LogCap
         load_dir(folder)
 
 
+def test_qrels_naming_missing_documents_are_kept_only_on_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    qrels = [*QRELS, {"q_id": "q1", "p_id": "gone-1", "score": 2},
+             {"q_id": "q2", "p_id": "gone-2", "score": 1}]
+    make_r2med_dir(tmp_path / "Biology", qrels=qrels)
+    with pytest.raises(DataError, match=r"qrels\.jsonl:4: .*'gone-1'.*--allow-missing-qrels-docs"):
+        data.load_task("Biology", data_dir=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
+        task = data.load_task("Biology", data_dir=tmp_path, allow_missing_qrels_docs=True)
+    # they stay in the qrels (relevant documents no retriever can find), and their count is logged
+    assert task.qrels == {"q1": {"d1": 1, "gone-1": 2}, "q2": {"d2": 2, "gone-2": 1}}
+    assert any("2 qrels documents are not in corpus.jsonl" in r.getMessage() for r in caplog.records)
+    # the same path the bundled r2med-demo takes through its registry entry
+    demo = data.load_task("r2med-demo")
+    folder = Path(data.__file__).parent / "resources" / "r2med-demo" / "Biology"
+    assert load_dir(folder, allow_missing_qrels_docs=True).qrels == demo.qrels
+
+
 # --------------------------------------------------------------------------------------------------
 # local layouts
 # --------------------------------------------------------------------------------------------------
@@ -392,6 +411,71 @@ def test_bad_input_names_file_and_line(tmp_path: Path, case: str) -> None:
     assert f"{file_name}:{line_no}: " in msg, msg
     assert re.search(pattern, msg), msg
     assert e.value.line == line_no and Path(str(e.value.path)).name == file_name
+
+
+# case: (file, its bytes, line number the error must name, pattern the message must match)
+BAD_BYTES = {
+    "latin-1 byte in corpus": (
+        "corpus.jsonl",
+        (D1 + "\n" + '{"id": "d2", "text": "caf\u00e9"}\n').encode("latin-1"),
+        2,
+        r"not UTF-8 text: byte 0xe9 at column 26 \(invalid continuation byte\)",
+    ),
+    "utf-16 query file": (
+        "query.jsonl", (Q1 + "\n").encode("utf-16"), 1, "UTF-16 byte-order mark; save it as UTF-8"
+    ),
+    "latin-1 byte in qrels.txt": ("qrels.txt", b"q1 0 d1 1\nq1 0 d\xe92 1\n", 2, "not UTF-8 text"),
+    "bad byte after crlf lines": (
+        "corpus.jsonl", (D1 + "\r\n" + D1.replace("d1", "d2") + "\r\n").encode() + b"\xff\n", 3,
+        "byte 0xff at column 1",
+    ),
+    "deep nesting": ("corpus.jsonl", (D1 + "\n" + "[" * 200_000 + "\n").encode(), 2, "nested too deeply"),
+    "huge integer": ("query.jsonl", (Q1 + "\n" + "1" * 5000 + "\n").encode(), 2, "malformed JSON"),
+    "unpaired surrogate in a text": (
+        "corpus.jsonl", (D1 + "\n" + r'{"id": "d2", "text": "fever \ud800 rash"}' + "\n").encode(), 2,
+        "unpaired UTF-16 surrogate escape",
+    ),
+    "unpaired low surrogate in an id": (
+        "query.jsonl", (r'{"id": "q\uDC00", "text": "x"}' + "\n").encode(), 1, "unpaired UTF-16 surrogate",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BYTES))
+def test_undecodable_input_names_file_and_line(tmp_path: Path, case: str) -> None:
+    file_name, raw, line_no, pattern = BAD_BYTES[case]
+    folder = make_r2med_dir(tmp_path / "t", qrels=None if file_name == "qrels.txt" else QRELS)
+    (folder / file_name).write_bytes(raw)
+    with pytest.raises(DataError) as e:
+        load_dir(folder)
+    msg = str(e.value)
+    assert f"{file_name}:{line_no}: " in msg and re.search(pattern, msg), msg
+
+
+def test_escaped_surrogate_pairs_are_text(tmp_path: Path) -> None:
+    corpus = [{"id": "d1", "text": "a"}, {"id": "d2", "text": "b"}, {"id": "d3", "text": "emoji \U0001F600"}]
+    folder = make_r2med_dir(tmp_path / "t", corpus=corpus)  # json.dumps writes "\ud83d\ude00"
+    assert r"\ud83d\ude00" in (folder / "corpus.jsonl").read_text()
+    assert load_dir(folder).corpus[2].text == "emoji \U0001F600"
+
+
+def test_utf8_byte_order_mark_and_crlf_are_read(tmp_path: Path) -> None:
+    folder = make_r2med_dir(tmp_path / "t")
+    for name in ("query.jsonl", "corpus.jsonl", "qrels.jsonl"):
+        text = (folder / name).read_text(encoding="utf-8")
+        (folder / name).write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    task, plain = load_dir(folder), load_dir(make_r2med_dir(tmp_path / "plain"))
+    assert (task.queries, task.corpus, task.qrels) == (plain.queries, plain.corpus, plain.qrels)
+
+
+def test_qrels_without_a_positive_grade_are_a_data_error(tmp_path: Path) -> None:
+    trec = tmp_path / "qrels.txt"
+    trec.write_text("q1 0 d1 0\nq2 0 d2 -1\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"qrels\.txt: no qrels entry has a positive grade \(all 2"):
+        data.read_qrels_file(trec)
+    folder = make_r2med_dir(tmp_path / "t", qrels=[{"q_id": "q1", "p_id": "d1", "score": 0}])
+    with pytest.raises(DataError, match=r"qrels\.jsonl: no qrels entry has a positive grade"):
+        load_dir(folder)
 
 
 def test_beir_bad_qrels_names_file_and_line(tmp_path: Path) -> None:
@@ -703,10 +787,12 @@ def test_real_download_of_branch_then_cache_fallback(
     downloaded = {r.split("/resolve/")[1].partition("/")[2] for r in fake.requests if "/resolve/" in r}
     assert downloaded == {f"{c}/{split}.jsonl" for c in ("corpus", "queries", "qrels")}
     assert task.name == "nano-IIYi-Clinical" and len(task.corpus) == 4
+    # the branch's commit is recorded, so a result says which data it was computed on
+    assert task.source == f"hf://datasets/hakari-bench/NanoR2MED@main#{split} (commit {'b' * 40})"
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     with caplog.at_level(logging.WARNING, logger="r2med_agent.hub"):
         again = data.load_task("nano-IIYi-Clinical")
-    assert again.fingerprint == task.fingerprint
+    assert again.fingerprint == task.fingerprint and again.source == task.source
     assert any("using the cached copy" in r.getMessage() for r in caplog.records)
 
 

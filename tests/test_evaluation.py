@@ -52,20 +52,65 @@ def test_ndcg_matches_hand_computation():
     assert ev.mean["ndcg_at_10"] == pytest.approx((q1 + 1 / math.log2(3) + 1.0) / 3)
 
 
-def test_parity_with_plain_pytrec_eval_when_no_query_is_missing():
-    ev = evaluate(RUN, QRELS)
-    measures = {"ndcg_cut.10", "map_cut.100", "recall.25", "P.1", "recip_rank"}
-    raw = pytrec_eval.RelevanceEvaluator(QRELS, measures).evaluate(RUN)
-    for qid in QRELS:
-        assert ev.per_query[qid]["ndcg_at_10"] == raw[qid]["ndcg_cut_10"]
-        assert ev.per_query[qid]["map_at_100"] == raw[qid]["map_cut_100"]
-        assert ev.per_query[qid]["recall_at_25"] == raw[qid]["recall_25"]
-        assert ev.per_query[qid]["precision_at_1"] == raw[qid]["P_1"]
-        assert ev.per_query[qid]["mrr"] == raw[qid]["recip_rank"]
-    assert set(ev.mean) == set(DEFAULT_METRICS)
+def _random_run_and_qrels(seed: int) -> tuple[dict, dict]:
+    """30 queries, 100 documents each (so the depth cut changes nothing), tied scores, graded
+    qrels with relevant documents at every depth and some never retrieved."""
+    import random
+
+    rng = random.Random(seed)
+    run, qrels = {}, {}
+    for q in range(30):
+        docs = [f"d{i}" for i in rng.sample(range(400), 100)]
+        run[f"q{q}"] = {d: float(rng.randint(0, 40)) / 4 for d in docs}  # many ties
+        judged = rng.sample(docs, rng.randint(1, 12)) + [f"x{q}-{i}" for i in range(rng.randint(0, 3))]
+        qrels[f"q{q}"] = {d: rng.randint(1, 3) for d in judged}
+    return run, qrels
+
+
+# every metric of PROTOCOL.md -> the key pytrec_eval reports it under (written out, not derived)
+_TREC_KEYS = {
+    **{f"ndcg_at_{k}": f"ndcg_cut_{k}" for k in (1, 10, 25, 50, 100)},
+    **{f"map_at_{k}": f"map_cut_{k}" for k in (1, 10, 25, 50, 100)},
+    **{f"recall_at_{k}": f"recall_{k}" for k in (1, 10, 25, 50, 100)},
+    **{f"precision_at_{k}": f"P_{k}" for k in (1, 10, 25, 50, 100)},
+    "mrr": "recip_rank",
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_parity_with_plain_pytrec_eval_on_every_metric(seed):
+    run, qrels = _random_run_and_qrels(seed)
+    assert set(_TREC_KEYS) == set(DEFAULT_METRICS) and len(DEFAULT_METRICS) == 21
+    ev = evaluate(run, qrels)
+    raw = pytrec_eval.RelevanceEvaluator(
+        qrels, {"ndcg_cut.1,10,25,50,100", "map_cut.1,10,25,50,100", "recall.1,10,25,50,100",
+                "P.1,10,25,50,100", "recip_rank"}
+    ).evaluate(run)
+    assert set(raw) == set(qrels) == set(ev.per_query)
+    for qid in qrels:
+        for metric, key in _TREC_KEYS.items():
+            assert ev.per_query[qid][metric] == raw[qid][key], (qid, metric)
+    for metric, key in _TREC_KEYS.items():
+        assert ev.mean[metric] == pytest.approx(sum(raw[q][key] for q in qrels) / len(qrels), abs=1e-15)
     assert all(type(v) is float for v in ev.mean.values())
     assert all(type(v) is float for q in ev.per_query.values() for v in q.values())
     assert ev.missing == ()
+    # the data tells every cut-off of a family apart (so a cut-off mix-up could not pass)
+    for family in ("ndcg", "map", "recall", "precision"):
+        vectors = {k: [ev.per_query[q][f"{family}_at_{k}"] for q in sorted(qrels)]
+                   for k in (1, 10, 25, 50, 100)}
+        assert all(vectors[a] != vectors[b] for a in vectors for b in vectors if a < b), family
+
+
+def test_parity_with_plain_pytrec_eval_when_no_query_is_missing():
+    ev = evaluate(RUN, QRELS)
+    raw = pytrec_eval.RelevanceEvaluator(
+        QRELS, {"ndcg_cut.1,10,25,50,100", "map_cut.1,10,25,50,100", "recall.1,10,25,50,100",
+                "P.1,10,25,50,100", "recip_rank"}
+    ).evaluate(RUN)
+    for qid in QRELS:
+        for metric, key in _TREC_KEYS.items():
+            assert ev.per_query[qid][metric] == raw[qid][key], (qid, metric)
 
 
 def test_missing_query_scores_zero_and_is_counted():
@@ -112,6 +157,18 @@ def test_unknown_metric_names_allowed_forms():
         evaluate(RUN, QRELS, ["ndgc@10"])
 
 
+def test_metrics_beyond_the_depth_are_left_out():
+    from r2med_agent.evaluation import metrics_within_depth
+
+    assert metrics_within_depth(DEFAULT_METRICS, 100) == DEFAULT_METRICS
+    assert metrics_within_depth(DEFAULT_METRICS, 25) == (
+        "ndcg_at_1", "ndcg_at_10", "ndcg_at_25", "map_at_1", "map_at_10", "map_at_25",
+        "recall_at_1", "recall_at_10", "recall_at_25", "precision_at_1", "precision_at_10",
+        "precision_at_25", "mrr",
+    )
+    assert metrics_within_depth(["mrr", "ndcg_at_10"], 1) == ("mrr",)
+
+
 def test_average_over_tasks_is_unweighted():
     assert average_over_tasks([{"m": 1.0, "x": 2.0}, {"m": 0.0}]) == {"m": 0.5}
     assert average_over_tasks([]) == {}
@@ -139,6 +196,29 @@ def test_bad_run_lines_name_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"missing\.run: cannot read run file"):
         read_trec_run(tmp_path / "missing.run")
     # Qrels files are read by the data layer (r2med_agent.data.read_qrels_file, tested there).
+
+
+@pytest.mark.parametrize(
+    "raw, line, pattern",
+    [
+        (b"\xff\xfeq\x001\x00", 1, "UTF-16 byte-order mark"),
+        (b"q1 Q0 d1 1 1.0 t\nq1 Q0 d\xe9 2 0.5 t\n", 2, r"byte 0xe9 at column 8"),
+        (b"q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2 nan t\n", 2, "score 'nan' is not finite"),
+        (b"q1 Q0 d1 1 inf t\n", 1, "score 'inf' is not finite"),
+        (b"q1 Q0 d1 1 -Infinity t\n", 1, "score '-Infinity' is not finite"),
+    ],
+)
+def test_undecodable_or_non_finite_run_lines_name_file_and_line(tmp_path, raw, line, pattern):
+    run = tmp_path / "bad.run"
+    run.write_bytes(raw)
+    with pytest.raises(DataError, match=rf"bad\.run:{line}: .*{pattern}"):
+        read_trec_run(run)
+
+
+@pytest.mark.parametrize("depth", [0, -5, 2.5, True])
+def test_depth_below_one_is_rejected(depth):
+    with pytest.raises(ConfigError, match="depth must be an integer >= 1"):
+        evaluate(RUN, QRELS, ["mrr"], depth=depth)
 
 
 def test_trec_run_file_keeps_close_scores_apart(tmp_path):

@@ -4,6 +4,7 @@ bad input as a clean error, a killed run that resumes from the cache."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -54,6 +55,61 @@ def test_run_bm25_on_sample_writes_r2med_files(tmp_path, capsys):
     code, out, _ = _cli(["evaluate", "--run", str(d / "sample.run"), "--qrels", str(qrels), "--json"], capsys)
     assert code == 0
     assert json.loads(out)["test"]["ndcg_at_10"] == pytest.approx(record["test"]["ndcg_at_10"])
+
+
+def test_another_top_k_gets_its_own_folder_and_only_metrics_it_reaches(tmp_path, capsys):
+    for k in ("100", "10"):
+        code, out, _ = _cli(["run", "--task", "sample", "-o", str(tmp_path), "--no-progress",
+                             "--top-k", k], capsys)
+        assert code == 0
+    full_dir, k10_dir = tmp_path / "none" / "none" / "bm25", tmp_path / "none" / "none" / "bm25__k10"
+    assert f"results: {k10_dir}" in out and "R@100" in out
+    full = json.loads((full_dir / "sample.json").read_text())
+    k10 = json.loads((k10_dir / "sample.json").read_text())
+    assert full["depth"] == 100 and k10["depth"] == 10
+    assert full["model_name"] == "none/none/bm25" and k10["model_name"] == "none/none/bm25__k10"
+    assert "recall_at_100" in full["test"] and "recall_at_100" not in k10["test"]
+    assert set(k10["test"]) == {"ndcg_at_1", "ndcg_at_10", "map_at_1", "map_at_10", "recall_at_1",
+                                "recall_at_10", "precision_at_1", "precision_at_10", "mrr"}
+    assert k10["config"]["metrics"] == list(k10["test"])
+    assert json.loads((k10_dir / "summary.json").read_text())["depth"] == 10
+    # the cut keeps what the top-100 run ranks first, so metrics at 10 agree query by query
+    for qid, scores in k10["per_query"].items():
+        assert scores["ndcg_at_10"] == full["per_query"][qid]["ndcg_at_10"]
+    assert all(len(r) <= 10 for r in read_trec_run(k10_dir / "sample.run").values())
+    assert max(len(r) for r in read_trec_run(full_dir / "sample.run").values()) > 10
+    # the table shows "-" for a metric the depth does not reach, never a made-up 0
+    row = next(line for line in out.splitlines() if line.startswith("│ sample"))
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[2] == "-" and float(cells[1]) == pytest.approx(k10["test"]["ndcg_at_10"], abs=1e-4)
+
+
+def test_allow_missing_qrels_docs_scores_them_as_pytrec_eval_does(tmp_path, capsys, caplog):
+    import logging
+
+    import pytrec_eval
+
+    folder = tmp_path / "data" / "Biology"
+    folder.mkdir(parents=True)
+    (folder / "query.jsonl").write_text('{"id": "q1", "text": "measles rash fever"}\n')
+    (folder / "corpus.jsonl").write_text('{"id": "d1", "text": "measles causes a rash and fever"}\n'
+                                         '{"id": "d2", "text": "insulin lowers glucose"}\n')
+    (folder / "qrels.jsonl").write_text('{"q_id": "q1", "p_id": "d1", "score": 1}\n'
+                                        '{"q_id": "q1", "p_id": "absent", "score": 1}\n')
+    args = ["run", "--task", "Biology", "--data-dir", str(tmp_path / "data"), "-o",
+            str(tmp_path / "out"), "--no-progress"]
+    code, _, err = _cli(args, capsys)
+    assert code == 2 and "qrels.jsonl:2: " in err and "--allow-missing-qrels-docs" in err
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
+        code, _, err = _cli([*args, "--allow-missing-qrels-docs"], capsys)
+    assert code == 0
+    assert any("1 qrels documents are not in corpus.jsonl" in r.getMessage() for r in caplog.records)
+    record = json.loads((tmp_path / "out" / "none" / "none" / "bm25" / "Biology.json").read_text())
+    assert record["config"]["allow_missing_qrels_docs"] is True
+    # the absent document is in the ideal DCG: d1 at rank 1 gives 1 / (1 + 1/log2(3))
+    raw = pytrec_eval.RelevanceEvaluator({"q1": {"d1": 1, "absent": 1}}, {"ndcg_cut.10"}).evaluate(
+        {"q1": {"d1": 2.0}})
+    assert record["test"]["ndcg_at_10"] == raw["q1"]["ndcg_cut_10"] == pytest.approx(1 / (1 + 1 / math.log2(3)))
 
 
 def _scripted_cached(tmp_path: Path) -> tuple[CachedLLM, ScriptedLLM]:
@@ -155,6 +211,62 @@ def test_malformed_data_exits_2_with_file_and_line_and_no_traceback(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "r2med_agent", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+# case: (corpus.jsonl bytes, the message stderr must hold)
+_UNREADABLE_CORPUS = {
+    "latin-1 byte": (b'{"id": "d1", "text": "measles"}\n{"id": "d2", "text": "caf\xe9"}\n',
+                     "corpus.jsonl:2: not UTF-8 text: byte 0xe9 at column 26"),
+    "deep nesting": (b'{"id": "d1", "text": "measles"}\n' + b"[" * 200_000 + b"\n",
+                     "corpus.jsonl:2: malformed JSON (nested too deeply)"),
+    "unpaired surrogate": (b'{"id": "d1", "text": "measles \\ud800"}\n',
+                           "corpus.jsonl:1: a string holds an unpaired UTF-16 surrogate escape"),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNREADABLE_CORPUS))
+def test_unreadable_corpus_exits_2_with_file_and_line(tmp_path, case):
+    raw, message = _UNREADABLE_CORPUS[case]
+    folder = tmp_path / "Mine"
+    _write_task(folder, [])
+    (folder / "corpus.jsonl").write_bytes(raw)
+    proc = _run_cli("run", "--task", "sample", "--data-dir", str(folder), "-o", str(tmp_path / "out"),
+                    "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_evaluate_rejects_binary_runs_bad_depth_and_unscorable_input(tmp_path):
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 1\n")
+    binary = tmp_path / "binary.run"
+    binary.write_bytes(b"\xff\xfe" + "q1 Q0 d1 1 1.0 t\n".encode("utf-16-le"))
+    nan = tmp_path / "nan.run"
+    nan.write_text("q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2 nan t\n")
+    good = tmp_path / "good.run"
+    good.write_text("q1 Q0 d1 1 1.0 t\n")
+    zeros = tmp_path / "zeros.txt"
+    zeros.write_text("q1 0 d1 0\n")
+    cases = [
+        (["--run", str(binary), "--qrels", str(qrels)], "binary.run:1: not UTF-8 text"),
+        (["--run", str(nan), "--qrels", str(qrels)], "nan.run:2: score 'nan' is not finite"),
+        (["--run", str(good), "--qrels", str(zeros)], "zeros.txt: no qrels entry has a positive grade"),
+        (["--run", str(good), "--qrels", str(qrels), "--depth", "0"], "--depth must be at least 1"),
+        (["--run", str(good), "--qrels", str(qrels), "--depth", "-5"], "--depth must be at least 1"),
+    ]
+    for args, message in cases:
+        proc = _run_cli("evaluate", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr + proc.stdout, args
+    proc = _run_cli("evaluate", "--run", str(good), "--qrels", str(qrels), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["test"]["mrr"] == 1.0
+
+
 def test_unknown_method_and_unreachable_hub_are_clean_errors(tmp_path, monkeypatch, capsys):
     code, _, err = _cli(["run", "--task", "sample", "--method", "magic", "--llm", "smollm2", "-o", str(tmp_path)], capsys)
     assert code == 2 and "unknown method 'magic'" in err
@@ -244,3 +356,33 @@ def test_usage_errors_and_missing_files_exit_non_zero_without_traceback(tmp_path
         proc = subprocess.run([sys.executable, "-m", "r2med_agent", *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, (args, proc.stderr)
         assert "Traceback" not in proc.stderr + proc.stdout, args
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+@pytest.mark.parametrize("args", [["tasks"], ["run", "--task", "list"], ["llms"]])
+def test_listings_never_cut_names_on_a_narrow_console(monkeypatch, args, terminal):
+    import io
+
+    from rich.console import Console
+
+    from r2med_agent.cli import run_cmd
+    from r2med_agent.config import load_registry
+    from r2med_agent.data import task_registry
+    from r2med_agent.llm.registry import LLMSpec
+
+    out = io.StringIO()
+    monkeypatch.setattr(run_cmd, "console", Console(file=out, width=40, force_terminal=terminal,
+                                                    color_system=None))
+    assert main(args) == 0
+    text = out.getvalue()
+    names = list(load_registry("llms", LLMSpec) if args == ["llms"] else task_registry())
+    assert len(names) > 5 and "…" not in text
+    lines = text.splitlines()
+    for name in names:  # whole, on one line, in the name column
+        assert any(line.lstrip("│ ").startswith(name + " ") or line.lstrip("│ ") == name
+                   for line in lines), (name, text)
+    if not terminal:  # plain rows: every cell whole, e.g. the repo and the model ids
+        assert any(line.split()[:1] == [names[0]] for line in lines)
+        full = " ".join(lines)
+        assert ("R2MED/Bioinformatics" in full) if args != ["llms"] else (
+            "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B" in full)

@@ -152,6 +152,7 @@ def import_command(
     method: str = typer.Option(..., "--method", "-m", help="The expansion method that produced it: hyde | query2doc | lamer."),
     llm: str = typer.Option(..., "--llm", "-l", help="LLM registry name the rows stand for (e.g. qwen-7b); a later run with this --llm and --method finds them."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as for `run`); default: the Hugging Face hub."),
+    allow_missing_qrels_docs: bool = typer.Option(False, "--allow-missing-qrels-docs", help="As in `run`: keep qrels naming documents missing from the corpus, with a warning."),
     sample: int = typer.Option(0, "--sample", help="Sample index to store the rows under."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="As in `run`: the sampling override the matching run will use."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="As in `run`."),
@@ -173,7 +174,7 @@ def import_command(
     cache = _open_cache(cache_path, must_exist=False)
     report = import_for_method(
         cache, file, task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
-        sampling_overrides=overrides,
+        sampling_overrides=overrides, allow_missing_qrels_docs=allow_missing_qrels_docs,
     )
     typer.echo(
         f"imported {report.imported} generations into {cache.path}"
@@ -192,6 +193,7 @@ def import_for_method(
     data_dir: Path | None = None,
     sample_index: int = 0,
     sampling_overrides: dict[str, Any] | None = None,
+    allow_missing_qrels_docs: bool = False,
 ):
     """Rebuild the requests ``method`` sends for ``task`` with ``llm`` and import ``file`` under them.
 
@@ -214,7 +216,7 @@ def import_for_method(
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         params = replace(params, **sampling_overrides)
-    the_task = load_task(task, data_dir)
+    the_task = load_task(task, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs)
     m = get_method(method)()
     if getattr(m, "agentic", False) or not getattr(m, "uses_llm", True):
         raise ConfigError(f"--method {method}: only single-shot expansion methods (hyde, query2doc, lamer) can be imported")

@@ -15,6 +15,24 @@ from r2med_agent.cli.app import app
 console = Console(stderr=False)
 
 _HEADLINE = ("ndcg_at_10", "recall_at_100", "mrr")
+
+
+def print_listing(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    """A listing whose cells are never cut: a table on a terminal (the first column kept on one
+    line, the others folded when the terminal is narrow), plain aligned columns otherwise, so a
+    pipe (``| grep``) gets every name whole whatever the width."""
+    if console.is_terminal:
+        table = Table(title=title)
+        for i, c in enumerate(columns):
+            table.add_column(c, no_wrap=i == 0, overflow="fold")
+        for r in rows:
+            table.add_row(*r)
+        console.print(table)
+        return
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    for r in [columns, *rows]:
+        line = "  ".join(cell.ljust(w) for cell, w in zip(r, widths))
+        console.print(line.rstrip(), markup=False, highlight=False, soft_wrap=True)
 _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 
@@ -46,10 +64,14 @@ def run_command(
     ),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
-    top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and scored (R2MED: 100)."),
+    top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", "-d",
         help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub.",
+    ),
+    allow_missing_qrels_docs: bool = typer.Option(
+        False, "--allow-missing-qrels-docs",
+        help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1.",
     ),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<retriever>/<Task>.json|.run."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
@@ -87,6 +109,7 @@ def run_command(
         rerank_k=rerank_k,
         top_k=top_k,
         data_dir=data_dir,
+        allow_missing_qrels_docs=allow_missing_qrels_docs,
         output_dir=output_dir,
         use_cache=not no_cache,
         refresh_cache=refresh_cache,
@@ -99,11 +122,16 @@ def run_command(
     print_summary(result)
 
 
+def _score(means: dict[str, float], metric: str) -> str:
+    """A mean to four decimals; "-" for a metric not scored (its cut-off is beyond --top-k)."""
+    return f"{means[metric]:.4f}" if metric in means else "-"
+
+
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
     table = Table(title=f"{result.config.method} / {result.config.llm_label} / {result.config.retriever_label}")
     uses_llm = result.config.method != "none"
-    table.add_column("task")
+    table.add_column("task", no_wrap=True)
     for m in _HEADLINE:
         table.add_column(_SHORT[m], justify="right")
     table.add_column("queries", justify="right")
@@ -114,7 +142,7 @@ def print_summary(result) -> None:
     for o in result.outcomes:
         cells = [
             o.task,
-            *(f"{o.evaluation.mean.get(m, 0.0):.4f}" for m in _HEADLINE),
+            *(_score(o.evaluation.mean, m) for m in _HEADLINE),
             str(o.evaluation.num_queries),
             str(len(o.evaluation.missing)),
         ]
@@ -124,7 +152,7 @@ def print_summary(result) -> None:
     if len(result.outcomes) > 1:
         blanks = [""] * (4 if uses_llm else 2)
         table.add_row(
-            "average", *(f"{result.average.get(m, 0.0):.4f}" for m in _HEADLINE), *blanks,
+            "average", *(_score(result.average, m) for m in _HEADLINE), *blanks,
             style="bold",
         )
     console.print(table)
@@ -133,7 +161,7 @@ def print_summary(result) -> None:
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     if result.config.method != "none":
         console.print(f"LLM generations: {gens} new, {hits} from cache")
-    console.print(f"results: {result.result_dir}")
+    console.print(f"results: {result.result_dir}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("evaluate")
@@ -146,8 +174,11 @@ def evaluate_command(
 ) -> None:
     """Score a TREC run file against qrels with trec_eval semantics; every qrels query counts."""
     from r2med_agent.data import read_qrels_file
+    from r2med_agent.errors import ConfigError
     from r2med_agent.evaluation import evaluate, read_trec_run
 
+    if depth < 1:
+        raise ConfigError(f"--depth must be at least 1 (R2MED scores the top 100), got {depth}")
     run_data = read_trec_run(run)
     qrels_data = read_qrels_file(qrels)
     ev = evaluate(run_data, qrels_data, depth=depth)
@@ -173,17 +204,14 @@ def tasks_command() -> None:
     """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
     from r2med_agent.data import list_tasks
 
-    rows = list_tasks()
-    table = Table(title="tasks")
     cols = ["name", "family", "group", "repo", "revision", "queries", "docs"]
-    for c in cols:
-        table.add_column(str(c))
-    for r in rows:
+    rows = []
+    for r in list_tasks():
         row = dict(r)
         if row.get("revision") and len(str(row["revision"])) == 40:
             row["revision"] = str(row["revision"])[:12]
-        table.add_row(*("" if row.get(c) in (None, "") else str(row[c]) for c in cols))
-    console.print(table)
+        rows.append(["" if row.get(c) in (None, "") else str(row[c]) for c in cols])
+    print_listing("tasks", cols, rows)
 
 
 @app.command("llms")
@@ -196,9 +224,6 @@ def llms_command(
 
     if config is not None:
         set_user_config(config)
-    table = Table(title="LLMs")
-    for c in ("name", "backend", "model", "reasoning format"):
-        table.add_column(c)
-    for name, spec in sorted(load_registry("llms", LLMSpec).items()):
-        table.add_row(name, spec.backend, spec.model, spec.reasoning_format)
-    console.print(table)
+    rows = [[name, spec.backend, spec.model, spec.reasoning_format]
+            for name, spec in sorted(load_registry("llms", LLMSpec).items())]
+    print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)

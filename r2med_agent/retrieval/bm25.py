@@ -31,6 +31,15 @@ measured 2-3x slower at R2MED's scale (``benchmarks/bm25.py`` prints both). Only
 a positive score are returned (sharing no term with the query is not a match), so a query may
 get fewer than ``k`` documents, or none.
 
+Ties are settled as trec_eval settles them: equal scores rank by document id, the larger id
+(string order) first, both inside the returned ranking and at the ``k`` cut. The kept documents
+are therefore exactly the first ``k`` of the full ranking in trec_eval's order
+(:func:`r2med_agent.evaluation.trec_sorted`), so a search to depth ``k`` equals a full search cut
+to ``k`` by the evaluation, and the first ``j`` results (LameR's first pass, an agent's top 3) are
+the ones trec_eval would rank first. (R2MED's reference sorts with Python's stable ``sorted`` and
+keeps boundary ties in corpus order; its kept set can then differ from the top ``k`` that
+trec_eval ranks, which only matters for exactly equal scores, such as duplicate documents.)
+
 The index of a (corpus, mode, k1, b, analyzer) combination is built once and saved under
 ``paths.cache_dir()/"bm25"/<key>`` (or ``index_root``), written to a temporary folder and renamed
 into place; later runs load it memory-mapped.
@@ -195,16 +204,18 @@ class _ScoreMatrix:
         weights: np.ndarray,
         n_queries: int,
         k: int,
+        tie_rank: np.ndarray,
         show_progress: bool,
         n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Top-``k`` positive-score documents of each query, best first.
+        """Top-``k`` positive-score documents of each query, best first (see :func:`_top_positive`).
 
         Args:
             rows, terms, weights: the queries as (query row, term id, weight) triples, sorted by
                 row, one per distinct term of a query.
             n_queries: the number of queries (rows without a triple get no results).
             k: results per query.
+            tie_rank: per document, its rank in document-id order; equal scores go to the larger.
             show_progress: a progress bar over the queries.
             n_threads: threads over the queries (0: the calling thread; -1: all cores).
         """
@@ -226,7 +237,7 @@ class _ScoreMatrix:
                     scores += scaled
             _accumulate(scores, self.data, self.indices, self.indptr, terms[a:z][~dense],
                         w[~dense])
-            return _top_positive(scores, k)
+            return _top_positive(scores, k, tie_rank)
 
         items = range(n_queries)
         if show_progress:
@@ -268,15 +279,40 @@ def _accumulate(
             scores[indices[start:end]] += w * data[start:end]
 
 
-def _top_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and scores of the ``k`` highest positive scores, best first (ties by index)."""
-    if k < len(scores):
-        hits = np.argpartition(scores, len(scores) - k)[len(scores) - k :]
+def _top_positive(
+    scores: np.ndarray, k: int, tie_rank: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and scores of the first ``k`` positive-score documents in trec_eval's order.
+
+    trec_eval's order is score descending, then document id descending; ``tie_rank[i]`` is
+    document ``i``'s position in ascending document-id order, so among equal scores the larger
+    ``tie_rank`` comes first. Documents scoring exactly the ``k``-th score are kept by that rule
+    too, never by their position in the corpus.
+    """
+    n = len(scores)
+    if k < n:
+        kth = np.partition(scores, n - k)[n - k]  # the k-th highest score
+        if kth > 0:
+            above = np.flatnonzero(scores > kth)
+            tied = np.flatnonzero(scores == kth)
+            need = k - len(above)
+            if need < len(tied):
+                tied = tied[np.argsort(-tie_rank[tied], kind="stable")[:need]]
+            hits = np.concatenate([above, tied])
+        else:  # fewer than k positive scores
+            hits = np.flatnonzero(scores > 0)
     else:
-        hits = np.arange(len(scores))
-    hits = hits[scores[hits] > 0]
-    hits = hits[np.lexsort((hits, -scores[hits]))]
+        hits = np.flatnonzero(scores > 0)
+    hits = hits[np.lexsort((-tie_rank[hits], -scores[hits]))]
     return hits, scores[hits]
+
+
+def _doc_id_ranks(doc_ids: Sequence[str]) -> np.ndarray:
+    """Each document's position when the ids are sorted as strings (trec_eval compares ids with
+    ``strcmp``; for UTF-8 text byte order and Python's code-point order agree)."""
+    rank = np.empty(len(doc_ids), dtype=np.int64)
+    rank[sorted(range(len(doc_ids)), key=doc_ids.__getitem__)] = np.arange(len(doc_ids))
+    return rank
 
 
 def _bag_of_words(queries: AnalyzedTexts, n_terms: int) -> tuple[np.ndarray, ...]:
@@ -297,7 +333,8 @@ class _Index(Protocol):
     def save(self, folder: Path, show_progress: bool) -> None: ...
 
     def top_k(
-        self, queries: AnalyzedTexts, k: int, show_progress: bool, n_threads: int
+        self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
+        n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
 
@@ -346,11 +383,12 @@ class _LuceneIndex:
         _save_terms(folder, self.vocab)
 
     def top_k(
-        self, queries: AnalyzedTexts, k: int, show_progress: bool, n_threads: int
+        self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
+        n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         row, term, count, _ = _bag_of_words(queries, len(self.matrix.indptr) - 1)
         return self.matrix.search(row, term, count.astype(np.float32), len(queries), k,
-                                  show_progress, n_threads)
+                                  tie_rank, show_progress, n_threads)
 
 
 class _CompatIndex:
@@ -414,10 +452,12 @@ class _CompatIndex:
         return row, term, weight.astype(np.float32)
 
     def top_k(
-        self, queries: AnalyzedTexts, k: int, show_progress: bool, n_threads: int
+        self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
+        n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         row, term, weight = self.query_weights(queries)
-        return self.matrix.search(row, term, weight, len(queries), k, show_progress, n_threads)
+        return self.matrix.search(row, term, weight, len(queries), k, tie_rank, show_progress,
+                                  n_threads)
 
 
 _BACKENDS: dict[str, type] = {"lucene": _LuceneIndex, "r2med-compat": _CompatIndex}
@@ -461,6 +501,7 @@ class BM25Retriever:
         self.show_progress = show_progress
         self.n_threads = n_threads
         self._doc_ids = list(doc_ids)
+        self._tie_rank = _doc_id_ranks(self._doc_ids)
         self._index = index
         self._analyzer = analyzer
 
@@ -532,14 +573,16 @@ class BM25Retriever:
         """Top-``k`` documents of every request, in one batched search.
 
         Every requested query id is in the result; its ranking holds only documents that share a
-        term with the query (an empty dict when none does), best first, scores as Python floats.
+        term with the query (an empty dict when none does), in trec_eval's order (score
+        descending, equal scores by document id descending; the ``k`` cut follows the same
+        order), scores as Python floats.
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"k must be a positive integer, got {k!r}")
         texts = self._query_texts(requests)
         queries = self._analyzer.transform(texts, self._index.vocab)
         ranked = self._index.top_k(
-            queries, min(k, self.num_docs), self.show_progress, self.n_threads
+            queries, min(k, self.num_docs), self._tie_rank, self.show_progress, self.n_threads
         )
         doc_ids = self._doc_ids
         run: Run = {}
