@@ -196,6 +196,32 @@ def test_cache_rejects_foreign_schema_version(tmp_path):
         GenerationCache(path).get_many(["a"])
 
 
+def test_version_1_file_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "g.sqlite"
+    v1_columns = (
+        "key TEXT PRIMARY KEY, model_id TEXT NOT NULL, sample_index INTEGER NOT NULL, "
+        "text TEXT NOT NULL, reasoning TEXT NOT NULL, final TEXT NOT NULL, "
+        "finish_reason TEXT NOT NULL, stop_reason TEXT, prompt_tokens INTEGER NOT NULL, "
+        "completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, created REAL NOT NULL, "
+        "request TEXT NOT NULL"
+    )
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"CREATE TABLE generations ({v1_columns})")
+        raw.execute("CREATE TABLE info (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        raw.execute("INSERT INTO info VALUES ('schema_version', '1')")
+        raw.execute(
+            "INSERT INTO generations VALUES ('old', 'm', 0, 'T', '', 'T', 'stop', NULL, 1, 2, 0.5, 1.0, ?)",
+            (canonical_json(build_request("m", msgs("q"), {})),),
+        )
+    cache = GenerationCache(path)
+    old = cache.get("old")
+    assert (old.text, old.api_reasoning) == ("T", "")
+    cache.put_many([CacheRecord.from_generation("new", old.request, Generation(text="x"), api_reasoning="why")])
+    assert cache.get("new").api_reasoning == "why"
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "2"
+
+
 def test_cache_not_a_database(tmp_path):
     from r2med_agent.errors import DataError
 
@@ -322,12 +348,14 @@ def test_chunks_are_committed_one_by_one(tmp_path):
     assert llm.stats.backend_calls == 3
 
 
-def test_chunk_size_none_sends_all_misses_at_once(tmp_path):
-    llm, backend = make(tmp_path, chunk_size=None)
+@pytest.mark.parametrize("size", [None, 0])
+def test_chunk_size_none_or_zero_sends_all_misses_at_once(tmp_path, size):
+    llm, backend = make(tmp_path, chunk_size=size)
+    assert llm.chunk_size is None
     llm.generate([msgs(str(i)) for i in range(300)], SamplingParams())
     assert [len(c) for c in backend.calls] == [300]
-    with pytest.raises(ConfigError, match="chunk_size"):
-        make(tmp_path, chunk_size=0)
+    with pytest.raises(ConfigError, match="chunk_size must be a positive integer, or 0/None"):
+        make(tmp_path, chunk_size=-1)
 
 
 def test_backend_error_keeps_committed_chunks(tmp_path):
@@ -340,6 +368,40 @@ def test_backend_error_keeps_committed_chunks(tmp_path):
     with pytest.raises(LLMError):
         llm.generate([msgs(str(i)) for i in range(6)], SamplingParams())
     assert len(llm.cache) == 4
+
+
+def test_partial_batch_keeps_the_successes_then_raises(tmp_path):
+    from r2med_agent.llm.base import PartialBatchError
+
+    class HalfBroken(ScriptedLLM):
+        """Fails the prompts that say "bad", as an HTTP backend reports a batch it partly made."""
+
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            bad = {i: LLMError(f"rejected {i}") for i, p in enumerate(prompts) if "bad" in p[-1]["content"]}
+            if bad:
+                raise PartialBatchError([None if i in bad else g for i, g in enumerate(out)], bad)
+            return out
+
+    backend = HalfBroken(lambda m, p: "ok " + m[-1]["content"], model_id="fake-model")
+    llm = CachedLLM(backend, "fake-model", "plain", GenerationCache(tmp_path / "g.sqlite"), chunk_size=3)
+    prompts = [msgs(q) for q in ("a", "bad", "c", "d", "e")]
+    meta = [{"task": "T", "query_id": str(i), "method": "hyde"} for i in range(5)]
+    with pytest.raises(LLMError) as err:
+        llm.generate(prompts, SamplingParams(), meta=meta)
+    assert str(err.value) == (
+        "rejected 1 (1 of 3 requests failed, 2 succeeded); 2 generations of that batch were saved "
+        "to the generation cache, so a re-run generates only the failed ones"
+    )
+    assert set(llm.cache.get_many(llm_keys(llm, ["a", "bad", "c", "d", "e"]))) == set(llm_keys(llm, ["a", "c"]))
+    assert sorted(u.query_id for u, _ in llm.cache.uses()) == ["0", "2"]  # no use without a row
+    prompts[1] = msgs("fixed")
+    out = llm.generate(prompts, SamplingParams())
+    assert [g.cached for g in out] == [True, False, True, False, False]
+
+    off = CachedLLM(HalfBroken(lambda m, p: "x", "fake-model"), "fake-model", "plain", None)
+    with pytest.raises(LLMError, match="not kept \\(the cache is off\\)"):
+        off.generate([msgs("bad"), msgs("fine")], SamplingParams())
 
 
 def test_error_items_are_not_cached(tmp_path):
@@ -375,6 +437,28 @@ def test_hits_are_reparsed_with_the_current_format(tmp_path):
     think = CachedLLM(backend, None, "think", llm.cache)
     out = think.generate([msgs("a")], SamplingParams())
     assert out[0].cached and out[0].final == "passage for a" and out[0].reasoning == "about a"
+
+
+def test_api_reasoning_is_kept_apart_whatever_the_format(tmp_path):
+    from dataclasses import replace as dc_replace
+
+    class Reasoner(ScriptedLLM):
+        """Returns reasoning apart from the text, as reasoning APIs do."""
+
+        def generate(self, prompts, params):
+            return [dc_replace(g, reasoning="api thoughts") for g in super().generate(prompts, params)]
+
+    cache = GenerationCache(tmp_path / "g.sqlite")
+    backend = Reasoner(lambda m, p: "<think>inline</think>passage", "fake-model")
+    plain = CachedLLM(backend, "fake-model", "plain", cache)
+    made = plain.generate([msgs("a")], SamplingParams())[0]
+    assert (made.text, made.reasoning, made.final) == ("<think>inline</think>passage", "api thoughts", "<think>inline</think>passage")
+    hit = plain.generate([msgs("a")], SamplingParams())[0]
+    assert hit.cached and (hit.reasoning, hit.final) == (made.reasoning, made.final)
+    # The same row under the think format: the text's own reasoning joins the API's.
+    think = CachedLLM(backend, "fake-model", "think", cache).generate([msgs("a")], SamplingParams())[0]
+    assert think.cached and (think.reasoning, think.final) == ("api thoughts\n\ninline", "passage")
+    assert len(backend.calls) == 1
 
 
 def test_meta_is_stored_for_hits_and_misses_not_in_key(tmp_path):
@@ -847,9 +931,13 @@ def test_make_llm_wires_spec_cache_and_flags(tmp_path, monkeypatch):
     assert req["params"]["temperature"] == 0.7 and req["params"]["seed"] == 42
     assert make_llm("qwen3-32b").request([], SamplingParams())["chat_template_kwargs"] == {"enable_thinking": True}
     assert make_llm("qwen-7b-ins").request(msgs("q")[1:], SamplingParams())["messages"] == msgs("q")[1:]
-    assert llm.chunk_size == 1024
+    assert llm.chunk_size is None  # vLLM: the whole run in one engine call
     assert make_llm("gpt4").chunk_size == 256 and make_llm("smollm2").chunk_size == 4
     assert make_llm("gpt4", chunk_size=None).chunk_size is None
+    assert make_llm("gpt4", chunk_size=0).chunk_size is None
+    assert make_llm("smollm2", overrides={"chunk_size": 16}).chunk_size == 16
+    assert make_llm("smollm2", overrides={"chunk_size": None}).chunk_size is None
+    assert make_llm("smollm2", overrides={"chunk_size": 16}, chunk_size=2).chunk_size == 2
     assert make_llm("smollm2", use_cache=False).cache is None
     assert make_llm("smollm2", refresh=True, cache_path=tmp_path / "x.sqlite").refresh is True
     assert make_llm("smollm2", overrides={"max_tokens": 12}).spec.max_tokens == 12
