@@ -665,12 +665,12 @@ def test_import_then_run_is_all_hits_and_export_roundtrips(tmp_path):
     # Export with the query file reproduces the R2MED rows exactly.
     out = export_r2med(cache, [_Spec.model], task="Biology", method="hyde", queries=R2MED_ROWS)
     assert out == R2MED_ROWS
-    # Without it: ids, order and hy_doc survive; text/doc_id are empty (not stored).
+    # Without it too: the import kept each row's text and doc_id with its use.
     out2 = export_r2med(cache, [_Spec.model, "alias"])
-    assert [(r["id"], r["hy_doc"], r["text"], r["doc_id"]) for r in out2] == [
-        (r["id"], r["hy_doc"], "", []) for r in R2MED_ROWS
-    ]
-    assert cache.uses(task="Biology")[0][0].extra == {"source": "q.jsonl"}
+    assert out2 == R2MED_ROWS
+    assert cache.uses(task="Biology")[0][0].extra == {
+        "source": "q.jsonl", "text": R2MED_ROWS[0]["text"], "doc_id": R2MED_ROWS[0]["doc_id"],
+    }
 
 
 def test_import_reports_missing_and_unknown_and_rejects_bad_rows(tmp_path):
@@ -688,22 +688,54 @@ def test_import_reports_missing_and_unknown_and_rejects_bad_rows(tmp_path):
         import_r2med(cache, RequestBuilder.from_spec(_Spec()), [R2MED_ROWS[0], R2MED_ROWS[0]], requests)
 
 
-def test_export_errors_and_newest_wins(tmp_path):
+def test_export_errors_and_newest_wins_within_one_configuration(tmp_path):
     llm, backend = make(tmp_path, reasoning_format="plain")
     with pytest.raises(DataError, match="no cached generations"):
         export_r2med(llm.cache, ["fake-model"])
-    meta = lambda t, q, m: {"task": t, "query_id": q, "method": m}  # noqa: E731
+    meta = lambda t, q, m, text="": {"task": t, "query_id": q, "method": m, "text": text}  # noqa: E731
     llm.generate([msgs("a"), msgs("b")], SamplingParams(), meta=[meta("T", "1", "hyde"), meta("U", "1", "hyde")])
     with pytest.raises(DataError, match="several task/method pairs \\(T/hyde, U/hyde\\)"):
         export_r2med(llm.cache, ["fake-model"])
     time.sleep(0.01)
-    llm.generate([msgs("a2")], SamplingParams(max_tokens=5), meta=[meta("T", "1", "hyde")])
+    # The query's text changed between two runs of the same configuration: the newest wins.
+    llm.generate([msgs("a2")], SamplingParams(), meta=[meta("T", "1", "hyde", "a2")])
     rows = export_r2med(llm.cache, ["fake-model"], task="T")
-    assert [r["hy_doc"] for r in rows] == ["<think>about a2</think>passage for a2"]
+    assert rows == [{"id": "1", "text": "a2", "hy_doc": "<think>about a2</think>passage for a2", "doc_id": []}]
     with pytest.raises(DataError, match="1 of 2 queries have no cached generation \\(9\\)"):
         export_r2med(llm.cache, ["fake-model"], task="T", queries=[{"id": "1"}, {"id": "9"}])
     part = export_r2med(llm.cache, ["fake-model"], task="T", queries=[{"id": "9"}, {"id": "1", "text": "q"}], partial=True)
     assert [(r["id"], r["text"]) for r in part] == [("1", "q")]
+
+
+def test_export_refuses_to_mix_configurations_and_filters_pick_one(tmp_path):
+    from r2med_agent.llm.cache_io import settings_hash
+
+    llm, backend = make(tmp_path, reasoning_format="plain")
+    meta = [{"task": "T", "query_id": q, "method": "hyde"} for q in ("1", "2")]
+    prompts = [msgs("a"), msgs("b")]
+    llm.generate(prompts, SamplingParams(seed=42), meta=meta, template_hash="tpl-1")
+    llm.generate(prompts, SamplingParams(seed=7), meta=meta, template_hash="tpl-1")
+    llm.generate(prompts, SamplingParams(seed=42), meta=meta, template_hash="tpl-2")
+    with pytest.raises(DataError) as err:
+        export_r2med(llm.cache, ["fake-model"], task="T", method="hyde")
+    message = str(err.value)
+    assert "3 different request settings" in message
+    hashes = sorted({settings_hash(r.request) for _, r in llm.cache.uses(task="T")})
+    assert len(hashes) == 3 and all(h in message for h in hashes)
+    assert "seed=42" in message and "seed=7" in message and "2 queries" in message
+    assert "--settings HASH" in message and "--seed" in message and "--temperature" in message
+
+    seven = export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 7})
+    assert [r["id"] for r in seven] == ["1", "2"]
+    with pytest.raises(DataError, match="2 different request settings"):
+        export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 42})
+    (tpl2,) = {settings_hash(r.request) for _, r in llm.cache.uses(task="T") if r.request["template_hash"] == "tpl-2"}
+    picked = export_r2med(llm.cache, ["fake-model"], task="T", settings=tpl2[:6])
+    assert [r["hy_doc"] for r in picked] == ["<think>about a</think>passage for a", "<think>about b</think>passage for b"]
+    with pytest.raises(DataError, match="no cached generations .* with seed=3"):
+        export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 3})
+    # Integer and float spellings of a value match (a CLI gives floats).
+    assert export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 7, "temperature": 0.7})
 
 
 def test_natural_key_orders_numeric_ids():
@@ -977,6 +1009,29 @@ def test_cli_roundtrip_on_the_shipped_r2med_demo(tmp_path, capsys):
     assert main(["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde",
                  "--queries", str(demo / "query.jsonl"), "--out", str(out), *args]) == 0
     assert out.read_bytes() == hyde_file.read_bytes()
+    # Without the query file too: the import kept each row's text and doc_id.
+    bare = tmp_path / "bare.jsonl"
+    assert main(["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde",
+                 "--out", str(bare), *args]) == 0
+    assert bare.read_bytes() == hyde_file.read_bytes()
+    capsys.readouterr()
+
+    # The same file imported as a second configuration (another seed): one export no longer
+    # knows which to write, says so, and a filter picks one.
+    assert main(["cache", "import", str(hyde_file), "--task", "r2med-demo", "--method", "hyde", "--llm", "qwen-7b",
+                 "--seed", "7", *args]) == 0
+    capsys.readouterr()
+    export = ["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde", "--out", str(bare), *args]
+    assert main(export) == 2
+    err = capsys.readouterr().err
+    assert "2 different request settings" in err and "seed=42" in err and "seed=7" in err
+    assert "--settings HASH" in err and "Traceback" not in err
+    assert main([*export, "--seed", "7"]) == 0
+    assert bare.read_bytes() == hyde_file.read_bytes()
+    listed = [line.split()[0] for line in err.splitlines() if "2 queries" in line]
+    assert len(listed) == 2
+    assert main([*export, "--settings", listed[0]]) == 0
+    assert bare.read_bytes() == hyde_file.read_bytes()
 
 
 @pytest.mark.slow
