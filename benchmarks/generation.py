@@ -2,20 +2,25 @@
 
 Compares, for the same HyDE prompts and sampling settings:
 
-1. batched: the framework's path, ONE ``make_llm("smollm2").generate(prompts)`` call (cache on,
-   cold), then the same call again (every prompt a cache hit). The local llama.cpp backend runs
-   the chats of a batch one after another in-process (llama-cpp-python has no batched chat API),
-   so here "batched" saves the HTTP round trips and server overhead, not engine batching; on
-   vLLM the same single call is one continuous-batching engine run;
-2. one-at-a-time HTTP: the R2MED reference's API path, one OpenAI-compatible chat request per
-   prompt, sequentially, to ``python -m llama_cpp.server`` on loopback.
+1. batched (the shipped path): ``make_llm("smollm2").generate(prompts)`` exactly as ``run`` builds
+   it, with the chunk size ``run`` uses for this entry (``chunk_size: auto`` = 4 for the local
+   engine: each chunk of misses is one backend call, committed to the cache), cache on and cold;
+   then the same call again (every prompt a cache hit). The local llama.cpp backend decodes the
+   chats of a call one after another in-process (llama-cpp-python has no batched chat API), so
+   here "batched" saves per-request round trips and server overhead, not engine batching; on vLLM
+   the same call is one continuous-batching engine run;
+2. one request at a time, in-process: the same engine, one ``generate([prompt])`` per prompt,
+   no cache (what a caller looping over queries gets);
+3. one request at a time over HTTP: the R2MED reference's API path, one OpenAI-compatible chat
+   request per prompt, sequentially, to ``python -m llama_cpp.server`` on loopback;
 
 and reports the framework's own overhead per generation (prompt rendering + cache key + lookup +
 write + reasoning parsing) as a fraction of model time, plus the same overhead measured at
-NanoR2MED scale (876 prompts) with a zero-cost backend.
+NanoR2MED scale (876 prompts) with a zero-cost backend. The engine's state cache is emptied before
+each timed pass so that no pass reuses another's prompt states.
 
 Run: ``python benchmarks/generation.py [--n 16] [--max-tokens 64] [--skip-http]``
-(needs ``pip install 'r2med-agent[local]'``; the default run takes 1-3 minutes on 2 cores).
+(needs ``pip install 'r2med-agent[local]'``; the default run takes 2-4 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from r2med_agent.llm import GenerationCache, default_sampling, make_llm, resolve_spec
+from r2med_agent.llm import GenerationCache, default_sampling, make_llm, resolve_chunk_size, resolve_spec
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.llm.local import resolve_gguf
 from r2med_agent.methods import get_method
@@ -158,6 +163,14 @@ def overhead_at_scale(tmp: Path, n: int = 876) -> tuple[float, float]:
     return cold / n, hit / n
 
 
+def clear_state_cache(backend) -> None:
+    """Empty the in-process engine's cache of llama.cpp states (so no pass reuses another's)."""
+    model = backend._model().llama
+    cache = getattr(model, "cache", None)
+    if cache is not None:
+        cache.cache_state.clear()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llm", default="smollm2", help="registry name of a local (llama.cpp) entry")
@@ -176,17 +189,29 @@ def main() -> None:
           f"{os.cpu_count()} CPUs{load}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        llm = make_llm(args.llm, cache_path=tmp / "gen.sqlite", overrides={"max_tokens": args.max_tokens},
-                       chunk_size=None)
-        # Load the model outside the timed region (both paths load it before their clock starts).
+        # Built as `run` builds it: the entry's own chunk size (auto -> per backend).
+        llm = make_llm(args.llm, cache_path=tmp / "gen.sqlite", overrides={"max_tokens": args.max_tokens})
+        if llm.chunk_size != resolve_chunk_size(spec):
+            raise RuntimeError("the benchmark must use the chunk size `run` uses")
+        engine = llm.backend.get()
+        # Load the model outside the timed region (every path loads it before its clock starts).
         t0 = time.perf_counter()
-        llm.backend.get().generate([[{"role": "user", "content": "Hi"}]], replace(params, max_tokens=1))
-        print(f"model load + 1-token warm-up: {time.perf_counter() - t0:.2f} s")
+        engine.generate([[{"role": "user", "content": "Hi"}]], replace(params, max_tokens=1))
+        print(f"model load + 1-token warm-up: {time.perf_counter() - t0:.2f} s; "
+              f"chunk size {llm.chunk_size or 'all'} (what `run` uses for this entry)")
 
         t0 = time.perf_counter()
         prompts = method.build_prompts(task, None)
         t_hash = method.template_hash(task)
         render_s = time.perf_counter() - t0
+
+        clear_state_cache(engine)
+        t0 = time.perf_counter()
+        single = [engine.generate([p], params)[0] for p in prompts]
+        single_s = time.perf_counter() - t0
+        single_toks = sum(g.completion_tokens for g in single)
+
+        clear_state_cache(engine)
         t0 = time.perf_counter()
         gens = llm.generate(prompts, params, template_hash=t_hash)
         batched_s = time.perf_counter() - t0
@@ -199,12 +224,14 @@ def main() -> None:
             raise RuntimeError("second call should be all cache hits")
 
         overhead = s.overhead_time_s + render_s
-        print(f"\nbatched (one generate call):  {args.n / batched_s:8.2f} generations/s  "
+        print(f"\nbatched, shipped path ({s.backend_calls} backend calls): {args.n / batched_s:8.2f} generations/s  "
               f"{toks / batched_s:8.1f} completion tokens/s  ({batched_s:.2f} s, {toks} tokens)")
-        print(f"cache hits (same call again):  {args.n / hit_s:8.0f} generations/s  ({hit_s * 1000:.1f} ms)")
+        print(f"one at a time, in-process:            {args.n / single_s:8.2f} generations/s  "
+              f"{single_toks / single_s:8.1f} completion tokens/s  ({single_s:.2f} s, {single_toks} tokens)")
+        print(f"cache hits (same call again):         {args.n / hit_s:8.0f} generations/s  ({hit_s * 1000:.1f} ms)")
         print(f"framework overhead, cold call: {overhead * 1000:.1f} ms = {overhead / args.n * 1000:.2f} ms/generation "
-              f"= {100 * overhead / s.model_time_s:.2f}% of model time "
-              f"(render {render_s * 1000:.1f} ms, cache+parse {s.overhead_time_s * 1000:.1f} ms)")
+              f"= {overhead / s.model_time_s:.4f} of model time ({100 * overhead / s.model_time_s:.2f}%; "
+              f"render {render_s * 1000:.1f} ms, cache+parse {s.overhead_time_s * 1000:.1f} ms; target < 2%)")
 
         cold, hit = overhead_at_scale(tmp)
         per_gen_model = s.model_time_s / args.n
@@ -214,9 +241,12 @@ def main() -> None:
 
         if not args.skip_http:
             http_s, http_toks = http_one_at_a_time(spec, prompts, params)
-            print(f"one-at-a-time HTTP (llama_cpp.server): {args.n / http_s:8.2f} generations/s  "
+            print(f"one at a time, HTTP (llama_cpp.server): {args.n / http_s:8.2f} generations/s  "
                   f"{http_toks / http_s:8.1f} completion tokens/s  ({http_s:.2f} s, {http_toks} tokens)")
-            print(f"batched / one-at-a-time: {http_s / batched_s:.2f}x generations/s")
+            print(f"batched / one-at-a-time HTTP: {http_s / batched_s:.2f}x generations/s, "
+                  f"{(toks / batched_s) / (http_toks / http_s):.2f}x completion tokens/s")
+        print(f"batched / one-at-a-time in-process: {single_s / batched_s:.2f}x generations/s, "
+              f"{(toks / batched_s) / (single_toks / single_s):.2f}x completion tokens/s")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ dataclasses.
 Layers, later wins per entry name: the package's ``configs/<name>.yaml``, then the user's config
 file (``--config FILE``, else ``$R2MED_CONFIG``, else ``~/.config/r2med-agent/config.yaml`` when it
 exists), whose top-level section of the same name (``llms:``, ``encoders:``) adds or replaces
-entries without editing the package. Unknown keys are errors that name the file and the key.
+entries without editing the package. Unknown keys are errors that name the file and the key; so
+is a top-level section of the user file that names no registry (a typo such as ``llm:`` would
+otherwise be ignored).
 """
 
 from __future__ import annotations
@@ -99,6 +101,38 @@ def _file_state(path: Path | None) -> tuple[Any, ...]:
         return (path, None, None)
 
 
+def user_sections() -> tuple[str, ...]:
+    """The top-level sections a user config may have: one per registry file of the package
+    (``encoders``, ``llms``, ``rerankers``, ``tasks``)."""
+    return tuple(sorted(p.stem for p in configs_dir().glob("*.yaml")))
+
+
+def _key_line(path: Path, key: str) -> int | None:
+    """1-based line of top-level ``key`` in the YAML file ``path`` (None when not found)."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == key:
+            return k.start_mark.line + 1
+    return None
+
+
+def _check_user_sections(path: Path, doc: Mapping[str, Any]) -> None:
+    known = user_sections()
+    unknown = [str(k) for k in doc if str(k) not in known]
+    if unknown:
+        line = _key_line(path, unknown[0])
+        where = f"{path}:{line}" if line is not None else str(path)
+        raise ConfigError(
+            f"{where}: unknown top-level section(s) {', '.join(repr(k) for k in unknown)}; "
+            f"allowed: {', '.join(known)}"
+        )
+
+
 def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
     """All raw entries of a registry section, package layer first, then the user file.
 
@@ -115,6 +149,8 @@ def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
         doc = load_yaml(path) or {}
         if not isinstance(doc, Mapping):
             raise ConfigError(f"{path}: expected a mapping at the top level")
+        if path == user:
+            _check_user_sections(path, doc)
         entries = doc.get(section, {}) if path == user else doc
         if entries is None:
             continue

@@ -294,7 +294,7 @@ def drilldown_data(
             if qid in gens:
                 g = gens[qid]
                 entry["generation"] = {
-                    "text": _cut(g.get("hy_doc", g.get("final", "")), text_chars),
+                    "text": _cut(g.get("final", g.get("hy_doc", "")), text_chars),
                     "reasoning": _cut(g.get("reasoning", ""), text_chars),
                     "finish_reason": g.get("finish_reason", ""),
                 }

@@ -58,6 +58,8 @@ class RunConfig:
         use_cache: read and write the generation cache.
         refresh_cache: regenerate and overwrite cached generations.
         cache_path: the generation cache file (None: the default under the cache directory).
+        chunk_size: cache misses per backend call, each committed when it returns (0: all in
+            one call; None: the LLM entry's ``chunk_size``).
         final: agentic final ranking: ``default`` (final response as the query, as R2MED does)
             or ``fuse`` (RRF of every search of the trajectory plus the final query).
         sampling: overrides of the LLM's default sampling (temperature, max_tokens, seed, ...).
@@ -79,6 +81,7 @@ class RunConfig:
     use_cache: bool = True
     refresh_cache: bool = False
     cache_path: Path | None = None
+    chunk_size: int | None = None
     final: str = "default"
     sampling: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = DEFAULT_METRICS
@@ -96,6 +99,8 @@ class RunConfig:
             )
         if self.top_k < 1 or self.rerank_k < 1:
             raise ConfigError("--top-k and --rerank-k must be at least 1")
+        if self.chunk_size is not None and self.chunk_size < 0:
+            raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         _check_sampling_values(self.sampling)
 
     @property
@@ -211,6 +216,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
                 cache_path=cfg.cache_path,
                 use_cache=cfg.use_cache,
                 refresh=cfg.refresh_cache,
+                chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
             )
     else:
         llm = None
@@ -320,7 +326,8 @@ def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_request
         spans[task.name] = (len(prompts), len(prompts) + len(task_prompts))
         prompts.extend(task_prompts)
         metas.extend(
-            {"task": task.name, "query_id": q.query_id, "method": cfg.method, "text": q.text}
+            {"task": task.name, "query_id": q.query_id, "method": cfg.method, "text": q.text,
+             "doc_id": sorted(task.qrels.get(q.query_id, {}))}
             for q in task.queries
         )
         hashes.extend([method.template_hash(task)] * len(task_prompts))
@@ -422,10 +429,10 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
             lines.append(json.dumps({
                 "id": q.query_id,
                 "text": q.text,
-                "hy_doc": g.final,
+                "hy_doc": g.text,  # the raw output, as in R2MED's own files
                 "doc_id": sorted(task.qrels.get(q.query_id, {})),
+                "final": g.final,
                 "reasoning": g.reasoning,
-                "raw": g.text,
                 "finish_reason": g.finish_reason,
                 "query_used": by_id[q.query_id].combine if q.query_id in by_id else "none",
             }, ensure_ascii=False))

@@ -4,7 +4,9 @@
   an OpenAI-compatible endpoint on 127.0.0.1.
 - :class:`FaultProxy`: a small HTTP proxy on 127.0.0.1 in front of it that can be told to answer
   the next requests with 429 (``Retry-After: 1``), 500, or to stall past the client's timeout,
-  or to require a bearer key (401 otherwise); every other request is forwarded unchanged.
+  to reject every request whose body contains a marker, to require a bearer key (401
+  otherwise), or to add a separate reasoning field to the server's real answers; every other
+  request is forwarded unchanged. It counts the chat requests in flight (peak included).
 
 Everything binds to loopback only, and every wait has a deadline.
 """
@@ -159,7 +161,11 @@ class FaultProxy:
     the order injected): ``"429"`` (with ``Retry-After: 1``), ``"500"``, ``"400"``, ``"422"``, or
     ``"stall"`` (hold the request for :attr:`STALL_S` and close it unanswered).
     ``require_key = "secret"`` answers 401 to any request without
-    ``Authorization: Bearer secret``. ``events`` records every request.
+    ``Authorization: Bearer secret``. ``reject_when[marker] = 400`` answers that status to every
+    chat request whose body contains ``marker`` (not retryable, so it stays rejected).
+    ``add_reasoning = ("reasoning_content", "text")`` adds that field to the message of every
+    successful forwarded chat answer, as reasoning APIs return it. ``events`` records every
+    request; ``peak_in_flight`` is the most chat requests the proxy held at once.
     """
 
     STALL_S = 30.0
@@ -173,6 +179,10 @@ class FaultProxy:
             raise ValueError("FaultProxy only forwards to loopback")
         self.upstream = (up.hostname, up.port)
         self.require_key: str | None = None
+        self.reject_when: dict[str, int] = {}
+        self.add_reasoning: tuple[str, str] | None = None
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self.events: list[ProxyEvent] = []
         self._faults: collections.deque[str] = collections.deque()
         self._lock = threading.Lock()
@@ -211,6 +221,9 @@ class FaultProxy:
             self._faults.clear()
             self.events.clear()
             self.require_key = None
+            self.reject_when.clear()
+            self.add_reasoning = None
+            self.peak_in_flight = 0
 
     def outcomes(self, path_suffix: str = "/chat/completions") -> list[str]:
         with self._lock:
@@ -271,18 +284,50 @@ class FaultProxy:
                     handler, 401, self._error(f"Incorrect API key provided: {sent}", "auth")
                 )
                 return
-        fault = None
-        if handler.path.endswith("/chat/completions"):
+        chat = handler.path.endswith("/chat/completions")
+        if chat:
             with self._lock:
-                fault = self._faults.popleft() if self._faults else None
+                self.in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        left = [False]
+
+        def leave() -> None:
+            # Called BEFORE the answer is written: once the client has it, it may send its next
+            # request, which must not find this one still counted.
+            if chat and not left[0]:
+                left[0] = True
+                with self._lock:
+                    self.in_flight -= 1
+
+        try:
+            self._serve(handler, body, chat, leave)
+        finally:
+            leave()
+
+    def _serve(
+        self, handler: http.server.BaseHTTPRequestHandler, body: bytes, chat: bool, leave: Any
+    ) -> None:
+        fault = None
+        if chat:
+            with self._lock:
+                rejected = [st for marker, st in self.reject_when.items() if marker.encode() in body]
+                if not rejected:
+                    fault = self._faults.popleft() if self._faults else None
+            if rejected:
+                self._record(handler, str(rejected[0]), body)
+                leave()
+                self._reply(handler, rejected[0], self._error(f"rejected with {rejected[0]}", "invalid_request"))
+                return
         if fault == "429":
             self._record(handler, "429", body)
+            leave()
             self._reply(
                 handler, 429, self._error("rate limited", "rate_limit"), {"Retry-After": "1"}
             )
             return
         if fault in ("400", "422", "500"):
             self._record(handler, fault, body)
+            leave()
             self._reply(handler, int(fault), self._error(f"injected {fault}", "injected"))
             return
         if fault == "stall":
@@ -302,6 +347,12 @@ class FaultProxy:
             resp = conn.getresponse()
             payload = resp.read()
             event.status = resp.status
+            if chat and resp.status == 200 and self.add_reasoning is not None:
+                field_name, text = self.add_reasoning
+                answer = json.loads(payload)
+                answer["choices"][0]["message"][field_name] = text
+                payload = json.dumps(answer).encode()
+            leave()
             self._reply(handler, resp.status, payload)
         finally:
             conn.close()

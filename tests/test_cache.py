@@ -196,6 +196,32 @@ def test_cache_rejects_foreign_schema_version(tmp_path):
         GenerationCache(path).get_many(["a"])
 
 
+def test_version_1_file_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "g.sqlite"
+    v1_columns = (
+        "key TEXT PRIMARY KEY, model_id TEXT NOT NULL, sample_index INTEGER NOT NULL, "
+        "text TEXT NOT NULL, reasoning TEXT NOT NULL, final TEXT NOT NULL, "
+        "finish_reason TEXT NOT NULL, stop_reason TEXT, prompt_tokens INTEGER NOT NULL, "
+        "completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, created REAL NOT NULL, "
+        "request TEXT NOT NULL"
+    )
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"CREATE TABLE generations ({v1_columns})")
+        raw.execute("CREATE TABLE info (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        raw.execute("INSERT INTO info VALUES ('schema_version', '1')")
+        raw.execute(
+            "INSERT INTO generations VALUES ('old', 'm', 0, 'T', '', 'T', 'stop', NULL, 1, 2, 0.5, 1.0, ?)",
+            (canonical_json(build_request("m", msgs("q"), {})),),
+        )
+    cache = GenerationCache(path)
+    old = cache.get("old")
+    assert (old.text, old.api_reasoning) == ("T", "")
+    cache.put_many([CacheRecord.from_generation("new", old.request, Generation(text="x"), api_reasoning="why")])
+    assert cache.get("new").api_reasoning == "why"
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "2"
+
+
 def test_cache_not_a_database(tmp_path):
     from r2med_agent.errors import DataError
 
@@ -322,12 +348,14 @@ def test_chunks_are_committed_one_by_one(tmp_path):
     assert llm.stats.backend_calls == 3
 
 
-def test_chunk_size_none_sends_all_misses_at_once(tmp_path):
-    llm, backend = make(tmp_path, chunk_size=None)
+@pytest.mark.parametrize("size", [None, 0])
+def test_chunk_size_none_or_zero_sends_all_misses_at_once(tmp_path, size):
+    llm, backend = make(tmp_path, chunk_size=size)
+    assert llm.chunk_size is None
     llm.generate([msgs(str(i)) for i in range(300)], SamplingParams())
     assert [len(c) for c in backend.calls] == [300]
-    with pytest.raises(ConfigError, match="chunk_size"):
-        make(tmp_path, chunk_size=0)
+    with pytest.raises(ConfigError, match="chunk_size must be a positive integer, or 0/None"):
+        make(tmp_path, chunk_size=-1)
 
 
 def test_backend_error_keeps_committed_chunks(tmp_path):
@@ -340,6 +368,40 @@ def test_backend_error_keeps_committed_chunks(tmp_path):
     with pytest.raises(LLMError):
         llm.generate([msgs(str(i)) for i in range(6)], SamplingParams())
     assert len(llm.cache) == 4
+
+
+def test_partial_batch_keeps_the_successes_then_raises(tmp_path):
+    from r2med_agent.llm.base import PartialBatchError
+
+    class HalfBroken(ScriptedLLM):
+        """Fails the prompts that say "bad", as an HTTP backend reports a batch it partly made."""
+
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            bad = {i: LLMError(f"rejected {i}") for i, p in enumerate(prompts) if "bad" in p[-1]["content"]}
+            if bad:
+                raise PartialBatchError([None if i in bad else g for i, g in enumerate(out)], bad)
+            return out
+
+    backend = HalfBroken(lambda m, p: "ok " + m[-1]["content"], model_id="fake-model")
+    llm = CachedLLM(backend, "fake-model", "plain", GenerationCache(tmp_path / "g.sqlite"), chunk_size=3)
+    prompts = [msgs(q) for q in ("a", "bad", "c", "d", "e")]
+    meta = [{"task": "T", "query_id": str(i), "method": "hyde"} for i in range(5)]
+    with pytest.raises(LLMError) as err:
+        llm.generate(prompts, SamplingParams(), meta=meta)
+    assert str(err.value) == (
+        "rejected 1 (1 of 3 requests failed, 2 succeeded); 2 generations of that batch were saved "
+        "to the generation cache, so a re-run generates only the failed ones"
+    )
+    assert set(llm.cache.get_many(llm_keys(llm, ["a", "bad", "c", "d", "e"]))) == set(llm_keys(llm, ["a", "c"]))
+    assert sorted(u.query_id for u, _ in llm.cache.uses()) == ["0", "2"]  # no use without a row
+    prompts[1] = msgs("fixed")
+    out = llm.generate(prompts, SamplingParams())
+    assert [g.cached for g in out] == [True, False, True, False, False]
+
+    off = CachedLLM(HalfBroken(lambda m, p: "x", "fake-model"), "fake-model", "plain", None)
+    with pytest.raises(LLMError, match="not kept \\(the cache is off\\)"):
+        off.generate([msgs("bad"), msgs("fine")], SamplingParams())
 
 
 def test_error_items_are_not_cached(tmp_path):
@@ -375,6 +437,28 @@ def test_hits_are_reparsed_with_the_current_format(tmp_path):
     think = CachedLLM(backend, None, "think", llm.cache)
     out = think.generate([msgs("a")], SamplingParams())
     assert out[0].cached and out[0].final == "passage for a" and out[0].reasoning == "about a"
+
+
+def test_api_reasoning_is_kept_apart_whatever_the_format(tmp_path):
+    from dataclasses import replace as dc_replace
+
+    class Reasoner(ScriptedLLM):
+        """Returns reasoning apart from the text, as reasoning APIs do."""
+
+        def generate(self, prompts, params):
+            return [dc_replace(g, reasoning="api thoughts") for g in super().generate(prompts, params)]
+
+    cache = GenerationCache(tmp_path / "g.sqlite")
+    backend = Reasoner(lambda m, p: "<think>inline</think>passage", "fake-model")
+    plain = CachedLLM(backend, "fake-model", "plain", cache)
+    made = plain.generate([msgs("a")], SamplingParams())[0]
+    assert (made.text, made.reasoning, made.final) == ("<think>inline</think>passage", "api thoughts", "<think>inline</think>passage")
+    hit = plain.generate([msgs("a")], SamplingParams())[0]
+    assert hit.cached and (hit.reasoning, hit.final) == (made.reasoning, made.final)
+    # The same row under the think format: the text's own reasoning joins the API's.
+    think = CachedLLM(backend, "fake-model", "think", cache).generate([msgs("a")], SamplingParams())[0]
+    assert think.cached and (think.reasoning, think.final) == ("api thoughts\n\ninline", "passage")
+    assert len(backend.calls) == 1
 
 
 def test_meta_is_stored_for_hits_and_misses_not_in_key(tmp_path):
@@ -581,12 +665,12 @@ def test_import_then_run_is_all_hits_and_export_roundtrips(tmp_path):
     # Export with the query file reproduces the R2MED rows exactly.
     out = export_r2med(cache, [_Spec.model], task="Biology", method="hyde", queries=R2MED_ROWS)
     assert out == R2MED_ROWS
-    # Without it: ids, order and hy_doc survive; text/doc_id are empty (not stored).
+    # Without it too: the import kept each row's text and doc_id with its use.
     out2 = export_r2med(cache, [_Spec.model, "alias"])
-    assert [(r["id"], r["hy_doc"], r["text"], r["doc_id"]) for r in out2] == [
-        (r["id"], r["hy_doc"], "", []) for r in R2MED_ROWS
-    ]
-    assert cache.uses(task="Biology")[0][0].extra == {"source": "q.jsonl"}
+    assert out2 == R2MED_ROWS
+    assert cache.uses(task="Biology")[0][0].extra == {
+        "source": "q.jsonl", "text": R2MED_ROWS[0]["text"], "doc_id": R2MED_ROWS[0]["doc_id"],
+    }
 
 
 def test_import_reports_missing_and_unknown_and_rejects_bad_rows(tmp_path):
@@ -604,22 +688,54 @@ def test_import_reports_missing_and_unknown_and_rejects_bad_rows(tmp_path):
         import_r2med(cache, RequestBuilder.from_spec(_Spec()), [R2MED_ROWS[0], R2MED_ROWS[0]], requests)
 
 
-def test_export_errors_and_newest_wins(tmp_path):
+def test_export_errors_and_newest_wins_within_one_configuration(tmp_path):
     llm, backend = make(tmp_path, reasoning_format="plain")
     with pytest.raises(DataError, match="no cached generations"):
         export_r2med(llm.cache, ["fake-model"])
-    meta = lambda t, q, m: {"task": t, "query_id": q, "method": m}  # noqa: E731
+    meta = lambda t, q, m, text="": {"task": t, "query_id": q, "method": m, "text": text}  # noqa: E731
     llm.generate([msgs("a"), msgs("b")], SamplingParams(), meta=[meta("T", "1", "hyde"), meta("U", "1", "hyde")])
     with pytest.raises(DataError, match="several task/method pairs \\(T/hyde, U/hyde\\)"):
         export_r2med(llm.cache, ["fake-model"])
     time.sleep(0.01)
-    llm.generate([msgs("a2")], SamplingParams(max_tokens=5), meta=[meta("T", "1", "hyde")])
+    # The query's text changed between two runs of the same configuration: the newest wins.
+    llm.generate([msgs("a2")], SamplingParams(), meta=[meta("T", "1", "hyde", "a2")])
     rows = export_r2med(llm.cache, ["fake-model"], task="T")
-    assert [r["hy_doc"] for r in rows] == ["<think>about a2</think>passage for a2"]
+    assert rows == [{"id": "1", "text": "a2", "hy_doc": "<think>about a2</think>passage for a2", "doc_id": []}]
     with pytest.raises(DataError, match="1 of 2 queries have no cached generation \\(9\\)"):
         export_r2med(llm.cache, ["fake-model"], task="T", queries=[{"id": "1"}, {"id": "9"}])
     part = export_r2med(llm.cache, ["fake-model"], task="T", queries=[{"id": "9"}, {"id": "1", "text": "q"}], partial=True)
     assert [(r["id"], r["text"]) for r in part] == [("1", "q")]
+
+
+def test_export_refuses_to_mix_configurations_and_filters_pick_one(tmp_path):
+    from r2med_agent.llm.cache_io import settings_hash
+
+    llm, backend = make(tmp_path, reasoning_format="plain")
+    meta = [{"task": "T", "query_id": q, "method": "hyde"} for q in ("1", "2")]
+    prompts = [msgs("a"), msgs("b")]
+    llm.generate(prompts, SamplingParams(seed=42), meta=meta, template_hash="tpl-1")
+    llm.generate(prompts, SamplingParams(seed=7), meta=meta, template_hash="tpl-1")
+    llm.generate(prompts, SamplingParams(seed=42), meta=meta, template_hash="tpl-2")
+    with pytest.raises(DataError) as err:
+        export_r2med(llm.cache, ["fake-model"], task="T", method="hyde")
+    message = str(err.value)
+    assert "3 different request settings" in message
+    hashes = sorted({settings_hash(r.request) for _, r in llm.cache.uses(task="T")})
+    assert len(hashes) == 3 and all(h in message for h in hashes)
+    assert "seed=42" in message and "seed=7" in message and "2 queries" in message
+    assert "--settings HASH" in message and "--seed" in message and "--temperature" in message
+
+    seven = export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 7})
+    assert [r["id"] for r in seven] == ["1", "2"]
+    with pytest.raises(DataError, match="2 different request settings"):
+        export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 42})
+    (tpl2,) = {settings_hash(r.request) for _, r in llm.cache.uses(task="T") if r.request["template_hash"] == "tpl-2"}
+    picked = export_r2med(llm.cache, ["fake-model"], task="T", settings=tpl2[:6])
+    assert [r["hy_doc"] for r in picked] == ["<think>about a</think>passage for a", "<think>about b</think>passage for b"]
+    with pytest.raises(DataError, match="no cached generations .* with seed=3"):
+        export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 3})
+    # Integer and float spellings of a value match (a CLI gives floats).
+    assert export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 7, "temperature": 0.7})
 
 
 def test_natural_key_orders_numeric_ids():
@@ -847,9 +963,13 @@ def test_make_llm_wires_spec_cache_and_flags(tmp_path, monkeypatch):
     assert req["params"]["temperature"] == 0.7 and req["params"]["seed"] == 42
     assert make_llm("qwen3-32b").request([], SamplingParams())["chat_template_kwargs"] == {"enable_thinking": True}
     assert make_llm("qwen-7b-ins").request(msgs("q")[1:], SamplingParams())["messages"] == msgs("q")[1:]
-    assert llm.chunk_size == 1024
+    assert llm.chunk_size is None  # vLLM: the whole run in one engine call
     assert make_llm("gpt4").chunk_size == 256 and make_llm("smollm2").chunk_size == 4
     assert make_llm("gpt4", chunk_size=None).chunk_size is None
+    assert make_llm("gpt4", chunk_size=0).chunk_size is None
+    assert make_llm("smollm2", overrides={"chunk_size": 16}).chunk_size == 16
+    assert make_llm("smollm2", overrides={"chunk_size": None}).chunk_size is None
+    assert make_llm("smollm2", overrides={"chunk_size": 16}, chunk_size=2).chunk_size == 2
     assert make_llm("smollm2", use_cache=False).cache is None
     assert make_llm("smollm2", refresh=True, cache_path=tmp_path / "x.sqlite").refresh is True
     assert make_llm("smollm2", overrides={"max_tokens": 12}).spec.max_tokens == 12
@@ -889,6 +1009,29 @@ def test_cli_roundtrip_on_the_shipped_r2med_demo(tmp_path, capsys):
     assert main(["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde",
                  "--queries", str(demo / "query.jsonl"), "--out", str(out), *args]) == 0
     assert out.read_bytes() == hyde_file.read_bytes()
+    # Without the query file too: the import kept each row's text and doc_id.
+    bare = tmp_path / "bare.jsonl"
+    assert main(["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde",
+                 "--out", str(bare), *args]) == 0
+    assert bare.read_bytes() == hyde_file.read_bytes()
+    capsys.readouterr()
+
+    # The same file imported as a second configuration (another seed): one export no longer
+    # knows which to write, says so, and a filter picks one.
+    assert main(["cache", "import", str(hyde_file), "--task", "r2med-demo", "--method", "hyde", "--llm", "qwen-7b",
+                 "--seed", "7", *args]) == 0
+    capsys.readouterr()
+    export = ["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde", "--out", str(bare), *args]
+    assert main(export) == 2
+    err = capsys.readouterr().err
+    assert "2 different request settings" in err and "seed=42" in err and "seed=7" in err
+    assert "--settings HASH" in err and "Traceback" not in err
+    assert main([*export, "--seed", "7"]) == 0
+    assert bare.read_bytes() == hyde_file.read_bytes()
+    listed = [line.split()[0] for line in err.splitlines() if "2 queries" in line]
+    assert len(listed) == 2
+    assert main([*export, "--settings", listed[0]]) == 0
+    assert bare.read_bytes() == hyde_file.read_bytes()
 
 
 def test_cli_import_of_the_demo_as_a_data_dir_needs_the_missing_docs_option(tmp_path, capsys):

@@ -73,3 +73,23 @@ def test_missing_user_file_is_an_error(layers):
     config.set_user_config(layers / "nope.yaml")
     with pytest.raises(ConfigError, match="does not exist"):
         config.load_registry("things", Thing)
+
+
+def test_unknown_top_level_section_names_file_line_and_key(layers):
+    user = layers / "user.yaml"
+    user.write_text("things:\n  a:\n    size: 7\nthing:\n  b:\n    size: 1\n")
+    config.set_user_config(user)
+    with pytest.raises(ConfigError) as err:
+        config.load_registry("things", Thing)
+    assert str(err.value) == f"{user}:4: unknown top-level section(s) 'thing'; allowed: things"
+
+
+def test_the_real_sections_are_the_package_registries(tmp_path):
+    from r2med_agent.llm.registry import load_llm_specs
+
+    assert config.user_sections() == ("encoders", "llms", "rerankers", "tasks")
+    user = tmp_path / "user.yaml"
+    user.write_text("encoders: {}\nllm:\n  mine: {backend: local, model: x.gguf}\n")
+    config.set_user_config(user)
+    with pytest.raises(ConfigError, match=r"user\.yaml:2: unknown top-level section\(s\) 'llm'; allowed: encoders, llms"):
+        load_llm_specs()

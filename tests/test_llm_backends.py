@@ -9,7 +9,9 @@ module that records what the backend asks of it: that is the only fake in this f
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,13 +107,57 @@ def test_sampling_params_from_spec_with_overrides() -> None:
     assert spec.cost_usd(1_000_000, 500_000) == pytest.approx(2.5 + 5.0)
 
 
-def test_cache_identity_ignores_where_the_model_runs() -> None:
-    a = openai_spec(["http://127.0.0.1:1/v1"], api_key_env="A", max_concurrency=1)
-    b = openai_spec(["http://127.0.0.1:2/v1", "http://127.0.0.1:3/v1"], timeout_s=5.0)
-    assert a.cache_identity() == b.cache_identity()
-    c = openai_spec(["http://127.0.0.1:1/v1"], system_prompt="Be terse.")
-    assert c.cache_identity() != a.cache_identity()
-    assert "127.0.0.1" not in repr(a.cache_identity())
+def test_cache_key_holds_what_is_sent_never_where_it_runs() -> None:
+    from dataclasses import replace
+
+    from r2med_agent.llm.cache import canonical_json
+    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend
+
+    params = SamplingParams(
+        temperature=0.3, top_p=0.9, top_k=20, max_tokens=50, seed=1,
+        stop=("s1", "s2", "s3", "s4", "s5"), repetition_penalty=1.1,
+    )  # fmt: skip
+
+    def key(spec: LLMSpec, p: SamplingParams = params) -> str:
+        return RequestBuilder.from_spec(spec).key(COUNT, p)
+
+    base = openai_spec(["http://127.0.0.1:1/v1"], server="vllm")
+    # Where and how it runs leaves the key alone ...
+    moved = openai_spec(
+        ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"], server="vllm", api_key_env="A",
+        max_concurrency=1, timeout_s=5.0, max_retries=0, backoff_initial_s=2.0, chunk_size=3,
+    )  # fmt: skip
+    assert key(moved) == key(base)
+    assert key(openai_spec(["http://gpu1:8000/v1"], server="auto")) == key(base)  # auto -> vllm
+    assert "127.0.0.1" not in canonical_json(RequestBuilder.from_spec(base).request(COUNT, params))
+    # ... while every setting that changes what is sent changes it.
+    variants = [
+        replace(base, drop_params=("temperature",)),
+        replace(base, drop_params=("stop",)),
+        replace(base, drop_params=("top_k", "repetition_penalty")),
+        replace(base, max_tokens_param="max_completion_tokens"),
+        replace(base, server="llamacpp"),
+        replace(base, server="openai"),
+        replace(base, system_prompt="Be terse."),
+    ]
+    assert len({key(v) for v in [base, *variants]}) == len(variants) + 1
+    hosted = openai_spec(["https://api.openai.com/v1"], server="auto")  # auto -> openai
+    assert key(hosted) == key(replace(base, server="openai"))
+    # The key's sampling record is exactly what the request body carries (plus the stops
+    # applied client-side).
+    for spec in [base, *variants]:
+        sent = OpenAICompatBackend(spec)._request(COUNT, params)
+        extra = {k: v for k, v in sent.get("extra_body", {}).items() if k != "chat_template_kwargs"}
+        body = {k: v for k, v in sent.items() if k not in ("model", "messages", "extra_body")}
+        record = dict(RequestBuilder.from_spec(spec).request(COUNT, params)["params"])
+        client_stop = record.pop("client_stop", [])
+        assert record == {**body, **extra}, spec
+        assert client_stop == [x for x in params.stop if x not in sent.get("stop", [])], spec
+    # A parameter that is not sent does not split the cache.
+    dropped = replace(base, drop_params=("temperature",))
+    assert key(dropped) == key(dropped, replace(params, temperature=1.0))
+    assert key(base) != key(base, replace(params, temperature=1.0))
 
 
 def test_unknown_llm_name_lists_known_ones() -> None:
@@ -590,6 +636,161 @@ def test_http_404_and_422_are_not_retried(fault_proxy: FaultProxy) -> None:
     assert fault_proxy.outcomes() == ["forwarded", "422"] and backend.attempts == 1
 
 
+def test_url_pool_cools_failing_urls_down_and_sends_retries_elsewhere() -> None:
+    import httpx
+    import openai
+
+    from r2med_agent.llm.openai_compat import _UrlPool
+
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+    refused = openai.APIConnectionError(request=request)
+    server_error = openai.InternalServerError("boom", response=httpx.Response(500, request=request), body=None)
+    bad_request = openai.BadRequestError("bad", response=httpx.Response(400, request=request), body=None)
+    now = [100.0]
+    pool = _UrlPool(["a", "b", "c"], initial_s=1.0, max_s=4.0, clock=lambda: now[0])
+
+    # Least loaded first, ties round-robin.
+    assert [pool.acquire() for _ in range(3)] == ["a", "b", "c"]
+    for u in "abc":
+        pool.release(u, None)
+    # A retry avoids the URL its attempt failed on while another is ready.
+    assert pool.acquire(avoid="b") != "b"
+    pool.release("a", bad_request)  # a 4xx says nothing about the endpoint: no cooldown
+    assert pool.cool_until["a"] == 0.0
+
+    url = pool.acquire()
+    pool.release(url, refused)
+    assert pool.cool_until[url] == 101.0  # first failure: initial_s
+    assert url not in {pool.acquire() for _ in range(6)}  # skipped while cooling
+    for u in pool.urls:
+        pool.in_flight[u] = 0
+    pool.in_flight[url] += 1
+    pool.release(url, server_error)
+    assert pool.cool_until[url] == 102.0  # second in a row: doubled
+    for _ in range(3):
+        pool.in_flight[url] += 1
+        pool.release(url, refused)
+    assert pool.cool_until[url] == 104.0  # capped at max_s
+    now[0] = 104.5
+    assert url in {pool.acquire() for _ in range(3)}  # ready again: probed
+    pool.release(url, None)
+    assert (pool.failures[url], pool.cool_until[url]) == (0, 0.0)  # one success ends it
+
+    # Every URL cooling: the one whose cooldown ends first.
+    single = _UrlPool(["p", "q"], initial_s=1.0, max_s=60.0, clock=lambda: now[0])
+    for u, n in (("p", 3), ("q", 1)):
+        for _ in range(n):
+            single.in_flight[u] += 1
+            single.release(u, refused)
+    assert single.acquire(avoid="q") == "q"
+
+
+@pytest.mark.slow
+def test_http_bare_400_is_not_retried_and_says_why(fault_proxy: FaultProxy) -> None:
+    backend = make_backend(openai_spec([fault_proxy.base_url], max_retries=3))
+    fault_proxy.inject("400", 1)
+    with pytest.raises(LLMError) as err:
+        backend.generate([COUNT], SamplingParams(max_tokens=3))
+    assert str(err.value) == (
+        f"llm 'smollm2-http': request rejected by {fault_proxy.base_url} (HTTP 400): injected 400"
+    )
+    assert fault_proxy.outcomes() == ["400"] and backend.attempts == 1
+    assert backend.generate([COUNT], SamplingParams(temperature=0.0, max_tokens=3))[0].completion_tokens > 0
+
+
+def test_http_connection_errors_are_retried_then_named() -> None:
+    from tests.llm_server import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: connection refused
+    backend = make_backend(openai_spec([closed], max_retries=2, backoff_initial_s=0.01, backoff_max_s=0.05))
+    with pytest.raises(LLMError) as err:
+        backend.generate([COUNT], SamplingParams(max_tokens=3))
+    assert str(err.value).startswith(
+        f"llm 'smollm2-http': request to {closed} failed after 3 attempts: connection error:"
+    )
+    assert backend.attempts == 3 and err.value.__cause__ is None
+
+
+@pytest.mark.slow
+def test_http_never_has_more_than_max_concurrency_requests_in_flight(fault_proxy: FaultProxy) -> None:
+    backend = make_backend(openai_spec([fault_proxy.base_url], max_concurrency=3))
+    gens = backend.generate(_prompts_of_growing_length(8), SamplingParams(temperature=0.0, max_tokens=6))
+    assert len(gens) == 8 and all(g.completion_tokens > 0 for g in gens)
+    assert fault_proxy.outcomes() == ["forwarded"] * 8
+    # The real server answers one request at a time, so the others wait at the proxy: the
+    # bound is reached, and never passed.
+    assert fault_proxy.peak_in_flight == 3
+
+
+@pytest.mark.slow
+def test_http_dead_base_url_costs_a_few_probes_and_every_prompt_succeeds(fault_proxy: FaultProxy) -> None:
+    from tests.llm_server import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # a closed port: refuses at once, 0 in flight
+    # One retry only: a request whose first attempt hit the dead URL must be retried elsewhere.
+    backend = make_backend(openai_spec(
+        [dead, fault_proxy.base_url], max_concurrency=2, max_retries=1,
+        backoff_initial_s=1.0, backoff_max_s=8.0,
+    ))  # fmt: skip
+    prompts = _prompts_of_growing_length(8)
+    t0 = time.monotonic()
+    gens = backend.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4))
+    elapsed = time.monotonic() - t0
+    assert len(gens) == 8 and all(g.completion_tokens > 0 for g in gens)
+    assert fault_proxy.outcomes() == ["forwarded"] * 8
+    # The first failure cools the dead URL down for 1 s, then 2 s, 4 s, ...: after its first
+    # attempt it is probed once per expired cooldown, never fed its share of the batch.
+    probes = backend.requests_per_url[dead]
+    assert 1 <= probes <= 1 + math.log2(elapsed + 1) and probes < 8
+    assert backend.attempts == 8 + probes
+    # The next batch still knows: the cooldown lives as long as the backend.
+    before = backend.requests_per_url[dead]
+    backend.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    assert backend.requests_per_url[dead] - before <= 1
+
+
+@pytest.mark.slow
+def test_one_rejected_prompt_keeps_the_batch_in_the_cache(fault_proxy: FaultProxy, tmp_path) -> None:
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    spec = openai_spec([fault_proxy.base_url], max_concurrency=2)
+    prompts = _prompts_of_growing_length(4)
+    prompts[1] = [{"role": "user", "content": "Say hello. REJECT-ME"}]
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    fault_proxy.reject_when["REJECT-ME"] = 400
+
+    def wrapper() -> CachedLLM:
+        return CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+
+    first = wrapper()
+    with pytest.raises(LLMError) as err:
+        first.generate(prompts, params)
+    message = str(err.value)
+    assert "(HTTP 400): rejected with 400" in message and "1 of 4 requests failed, 3 succeeded" in message
+    assert "3 generations of that batch were saved to the generation cache" in message
+    assert sorted(fault_proxy.outcomes()) == ["400", "forwarded", "forwarded", "forwarded"]  # no retry
+    assert len(first.cache) == 3 and first.stats.generations == 3
+
+    fault_proxy.reset()  # the fault is gone
+    second = wrapper()
+    gens = second.generate(prompts, params)
+    assert [g.cached for g in gens] == [True, False, True, True]
+    assert (second.stats.generations, second.stats.cache_hits) == (1, 3)
+    assert fault_proxy.outcomes() == ["forwarded"]
+    assert "REJECT-ME" in fault_proxy.events_for()[0].json()["messages"][-1]["content"]
+
+
+@pytest.mark.slow
+def test_http_auth_error_stops_the_batch_at_once(fault_proxy: FaultProxy, monkeypatch) -> None:
+    fault_proxy.require_key = "the-right-key"
+    monkeypatch.setenv("R2MED_TEST_KEY", "wrong")
+    backend = make_backend(openai_spec([fault_proxy.base_url], api_key_env="R2MED_TEST_KEY", max_concurrency=1))
+    with pytest.raises(LLMError, match=r"^authentication failed for .*: check \$R2MED_TEST_KEY$"):
+        backend.generate(_prompts_of_growing_length(5), SamplingParams(max_tokens=3))
+    assert fault_proxy.outcomes() == ["401"]  # the other four were never sent
+
+
 @pytest.mark.slow
 def test_http_spreads_requests_over_base_urls(llama_server) -> None:
     with FaultProxy(llama_server.base_url) as a, FaultProxy(llama_server.base_url) as b:
@@ -662,7 +863,7 @@ def test_http_asks_vllm_servers_to_continue_a_final_assistant_message(
         assert len(notes) == 1 and notes[0].levelname == "DEBUG", server
 
 
-def test_reasoning_returned_separately_is_wrapped_in_think_tags() -> None:
+def test_reasoning_returned_separately_goes_to_reasoning_not_text() -> None:
     from openai.types.chat import ChatCompletion
 
     from r2med_agent.llm.openai_compat import OpenAICompatBackend
@@ -679,9 +880,67 @@ def test_reasoning_returned_separately_is_wrapped_in_think_tags() -> None:
         }
     )  # fmt: skip
     gen = OpenAICompatBackend._to_generation(response, SamplingParams(), 0.5)
-    assert gen.text == "<think>Because.</think>Answer."
+    assert (gen.text, gen.reasoning) == ("Answer.", "Because.")  # the text as returned
     assert (gen.finish_reason, gen.stop_reason) == ("stop", "</search>")
     assert (gen.prompt_tokens, gen.completion_tokens, gen.latency_s) == (5, 7, 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("field_name", "fmt"), [("reasoning_content", "plain"), ("reasoning", "plain"), ("reasoning_content", "think")]
+)
+def test_separate_reasoning_from_a_real_server_never_reaches_the_query(
+    fault_proxy: FaultProxy, tmp_path, field_name: str, fmt: str
+) -> None:
+    """The real server's answer with a reasoning field added (as vLLM's reasoning parsers and
+    DeepSeek's API return it) goes through the backend, the cache and HyDE's request."""
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.methods import get_method
+    from r2med_agent.retrieval.bm25 import bm25_query_text
+    from r2med_agent.types import Query, Task
+
+    thought = "First I recall the counting order, then I write it down."
+    fault_proxy.add_reasoning = (field_name, thought)
+    spec = openai_spec([fault_proxy.base_url], reasoning_format=fmt)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+
+    def wrapper() -> CachedLLM:
+        return CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"))
+
+    gen = wrapper().generate([COUNT], params)[0]
+    assert gen.completion_tokens > 0 and gen.text.strip() and not gen.cached
+    assert gen.reasoning == thought
+    assert thought not in gen.text and "<think>" not in gen.text  # the raw text is the content
+    assert gen.final == gen.text.strip()
+    again = wrapper().generate([COUNT], params)[0]
+    assert again.cached and (again.text, again.reasoning, again.final) == (gen.text, gen.reasoning, gen.final)
+
+    task = Task("T", "qa", "biology", (Query("q1", "How do I count?"),), (), {}, "inline", "")
+    request = get_method("hyde")().to_requests(task, [again])[0]
+    assert bm25_query_text(request) == gen.text.strip()  # the passage only, no reasoning
+    assert thought not in bm25_query_text(request)
+
+
+def test_vllm_runs_a_whole_r2med_run_in_one_engine_call(monkeypatch, tmp_path) -> None:
+    """876 prompts (R2MED's queries) through make_llm's default chunking: ONE LLM.chat call."""
+    from r2med_agent.llm import default_sampling, make_llm
+    from r2med_agent.llm import vllm_backend
+
+    fake = _FakeVLLM(echo=True)
+    monkeypatch.setitem(sys.modules, "vllm", fake.module())
+    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    llm = make_llm("qwen-32b", cache_path=tmp_path / "g.sqlite")
+    prompts = [[{"role": "user", "content": f"query {i}"}] for i in range(876)]
+    gens = llm.generate(prompts, default_sampling(llm.spec))
+    assert [g.text for g in gens] == [f"re:query {i}" for i in range(876)]
+    assert len(fake.chats) == 1 and len(fake.chats[0]["messages"]) == 876
+    assert llm.stats.backend_calls == 1 and len(llm.cache) == 876
+    # --chunk-size 300 asks for committed chunks instead.
+    fake.chats.clear()
+    chunked = make_llm("qwen-32b", cache_path=tmp_path / "h.sqlite", chunk_size=300)
+    chunked.generate(prompts, default_sampling(llm.spec))
+    assert [len(c["messages"]) for c in fake.chats] == [300, 300, 276]
 
 
 def test_backend_registry_names_match_spec_backends() -> None:

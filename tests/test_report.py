@@ -26,11 +26,15 @@ HOSTILE = "A passage about light </script><script>window.__pwned = 1</script> & 
 
 
 def generations() -> list[dict]:
-    return [
+    rows = [
         {"id": q, "text": t, "hy_doc": HOSTILE if q == "q1" else f"A passage for {q}",
          "doc_id": sorted(QRELS[q]), "reasoning": f"reasoning for {q}", "finish_reason": "stop"}
         for q, t in QUERIES.items()
     ]
+    # As the runner writes them: hy_doc is the raw output (R2MED's layout), final the response
+    # that became the query. Rows without "final" are R2MED's own files.
+    rows[1].update(hy_doc=f"<think>reasoning for {rows[1]['id']}</think> A passage", final="A passage")
+    return rows
 
 
 def traces() -> list[dict]:
@@ -120,6 +124,7 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
     assert q2["run_length"] == 12
     assert q2["relevant_ranks"] == {"d2": 11}  # relevant, but below the top 10
     assert data["results"]["1"]["sample"]["q1"]["generation"]["text"] == HOSTILE
+    assert data["results"]["1"]["sample"]["q2"]["generation"]["text"] == "A passage"  # the final response
     assert data["results"]["2"]["sample"]["q3"]["trace"]["steps"][0]["search_query"] == "fever vaccine cause"
     task = data["tasks"]["sample"]
     assert task["queries"] == QUERIES and task["qrels"] == QRELS

@@ -130,7 +130,8 @@ def test_expansion_sends_all_tasks_in_one_llm_call_and_reuses_the_cache(tmp_path
     assert [o.stats["generations"] for o in first.outcomes] == [12, 2]
     gens = (tmp_path / "hyde" / "scripted" / "bm25" / "sample.generations.jsonl").read_text().splitlines()
     row = json.loads(gens[0])
-    assert set(row) >= {"id", "text", "hy_doc", "doc_id"} and row["hy_doc"].startswith("Passage:")
+    assert set(row) >= {"id", "text", "hy_doc", "doc_id", "final", "reasoning"}
+    assert row["hy_doc"].startswith("Passage:") and row["final"] == row["hy_doc"].strip()
 
     llm2, backend2 = _scripted_cached(tmp_path)
     second = run_experiment(cfg, llm=llm2)
@@ -141,6 +142,24 @@ def test_expansion_sends_all_tasks_in_one_llm_call_and_reuses_the_cache(tmp_path
         assert [o.stats[key] for o in second.outcomes] == [o.stats[key] for o in first.outcomes]
     assert all(o.stats["llm_time_new_s"] == 0 for o in second.outcomes)
     assert second.average == first.average
+
+
+@pytest.mark.parametrize(("cli", "expected"), [([], "auto"), (["--chunk-size", "0"], 0), (["--chunk-size", "16"], 16)])
+def test_chunk_size_option_reaches_make_llm(tmp_path, monkeypatch, capsys, cli, expected):
+    seen = []
+
+    def fake_make_llm(name, **kwargs):
+        seen.append(kwargs["chunk_size"])
+        return _scripted_cached(tmp_path)[0]
+
+    monkeypatch.setattr("r2med_agent.llm.make_llm", fake_make_llm)
+    code, _, err = _cli(["run", "--task", "r2med-demo", "--method", "hyde", "--llm", "smollm2", "-o",
+                         str(tmp_path / "out"), "--no-progress", *cli], capsys)
+    assert code == 0, err
+    assert seen == [expected]
+    code, _, err = _cli(["run", "--task", "r2med-demo", "--method", "hyde", "--llm", "smollm2",
+                         "--chunk-size", "-1", "-o", str(tmp_path / "out")], capsys)
+    assert code == 2 and "--chunk-size must be >= 0" in err
 
 
 def test_bad_options_are_config_errors():
@@ -277,6 +296,41 @@ def test_unknown_method_and_unreachable_hub_are_clean_errors(tmp_path, monkeypat
     assert time.monotonic() - t0 < 20
 
 
+def test_generations_file_keeps_the_raw_text_in_hy_doc_as_r2med_does(tmp_path, monkeypatch):
+    from r2med_agent.llm.registry import LLMSpec
+
+    monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec", lambda name: LLMSpec(name="scripted", backend="local", model="scripted"))
+    backend = ScriptedLLM(lambda msgs, p: "<think>weigh it</think> The passage.", model_id="scripted")
+    llm = CachedLLM(backend, "scripted", "think", GenerationCache(tmp_path / "gen.sqlite"))
+    cfg = RunConfig(tasks=("r2med-demo",), method="hyde", llm="scripted", output_dir=tmp_path, show_progress=False)
+    run_experiment(cfg, llm=llm)
+    path = tmp_path / "hyde" / "scripted" / "bm25" / "r2med-demo.generations.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [list(r)[:4] for r in rows] == [["id", "text", "hy_doc", "doc_id"]] * 2
+    assert {(r["hy_doc"], r["final"], r["reasoning"]) for r in rows} == {
+        ("<think>weigh it</think> The passage.", "The passage.", "weigh it")
+    }
+
+
+def _assert_bm25_searched(result_dir: Path, task_name: str, expected_query) -> dict:
+    """Check the written run against BM25 searched here with the query text
+    ``expected_query(query, final)`` built by hand from the written generation (as a plain
+    query, so no code under test composes it). Returns that expected run."""
+    from r2med_agent.data import load_task
+    from r2med_agent.retrieval import make_retriever
+    from r2med_agent.types import SearchRequest
+
+    task = load_task(task_name)
+    rows = {r["id"]: r for r in map(json.loads, (result_dir / f"{task_name}.generations.jsonl").read_text().splitlines())}
+    requests = [SearchRequest(q.query_id, expected_query(q.text, rows[q.query_id]["final"])) for q in task.queries]
+    expected = make_retriever("bm25", task, show_progress=False).search(requests, 100)
+    written = read_trec_run(result_dir / f"{task_name}.run")
+    assert set(written) == {q.query_id for q in task.queries}
+    for q in task.queries:
+        assert written[q.query_id] == pytest.approx(expected[q.query_id], rel=1e-9), q.query_id
+    return expected
+
+
 @pytest.mark.slow
 def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smollm2_gguf):
     """The README's main job: real SmolLM2, real BM25; a second run makes no LLM call; a run
@@ -295,7 +349,21 @@ def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smo
     b = json.loads((tmp_path / "b/hyde/smollm2/bm25/sample.json").read_text())["test"]
     assert a == b
     gens = [json.loads(l) for l in (tmp_path / "a/hyde/smollm2/bm25/sample.generations.jsonl").read_text().splitlines()]
-    assert len(gens) == 12 and all(g["hy_doc"].strip() for g in gens)
+    assert len(gens) == 12 and all(g["final"] for g in gens)
+    assert all(g["final"] == g["hy_doc"].strip() for g in gens)  # smollm2 is "plain"
+    # HyDE searches BM25 with the generated passage only (PROTOCOL.md) ...
+    passage_only = _assert_bm25_searched(tmp_path / "a/hyde/smollm2/bm25", "sample", lambda q, p: p)
+    # ... which this check tells apart from searching with the query added.
+    from r2med_agent.data import load_task
+    from r2med_agent.retrieval import make_retriever
+    from r2med_agent.types import SearchRequest
+
+    task = load_task("sample")
+    by_id = {g["id"]: g["final"] for g in gens}
+    with_query = make_retriever("bm25", task, show_progress=False).search(
+        [SearchRequest(q.query_id, f"{q.text} {by_id[q.query_id]}") for q in task.queries], 100
+    )
+    assert any(passage_only[q] != pytest.approx(with_query[q], rel=1e-9) for q in by_id)
 
     # Kill a fresh run (new seed -> new cache keys) once some chunks are committed.
     db = tmp_path / "cache" / "generations.sqlite"
@@ -328,24 +396,19 @@ def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smo
 @pytest.mark.parametrize("method", ["query2doc", "lamer"])
 def test_query2doc_and_lamer_with_the_local_model(tmp_path, smollm2_gguf, method):
     """Real SmolLM2 generations become BM25 queries as PROTOCOL.md tabulates."""
-    from r2med_agent.data import load_task
-    from r2med_agent.retrieval.bm25 import bm25_query_text
-
     cfg = RunConfig(tasks=("sample",), method=method, llm="smollm2", output_dir=tmp_path,
                     cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 16}, show_progress=False)
     result = run_experiment(cfg)
     assert result.outcomes[0].stats["generations"] == 12
     d = tmp_path / method / "smollm2" / "bm25"
     rows = [json.loads(line) for line in (d / "sample.generations.jsonl").read_text().splitlines()]
-    assert len(rows) == 12 and all(r["hy_doc"].strip() for r in rows)
-    task = load_task("sample")
-    from r2med_agent.methods import get_method
-    from r2med_agent.types import Generation
-
-    requests = get_method(method)().to_requests(task, [Generation(text=r["hy_doc"], final=r["hy_doc"]) for r in rows])
-    q, passage = task.queries[0].text, rows[0]["hy_doc"]
-    expected = f"{q} {q} {passage}" if method == "query2doc" else f"{q} {passage}"
-    assert bm25_query_text(requests[0]) == expected
+    assert len(rows) == 12 and all(r["final"] for r in rows)
+    # PROTOCOL.md: Query2Doc searches with the query twice then the passage, LameR with the
+    # query then the passage; the texts are built here by hand from the written generations.
+    if method == "query2doc":
+        _assert_bm25_searched(d, "sample", lambda q, p: f"{q} {q} {p}")
+    else:
+        _assert_bm25_searched(d, "sample", lambda q, p: f"{q} {p}")
     assert 0.0 <= json.loads((d / "sample.json").read_text())["test"]["ndcg_at_10"] <= 1.0
 
 

@@ -115,10 +115,22 @@ def export_command(
     queries: Optional[Path] = typer.Option(None, "--queries", help="The task's query.jsonl: gives row order, text and doc_id (recommended; without it text/doc_id are empty unless stored with the rows)."),
     sample: int = typer.Option(0, "--sample", help="Which sample index to export."),
     partial: bool = typer.Option(False, "--partial", help="With --queries, skip queries that have no cached generation instead of failing."),
+    settings: Optional[str] = typer.Option(None, "--settings", help="Export only the request-settings group with this hash (or prefix), as listed when the selection holds several configurations."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="Export only generations made with this temperature."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Export only generations made with this top_p."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Export only generations made with this top_k."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Export only generations made with this max_tokens."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Export only generations made with this seed."),
     cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for LLM names defined there)."),
 ) -> None:
-    """Write one model's generations for one task and method as R2MED's query_with_hydoc.jsonl."""
+    """Write one model's generations for one task, method and configuration as R2MED's
+    query_with_hydoc.jsonl.
+
+    A file holds one configuration: when the selection has generations made with different
+    request settings (sampling, prompt template, system prompt, ...), the command lists the
+    groups and stops; pick one with --settings or the sampling filters.
+    """
     from r2med_agent.config import set_user_config
     from r2med_agent.io import atomic_write_text
     from r2med_agent.llm.cache_io import export_r2med
@@ -136,6 +148,10 @@ def export_command(
         queries=_read_jsonl(queries) if queries is not None else None,
         sample_index=sample,
         partial=partial,
+        settings=settings,
+        params=_sampling_overrides(
+            temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed
+        ),
     )
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     typer.echo(f"wrote {len(rows)} rows to {out}")

@@ -43,6 +43,7 @@ __all__ = [
     "get_llm_spec",
     "load_llm_specs",
     "make_llm",
+    "resolve_chunk_size",
     "resolve_spec",
     "split_reasoning",
 ]
@@ -91,9 +92,10 @@ def make_llm(
         use_cache: False disables the cache (``--no-cache``): every call reaches the backend.
         refresh: ignore cached outputs and overwrite them (``--refresh-cache``).
         overrides: spec fields to change for this run (e.g. ``{"max_tokens": 64}``).
-        chunk_size: misses per backend call, each committed to the cache when done (None: all
-            at once; ``auto``: ``DEFAULT_CHUNK_SIZES`` of the entry's backend); see
-            :mod:`r2med_agent.llm.cached` for the trade-off.
+        chunk_size: misses per backend call, each committed to the cache when done (None or
+            0: all at once; ``auto``: the entry's ``chunk_size``, whose own ``auto`` is
+            ``DEFAULT_CHUNK_SIZES`` of its backend); see :mod:`r2med_agent.llm.cached` for the
+            trade-off.
 
     Raises:
         ConfigError: unknown name or bad override.
@@ -104,6 +106,15 @@ def make_llm(
     cache = GenerationCache(cache_path or default_cache_path()) if use_cache else None
     # Built on the first cache miss: a fully cached run never loads the model or its extra.
     backend = LazyBackend(lambda: make_backend(spec), spec.model)
-    if chunk_size == "auto":
-        chunk_size = DEFAULT_CHUNK_SIZES.get(spec.backend, DEFAULT_CHUNK_SIZE)
-    return CachedLLM(backend, spec, cache=cache, refresh=refresh, chunk_size=chunk_size)
+    return CachedLLM(
+        backend, spec, cache=cache, refresh=refresh, chunk_size=resolve_chunk_size(spec, chunk_size)
+    )
+
+
+def resolve_chunk_size(spec: LLMSpec, chunk_size: int | None | Literal["auto"] = "auto") -> int | None:
+    """The chunk size a run uses: ``chunk_size`` unless ``auto``, else the entry's, else its
+    backend's default; 0 becomes None (all misses in one backend call)."""
+    size = spec.chunk_size if chunk_size == "auto" else chunk_size
+    if size == "auto":
+        size = DEFAULT_CHUNK_SIZES.get(spec.backend, DEFAULT_CHUNK_SIZE)
+    return size or None

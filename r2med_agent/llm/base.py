@@ -1,10 +1,12 @@
-"""The protocol every LLM backend implements."""
+"""The protocol every LLM backend implements, and the error a backend raises for a batch that
+partly failed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from r2med_agent.errors import LLMError
 from r2med_agent.types import Generation, Message, SamplingParams
 
 
@@ -12,9 +14,14 @@ from r2med_agent.types import Generation, Message, SamplingParams
 class LLM(Protocol):
     """Batch in, batch out: ``generate`` returns one Generation per prompt, in input order.
 
-    Backends fill ``text``, ``finish_reason``, ``stop_reason`` and token usage; reasoning-output
-    parsing (``final``/``reasoning``) is applied by the caching wrapper from the model's registry
-    entry, so every backend gets it the same way.
+    Backends fill ``text`` (the model's output as returned), ``finish_reason``, ``stop_reason``
+    and token usage, and ``reasoning`` only when the API returns the reasoning apart from the
+    text (``reasoning_content``). Reasoning-output parsing of the text (``final`` and the
+    reasoning inside it) is applied by the caching wrapper from the model's registry entry, so
+    every backend gets it the same way.
+
+    A backend whose batch partly fails raises :class:`PartialBatchError` with the outputs it did
+    make, so the wrapper can keep them before the error propagates.
     """
 
     model_id: str
@@ -22,3 +29,31 @@ class LLM(Protocol):
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams
     ) -> list[Generation]: ...
+
+
+class AuthError(LLMError):
+    """The endpoint refused the credentials (HTTP 401/403): every request would fail the same
+    way, so a batch stops at once instead of sending the rest."""
+
+
+class PartialBatchError(LLMError):
+    """Some requests of a batch failed for good; the others produced generations.
+
+    Attributes:
+        generations: one entry per prompt, in input order: the Generation, or None where the
+            request failed (or was cancelled after an :class:`AuthError`).
+        failures: prompt index -> the error of that request.
+    """
+
+    def __init__(
+        self, generations: Sequence[Generation | None], failures: Mapping[int, LLMError]
+    ) -> None:
+        self.generations = list(generations)
+        self.failures = dict(failures)
+        first = self.failures[min(self.failures)]
+        made = sum(g is not None for g in self.generations)
+        super().__init__(
+            f"{first} ({len(self.failures)} of {len(self.generations)} requests failed, "
+            f"{made} succeeded)"
+        )
+        self.first = first

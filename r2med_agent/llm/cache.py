@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 KEY_VERSION = 1
 """Bumped when the key's layout changes (old rows then simply stop matching)."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added ``api_reasoning``; a version-1 file is upgraded in place when opened."""
 
 _SQL_BATCH = 500  # parameters per IN (...) query; below SQLite's oldest limit of 999
 
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS generations (
     completion_tokens INTEGER NOT NULL,
     latency_s REAL NOT NULL,
     created REAL NOT NULL,
-    request TEXT NOT NULL
+    request TEXT NOT NULL,
+    api_reasoning TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS generations_model ON generations (model_id);
 CREATE TABLE IF NOT EXISTS uses (
@@ -73,7 +75,7 @@ CREATE TABLE IF NOT EXISTS info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 _COLUMNS = (
     "key, model_id, sample_index, text, reasoning, final, finish_reason, stop_reason, "
-    "prompt_tokens, completion_tokens, latency_s, created, request"
+    "prompt_tokens, completion_tokens, latency_s, created, request, api_reasoning"
 )
 
 
@@ -131,8 +133,8 @@ class CacheRecord:
         key: the request hash.
         model_id: the model that produced it.
         sample_index: the request's sample index.
-        text: the raw generated text.
-        reasoning: the reasoning part (as parsed when stored).
+        text: the raw generated text (for reasoning APIs, the content without the reasoning).
+        reasoning: the reasoning (as parsed when stored, with ``api_reasoning`` first).
         final: the final response (as parsed when stored).
         finish_reason: ``stop`` or ``length``.
         stop_reason: the stop string that ended generation, if any.
@@ -141,6 +143,8 @@ class CacheRecord:
         latency_s: backend seconds of the original generation.
         created: unix time the row was written.
         request: the ``build_request`` record (messages, params, ...), for export and inspection.
+        api_reasoning: reasoning the API returned apart from the text (``reasoning_content``);
+            kept on its own because no reasoning format can find it in ``text``.
     """
 
     key: str
@@ -156,10 +160,16 @@ class CacheRecord:
     latency_s: float
     created: float
     request: dict[str, Any] = field(repr=False)
+    api_reasoning: str = ""
 
     @classmethod
     def from_generation(
-        cls, key: str, request: Mapping[str, Any], gen: Generation, created: float | None = None
+        cls,
+        key: str,
+        request: Mapping[str, Any],
+        gen: Generation,
+        created: float | None = None,
+        api_reasoning: str = "",
     ) -> CacheRecord:
         return cls(
             key=key,
@@ -175,6 +185,7 @@ class CacheRecord:
             latency_s=float(gen.latency_s),
             created=time.time() if created is None else created,
             request=dict(request),
+            api_reasoning=api_reasoning,
         )
 
     def to_generation(self) -> Generation:
@@ -271,6 +282,14 @@ class GenerationCache:
             if row is None:
                 conn.execute(
                     "INSERT INTO info (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+            elif int(row[0]) == 1:
+                # Version 1 lacked api_reasoning: add it (empty for the old rows), in place.
+                conn.execute(
+                    "ALTER TABLE generations ADD COLUMN api_reasoning TEXT NOT NULL DEFAULT ''"
+                )
+                conn.execute(
+                    "UPDATE info SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),)
                 )
             elif int(row[0]) != SCHEMA_VERSION:
                 conn.execute("ROLLBACK")
@@ -403,7 +422,7 @@ class GenerationCache:
             (
                 r.key, r.model_id, r.sample_index, r.text, r.reasoning, r.final, r.finish_reason,
                 r.stop_reason, r.prompt_tokens, r.completion_tokens, r.latency_s, r.created,
-                canonical_json(r.request),
+                canonical_json(r.request), r.api_reasoning,
             )
             for r in records
         ]
@@ -417,7 +436,7 @@ class GenerationCache:
             try:
                 conn.executemany(
                     f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     grows,
                 )
                 conn.executemany(
@@ -450,4 +469,5 @@ def _record(row: Sequence[Any]) -> CacheRecord:
         latency_s=row[10],
         created=row[11],
         request=json.loads(row[12]),
+        api_reasoning=row[13],
     )

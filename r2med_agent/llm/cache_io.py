@@ -4,20 +4,25 @@ R2MED publishes its generation outputs per task, method and LLM as ``query_with_
 (``id``, ``text``, ``hy_doc``, ``doc_id``; ``hy_doc`` is the raw model output, reasoning
 included). ``import_r2med`` stores each ``hy_doc`` under the key of the request this framework
 would send for that query, so a later run with the same method and LLM scores the published
-outputs without any model. ``export_r2med`` writes the cache back out in the same layout.
+outputs without any model. ``export_r2med`` writes the cache back out in the same layout, one
+configuration per file: rows are grouped by their request settings (everything of the request
+but the prompt: sampling, template hash, system prompt, ...), and a selection spanning several
+groups is refused with the list of groups and how to pick one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
+from datetime import datetime, timezone
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from r2med_agent.errors import DataError
-from r2med_agent.llm.cache import CacheRecord, GenerationCache, Use, request_key
+from r2med_agent.llm.cache import CacheRecord, GenerationCache, Use, canonical_json, request_key
 from r2med_agent.llm.cached import RequestBuilder
 from r2med_agent.types import Generation, Message, SamplingParams
 
@@ -57,7 +62,9 @@ def import_r2med(
     Args:
         cache: the generation cache to write.
         builder: keys requests as the target LLM's CachedLLM does (``RequestBuilder.from_spec``).
-        rows: parsed ``query_with_hydoc.jsonl`` objects (``id`` and ``hy_doc`` are used).
+        rows: parsed ``query_with_hydoc.jsonl`` objects: ``hy_doc`` is stored under the
+            request of query ``id``; ``text`` and ``doc_id`` are kept with the row's use, so an
+            export without the query file writes them back.
         requests: (messages, params, meta) per query, as the method would send them; ``meta``
             must hold ``query_id`` (matched against the rows' ``id``) and usually ``task`` and
             ``method``, which are stored as the row's use.
@@ -68,14 +75,14 @@ def import_r2med(
     Raises:
         DataError: a row lacks ``id`` or ``hy_doc``, or an id appears twice.
     """
-    by_id: dict[str, str] = {}
+    by_id: dict[str, Mapping[str, Any]] = {}
     for i, row in enumerate(rows, start=1):
         if "id" not in row or not isinstance(row.get("hy_doc"), str):
             raise DataError("row needs 'id' and a string 'hy_doc'", source or "rows", i)
         qid = str(row["id"])
         if qid in by_id:
             raise DataError(f"duplicate id {qid!r}", source or "rows", i)
-        by_id[qid] = row["hy_doc"]
+        by_id[qid] = row
 
     report = ImportReport()
     records: list[CacheRecord] = []
@@ -88,13 +95,17 @@ def import_r2med(
         if qid not in by_id:
             report.missing.append(qid)
             continue
-        text = by_id[qid]
+        row = by_id[qid]
+        text = row["hy_doc"]
         req = builder.request(messages, params, sample_index=sample_index, template_hash=template_hash)
         key = request_key(req)
         reasoning, final = builder.parse(text)
         gen = Generation(text=text, final=final, reasoning=reasoning, finish_reason="stop")
         records.append(CacheRecord.from_generation(key, req, gen, created=now))
-        uses.append(Use.from_meta(key, {**meta, "source": source} if source else meta))
+        extra: dict[str, Any] = {k: row[k] for k in ("text", "doc_id") if k in row}
+        if source:
+            extra["source"] = source
+        uses.append(Use.from_meta(key, {**meta, **extra}))
     report.unknown = sorted((set(by_id) - wanted), key=natural_key)
     cache.put_many(records, uses)
     report.imported = len(records)
@@ -103,6 +114,43 @@ def import_r2med(
     if report.unknown:
         logger.warning("%d ids in the imported file match no query of the task", len(report.unknown))
     return report
+
+
+SETTINGS_FILTERS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+"""Sampling fields ``export_r2med`` (and ``cache export``) can select a settings group by."""
+
+
+def request_settings(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything of a request record but the prompt itself: model, sampling as keyed, chat
+    template options, sample index, prompt-template hash, options, and the system prompt.
+
+    Generations with equal settings belong to one configuration (one run of one method).
+    """
+    out = {k: v for k, v in request.items() if k != "messages"}
+    messages = request.get("messages") or []
+    out["system_prompt"] = next(
+        (m.get("content", "") for m in messages if m.get("role") == "system"), ""
+    )
+    return out
+
+
+def settings_hash(request: Mapping[str, Any]) -> str:
+    """A short hash (12 hex digits) of :func:`request_settings`, as ``cache export`` shows it."""
+    blob = canonical_json(request_settings(request)).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _describe_group(h: str, pairs: Sequence[tuple[Use, CacheRecord]]) -> str:
+    settings = request_settings(pairs[0][1].request)
+    params = settings.get("params", {})
+    shown = " ".join(f"{k}={params[k]}" for k in SETTINGS_FILTERS if k in params)
+    if params.get("stop"):
+        shown += f" stop={params['stop']}"
+    template = str(settings.get("template_hash", ""))[:8] or "-"
+    newest = max(r.created for _, r in pairs)
+    when = datetime.fromtimestamp(newest, timezone.utc).strftime("%Y-%m-%d %H:%M")
+    queries = len({u.query_id for u, _ in pairs})
+    return f"  {h}  {queries} queries  {settings.get('model_id')}  {shown}  template {template}  newest {when} UTC"
 
 
 def export_r2med(
@@ -114,8 +162,10 @@ def export_r2med(
     queries: Sequence[Mapping[str, Any]] | None = None,
     sample_index: int = 0,
     partial: bool = False,
+    settings: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of R2MED's ``query_with_hydoc.jsonl`` for one task and method of one model.
+    """Rows of R2MED's ``query_with_hydoc.jsonl`` for one task, method and configuration of one model.
 
     Args:
         cache: the generation cache.
@@ -124,27 +174,45 @@ def export_r2med(
         method: the method name stored with the rows; required when the cache holds several.
         queries: the task's ``query.jsonl`` objects (``id``, ``text``, ``doc_id``): they give
             the row order, ``text`` and ``doc_id``. Without them rows follow query-id order and
-            take ``text``/``doc_id`` from the use's stored extra fields (empty when absent).
+            take ``text``/``doc_id`` from the use's stored extra fields (runs and imports store
+            both; empty when absent).
         sample_index: which sample to export.
         partial: with ``queries``, skip queries without a generation instead of failing.
+        settings: keep only the settings group whose :func:`settings_hash` starts with this.
+        params: keep only generations whose keyed sampling fields equal these values
+            (names from :data:`SETTINGS_FILTERS`, e.g. ``{"seed": 42}``).
 
     Returns:
-        ``{"id", "text", "hy_doc", "doc_id"}`` dicts; ``hy_doc`` is the raw text. When a query
-        has several generations (runs with different settings) the newest is taken.
+        ``{"id", "text", "hy_doc", "doc_id"}`` dicts; ``hy_doc`` is the raw text. Within the one
+        settings group, a query with several generations (e.g. its text changed between runs)
+        gets the newest.
 
     Raises:
-        DataError: nothing matches, the selection spans several tasks/methods, or (without
-            ``partial``) queries lack a generation.
+        DataError: nothing matches, the selection spans several tasks/methods or several
+            settings groups (the message lists them), or (without ``partial``) queries lack a
+            generation.
     """
     pairs: list[tuple[Use, CacheRecord]] = []
     for model_id in dict.fromkeys(model_ids):
         pairs += cache.uses(model_id=model_id, task=task, method=method, sample_index=sample_index)
     pairs = [(u, r) for u, r in pairs if u.query_id]
+    chosen = []
+    if params:
+        chosen.append(", ".join(f"{k}={v}" for k, v in params.items()))
+        pairs = [
+            (u, r) for u, r in pairs
+            if all(_same(r.request.get("params", {}).get(k), v) for k, v in params.items())
+        ]
+    if settings:
+        chosen.append(f"settings {settings}")
+        pairs = [(u, r) for u, r in pairs if settings_hash(r.request).startswith(settings)]
     if not pairs:
         raise DataError(
             f"no cached generations with query ids for model {', '.join(model_ids)}"
             + (f", task {task}" if task else "")
-            + (f", method {method}" if method else ""),
+            + (f", method {method}" if method else "")
+            + (f", sample {sample_index}" if sample_index else "")
+            + (f" with {'; '.join(chosen)}" if chosen else ""),
             cache.path,
         )
     groups = sorted({(u.task, u.method) for u, _ in pairs})
@@ -152,6 +220,18 @@ def export_r2med(
         listed = ", ".join(f"{t or '?'}/{m or '?'}" for t, m in groups)
         raise DataError(
             f"the selection spans several task/method pairs ({listed}); choose one with --task and --method",
+            cache.path,
+        )
+    by_settings: dict[str, list[tuple[Use, CacheRecord]]] = {}
+    for use, rec in pairs:
+        by_settings.setdefault(settings_hash(rec.request), []).append((use, rec))
+    if len(by_settings) > 1:
+        listed = "\n".join(_describe_group(h, ps) for h, ps in sorted(by_settings.items()))
+        raise DataError(
+            f"the selection holds generations of {len(by_settings)} different request settings "
+            f"(a file must hold one configuration):\n{listed}\n"
+            "pick one with --settings HASH, or narrow with "
+            + "/".join(f"--{k.replace('_', '-')}" for k in SETTINGS_FILTERS),
             cache.path,
         )
     newest: dict[str, tuple[Use, CacheRecord]] = {}
@@ -196,6 +276,15 @@ def export_r2med(
             }
         )
     return out
+
+
+def _same(stored: Any, wanted: Any) -> bool:
+    """Equal, with ints and floats compared by value (``--temperature 1`` matches 1.0)."""
+    if isinstance(stored, bool) or isinstance(wanted, bool):
+        return stored is wanted
+    if isinstance(stored, (int, float)) and isinstance(wanted, (int, float)):
+        return float(stored) == float(wanted)
+    return bool(stored == wanted)
 
 
 def natural_key(s: str) -> tuple[Any, ...]:

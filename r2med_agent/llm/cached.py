@@ -6,15 +6,16 @@ stopped), applies reasoning-output parsing (``final``/``reasoning``) from the mo
 entry, and counts calls, hits, tokens and seconds in ``stats``.
 
 Chunk size trade-off: each chunk is one ``backend.generate`` call, i.e. one engine batch, and
-is committed to the cache before the next starts. Larger chunks keep a continuous-batching engine
-(vLLM) full: a chunk only a little larger than the engine's concurrent-sequence limit drains at
-its end (the last long generations run nearly alone), and every chunk boundary pays that tail
-once. Smaller chunks lose less paid work when a run is killed and show progress sooner.
-``make_llm`` picks per backend (``DEFAULT_CHUNK_SIZES``): vLLM 1024 (about four times vLLM's
-long-standing ``max_num_seqs`` default of 256, so the tail is a small part of each chunk), HTTP
-APIs 256 (a chunk is one round of concurrent requests; a kill loses at most that much spend), the
-in-process llama.cpp engine 4 (it decodes prompts one after another, so small chunks cost no
-throughput and a kill loses at most a few generations). ``None`` sends all misses in one call (best throughput, no resume point).
+is committed to the cache when it returns. One chunk for everything gives an engine the whole
+run at once (vLLM's continuous batching stays full to the end, with one drain tail instead of
+one per chunk) but commits nothing until the engine returns: a run killed after hours keeps
+nothing. Smaller chunks commit as they go (a kill loses at most one chunk) and show progress
+sooner, at the price of a drain tail per chunk. The registry's ``chunk_size`` (and ``run
+--chunk-size``) decides; ``auto`` picks per backend (``DEFAULT_CHUNK_SIZES``): vLLM everything
+in ONE engine call (the reference's way, e.g. R2MED's 876 queries), HTTP APIs 256 (a kill loses
+at most that much spend; within a chunk requests run concurrently and every success is kept even
+when some fail), the in-process llama.cpp engine 4 (it decodes prompts one after another, so
+small chunks cost no throughput).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError
-from r2med_agent.llm.base import LLM
+from r2med_agent.llm.base import LLM, PartialBatchError
 from r2med_agent.llm.cache import (
     CacheRecord,
     GenerationCache,
@@ -36,6 +37,7 @@ from r2med_agent.llm.cache import (
     canonical_json,
     request_key,
 )
+from r2med_agent.llm.openai_compat import key_params, resolve_server
 from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.registry import with_system_prompt
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -45,8 +47,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 256
 """Chunk size of a CachedLLM built directly (``make_llm`` picks per backend)."""
 
-DEFAULT_CHUNK_SIZES: dict[str, int] = {"vllm": 1024, "openai": 256, "local": 4}
-"""Backend name -> the chunk size ``make_llm`` uses unless told otherwise."""
+DEFAULT_CHUNK_SIZES: dict[str, int | None] = {"vllm": None, "openai": 256, "local": 4}
+"""Backend name -> the chunk size of ``chunk_size: auto`` (None: all misses in one call)."""
 
 
 @dataclass
@@ -126,6 +128,10 @@ class RequestBuilder:
         chat_template_kwargs: chat template options (part of the key).
         system_prompt: prepended as a system message when a prompt has none ("" = never).
         options: other output-changing settings (part of the key), see ``generation_options``.
+        wire: for ``openai`` entries, ``server`` (resolved), ``drop_params`` and
+            ``max_tokens_param``: the key then holds the sampling fields as they are sent
+            (``openai_compat.key_params``), not the SamplingParams asked for. None: every
+            SamplingParams field is sent, and keyed, as is.
     """
 
     model_id: str
@@ -133,6 +139,7 @@ class RequestBuilder:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     system_prompt: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    wire: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_format(self.reasoning_format)
@@ -146,6 +153,7 @@ class RequestBuilder:
             chat_template_kwargs=dict(getattr(spec, "chat_template_kwargs", None) or {}),
             system_prompt=getattr(spec, "system_prompt", "") or "",
             options=generation_options(spec),
+            wire=wire_settings(spec),
         )
 
     def as_sent(self, messages: Sequence[Message]) -> list[Message]:
@@ -162,10 +170,11 @@ class RequestBuilder:
         template_hash: str = "",
     ) -> dict[str, Any]:
         """The request record hashed into the key (system prompt already prepended)."""
+        sampling = key_params(params, **self.wire) if self.wire is not None else params.to_dict()
         return build_request(
             self.model_id,
             self.as_sent(messages),
-            params.to_dict(),
+            sampling,
             chat_template_kwargs=self.chat_template_kwargs,
             sample_index=sample_index,
             template_hash=template_hash,
@@ -179,6 +188,17 @@ class RequestBuilder:
         """``(reasoning, final)`` of a raw text under this model's reasoning format."""
         return split_reasoning(text, self.reasoning_format)
 
+    def finish(self, text: str, api_reasoning: str = "") -> tuple[str, str]:
+        """``(reasoning, final)`` of an output: the text parsed under this model's format, with
+        reasoning the API returned apart from the text (``api_reasoning``) put first."""
+        reasoning, final = self.parse(text)
+        return join_reasoning(api_reasoning, reasoning), final
+
+
+def join_reasoning(api_reasoning: str, parsed: str) -> str:
+    """Reasoning returned apart from the text, then any reasoning found inside the text."""
+    return "\n\n".join(r for r in (api_reasoning.strip(), parsed) if r)
+
 
 class CachedLLM:
     """A backend behind the generation cache and reasoning-output parsing.
@@ -191,7 +211,8 @@ class CachedLLM:
         reasoning_format: ``plain``, ``think``, ``huatuo`` or ``search-r1``; overrides the spec's.
         cache: the generation cache, or None to disable caching (``--no-cache``).
         refresh: ignore cache hits and overwrite them with new generations (``--refresh-cache``).
-        chunk_size: misses sent per backend call and committed together; None sends all at once.
+        chunk_size: misses sent per backend call and committed together; None or 0 sends all
+            misses in one call (see the module docstring for the trade-off).
         chat_template_kwargs: chat template options the backend applies (part of the key);
             overrides the spec's.
 
@@ -228,9 +249,11 @@ class CachedLLM:
         self.builder = replace(base, **changes)
         self.cache = cache
         self.refresh = refresh
-        if chunk_size is not None and chunk_size < 1:
-            raise ConfigError(f"chunk_size must be a positive integer or None, got {chunk_size}")
-        self.chunk_size = chunk_size
+        if chunk_size is not None and chunk_size < 0:
+            raise ConfigError(
+                f"chunk_size must be a positive integer, or 0/None for one call, got {chunk_size}"
+            )
+        self.chunk_size = chunk_size or None
         self.stats = LLMStats()
 
     @property
@@ -282,7 +305,10 @@ class CachedLLM:
             token counts and latency are those of the original generation.
 
         Raises:
-            LLMError: the backend returned the wrong number of outputs (or failed itself).
+            LLMError: the backend returned the wrong number of outputs, or failed. When some
+                requests of a chunk failed and others succeeded
+                (:class:`~r2med_agent.llm.base.PartialBatchError`), the successes are committed
+                to the cache first, so a re-run generates only what failed.
         """
         t_start = time.perf_counter()
         if meta is not None and len(meta) != len(prompts):
@@ -322,7 +348,13 @@ class CachedLLM:
         for start in range(0, len(misses), step):
             chunk = misses[start : start + step]
             t0 = time.perf_counter()
-            outs = self.backend.generate([messages_of[k] for k in chunk], params)
+            failure: PartialBatchError | None = None
+            try:
+                outs: Sequence[Generation | None] = self.backend.generate(
+                    [messages_of[k] for k in chunk], params
+                )
+            except PartialBatchError as e:
+                failure, outs = e, e.generations
             dt = time.perf_counter() - t0
             model_time += dt
             self.stats.backend_calls += 1
@@ -330,21 +362,37 @@ class CachedLLM:
                 raise LLMError(
                     f"backend {self.model_id!r} returned {len(outs)} generations for {len(chunk)} prompts"
                 )
-            records = []
+            records, kept = [], []
             for key, out in zip(chunk, outs):
-                reasoning, final = self.parse(out.text)
+                if out is None:
+                    continue
+                reasoning, final = self.builder.finish(out.text, out.reasoning)
                 gen = replace(out, final=final, reasoning=reasoning, cached=False)
                 made[key] = gen
                 self.stats.generations += 1
                 self.stats.prompt_tokens += gen.prompt_tokens
                 self.stats.completion_tokens += gen.completion_tokens
                 if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
-                    records.append(CacheRecord.from_generation(key, requests[key], gen))
+                    records.append(
+                        CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning)
+                    )
+                    kept.append(key)
             if self.cache is not None:
-                self.cache.put_many(records, [u for k in chunk for u in uses_of.get(k, ())])
+                self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())])
             logger.debug(
                 "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
             )
+            if failure is not None:
+                self.stats.model_time_s += model_time
+                self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
+                if self.cache is not None:
+                    note = (
+                        f"{len(records)} generations of that batch were saved to the generation "
+                        "cache, so a re-run generates only the failed ones"
+                    )
+                else:
+                    note = "the generations that succeeded are not kept (the cache is off)"
+                raise type(failure.first)(f"{failure}; {note}") from None
 
         out_list: list[Generation] = []
         seen: set[str] = set()
@@ -355,7 +403,7 @@ class CachedLLM:
                     self.stats.deduplicated += 1
             else:
                 rec = hits[key]
-                reasoning, final = self.parse(rec.text)
+                reasoning, final = self.builder.finish(rec.text, rec.api_reasoning)
                 out_list.append(replace(rec.to_generation(), reasoning=reasoning, final=final))
                 self.stats.cache_hits += 1
             seen.add(key)
@@ -382,10 +430,23 @@ def generation_options(spec: Any) -> dict[str, Any]:
     extra = getattr(spec, "extra_body", None)
     if extra:
         options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
-    backend, server = getattr(spec, "backend", None), getattr(spec, "server", None)
-    if backend in ("local", "vllm") or (backend == "openai" and server == "vllm"):
+    backend = getattr(spec, "backend", None)
+    if backend in ("local", "vllm") or (backend == "openai" and resolve_server(spec) == "vllm"):
         options[_CONTINUES] = True
     return options
+
+
+def wire_settings(spec: Any) -> dict[str, Any] | None:
+    """For an ``openai`` entry, what decides how sampling parameters are sent (resolved server
+    kind, dropped parameters, the token-limit field); None for other backends, which send every
+    SamplingParams field. The URLs themselves never enter: only the server kind they resolve to."""
+    if getattr(spec, "backend", None) != "openai":
+        return None
+    return {
+        "server": resolve_server(spec),
+        "drop_params": tuple(getattr(spec, "drop_params", ()) or ()),
+        "max_tokens_param": getattr(spec, "max_tokens_param", "max_tokens"),
+    }
 
 
 _CONTINUES = "continues_final_message"

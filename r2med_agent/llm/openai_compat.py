@@ -7,6 +7,17 @@ base URLs, least-loaded first; results come back in input order. Our retries are
 with exponential backoff and jitter, or after the server's ``Retry-After``; 400/401/403/404/422
 raise :class:`LLMError` at once.
 
+With several base URLs a retry goes to another URL than the attempt that failed, and a URL whose
+attempt failed with a connection error, a timeout or a 5xx is cooled down: skipped while any
+other URL is available, for ``backoff_initial_s`` after its first failure in a row, doubling per
+further failure up to ``backoff_max_s``; one success ends it. A dead endpoint thus costs a few
+probes, not a share of the traffic.
+
+A request that fails for good does not stop its siblings: the batch finishes and raises
+:class:`~r2med_agent.llm.base.PartialBatchError` with every generation that succeeded (the cache
+wrapper stores them before the error propagates). Only an authentication error (401/403), which
+every request would meet, cancels the requests still running.
+
 The API key is read only from the environment variable the registry entry names
 (``api_key_env``); it is never logged, cached or put into an error message.
 
@@ -37,12 +48,14 @@ import ipaddress
 import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.llm.base import AuthError, PartialBatchError
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.types import Generation, Message, SamplingParams
 
@@ -150,23 +163,76 @@ def _server_message(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + "..."
 
 
+class _NotSent(Exception):
+    """A request left unsent because an authentication error stopped its batch."""
+
+
+def _cools_url(exc: BaseException) -> bool:
+    """True for failures that say the endpoint itself is unwell: no connection, a timeout, 5xx."""
+    import openai
+
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+
 class _UrlPool:
-    """Picks the base URL with the fewest requests in flight; ties go round-robin."""
+    """Picks a base URL for each attempt.
 
-    def __init__(self, urls: Sequence[str]) -> None:
+    Ready URLs (not cooling down) come first, the fewest requests in flight among them, ties
+    round-robin; the URL a retry's previous attempt failed on (``avoid``) only when no other
+    ready URL exists. When every URL is cooling down, the one whose cooldown ends first.
+
+    A URL that fails (:func:`_cools_url`) cools down for ``initial_s * 2**(n-1)`` seconds after
+    its n-th failure in a row, at most ``max_s``; a success resets it. Thread-safe; the state
+    lives as long as the backend, so a dead URL found by one batch is still avoided by the next.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        initial_s: float,
+        max_s: float,
+        clock: Any = time.monotonic,
+    ) -> None:
         self.urls = list(urls)
+        self.initial_s = initial_s
+        self.max_s = max_s
         self.in_flight = dict.fromkeys(self.urls, 0)
+        self.failures = dict.fromkeys(self.urls, 0)
+        self.cool_until = dict.fromkeys(self.urls, 0.0)
+        self._clock = clock
         self._turn = itertools.count()
+        self._lock = threading.Lock()
 
-    def acquire(self) -> str:
-        start = next(self._turn) % len(self.urls)
-        order = self.urls[start:] + self.urls[:start]
-        url = min(order, key=lambda u: self.in_flight[u])
-        self.in_flight[url] += 1
-        return url
+    def acquire(self, avoid: str | None = None) -> str:
+        with self._lock:
+            now = self._clock()
+            start = next(self._turn) % len(self.urls)
+            order = self.urls[start:] + self.urls[:start]
 
-    def release(self, url: str) -> None:
-        self.in_flight[url] -= 1
+            def rank(u: str) -> tuple[bool, float, bool, int]:
+                cooling = self.cool_until[u] > now
+                return (cooling, self.cool_until[u] if cooling else 0.0, u == avoid, self.in_flight[u])
+
+            url = min(order, key=rank)
+            self.in_flight[url] += 1
+            return url
+
+    def release(self, url: str, exc: BaseException | None) -> None:
+        """End an attempt on ``url``: ``exc`` is its error, or None when it succeeded."""
+        with self._lock:
+            self.in_flight[url] -= 1
+            if exc is None:
+                self.failures[url] = 0
+                self.cool_until[url] = 0.0
+            elif _cools_url(exc):
+                self.failures[url] += 1
+                wait = min(self.initial_s * 2 ** (self.failures[url] - 1), self.max_s)
+                self.cool_until[url] = self._clock() + wait
+                if len(self.urls) > 1:
+                    logger.info("%s failed %d time(s) in a row; skipped for %.2fs", url,
+                                self.failures[url], wait)
 
 
 class OpenAICompatBackend:
@@ -188,6 +254,7 @@ class OpenAICompatBackend:
         self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
         self.attempts = 0
         self._noted_new_turn = False
+        self._pool = _UrlPool(spec.base_urls, spec.backoff_initial_s, spec.backoff_max_s)
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -203,7 +270,10 @@ class OpenAICompatBackend:
         batch = [list(p) for p in prompts]
         try:
             asyncio.get_running_loop()
+            in_loop = True
         except RuntimeError:
+            in_loop = False
+        if not in_loop:  # (outside the except block: errors then carry no loop-lookup context)
             return asyncio.run(self.agenerate(batch, params))
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(asyncio.run, self.agenerate(batch, params)).result()
@@ -221,25 +291,46 @@ class OpenAICompatBackend:
             )
             for url in self.spec.base_urls
         }
-        pool = _UrlPool(self.spec.base_urls)
         limit = asyncio.Semaphore(self.spec.max_concurrency)
+        abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
         try:
             tasks = [
-                asyncio.ensure_future(self._one(m, params, clients, pool, limit, key))
+                asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort))
                 for m in prompts
             ]
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-            for t in tasks:
-                if t.done() and not t.cancelled() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-            return [t.result() for t in tasks]
+            pending: set[asyncio.Future[Generation]] = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                if any(isinstance(t.exception(), AuthError) for t in done if not t.cancelled()):
+                    # Every other request would be refused the same way: stop now.
+                    for t in pending:
+                        t.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    break
         finally:
             for client in clients.values():
                 await client.close()
+        results: list[Generation | None] = []
+        failures: dict[int, LLMError] = {}
+        for i, t in enumerate(tasks):
+            if t.cancelled():
+                results.append(None)
+                continue
+            exc = t.exception()
+            if isinstance(exc, _NotSent):
+                results.append(None)
+            elif exc is None:
+                results.append(t.result())
+            elif isinstance(exc, LLMError):
+                results.append(None)
+                failures[i] = exc
+            else:
+                raise exc
+        if failures:
+            if all(r is None for r in results):
+                raise failures[min(failures)]  # nothing to keep: the plain error
+            raise PartialBatchError(results, failures)
+        return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ internals
     def _api_key(self) -> str:
@@ -257,36 +348,20 @@ class OpenAICompatBackend:
         )
 
     def _request(self, messages: list[Message], params: SamplingParams) -> dict[str, Any]:
-        spec, drop = self.spec, set(self.spec.drop_params)
+        spec = self.spec
+        top, extra, _ = wire_sampling(
+            params, server=self.server, drop_params=spec.drop_params,
+            max_tokens_param=spec.max_tokens_param,
+        )
         req: dict[str, Any] = {
             "model": spec.model,
             "messages": with_system_prompt(messages, spec.system_prompt),
-            spec.max_tokens_param: params.max_tokens,
+            **top,
         }
-        if "temperature" not in drop:
-            req["temperature"] = params.temperature
-        if "top_p" not in drop:
-            req["top_p"] = params.top_p
-        if params.seed is not None and "seed" not in drop:
-            req["seed"] = params.seed
-        if params.stop and "stop" not in drop:
-            limit = OPENAI_MAX_STOP if self.server == "openai" else len(params.stop)
-            req["stop"] = list(params.stop[:limit])
         if spec.reasoning_effort is not None:
             req["reasoning_effort"] = spec.reasoning_effort
-        extra: dict[str, Any] = {}
-        if self.server != "openai":
-            if "top_k" not in drop:
-                # llama.cpp's server rejects -1; 0 turns top-k off there.
-                off = 0 if self.server == "llamacpp" else -1
-                extra["top_k"] = off if params.top_k == -1 else params.top_k
-            if self.server == "llamacpp":
-                extra["min_p"] = 0.0  # its default is 0.05; SamplingParams has no min-p
-            if "repetition_penalty" not in drop:
-                name = "repeat_penalty" if self.server == "llamacpp" else "repetition_penalty"
-                extra[name] = params.repetition_penalty
-            if spec.chat_template_kwargs:
-                extra["chat_template_kwargs"] = dict(spec.chat_template_kwargs)
+        if self.server != "openai" and spec.chat_template_kwargs:
+            extra["chat_template_kwargs"] = dict(spec.chat_template_kwargs)
         if continues_final_message(messages):
             if self.server == "vllm":
                 extra["continue_final_message"] = True
@@ -307,6 +382,7 @@ class OpenAICompatBackend:
         pool: _UrlPool,
         limit: asyncio.Semaphore,
         key: str,
+        abort: asyncio.Event,
     ) -> Generation:
         import openai
         from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt
@@ -335,8 +411,10 @@ class OpenAICompatBackend:
                 state.next_action.sleep if state.next_action else 0.0,
             )
 
-        last_url = spec.base_urls[0]
+        last_url: str | None = None
         async with limit:
+            if abort.is_set():
+                raise _NotSent
             start = time.perf_counter()
             try:
                 async for attempt in AsyncRetrying(
@@ -347,13 +425,18 @@ class OpenAICompatBackend:
                     reraise=False,
                 ):
                     with attempt:
-                        last_url = pool.acquire()
+                        # A retry goes elsewhere when another URL is ready.
+                        last_url = pool.acquire(avoid=last_url)
                         self.attempts += 1
                         self.requests_per_url[last_url] += 1
+                        failure: BaseException | None = None
                         try:
                             response = await clients[last_url].chat.completions.create(**request)
+                        except BaseException as e:
+                            failure = e
+                            raise
                         finally:
-                            pool.release(last_url)
+                            pool.release(last_url, failure)
             except RetryError as e:
                 exc = e.last_attempt.exception()
                 raise LLMError(
@@ -361,7 +444,10 @@ class OpenAICompatBackend:
                     f"{spec.max_retries + 1} attempts: {self._describe(exc, key)}"
                 ) from None
             except openai.APIStatusError as e:
-                raise self._fatal(e, last_url, key) from None
+                error = self._fatal(e, last_url, key)
+                if isinstance(error, AuthError):
+                    abort.set()
+                raise error from None
             except openai.OpenAIError as e:
                 raise LLMError(
                     f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"
@@ -396,14 +482,14 @@ class OpenAICompatBackend:
         spec, status = self.spec, exc.status_code
         if status == 401:
             if spec.api_key_env:
-                return LLMError(f"authentication failed for {url}: check ${spec.api_key_env}")
-            return LLMError(
+                return AuthError(f"authentication failed for {url}: check ${spec.api_key_env}")
+            return AuthError(
                 f"authentication failed for {url}: the endpoint wants an API key; name the "
                 f"environment variable holding it in api_key_env of llm '{spec.name}'"
             )
         if status == 403:
             hint = f"check ${spec.api_key_env} and its access" if spec.api_key_env else "no key"
-            return LLMError(
+            return AuthError(
                 f"permission denied by {url} for model '{spec.model}' ({hint}): "
                 f"{self._scrub(_server_message(exc), key)}"
             )
@@ -419,16 +505,18 @@ class OpenAICompatBackend:
 
     @staticmethod
     def _to_generation(response: Any, params: SamplingParams, latency: float) -> Generation:
+        """The response as a Generation: ``text`` is the message content as returned, and
+        reasoning the API returns apart from it (``reasoning_content``, as vLLM's reasoning
+        parsers and DeepSeek's API send it, or ``reasoning``) goes to ``reasoning`` whatever the
+        entry's reasoning format, so it never becomes part of the final response."""
         choice = response.choices[0]
         message = choice.message
-        content = message.content or ""
+        text = message.content or ""
         reasoning = getattr(message, "reasoning_content", None) or getattr(
             message, "reasoning", None
         )
-        if isinstance(reasoning, str) and reasoning:
-            text = f"<think>{reasoning}</think>{content}"
-        else:
-            text = content
+        if not isinstance(reasoning, str):
+            reasoning = ""
         finish_reason = choice.finish_reason or "stop"
         stop_reason = getattr(choice, "stop_reason", None)
         if not isinstance(stop_reason, str):
@@ -441,9 +529,75 @@ class OpenAICompatBackend:
         usage = getattr(response, "usage", None)
         return Generation(
             text=text,
+            reasoning=reasoning.strip(),
             finish_reason=finish_reason,
             stop_reason=stop_reason,
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             latency_s=latency,
         )
+
+
+def wire_sampling(
+    params: SamplingParams,
+    *,
+    server: str,
+    drop_params: Sequence[str] = (),
+    max_tokens_param: str = "max_tokens",
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """How ``params`` travel to an OpenAI-compatible ``server`` (``openai``/``vllm``/``llamacpp``).
+
+    Returns:
+        ``(fields, extra, client_stops)``: the request's top-level sampling fields, the
+        server-specific fields that go in ``extra_body``, and the stop strings applied
+        client-side (dropped, or over the OpenAI API's limit of 4). The cache key of an
+        ``openai`` entry is built from exactly these, so two entries that send the same
+        request share generations and two that do not never do.
+    """
+    drop = set(drop_params)
+    fields: dict[str, Any] = {max_tokens_param: params.max_tokens}
+    if "temperature" not in drop:
+        fields["temperature"] = params.temperature
+    if "top_p" not in drop:
+        fields["top_p"] = params.top_p
+    if params.seed is not None and "seed" not in drop:
+        fields["seed"] = params.seed
+    client_stops: list[str] = []
+    if params.stop:
+        if "stop" in drop:
+            client_stops = list(params.stop)
+        else:
+            limit = OPENAI_MAX_STOP if server == "openai" else len(params.stop)
+            fields["stop"] = list(params.stop[:limit])
+            client_stops = list(params.stop[limit:])
+    extra: dict[str, Any] = {}
+    if server != "openai":
+        if "top_k" not in drop:
+            # llama.cpp's server rejects -1; 0 turns top-k off there.
+            off = 0 if server == "llamacpp" else -1
+            extra["top_k"] = off if params.top_k == -1 else params.top_k
+        if server == "llamacpp":
+            extra["min_p"] = 0.0  # its default is 0.05; SamplingParams has no min-p
+        if "repetition_penalty" not in drop:
+            name = "repeat_penalty" if server == "llamacpp" else "repetition_penalty"
+            extra[name] = params.repetition_penalty
+    return fields, extra, client_stops
+
+
+def key_params(
+    params: SamplingParams,
+    *,
+    server: str,
+    drop_params: Sequence[str] = (),
+    max_tokens_param: str = "max_tokens",
+) -> dict[str, Any]:
+    """The sampling part of an ``openai`` entry's cache key: every field :func:`wire_sampling`
+    sends (``extra_body`` ones under their wire names), plus ``client_stop`` when stops are
+    applied client-side."""
+    fields, extra, client_stops = wire_sampling(
+        params, server=server, drop_params=drop_params, max_tokens_param=max_tokens_param
+    )
+    out = {**fields, **extra}
+    if client_stops:
+        out["client_stop"] = client_stops
+    return out

@@ -92,9 +92,17 @@ class LLMSpec:
     repetition_penalty: float = 1.0
     """Default repetition penalty (1.0 disables it; vLLM and llama.cpp only)."""
 
+    chunk_size: int | Literal["auto"] | None = "auto"
+    """Cache misses per backend call, each call's generations committed to the cache when it
+    returns; null or 0 = all misses of a run in ONE backend call (for vllm, one engine call);
+    ``auto``: vllm null, openai 256, local 4. Bigger chunks keep an engine fuller; smaller ones
+    lose less work to a killed run. ``run --chunk-size`` overrides it."""
+
     base_urls: tuple[str, ...] = ()
     """openai backend: one or more endpoint base URLs (``https://api.openai.com/v1``,
-    ``http://gpu1:8000/v1``); requests are spread over them, least-loaded first."""
+    ``http://gpu1:8000/v1``); requests are spread over them, least-loaded first; a retry goes to
+    another URL, and a URL failing with connection errors or 5xx is skipped for a while
+    (``backoff_initial_s``, doubling per failure in a row up to ``backoff_max_s``)."""
 
     api_key_env: str | None = None
     """openai backend: the NAME of the environment variable holding the API key (e.g.
@@ -176,6 +184,11 @@ class LLMSpec:
             problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.repetition_penalty <= 0:
             problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if isinstance(self.chunk_size, int) and self.chunk_size < 0:
+            problems.append(
+                f"chunk_size must be a positive integer, 0 or null (one call), or auto; "
+                f"got {self.chunk_size}"
+            )
         if self.max_concurrency < 1:
             problems.append(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_retries < 0:
@@ -235,24 +248,6 @@ class LLMSpec:
         if "stop" in fields:
             fields["stop"] = tuple(fields["stop"])
         return SamplingParams(**fields)
-
-    def cache_identity(self) -> dict[str, Any]:
-        """The fields that decide what the model generates for a given request, for cache keys.
-
-        Leaves out where and how it runs (base URLs, key variable, concurrency, timeouts,
-        retries, GPU settings), its defaults (the request's SamplingParams count instead)
-        and prices, so moving a model to another server keeps its cache valid.
-        """
-        return {
-            "backend": self.backend,
-            "model": self.model,
-            "system_prompt": self.system_prompt,
-            "chat_template_kwargs": dict(self.chat_template_kwargs),
-            "reasoning_effort": self.reasoning_effort,
-            "drop_params": sorted(self.drop_params),
-            "max_tokens_param": self.max_tokens_param,
-            "extra_body": dict(self.extra_body),
-        }
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
         """Price of a number of tokens at this entry's rates."""

@@ -6,7 +6,8 @@ caching on: the loops resend long shared prefixes), and every ``generate`` call 
 
 A conversation whose last message is an assistant message is CONTINUED: the model extends that
 message's text instead of answering it in a new turn (``LLM.chat(...,
-add_generation_prompt=False, continue_final_message=True)``, vLLM >= 0.6.3). This is how the
+add_generation_prompt=False, continue_final_message=True)``, vLLM >= 0.6.3; the ``[vllm]``
+extra asks for 0.8.5, which Qwen3 and ``chat_template_kwargs`` need). This is how the
 reasoning-search loops re-submit a trajectory's running text. Since these flags apply to a whole
 ``LLM.chat`` call, a batch that mixes both kinds is sent as two calls (new turns, then
 continuations), and the outputs are put back into input order.
