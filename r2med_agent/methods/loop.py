@@ -20,12 +20,14 @@ Every step of :meth:`ReasoningLoop.run_loop`:
 How the conversation is re-submitted: the LLM protocol takes chat messages, so each request is
 the method's original user message followed, once something was generated, by ONE assistant
 message holding the running text (the model's own output with the inserted results). A final
-assistant message means "continue this message" (vLLM's ``continue_final_message``, llama.cpp
-completion over the rendered template); this keeps the single-stream format both methods were
-built for (the original repos re-render the whole prompt as text and append to it), keeps every
-earlier token of the request identical from step to step (prefix caching makes re-submission
-cheap), and needs no special tokens from us. Backends that cannot continue a message (hosted chat
-APIs) see it as a finished assistant turn and answer in a new one; the loop parses that the same.
+assistant message means "continue this message". The vLLM offline and local llama.cpp backends
+do it as the original repos do: the prompt is rendered ONCE with the chat template's generation
+prompt and the running text is appended to it as raw text, so every earlier token of the request
+stays identical from step to step (prefix caching makes re-submission cheap) and reasoning
+models' templates cannot rewrite the running text. An OpenAI-compatible vLLM server is asked
+with ``continue_final_message``, which re-renders the text as an assistant message (see the
+README for its limits); backends that cannot continue a message (hosted chat APIs) see it as a
+finished assistant turn and answer in a new one; the loop parses that the same.
 """
 
 from __future__ import annotations
