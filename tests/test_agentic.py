@@ -106,6 +106,10 @@ def is_condense(messages: list[Message]) -> bool:
         ("just words", None, "stop", "none", "", "just words"),
         ("fever</search>", None, "stop", "none", "", "fever</search>"),
         ("<search>  </search>", None, "stop", "none", "", "<search>  </search>"),
+        # A model copying the corrective message issues the query "and", as Search-R1's own
+        # parser reads it (kept: a real query may share words with our notices).
+        ("I must write the query between <search> and </search>", None, "stop", "search", "and",
+         "I must write the query between <search> and </search>"),
     ],
 )
 def test_parse_output_variants(text, stop_reason, finish, kind, content, body):
