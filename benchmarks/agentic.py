@@ -4,18 +4,28 @@ Runs Search-R1 (or Search-o1) for every query of a small inline medical corpus o
 engine (SmolLM2-135M on llama.cpp, registry entry ``smollm2``) with the real BM25 retriever, twice:
 
 * batched: ONE loop over all queries (each step: one ``llm.generate`` call over every unfinished
-  trajectory, one ``retriever.search`` call for all of the step's searches);
+  trajectory, one ``retriever.search`` call for all of the step's searches, and for Search-o1
+  one Reason-in-Documents call);
 * sequential: the same loop run for one query at a time (what a per-item agent loop does).
 
-It prints wall time, trajectories per second, ``llm.generate`` calls, backend calls, calls per
-step and retriever calls for each, and checks that both produce the same trajectories (greedy
-decoding, no cache). llama.cpp in-process serves the prompts of a batch one after another, so on
-this engine batching saves per-call overhead, not model time; on vLLM or an HTTP server the batch
-is decoded concurrently, which is where the large gain is.
+A 135M model rarely decides to search on its own, so by default (``--prefill``) each
+trajectory's first step starts with the method's opening search tag already written (after
+``<think>I need to search.</think>`` for Search-R1, a short sentence for Search-o1): the real
+model writes the query and closes the tag, the loop runs the real search (and, for Search-o1,
+the real Reason-in-Documents call), and the model continues from the inserted results. Nothing
+else is scripted. ``--no-prefill`` runs the plain prompts.
+
+It prints, for each way: wall time, trajectories per second, loop steps, ``llm.generate`` calls
+and backend calls (reasoning and Reason-in-Documents), backend calls per step, trajectories per
+backend call, searches, retriever calls, tokens; then the per-step backend calls of the batched
+run, and checks that both ways produce the same trajectories (greedy decoding, no cache).
+llama.cpp in-process serves the prompts of a batch one after another, so on this engine batching
+saves calls and per-call overhead, not model time; on vLLM or an HTTP server the batch is
+decoded concurrently, which is where the large gain is.
 
 Usage::
 
-    python benchmarks/agentic.py [--method search-r1|search-o1] [--queries 6] [--max-tokens 32]
+    python benchmarks/agentic.py [--method search-r1|search-o1] [--queries 6] [--max-tokens 64] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -24,12 +34,18 @@ import argparse
 import dataclasses
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from r2med_agent.llm import make_llm
 from r2med_agent.methods import METHODS
 from r2med_agent.retrieval.bm25 import BM25Retriever
-from r2med_agent.types import Doc, Query, Run, SearchRequest, Task
+from r2med_agent.types import Doc, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
+
+PREFILLS = {
+    "search-r1": "<think>I need to search.</think>\n<search>",
+    "search-o1": "I need to search for this.\n<|begin_search_query|>",
+}
 
 DOCS = [
     "Iron deficiency anemia is treated with oral ferrous sulfate; intravenous iron is used when oral iron fails.",
@@ -92,13 +108,55 @@ class CountingRetriever:
         return self.inner.search(requests, k)
 
 
+class OpeningTagPrefill:
+    """The real (cached) LLM, with each trajectory's FIRST reasoning step started by ``prefix``.
+
+    A first-step request (``meta`` kind ``reason``, step 0) gets ``prefix`` as an assistant
+    message to continue; the returned text is ``prefix`` plus what the model wrote, as if it had
+    written all of it. Every request, the first steps included, goes to the real model in the
+    one ``generate`` call the loop makes. ``stats`` and ``parse`` are the wrapped LLM's.
+    """
+
+    def __init__(self, inner: Any, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.model_id = inner.model_id
+        self.stats = inner.stats
+        self.parse = inner.parse
+
+    def generate(
+        self,
+        prompts: Sequence[list[Message]],
+        params: SamplingParams,
+        *,
+        sample_index: int = 0,
+        template_hash: str = "",
+        meta: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[Generation]:
+        first = [bool(m) and m.get("kind") == "reason" and m.get("step") == 0 for m in (meta or [None] * len(prompts))]
+        sent = [[*p, {"role": "assistant", "content": self.prefix}] if f else p for p, f in zip(prompts, first)]
+        gens = self.inner.generate(sent, params, sample_index=sample_index, template_hash=template_hash, meta=meta)
+        out = []
+        for gen, f in zip(gens, first):
+            if f:
+                reasoning, final = self.parse(self.prefix + gen.text)
+                gen = dataclasses.replace(gen, text=self.prefix + gen.text, reasoning=reasoning, final=final)
+            out.append(gen)
+        return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", default="search-r1", choices=["search-r1", "search-o1"])
-    ap.add_argument("--queries", type=int, default=6)
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--queries", type=int, default=6, help=f"1 to {len(QUERIES) - 1}")
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--llm", default="smollm2")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each way; the fastest is reported")
+    ap.add_argument("--prefill", action=argparse.BooleanOptionalAction, default=True,
+                    help="start each trajectory with the opening search tag (default: on)")
     args = ap.parse_args()
+    if not 1 <= args.queries < len(QUERIES):
+        ap.error(f"--queries must be between 1 and {len(QUERIES) - 1} (the last query warms up)")
 
     task = make_task(args.queries)
     bm25 = BM25Retriever.for_task(task, show_progress=False)
@@ -107,47 +165,66 @@ def main() -> None:
     sampling = {"max_tokens": args.max_tokens, "temperature": 0.0}
     llm = make_llm(args.llm, use_cache=False, chunk_size=None)
     llm.generate([[{"role": "user", "content": "Hello"}]], llm.spec.sampling_params(max_tokens=4))  # load
+    loop_llm = OpeningTagPrefill(llm, PREFILLS[args.method]) if args.prefill else llm
     method = METHODS[args.method]()
+    # Warm-up, not measured: one trajectory of a query outside the measured set (the first
+    # long prompts llama.cpp evaluates in a process are much slower than later ones).
+    spare = dataclasses.replace(task, queries=(Query("warm-up", QUERIES[-1]),))
+    method.run([(spare, bm25)], loop_llm, sampling=sampling)
 
-    rows = []
-    traces = {}
-    for mode in ("sequential", "batched"):
-        before = llm.stats.copy()
-        retr = CountingRetriever(bm25)
-        t0 = time.perf_counter()
-        if mode == "batched":
-            res = method.run([(task, retr)], llm, sampling=sampling)["bench"]
-            traces[mode] = list(res.traces)
-        else:
-            traces[mode] = []
-            for q in task.queries:
-                one = dataclasses.replace(task, queries=(q,))
-                res = method.run([(one, retr)], llm, sampling=sampling)["bench"]
-                traces[mode].extend(res.traces)
-        wall = time.perf_counter() - t0
-        d = llm.stats - before
-        # trajectory-steps: one per trajectory per generation step (the same work both ways)
-        steps = sum(len(t.steps) for t in traces[mode])
-        rows.append((mode, wall, d, retr, steps))
+    # Each way runs --repeats times, in alternating order, and its fastest run is reported (the
+    # counts are the same every time: greedy decoding, no cache).
+    best: dict[str, tuple[float, Any, CountingRetriever]] = {}
+    traces: dict[str, list[Any]] = {}
+    step_stats: dict[str, list[Any]] = {}
+    for r in range(args.repeats):
+        for mode in ("sequential", "batched") if r % 2 == 0 else ("batched", "sequential"):
+            before = llm.stats.copy()
+            retr = CountingRetriever(bm25)
+            t0 = time.perf_counter()
+            if mode == "batched":
+                res = method.run([(task, retr)], loop_llm, sampling=sampling)["bench"]
+                traces[mode], step_stats[mode] = list(res.traces), list(res.steps)
+            else:
+                traces[mode], step_stats[mode] = [], []
+                for q in task.queries:
+                    one = dataclasses.replace(task, queries=(q,))
+                    res = method.run([(one, retr)], loop_llm, sampling=sampling)["bench"]
+                    traces[mode].extend(res.traces)
+                    step_stats[mode].extend(res.steps)
+            wall = time.perf_counter() - t0
+            if mode not in best or wall < best[mode][0]:
+                best[mode] = (wall, llm.stats - before, retr)
+    rows = [(mode, *best[mode]) for mode in ("sequential", "batched")]
 
     n = len(task.queries)
     print(f"{args.method} on {args.llm} (llama.cpp in-process), {n} queries, {len(DOCS)} docs, "
-          f"max_tokens {args.max_tokens} per step, BM25 ({bm25.name})")
-    print(f"{'mode':<11} {'wall s':>7} {'traj/s':>7} {'generate':>9} {'backend':>8} {'traj-steps':>10} "
-          f"{'steps/call':>10} {'searches':>9} {'search calls':>12} {'gens':>5} {'tok in':>7} {'tok out':>8} {'model s':>8}")
-    for mode, wall, d, retr, steps in rows:
-        per_call = steps / d.calls if d.calls else 0.0
-        print(f"{mode:<11} {wall:7.2f} {n / wall:7.3f} {d.calls:9d} {d.backend_calls:8d} {steps:10d} "
-              f"{per_call:10.2f} {retr.requests:9d} {retr.calls:12d} {d.generations:5d} "
+          f"max_tokens {args.max_tokens} per step, BM25 ({bm25.name}), "
+          f"{'first step prefilled with the opening search tag' if args.prefill else 'no prefill'}")
+    print(f"{'mode':<11} {'wall s':>7} {'traj/s':>7} {'steps':>6} {'generate':>9} {'backend':>8} "
+          f"{'(condense)':>10} {'backend/step':>12} {'traj/call':>9} {'searches':>9} {'search calls':>12} "
+          f"{'tok in':>7} {'tok out':>8} {'model s':>8}")
+    for mode, wall, d, retr in rows:
+        steps = step_stats[mode]
+        condense = sum(s.condense_backend_calls for s in steps)
+        traj_steps = sum(s.active + s.searches * (1 if method.condenses else 0) for s in steps)
+        per_step = d.backend_calls / len(steps) if steps else 0.0
+        per_call = traj_steps / d.backend_calls if d.backend_calls else 0.0
+        print(f"{mode:<11} {wall:7.2f} {n / wall:7.3f} {len(steps):6d} {d.calls:9d} {d.backend_calls:8d} "
+              f"{condense:10d} {per_step:12.2f} {per_call:9.2f} {retr.requests:9d} {retr.calls:12d} "
               f"{d.prompt_tokens:7d} {d.completion_tokens:8d} {d.model_time_s:8.2f}")
+    print("batched, backend calls per step (reasoning + Reason-in-Documents): "
+          + ", ".join(f"{s.backend_calls}+{s.condense_backend_calls}" for s in step_stats["batched"]))
     same = [(t.steps, t.final, t.finish_reason) for t in traces["batched"]] == [
         (t.steps, t.final, t.finish_reason) for t in traces["sequential"]
     ]
     reasons: dict[str, int] = {}
     for t in traces["batched"]:
         reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
-    print(f"identical trajectories both ways: {same}; finish reasons: {reasons}")
-    (_, w_seq, d_seq, _, _), (_, w_bat, d_bat, _, _) = rows
+    ran = sum(len(t.extra["searches"]) for t in traces["batched"])
+    print(f"identical trajectories both ways: {same}; finish reasons: {reasons}; "
+          f"searches run per trajectory: {ran / n:.2f}")
+    (_, w_seq, d_seq, _), (_, w_bat, d_bat, _) = rows
     print(f"speed-up {w_seq / w_bat:.2f}x wall; overhead outside the model: "
           f"sequential {w_seq - d_seq.model_time_s:.2f} s, batched {w_bat - d_bat.model_time_s:.2f} s")
 

@@ -228,13 +228,14 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     per_task_traces: dict[str, list[Any]] = {}
     per_task_fused: dict[str, Run] = {}
     method = method_cls()
+    loop_steps: list[dict[str, int]] | None = None
 
     if cfg.method == "none":
         for task in tasks:
             per_task_requests[task.name] = [SearchRequest(q.query_id, q.text) for q in task.queries]
     elif getattr(method, "agentic", False):
-        _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, per_task_traces,
-                     per_task_fused)
+        loop_steps = _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests,
+                                  per_task_traces, per_task_fused)
     else:
         _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens)
 
@@ -272,6 +273,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         "depth": cfg.top_k,
         "per_task": {o.task: o.evaluation.mean for o in outcomes},
         "llm_stats": llm_stats,
+        **({"loop_steps": loop_steps} if loop_steps is not None else {}),
         "config": _config_record(cfg),
         "evaluation_time": _now(),
     }
@@ -350,7 +352,8 @@ def _bm25_first_pass(cfg: RunConfig, task: Task, retrievers: dict[str, Any]) -> 
 
 
 def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, per_task_traces,
-                 per_task_fused):
+                 per_task_fused) -> list[dict[str, int]]:
+    """Run the loop over all tasks; returns its per-step statistics (calls, backend calls)."""
     from r2med_agent.retrieval import make_retriever
 
     loop_spec = cfg.loop_retriever or cfg.retriever
@@ -369,7 +372,7 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
         sampling.setdefault("max_tokens", spec.max_tokens)
     results = method.run(
         [(t, loop_retrievers[t.name]) for t in tasks], llm, final=cfg.final, top_k=cfg.top_k,
-        sampling=sampling,
+        sampling=sampling, final_retrievers=[retrievers[t.name] for t in tasks],
     )
     for task in tasks:
         res = results[task.name]
@@ -377,6 +380,8 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
         per_task_traces[task.name] = list(res.traces)
         if res.fused_run is not None:
             per_task_fused[task.name] = res.fused_run
+    steps = next((r.steps for r in results.values()), ())
+    return [s.to_dict() for s in steps]
 
 
 def _task_stats(gens, traces, price_in: float, price_out: float) -> dict[str, Any]:

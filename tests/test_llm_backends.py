@@ -251,14 +251,87 @@ class _FakeRequestOutput:
     outputs: list[_FakeCompletion]
 
 
+# Chat templates written from the facts of the real ones (tokenizer_config.json of
+# Qwen/QwQ-32B, deepseek-ai/DeepSeek-R1-Distill-Qwen-32B, Qwen/Qwen3-32B), reduced to what
+# matters for continuing a turn: where the generation prompt opens the think block, and how an
+# assistant message is rendered.
+QWQ_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}"
+    "{%- set content = m.content.split('</think>')[-1].lstrip('\\n') %}"  # reasoning dropped
+    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+R1_DISTILL_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for m in messages %}{%- if m.role == 'system' %}{{ m.content }}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+    "{%- elif m.role == 'assistant' %}{% set content = m.content %}"
+    "{%- if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{ '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{%- endif %}"
+)
+QWEN3_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}"
+    "{%- set content = m.content %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.last %}"  # the last assistant turn always gets a think block
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+class _Tokenizer:
+    """A real ``transformers`` tokenizer (built in memory) rendering ``template``, with an
+    ``encode`` that maps each character to its code point so that prompts can be read back."""
+
+    def __init__(self, template: str) -> None:
+        pytest.importorskip("transformers")
+        from tokenizers import Tokenizer, models
+        from transformers import PreTrainedTokenizerFast
+
+        self.hf = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")),
+            unk_token="[UNK]", bos_token="<｜begin▁of▁sentence｜>",
+        )
+        self.hf.chat_template = template
+        self.encoded: list[dict[str, Any]] = []
+
+    def apply_chat_template(self, conversation, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        return self.hf.apply_chat_template(conversation, **kwargs)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.encoded.append({"text": text, "add_special_tokens": add_special_tokens})
+        return [ord(c) for c in text]
+
+
 @dataclass
 class _FakeVLLM:
-    """Stands in for the ``vllm`` module: records engine construction and chat calls."""
+    """Stands in for the ``vllm`` module: records engine construction, chat and generate calls."""
 
     engines: list[dict[str, Any]] = field(default_factory=list)
     chats: list[dict[str, Any]] = field(default_factory=list)
+    generates: list[dict[str, Any]] = field(default_factory=list)
     echo: bool = False
-    """Reply to each conversation with ``re:<content of its last message>`` (finish "stop")."""
+    """Reply to each conversation with ``re:<content of its last message>``, and to each token
+    prompt of ``generate`` with ``re:<the prompt text>`` (finish "stop")."""
+    template: str = QWQ_TEMPLATE
+    """The chat template of ``LLM.get_tokenizer()``."""
+    tokenizer: _Tokenizer | None = None
 
     def module(self) -> types.ModuleType:
         fake = self
@@ -270,6 +343,22 @@ class _FakeVLLM:
         class LLM:
             def __init__(self, **kwargs: Any) -> None:
                 fake.engines.append(kwargs)
+
+            def get_tokenizer(self) -> _Tokenizer:
+                if fake.tokenizer is None:
+                    fake.tokenizer = _Tokenizer(fake.template)
+                return fake.tokenizer
+
+            def generate(self, prompts, sampling_params, use_tqdm=True):  # noqa: ANN001, ANN202
+                texts = ["".join(map(chr, p["prompt_token_ids"])) for p in prompts]
+                fake.generates.append({"prompts": texts, "params": sampling_params, "use_tqdm": use_tqdm})
+                return [
+                    _FakeRequestOutput(
+                        prompt_token_ids=list(p["prompt_token_ids"]),
+                        outputs=[_FakeCompletion(f"re:{t}", [1, 2], "stop", "</search>")],
+                    )
+                    for p, t in zip(prompts, texts)
+                ]
 
             def chat(self, messages, sampling_params, **kwargs):  # noqa: ANN001, ANN202
                 fake.chats.append({"messages": messages, "params": sampling_params, **kwargs})
@@ -359,13 +448,13 @@ def test_vllm_backend_maps_params_and_outputs(monkeypatch) -> None:
     assert all(g.final == "" and g.reasoning == "" and not g.cached for g in gens)
 
 
-def test_vllm_backend_continues_final_assistant_messages_in_their_own_call(monkeypatch) -> None:
+def test_vllm_backend_continues_from_the_generation_prompt_rendered_once(monkeypatch) -> None:
     from r2med_agent.llm import vllm_backend
 
-    fake = _FakeVLLM(echo=True)
+    fake = _FakeVLLM(echo=True, template=QWQ_TEMPLATE)
     monkeypatch.setitem(sys.modules, "vllm", fake.module())
     monkeypatch.setattr(vllm_backend, "_ENGINES", {})
-    backend = make_backend(get_llm_spec("qwen-7b-ins"))
+    backend = make_backend(get_llm_spec("qwq-32b"))
 
     def user(q: str) -> dict[str, str]:
         return {"role": "user", "content": q}
@@ -373,36 +462,103 @@ def test_vllm_backend_continues_final_assistant_messages_in_their_own_call(monke
     def assistant(text: str) -> dict[str, str]:
         return {"role": "assistant", "content": text}
 
+    # Step 1 of QwQ began inside the think block opened by the generation prompt; the running
+    # texts hold its reasoning, and in q3 the block was already closed before a later search.
+    running1 = "Let me think.\n<|begin_search_query|>x<|end_search_query|>\n\n<|begin_search_result|>d<|end_search_result|>\n\n"
+    running3 = "Done thinking.</think>\nAnswer so far.\n<|begin_search_query|>y<|end_search_query|>"
     prompts = [
         [user("q0")],
-        [user("q1"), assistant("<think>a1")],
+        [user("q1"), assistant(running1)],
         [user("q2")],
-        [user("q3"), assistant("<think>a3</think><search>x</search><information>d</information>")],
+        [user("q3"), assistant(running3)],
         [user("q4"), assistant("done"), user("q4 again")],  # ends in a user turn: a new turn
     ]
-    gens = backend.generate(prompts, SamplingParams(max_tokens=8))
+    params = SamplingParams(max_tokens=8, stop=("<|end_search_query|>",))
+    gens = backend.generate(prompts, params)
 
-    # Outputs come back in input order although they were generated in two calls.
-    assert [g.text for g in gens] == [f"re:{p[-1]['content']}" for p in prompts]
-    assert len(fake.chats) == 2
-    new, cont = fake.chats
-    assert [m[-1]["content"] for m in new["messages"]] == ["q0", "q2", "q4 again"]
-    assert "continue_final_message" not in new and "add_generation_prompt" not in new
-    assert [m[-1]["content"] for m in cont["messages"]] == [
-        "<think>a1",
-        "<think>a3</think><search>x</search><information>d</information>",
-    ]
-    assert (cont["add_generation_prompt"], cont["continue_final_message"]) == (False, True)
-    assert cont["messages"][0] == prompts[1]  # sent as is (this entry has no system prompt)
-    assert cont["params"] is new["params"]  # the same sampling for both calls
+    head = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    expected = {
+        1: head.format("q1") + "<|im_start|>assistant\n<think>\n" + running1,
+        3: head.format("q3") + "<|im_start|>assistant\n<think>\n" + running3,
+    }
+    # New turns: one LLM.chat call; continuations: one LLM.generate call over token prompts
+    # (the generation prompt rendered once, the running text appended as it is).
+    assert len(fake.chats) == 1 and len(fake.generates) == 1
+    assert [m[-1]["content"] for m in fake.chats[0]["messages"]] == ["q0", "q2", "q4 again"]
+    assert "continue_final_message" not in fake.chats[0] and "add_generation_prompt" not in fake.chats[0]
+    assert fake.generates[0]["prompts"] == [expected[1], expected[3]]
+    assert fake.generates[0]["use_tqdm"] is False
+    assert fake.generates[0]["params"] is fake.chats[0]["params"]  # the same sampling for both
+    assert [e["add_special_tokens"] for e in fake.tokenizer.encoded] == [False, False]
+    # Outputs come back in input order, with the prompt length of the token prompt.
+    assert [g.text for g in gens] == ["re:q0", "re:" + expected[1], "re:q2", "re:" + expected[3], "re:q4 again"]
+    assert gens[3].prompt_tokens == len(expected[3]) and gens[3].stop_reason == "</search>"
 
-    fake.chats.clear()
-    only_cont = [prompts[1], prompts[3]]
-    assert [g.text for g in backend.generate(only_cont, SamplingParams())] == [
-        "re:<think>a1",
-        "re:<think>a3</think><search>x</search><information>d</information>",
-    ]
-    assert len(fake.chats) == 1 and fake.chats[0]["continue_final_message"] is True
+    # Why not vLLM's continue_final_message (the conversation re-rendered with the running
+    # text as an open assistant message): the same template drops the <think> opening, and
+    # with a closed think block transformers refuses to continue at all.
+    hf = fake.tokenizer.hf
+    reopened = hf.apply_chat_template(backend_conversation(prompts[1]), tokenize=False,
+                                      continue_final_message=True)
+    assert reopened == head.format("q1") + "<|im_start|>assistant\n" + running1
+    assert "<think>" not in reopened
+    with pytest.raises(ValueError, match="final message"):
+        hf.apply_chat_template(backend_conversation(prompts[3]), tokenize=False, continue_final_message=True)
+
+
+def backend_conversation(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``messages`` with the registry's default system prompt, as the vLLM backend sends them."""
+    return [{"role": "system", "content": "You are a helpful assistant."}, *messages]
+
+
+@pytest.mark.parametrize(
+    ("llm", "template", "opening"),
+    [
+        # DeepSeek-R1 distill: BOS inside the template (so no special tokens may be added when
+        # tokenizing), the think block opened by the generation prompt.
+        ("r1-qwen-32b", R1_DISTILL_TEMPLATE,
+         "<｜begin▁of▁sentence｜>You are a helpful assistant.<｜User｜>q<｜Assistant｜><think>\n"),
+        # Qwen3 with enable_thinking=True: no think block in the generation prompt; the model
+        # opened it in step 1 and no empty block is put in front of the running text.
+        ("qwen3-32b", QWEN3_TEMPLATE,
+         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
+         "<|im_start|>assistant\n"),
+    ],
+)
+def test_vllm_continuation_prompt_with_reasoning_templates(monkeypatch, llm, template, opening) -> None:
+    from r2med_agent.llm import vllm_backend
+
+    fake = _FakeVLLM(echo=True, template=template)
+    monkeypatch.setitem(sys.modules, "vllm", fake.module())
+    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    backend = make_backend(get_llm_spec(llm))
+    running = "<think>\nI reason.</think>\nPartial.\n<|begin_search_query|>q2<|end_search_query|>"
+    if llm == "r1-qwen-32b":
+        running = running.removeprefix("<think>\n")  # the generation prompt opened it
+    backend.generate([[{"role": "user", "content": "q"}, {"role": "assistant", "content": running}]],
+                     SamplingParams(max_tokens=4))
+    assert fake.generates[0]["prompts"] == [opening + running]
+    assert fake.tokenizer.encoded[-1]["add_special_tokens"] is False
+    # The step-1 prompt is the same prefix: every later step only appends (prefix caching).
+    fresh = vllm_backend.continuation_prompt(
+        fake.tokenizer, [*backend_conversation([{"role": "user", "content": "q"}]), {"role": "assistant", "content": ""}],
+        backend.spec.chat_template_kwargs,
+    )
+    assert fresh == opening
+    if llm == "qwen3-32b":  # enable_thinking from the registry entry reaches the template
+        off = vllm_backend.continuation_prompt(
+            fake.tokenizer, backend_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]),
+            {"enable_thinking": False},
+        )
+        assert off == opening + "<think>\n\n</think>\n\n"
+        # Re-rendered as an open assistant message, a running text whose think block is still
+        # open would get an empty think block in front of it.
+        still_open = "<think>\nI reason and search.\n<|begin_search_query|>q2<|end_search_query|>"
+        reopened = fake.tokenizer.hf.apply_chat_template(
+            backend_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": still_open}]),
+            tokenize=False, continue_final_message=True, enable_thinking=True,
+        )
+        assert reopened == opening + "<think>\n\n</think>\n\n" + still_open
 
 
 def test_vllm_missing_names_the_extra(monkeypatch) -> None:
@@ -502,16 +658,23 @@ def test_local_state_cache_resumes_interleaved_trajectories(smollm2_llm) -> None
     assert without_cache >= with_cache + first.prompt_tokens // 2
 
 
-def test_continuation_prompt_follows_the_transformers_rule() -> None:
+def test_local_continuation_prompt_renders_the_generation_prompt_once() -> None:
+    pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
     from r2med_agent.llm.local import continuation_prompt
 
-    keeps = "<u>Say it</u><a>Say it, then\n\n</a><eot>"
-    assert continuation_prompt(keeps, "Say it, then\n\n") == "<u>Say it</u><a>Say it, then\n\n"
-    trims = "<u>Say it</u><a>Say it, then</a><eot>"  # a template that strips contents
-    assert continuation_prompt(trims, "Say it, then\n\n") == "<u>Say it</u><a>Say it, then"
-    assert continuation_prompt("<u>x</u><a>x</a>", "x") == "<u>x</u><a>x"  # the last occurrence
-    with pytest.raises(ValueError, match="cannot be continued"):
-        continuation_prompt("<u>q</u><a>[redacted]</a>", "secret")
+    # The chat handler llama-cpp-python builds from a GGUF's template, here QwQ's (see above).
+    formatter = Jinja2ChatFormatter(template=QWQ_TEMPLATE, eos_token="<|im_end|>", bos_token="",
+                                    add_generation_prompt=True)
+    running = "I reason.</think>\nSo far: anemia.\n<|begin_search_query|>iron<|end_search_query|>"
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": running}]
+    prompt = continuation_prompt(formatter, conversation)
+    assert prompt == "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n" + running
+    # The same template re-rendering the text as an assistant message drops the reasoning.
+    closed = Jinja2ChatFormatter(template=QWQ_TEMPLATE, eos_token="<|im_end|>", bos_token="",
+                                 add_generation_prompt=False)(messages=conversation).prompt
+    assert "I reason." not in closed and "<think>" not in closed
 
 
 @pytest.mark.slow

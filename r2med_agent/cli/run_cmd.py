@@ -60,7 +60,7 @@ def run_command(
     ),
     final: str = typer.Option(
         "default", "--final",
-        help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of all the trajectory's searches plus the final query).",
+        help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the searches the loop ran for the trajectory, each distinct query once, plus the final query; queries answered with a notice or issued in the final turn were not run and are left out). Both rank with --retriever.",
     ),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),

@@ -6,11 +6,13 @@ has no batched generation of independent chats, so a batch is processed one chat
 inside :meth:`LlamaCppBackend.generate` (outputs in input order); for parallel throughput run
 ``python -m llama_cpp.server`` or ``vllm serve`` and use the ``openai`` backend.
 
-A conversation whose last message is an assistant message is CONTINUED (as vLLM's
-``continue_final_message`` does): the model's own chat template (the GGUF's
-``tokenizer.chat_template``, the one its chat completions use) renders the conversation without
-the generation prompt, the text is cut right after the final message's content (so the
-end-of-turn marker that closes it is dropped), and that prompt goes to ``create_completion``.
+A conversation whose last message is an assistant message is CONTINUED, as the original
+Search-o1 does it and as the vLLM backend does: the model's own chat template (the GGUF's
+``tokenizer.chat_template``, the one its chat completions use) renders the messages before it
+WITH the generation prompt, that message's text is appended as it is, and the prompt goes to
+``create_completion``. (Re-rendering the text as an assistant message would let templates that
+rewrite assistant messages, e.g. QwQ's and the DeepSeek-R1 distills' which keep only the text
+after ``</think>``, drop the reasoning and the ``<think>`` their generation prompt opened.)
 Stop strings, token counts and ``stop_reason`` work as for a new turn.
 :meth:`LlamaCppBackend.render_prompt` shows the prompt text either way.
 """
@@ -61,8 +63,8 @@ class _Loaded:
 
     llama: Any
     lock: threading.Lock
-    formatters: dict[bool, Any] | None
-    """``add_generation_prompt`` -> ``Jinja2ChatFormatter`` over the GGUF chat template the
+    formatter: Any | None
+    """``Jinja2ChatFormatter`` (with the generation prompt) over the GGUF chat template the
     model's chat completions use; None when they use something else (an explicit
     ``chat_format``/``chat_handler`` in engine_kwargs, or a GGUF without a template)."""
 
@@ -90,26 +92,12 @@ def resolve_gguf(model: str) -> Path:
     return path
 
 
-def continuation_prompt(rendered: str, final: str) -> str:
-    """``rendered`` (a conversation rendered by its chat template without the generation prompt)
-    cut right after the content ``final`` of its last message, so that message stays open.
-
-    Same rule as ``transformers``' ``apply_chat_template(continue_final_message=True)``, which
-    vLLM uses: the last occurrence of the stripped content is found; the content's own trailing
-    whitespace is kept when the template kept it. Raises ValueError when the template dropped or
-    changed the content.
-    """
-    stripped = final.strip()
-    if not stripped or stripped not in rendered:
-        raise ValueError(
-            "the chat template does not render the final assistant message's text as it is, "
-            "so it cannot be continued"
-        )
-    at = rendered.rindex(stripped)
-    kept = final.lstrip()
-    if rendered[at : at + len(kept)] == kept:
-        return rendered[: at + len(kept)]
-    return rendered[: at + len(stripped)]
+def continuation_prompt(formatter: Any, conversation: Sequence[Message]) -> str:
+    """The prompt that continues the final assistant message of ``conversation``: the messages
+    before it rendered by ``formatter`` (a ``Jinja2ChatFormatter`` with the generation prompt),
+    then that message's text exactly as it is (see the module docstring)."""
+    head = formatter(messages=[dict(m) for m in conversation[:-1]])
+    return str(head.prompt) + str(conversation[-1].get("content") or "")
 
 
 def _state_cache(llama_cpp: Any, capacity_bytes: int) -> Any:
@@ -197,7 +185,7 @@ class LlamaCppBackend:
                 llama = _recording_llama(llama_cpp)(model_path=str(path), **kwargs)
                 if KV_CACHE_BYTES > 0:
                     llama.set_cache(_state_cache(llama_cpp, KV_CACHE_BYTES))
-                _MODELS[key] = _Loaded(llama, threading.Lock(), _chat_formatters(llama_cpp, llama))
+                _MODELS[key] = _Loaded(llama, threading.Lock(), _chat_formatter(llama_cpp, llama))
             return _MODELS[key]
 
     def render_prompt(self, messages: Sequence[Message]) -> str:
@@ -210,13 +198,13 @@ class LlamaCppBackend:
             LLMError: the model's chat template is not a GGUF template (see
                 :class:`_Loaded`), so the prompt is not known here.
         """
-        formatters = self._model().formatters
-        if formatters is None:
+        formatter = self._model().formatter
+        if formatter is None:
             raise LLMError(self._no_template_message())
         conversation = with_system_prompt(list(messages), self.spec.system_prompt)
         if continues_final_message(conversation):
-            return self._continuation(formatters, conversation)
-        return str(formatters[True](messages=conversation).prompt)
+            return continuation_prompt(formatter, conversation)
+        return str(formatter(messages=conversation).prompt)
 
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams
@@ -240,18 +228,6 @@ class LlamaCppBackend:
             "tokenizer.chat_template), so a final assistant message cannot be continued"
         )
 
-    def _continuation(self, formatters: dict[bool, Any], conversation: list[Message]) -> str:
-        """The open-ended prompt for a conversation ending in an assistant message."""
-        final = str(conversation[-1].get("content") or "")
-        if not final.strip():
-            # Nothing to find in the rendering: open a new assistant turn and put the text in.
-            return str(formatters[True](messages=conversation[:-1]).prompt) + final
-        rendered = formatters[False](messages=conversation).prompt
-        try:
-            return continuation_prompt(str(rendered), final)
-        except ValueError as e:
-            raise LLMError(f"llm '{self.spec.name}': {e}") from None
-
     def _stream(
         self, loaded: _Loaded, messages: list[Message], params: SamplingParams
     ) -> Generator[tuple[str, str | None], None, None]:
@@ -268,13 +244,13 @@ class LlamaCppBackend:
             "seed": params.seed,
             "stream": True,
         }
-        formatters = loaded.formatters
-        if continues_final_message(conversation) and formatters is not None:
-            prompt = self._continuation(formatters, conversation)
+        formatter = loaded.formatter
+        if continues_final_message(conversation) and formatter is not None:
+            prompt = continuation_prompt(formatter, conversation)
             # What llama-cpp-python's chat handler does with a formatter's output: the template
             # holds the special tokens (no BOS added unless it says so), its end-of-turn token
             # and string end generation.
-            style = formatters[False](messages=conversation)
+            style = formatter(messages=conversation[:-1])
             tokens = model.tokenize(
                 prompt.encode("utf-8"), add_bos=not style.added_special, special=True
             )
@@ -356,9 +332,9 @@ class LlamaCppBackend:
         )
 
 
-def _chat_formatters(llama_cpp: Any, llama: Any) -> dict[bool, Any] | None:
-    """Formatters (without / with the generation prompt) over the GGUF chat template that
-    ``llama``'s chat completions use, or None when they use something else."""
+def _chat_formatter(llama_cpp: Any, llama: Any) -> Any | None:
+    """The formatter (with the generation prompt) over the GGUF chat template that ``llama``'s
+    chat completions use, or None when they use something else."""
     chat_format_module = llama_cpp.llama_chat_format
     if getattr(llama, "chat_handler", None) is not None:
         return None
@@ -378,13 +354,10 @@ def _chat_formatters(llama_cpp: Any, llama: Any) -> dict[bool, Any] | None:
     eos_id, bos_id = int(llama.token_eos()), int(llama.token_bos())
     eos = llama.detokenize([eos_id], special=True).decode("utf-8") if eos_id != -1 else ""
     bos = llama.detokenize([bos_id], special=True).decode("utf-8") if bos_id != -1 else ""
-    return {
-        add: chat_format_module.Jinja2ChatFormatter(
-            template=template,
-            eos_token=eos,
-            bos_token=bos,
-            add_generation_prompt=add,
-            stop_token_ids=[eos_id],
-        )
-        for add in (False, True)
-    }
+    return chat_format_module.Jinja2ChatFormatter(
+        template=template,
+        eos_token=eos,
+        bos_token=bos,
+        add_generation_prompt=True,
+        stop_token_ids=[eos_id],
+    )

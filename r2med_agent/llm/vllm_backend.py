@@ -1,16 +1,24 @@
 """Backend over vLLM's offline engine (``vllm.LLM``), the reference's way of running open models.
 
 The engine is built once per process for a given model and engine settings (with prefix
-caching on: the loops resend long shared prefixes), and every ``generate`` call is ONE
-``LLM.chat`` call over all conversations, which vLLM schedules with continuous batching.
+caching on: the loops resend long shared prefixes), and every ``generate`` call is ONE engine
+call over all conversations, which vLLM schedules with continuous batching.
 
 A conversation whose last message is an assistant message is CONTINUED: the model extends that
-message's text instead of answering it in a new turn (``LLM.chat(...,
-add_generation_prompt=False, continue_final_message=True)``, vLLM >= 0.6.3; the ``[vllm]``
-extra asks for 0.8.5, which Qwen3 and ``chat_template_kwargs`` need). This is how the
-reasoning-search loops re-submit a trajectory's running text. Since these flags apply to a whole
-``LLM.chat`` call, a batch that mixes both kinds is sent as two calls (new turns, then
-continuations), and the outputs are put back into input order.
+message's text instead of answering it in a new turn. This is how the reasoning-search loops
+re-submit a trajectory's running text, and it is done as the original Search-o1 does it: the
+conversation before that message is rendered ONCE by the model's chat template with the
+generation prompt (``add_generation_prompt=True``), the running text is appended to it as it is,
+and the result goes to ``LLM.generate`` (tokenized without adding special tokens, as
+``LLM.chat`` does, since the template already holds them). Re-rendering the running text as an
+assistant message (``continue_final_message``) breaks with reasoning models' templates: QwQ and
+the DeepSeek-R1 distills open the turn with ``<think>\n`` only in the generation prompt (gone
+from step 2 on) and render an assistant message as its text after the last ``</think>`` (the
+reasoning is dropped, and ``transformers`` then refuses to continue the message); Qwen3 puts an
+empty think block in front of the last assistant message. :func:`continuation_prompt` shows the
+prompt. The ``[vllm]`` extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
+A batch that mixes new turns and continuations is sent as two engine calls
+(``LLM.chat``, then ``LLM.generate``), and the outputs are put back into input order.
 """
 
 from __future__ import annotations
@@ -74,6 +82,19 @@ def to_vllm_sampling(vllm: Any, params: SamplingParams) -> Any:
     )
 
 
+def continuation_prompt(
+    tokenizer: Any, conversation: Sequence[Message], chat_template_kwargs: dict[str, Any] | None = None
+) -> str:
+    """The prompt text that continues the final assistant message of ``conversation``: the
+    messages before it rendered by ``tokenizer``'s chat template with the generation prompt,
+    then that message's text exactly as it is (see the module docstring)."""
+    head = [dict(m) for m in conversation[:-1]]
+    rendered = tokenizer.apply_chat_template(
+        head, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+    )
+    return str(rendered) + str(conversation[-1].get("content") or "")
+
+
 def from_request_output(output: Any, latency_s: float) -> Generation:
     """One ``vllm.RequestOutput`` as a Generation (text, finish/stop reason, token counts)."""
     completion = output.outputs[0]
@@ -117,8 +138,8 @@ class VLLMBackend:
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams
     ) -> list[Generation]:
-        """All prompts in one ``LLM.chat`` call (two when new turns and continuations are
-        mixed, see the module docstring); outputs in input order.
+        """New turns in one ``LLM.chat`` call, continuations in one ``LLM.generate`` call (see
+        the module docstring); outputs in input order.
 
         ``latency_s`` of each item is its call's wall time shared evenly over that call.
         """
@@ -138,13 +159,20 @@ class VLLMBackend:
         for continuation, indices in groups.items():
             if not indices:
                 continue
-            chat_kwargs = dict(base_kwargs)
-            if continuation:
-                chat_kwargs["add_generation_prompt"] = False
-                chat_kwargs["continue_final_message"] = True
             batch = [conversations[i] for i in indices]
             start = time.perf_counter()
-            outputs = engine.chat(batch, sampling, **chat_kwargs)
+            if continuation:
+                tokenizer = engine.get_tokenizer()
+                token_prompts = [
+                    {"prompt_token_ids": tokenizer.encode(
+                        continuation_prompt(tokenizer, c, self.spec.chat_template_kwargs),
+                        add_special_tokens=False,
+                    )}
+                    for c in batch
+                ]
+                outputs = engine.generate(token_prompts, sampling, use_tqdm=False)
+            else:
+                outputs = engine.chat(batch, sampling, **base_kwargs)
             share = (time.perf_counter() - start) / len(batch)
             if len(outputs) != len(batch):
                 raise RuntimeError(

@@ -9,17 +9,21 @@ Search-R1 (its repo's evaluation loop): tags ``<think>``, ``<search>q</search>``
 at ``</answer>``, which only saves tokens); the top-3 documents are inserted as
 ``Doc i(Title: t) text``; a turn with neither a search nor an answer gets a corrective message;
 up to 4 turns that may search, then one final turn in which a search is not run; greedy decoding.
-Final response: the ``<answer>`` span; with none, everything the model generated, tags removed.
+Final response: the ``<answer>`` span; with none, the model's reasoning-output parser applied to
+everything the model generated in the trajectory (inserted text excluded), tags removed.
 
 Search-o1 (its repo's ``run_search_o1.py``): ``<|begin_search_query|>q<|end_search_query|>``;
 generation stops at the end-of-query token; the top-10 documents of every search of a step go to
 ONE batched Reason-in-Documents call of the same model, and only the text after
 ``**Final Information**`` is inserted within ``<|begin_search_result|>...<|end_search_result|>``;
 a repeated query and one over the 10-search limit get the original's fixed notices instead;
-a step without a query ends the trajectory; at most 15 turns; temperature 0.7, top_p 0.8, top_k 20.
-Final response: the model's final response under its reasoning format (``Generation.final`` of
-the last step when the parser found its marker there), else everything the model generated with
-the search tokens removed.
+a step without a query ends the trajectory; at most 15 turns that may search; temperature 0.7,
+top_p 0.8, top_k 20. A query issued in the 15th turn is not run (the original runs and condenses
+it, then stops without reading it): it gets the limit notice, and the trajectory one final
+answer turn in which a search is not run.
+Final response: the model's reasoning-output parser applied to everything the model generated in
+the trajectory (inserted text excluded), search tokens removed: for R1-style models the text
+after the FIRST ``</think>``, even when later steps searched again.
 
 Our documents have no titles: Search-R1's ``Title:`` slot gets the document's title when the
 corpus has one and its id otherwise (the first line of an R2MED document is ordinary text, and
@@ -35,6 +39,7 @@ from r2med_agent.methods.loop import (
     FINAL_MODES,
     AgenticResult,
     LoopOutcome,
+    Parser,
     ReasoningLoop,
     Trajectory,
     cut_words,
@@ -134,10 +139,10 @@ class SearchR1(ReasoningLoop):
     def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
         return f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
 
-    def final_response(self, traj: Trajectory) -> str:
+    def final_response(self, traj: Trajectory, parse: Parser) -> str:
         if traj.answer is not None:
             return traj.answer
-        return self.model_text(traj)
+        return self.parsed_response(traj, parse)
 
 
 def format_docs_r1(docs: Sequence[Doc], max_words: int | None) -> str:
@@ -159,7 +164,8 @@ class SearchO1(ReasoningLoop):
 
     Args:
         final: ``default`` or ``fuse``.
-        max_turns: generation turns (15).
+        max_turns: turns that may search (15); a query issued in the last of them gets the
+            limit notice and the trajectory one final answer turn.
         max_searches: searches a trajectory may run (10); later ones get the limit notice.
         docs_per_search: documents given to Reason-in-Documents per search (10).
         max_tokens: tokens per generation (8192, the original's value for non-QwQ models).
@@ -198,7 +204,7 @@ class SearchO1(ReasoningLoop):
             repetition_penalty=repetition_penalty,
         )
         super().__init__(
-            params=params, max_turns=max_turns, max_searches=max_searches, final_turn=False,
+            params=params, max_turns=max_turns, max_searches=max_searches, final_turn=True,
             docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
             fuse_depth=fuse_depth, rrf_k=rrf_k,
         )
@@ -220,8 +226,10 @@ class SearchO1(ReasoningLoop):
     def _notice(self, text: str) -> str:
         return f"\n{self.result_tags[0]}\n{text}\n{self.result_tags[1]}\n"
 
-    def blocked_search(self, traj: Trajectory, query: str) -> str | None:
-        if not self.searches_left(traj):
+    def blocked_search(self, traj: Trajectory, query: str, *, last_turn: bool) -> str | None:
+        # The original's order: over the limit first, then repeated. A query of the last turn
+        # is over the turn limit: its results could never be read.
+        if last_turn or not self.searches_left(traj):
             return self._notice(SEARCH_LIMIT)
         if query in traj.searches:
             return self._notice(SEARCH_REPEATED)
@@ -250,14 +258,8 @@ class SearchO1(ReasoningLoop):
         info = extract_final_information(final_text(gen))
         return info, f"\n\n{self.result_tags[0]}{info}{self.result_tags[1]}\n\n"
 
-    def final_response(self, traj: Trajectory) -> str:
-        last = traj.last
-        if last is not None and last.reasoning and last.finish_reason != "error":
-            text = last.final
-            for tag in (*self.search_tags, *self.result_tags):
-                text = text.replace(tag, " ")
-            return text.strip()
-        return self.model_text(traj)
+    def final_response(self, traj: Trajectory, parse: Parser) -> str:
+        return self.parsed_response(traj, parse)
 
 
 def previous_steps(reasoning: str, query_open: str, result_open: str, keep_last: int = 4) -> str:

@@ -6,7 +6,8 @@ Every step of :meth:`ReasoningLoop.run_loop`:
    plus the canonical running text), so the same state always makes the same request and a run
    interrupted anywhere resumes from the generation cache;
 2. generates for ALL unfinished trajectories, of all tasks, in ONE ``llm.generate`` call with
-   the method's stop strings;
+   the method's stop strings (the caching wrapper may split its cache misses into crash-safe
+   chunks, one backend call each; :class:`StepStats` records both counts);
 3. parses each output robustly (:func:`parse_output`): the backend may return the text without
    the stop string (OpenAI/vLLM default), with it, with whitespace after it, or ignore it and run
    on; ``stop_reason`` may be missing; an unclosed ``<search>`` at the end is an issued query;
@@ -19,12 +20,14 @@ Every step of :meth:`ReasoningLoop.run_loop`:
 How the conversation is re-submitted: the LLM protocol takes chat messages, so each request is
 the method's original user message followed, once something was generated, by ONE assistant
 message holding the running text (the model's own output with the inserted results). A final
-assistant message means "continue this message" (vLLM's ``continue_final_message``, llama.cpp
-completion over the rendered template); this keeps the single-stream format both methods were
-built for (the original repos re-render the whole prompt as text and append to it), keeps every
-earlier token of the request identical from step to step (prefix caching makes re-submission
-cheap), and needs no special tokens from us. Backends that cannot continue a message (hosted chat
-APIs) see it as a finished assistant turn and answer in a new one; the loop parses that the same.
+assistant message means "continue this message". The vLLM offline and local llama.cpp backends
+do it as the original repos do: the prompt is rendered ONCE with the chat template's generation
+prompt and the running text is appended to it as raw text, so every earlier token of the request
+stays identical from step to step (prefix caching makes re-submission cheap) and reasoning
+models' templates cannot rewrite the running text. An OpenAI-compatible vLLM server is asked
+with ``continue_final_message``, which re-renders the text as an assistant message (see the
+README for its limits); backends that cannot continue a message (hosted chat APIs) see it as a
+finished assistant turn and answer in a new one; the loop parses that the same.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, ClassVar, Literal
@@ -153,6 +156,22 @@ def final_text(gen: Generation) -> str:
     return gen.text.strip()
 
 
+Parser = Callable[[str], tuple[str, str]]
+"""``text -> (reasoning, final)``: a model's reasoning-output parser (``CachedLLM.parse``)."""
+
+
+def plain_parse(text: str) -> tuple[str, str]:
+    """The parser of a non-reasoning model: no reasoning, the whole text is the final response."""
+    return "", text.strip()
+
+
+def reasoning_parser(llm: object) -> Parser:
+    """The reasoning-output parser of ``llm``: its ``parse`` method (the caching wrapper applies
+    the registry entry's ``reasoning_format``), or :func:`plain_parse` for a bare backend."""
+    parse = getattr(llm, "parse", None)
+    return parse if callable(parse) else plain_parse
+
+
 # --------------------------------------------------------------------------------------------
 # Trajectory state, results, statistics
 
@@ -183,7 +202,6 @@ class Trajectory:
     issued: list[str] = field(default_factory=list)
     answer: str | None = None
     finish_reason: str | None = None
-    last: Generation | None = None
     condensed: list[dict[str, Any]] = field(default_factory=list)
     generations: int = 0
     cache_hits: int = 0
@@ -236,13 +254,20 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What one step of the loop did (calls are counted on the wrapper given to the loop).
+    """What one step of the loop did.
+
+    ``generate_calls`` count calls of ``llm.generate`` on the LLM given to the loop (the caching
+    wrapper); ``backend_calls`` count the calls that wrapper made to the backend for them: 0 when
+    every request was a cache hit, more than 1 when it split the misses into crash-safe chunks
+    (``chunk_size``). A bare backend given directly is one backend call per generate call.
 
     Attributes:
         turn: 0-based step number.
         active: trajectories that generated in this step.
         generate_calls: ``llm.generate`` calls for the step's generations (1 when any was active).
+        backend_calls: backend calls those made.
         condense_calls: ``llm.generate`` calls for Reason-in-Documents (0 or 1).
+        condense_backend_calls: backend calls those made.
         search_calls: ``retriever.search`` calls (one per task that searched).
         searches: queries executed.
         notices: queries answered with a notice instead of results (repeated, over the limit).
@@ -252,11 +277,16 @@ class StepStats:
     turn: int
     active: int
     generate_calls: int
+    backend_calls: int
     condense_calls: int
+    condense_backend_calls: int
     search_calls: int
     searches: int
     notices: int
     finished: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -275,14 +305,18 @@ class AgenticResult:
         requests: one final SearchRequest per query, in task order (``combine="reasoning"``:
             the final response is the expansion), for the runner to search with its retriever.
         traces: one Trace per query, in task order.
-        fused_run: with ``final="fuse"``, the reciprocal-rank fusion of every search each
-            trajectory ran plus its final request (use it instead of searching ``requests``);
-            None with ``final="default"``.
+        fused_run: with ``final="fuse"``, the reciprocal-rank fusion of every search the loop
+            ran for each trajectory (each distinct query once; queries answered with a notice and
+            those of the final turn were not run) plus its final request (use it instead of
+            searching ``requests``); None with ``final="default"``.
+        steps: the loop's per-step statistics; one loop serves every task of a ``run`` call,
+            so every task's result holds the same steps.
     """
 
     requests: tuple[SearchRequest, ...]
     traces: tuple[Trace, ...]
     fused_run: Run | None = None
+    steps: tuple[StepStats, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,12 +380,15 @@ class ReasoningLoop:
             the tags).
         max_turns: generation steps in which a trajectory may search.
         max_searches: most searches a trajectory may run (None: bounded by ``max_turns`` only).
-        final_turn: after ``max_turns`` steps, or once its searches are used up, a trajectory
-            gets one more generation in which a search is not run (Search-R1's final rollout).
+            A query over the limit gets :meth:`blocked_search`'s notice; without one it ends
+            the trajectory (``max_searches``).
+        final_turn: a trajectory still unfinished after ``max_turns`` steps gets one more
+            generation, its final answer turn, in which a search is not run (Search-R1's final
+            rollout; Search-o1 after a query issued in its last turn).
         docs_per_search: documents retrieved per search.
         max_doc_words: each inserted document is cut to this many whitespace tokens.
         final: ``default`` (the final response is the query) or ``fuse`` (RRF of every search
-            plus the final query).
+            the loop ran for the trajectory plus the final query).
         fuse_depth: documents per list searched for, and kept after, fusion.
         rrf_k: the RRF constant.
     """
@@ -418,8 +455,11 @@ class ReasoningLoop:
         """Text to insert after a step with neither a search nor an answer (None: finished)."""
         return None
 
-    def blocked_search(self, traj: Trajectory, query: str) -> str | None:
-        """Text to insert instead of running ``query`` (None: run it)."""
+    def blocked_search(self, traj: Trajectory, query: str, *, last_turn: bool) -> str | None:
+        """Text to insert instead of running ``query`` (None: run it).
+
+        ``last_turn`` is True in the last step that may search (step ``max_turns``).
+        """
         return None
 
     def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
@@ -439,8 +479,11 @@ class ReasoningLoop:
         """``(extracted information, text to insert)`` from a Reason-in-Documents output."""
         raise NotImplementedError
 
-    def final_response(self, traj: Trajectory) -> str:
-        """The final response of a finished trajectory (what becomes the query)."""
+    def final_response(self, traj: Trajectory, parse: Parser) -> str:
+        """The final response of a finished trajectory (what becomes the query).
+
+        ``parse`` is the model's reasoning-output parser (:func:`reasoning_parser`).
+        """
         raise NotImplementedError
 
     def condense_params(self) -> SamplingParams:
@@ -452,20 +495,38 @@ class ReasoningLoop:
     def searches_left(self, traj: Trajectory) -> bool:
         return self.max_searches is None or len(traj.searches) < self.max_searches
 
-    def model_text(self, traj: Trajectory) -> str:
-        """Everything the model generated (inserted text excluded), without the method's tags."""
-        text = "".join(s.generated for s in traj.steps)
-        for open_, close in self.tags().values():
-            text = text.replace(open_, " ").replace(close, " ")
-        text = text.replace("<think>", " ").replace("</think>", " ")
+    @staticmethod
+    def model_output(traj: Trajectory) -> str:
+        """Everything the model generated in the trajectory, as one text (inserted text, i.e.
+        results, notices and corrective messages, excluded)."""
+        return "".join(s.generated for s in traj.steps)
+
+    def without_tags(self, text: str) -> str:
+        """``text`` without the method's tags (search, answer, results) and ``<think>`` tags,
+        runs of spaces collapsed."""
+        for open_, close in (*self.tags().values(), self.result_tags, ("<think>", "</think>")):
+            if open_:
+                text = text.replace(open_, " ")
+            if close:
+                text = text.replace(close, " ")
         return re.sub(r"[ \t]+", " ", text).strip()
+
+    def parsed_response(self, traj: Trajectory, parse: Parser) -> str:
+        """The model's final response under its reasoning format, over the WHOLE output of the
+        trajectory (:meth:`model_output`), tags removed: with ``think`` the text after the first
+        ``</think>`` wherever it came, with ``huatuo`` after the first ``Final Response``, with
+        ``search-r1`` the first ``<answer>`` span, with ``plain`` all of it."""
+        return self.without_tags(parse(self.model_output(traj))[1])
 
     # ---- engine ------------------------------------------------------------------------------
 
     def _generate(
         self, llm: LLM, trajs: Sequence[Trajectory], prompts: list[list[Message]],
         params: SamplingParams, kind: str, turn: int,
-    ) -> list[Generation]:
+    ) -> tuple[list[Generation], int]:
+        """ONE ``llm.generate`` call; returns the generations and the backend calls it made."""
+        counters = getattr(llm, "stats", None)
+        before = getattr(counters, "backend_calls", None)
         if _accepts_keywords(llm):
             meta = [
                 {"task": t.job.task.name, "query_id": t.job.query.query_id, "method": self.name,
@@ -480,10 +541,15 @@ class ReasoningLoop:
             raise LLMError(
                 f"{getattr(llm, 'model_id', 'the LLM')} returned {len(gens)} generations for {len(prompts)} prompts"
             )
-        return list(gens)
+        after = getattr(counters, "backend_calls", None)
+        backend_calls = after - before if isinstance(before, int) and isinstance(after, int) else 1
+        return list(gens), backend_calls
 
     def run_loop(self, jobs: Sequence[LoopJob], llm: LLM) -> LoopOutcome:
         """Run every job's trajectory to the end, batching each step over all of them.
+
+        Steps ``0 .. max_turns - 1`` may search; with ``final_turn``, step ``max_turns`` is the
+        final answer turn of the trajectories still unfinished, in which a search is not run.
 
         Returns:
             The trajectories in job order (``final`` filled) and per-step statistics.
@@ -498,14 +564,14 @@ class ReasoningLoop:
             if not active:
                 break
             before = sum(1 for t in trajs if t.finished)
-            gens = self._generate(llm, active, [t.request_messages() for t in active], self.params,
-                                  "reason", turn)
+            gens, backend_calls = self._generate(
+                llm, active, [t.request_messages() for t in active], self.params, "reason", turn
+            )
+            closing = turn >= self.max_turns  # the final turn: a search is not run
             pending: list[tuple[Trajectory, str, str, Generation]] = []
             notices = 0
             for traj, gen in zip(active, gens):
-                traj.last = gen
                 traj.count(gen)
-                closing = turn >= self.max_turns or (self.final_turn and not self.searches_left(traj))
                 if gen.finish_reason == "error":
                     logger.warning("%s: generation failed for %s/%s", self.name, traj.job.task.name,
                                    traj.job.query.query_id)
@@ -524,10 +590,13 @@ class ReasoningLoop:
                         traj.add_step(gen, act.body, search_query=act.content)
                         traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
                         continue
-                    notice = self.blocked_search(traj, act.content)
+                    notice = self.blocked_search(traj, act.content, last_turn=turn == self.max_turns - 1)
                     if notice is not None:
                         traj.add_step(gen, act.body, search_query=act.content, inserted=notice)
                         notices += 1
+                    elif not self.searches_left(traj):  # over the limit and no notice for it
+                        traj.add_step(gen, act.body, search_query=act.content)
+                        traj.finish_reason = "max_searches"
                     else:
                         pending.append((traj, act.content, act.body, gen))
                 elif gen.finish_reason == "length":
@@ -545,12 +614,13 @@ class ReasoningLoop:
                         traj.add_step(gen, act.body, inserted=fix)
 
             search_calls, docs_of = self._run_searches(pending, lookups)
-            condense_calls = 0
+            condense_calls = condense_backend_calls = 0
             if pending and self.condenses:
                 condense_calls = 1
                 prompts = [self.condense_messages(t, b, q, docs) for (t, q, b, _), docs in zip(pending, docs_of)]
-                cgens = self._generate(llm, [p[0] for p in pending], prompts, self.condense_params(),
-                                       "condense", turn)
+                cgens, condense_backend_calls = self._generate(
+                    llm, [p[0] for p in pending], prompts, self.condense_params(), "condense", turn
+                )
                 for (traj, query, body, gen), docs, cgen in zip(pending, docs_of, cgens):
                     traj.count(cgen)
                     ids = [d.doc_id for d in docs]
@@ -573,19 +643,23 @@ class ReasoningLoop:
                     traj.add_step(gen, body, search_query=query, doc_ids=[d.doc_id for d in docs],
                                   inserted=self.insert_documents(traj, query, docs))
             step = StepStats(
-                turn=turn, active=len(active), generate_calls=1, condense_calls=condense_calls,
+                turn=turn, active=len(active), generate_calls=1, backend_calls=backend_calls,
+                condense_calls=condense_calls, condense_backend_calls=condense_backend_calls,
                 search_calls=search_calls, searches=len(pending), notices=notices,
                 finished=sum(1 for t in trajs if t.finished) - before,
             )
             stats.append(step)
             logger.info(
-                "%s step %d: %d active, %d searches, %d notices, %d finished",
+                "%s step %d: %d active, %d searches, %d notices, %d finished; backend calls: "
+                "%d generate, %d condense",
                 self.name, turn + 1, step.active, step.searches, step.notices, step.finished,
+                step.backend_calls, step.condense_backend_calls,
             )
+        parse = reasoning_parser(llm)
         for traj in trajs:
             if not traj.finished:
                 traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
-            traj.final = self.final_response(traj)
+            traj.final = self.final_response(traj, parse)
         return LoopOutcome(trajs, stats)
 
     def _run_searches(
@@ -632,6 +706,7 @@ class ReasoningLoop:
         final: str | None = None,
         top_k: int | None = None,
         sampling: Mapping[str, Any] | None = None,
+        final_retrievers: Sequence[Retriever] | None = None,
     ) -> dict[str, AgenticResult]:
         """Run the loop for every query of every task in one batched loop.
 
@@ -641,6 +716,8 @@ class ReasoningLoop:
             final: overrides the constructor's ``final`` (``default`` or ``fuse``).
             top_k: overrides ``fuse_depth`` (documents kept per query by fusion).
             sampling: sampling overrides (``temperature``, ``max_tokens``, ``seed``, ...).
+            final_retrievers: per task, the retriever of the final ranking, which ``fuse``
+                searches with (default: the loop's retriever of that task).
 
         Returns:
             ``{task name: AgenticResult}``.
@@ -659,7 +736,11 @@ class ReasoningLoop:
             changes["params"] = apply_sampling_overrides(self.params, sampling)
         if changes:
             loop = self._copy(**changes)
-        return loop._run(tasks_and_retrievers, llm)
+        if final_retrievers is not None and len(final_retrievers) != len(tasks_and_retrievers):
+            raise ValueError(
+                f"{len(final_retrievers)} final retrievers for {len(tasks_and_retrievers)} tasks"
+            )
+        return loop._run(tasks_and_retrievers, llm, final_retrievers)
 
     def _copy(self, **changes: Any) -> ReasoningLoop:
         other = copy.copy(self)
@@ -667,7 +748,10 @@ class ReasoningLoop:
             setattr(other, k, v)
         return other
 
-    def _run(self, tasks_and_retrievers: Sequence[tuple[Task, Retriever]], llm: LLM) -> dict[str, AgenticResult]:
+    def _run(
+        self, tasks_and_retrievers: Sequence[tuple[Task, Retriever]], llm: LLM,
+        final_retrievers: Sequence[Retriever] | None = None,
+    ) -> dict[str, AgenticResult]:
         names = [t.name for t, _ in tasks_and_retrievers]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -690,8 +774,9 @@ class ReasoningLoop:
                 logger.warning("%s: %d of %d trajectories of %s ended with an empty final response",
                                self.name, empty, len(requests), task.name)
             traces = tuple(self.to_trace(t) for t in trajs)
-            fused = self.fuse(trajs, requests, retriever) if self.final == "fuse" else None
-            results[task.name] = AgenticResult(requests, traces, fused)
+            ranker = final_retrievers[ti] if final_retrievers is not None else retriever
+            fused = self.fuse(trajs, requests, ranker) if self.final == "fuse" else None
+            results[task.name] = AgenticResult(requests, traces, fused, tuple(outcome.steps))
         return results
 
     def final_request(self, traj: Trajectory) -> SearchRequest:
@@ -699,7 +784,9 @@ class ReasoningLoop:
         return SearchRequest(query_id=q.query_id, query=q.text, expansion=traj.final, combine="reasoning")
 
     def fuse(self, trajs: Sequence[Trajectory], finals: Sequence[SearchRequest], retriever: Retriever) -> Run:
-        """RRF, per trajectory, of every search it ran plus its final request; one search call."""
+        """RRF, per trajectory, of every search the loop ran for it (each distinct query once;
+        queries answered with a notice, and those of the final turn, were not run) plus its
+        final request, all searched again with ``retriever`` to ``fuse_depth``; one search call."""
         requests: list[SearchRequest] = []
         owner: dict[str, str] = {}
         for traj, final_req in zip(trajs, finals):
