@@ -492,8 +492,10 @@ class ComparisonTable:
             )
             notes.append(
                 f"{BETTER_MARK}/{WORSE_MARK}: better/worse than the baseline, row {self.baseline} ({base}), "
-                f"with p < {self.alpha:g} ({how}); the Avg column's test, W/T/L and p pool all queries "
-                "of the tasks both rows have"
+                f"with p < {self.alpha:g} ({how}). The Avg column's test is stratified by task: its "
+                "statistic is the mean over the tasks both rows have of the per-task mean differences "
+                "(every task weighs the same, as in the average), with signs flipped per query or "
+                "queries resampled within each task; W/T/L counts queries over those tasks"
             )
         if self.with_published:
             notes.append(
@@ -567,7 +569,7 @@ def build_table(
         tasks: columns to show (default: every task any row has, R2MED order first).
         published: add the paper's scores (matched by :func:`published_key`).
         baseline: a row index or ``method/llm/retriever[/reranker]``; every other row is tested
-            against it, per task and over the pooled queries.
+            against it, per task and over the tasks (stratified: each task weighs the same).
         alpha: significance level of the markers.
         test: ``permutation`` or ``bootstrap``.
         n_resamples: Monte Carlo permutations / bootstrap resamples.

@@ -215,6 +215,37 @@ def test_baseline_marks_significant_rows(tmp_path):
         build_table(rows, baseline="7")
 
 
+def write_scores(root: Path, label: str, task: str, scores: dict[str, float]) -> None:
+    """A result file holding given per-query nDCG@10 scores (the runner's keys that compare reads)."""
+    leaf = root / label
+    leaf.mkdir(parents=True, exist_ok=True)
+    rec = {
+        "dataset_name": task,
+        "test": {"ndcg_at_10": sum(scores.values()) / len(scores)},
+        "num_queries": len(scores),
+        "per_query": {q: {"ndcg_at_10": v} for q, v in scores.items()},
+    }
+    (leaf / f"{task}.json").write_text(json.dumps(rec), encoding="utf-8")
+
+
+def test_avg_marker_follows_the_task_average_with_unequal_task_sizes(tmp_path):
+    # Biology, 6 queries, 0.1 -> 0.9; MedQA-Diag, 200 queries, 0.5 -> 0.45: the average goes from
+    # 0.300 to 0.675. A test pooling the 206 queries calls the second row significantly worse;
+    # the stratified test of the average calls it better (p = 2/64, see test_stats).
+    root = tmp_path / "r"
+    for label, bio, medqa in (("none/none/bm25", 0.1, 0.5), ("hyde/qwen-7b/bm25", 0.9, 0.45)):
+        write_scores(root, label, "Biology", {f"b{i}": bio for i in range(6)})
+        write_scores(root, label, "MedQA-Diag", {f"m{i}": medqa for i in range(200)})
+    table = build_table(load_results([root]), baseline="none/none/bm25")
+    base, hyde = table.rows
+    assert base.average == pytest.approx(0.3) and hyde.average == pytest.approx(0.675)
+    assert table.marker(hyde, "all") == BETTER_MARK
+    assert table.marker(hyde, "Biology") == BETTER_MARK
+    assert table.marker(hyde, "MedQA-Diag") == WORSE_MARK
+    assert hyde.tests["all"].mean_diff == pytest.approx(hyde.average - base.average)
+    assert f"{hyde.average:.4f}{BETTER_MARK}" in render_markdown(table)
+
+
 def test_significance_needs_per_query_scores(tmp_path):
     root = tmp_path / "r"
     write_result(root, "none", "none", "bm25", "sample", GOOD)
