@@ -728,6 +728,31 @@ def text_grid(table: ComparisonTable) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
+def _fmt_test(t: PairedTest | None) -> str:
+    """``Δ +0.0500 [+0.0100, +0.0900], p 0.0312, W/T/L 4/1/1`` (the interval with bootstrap only)."""
+    if t is None:
+        return MISSING
+    ci = f" [{t.ci_low:+.4f}, {t.ci_high:+.4f}]" if t.ci_low is not None and t.ci_high is not None else ""
+    return f"Δ {t.mean_diff:+.4f}{ci}, p {_fmt_p(t.p_value)}, W/T/L {t.wins}/{t.ties}/{t.losses}"
+
+
+def significance_grid(table: ComparisonTable) -> tuple[list[str], list[list[str]]]:
+    """Per row and task (and Avg) the test against the baseline: difference of means (with the
+    bootstrap's 95% interval), p-value and win/tie/loss counts. Empty without a baseline."""
+    if table.baseline is None:
+        return [], []
+    headers = ["#", "configuration", *table.tasks, "Avg"]
+    body = []
+    for r in table.rows:
+        if r.index == table.baseline:
+            continue
+        cells = [str(r.index), r.row.label]
+        cells += [_fmt_test(r.tests.get(t)) for t in table.tasks]
+        cells.append(_fmt_test(r.tests.get(OVERALL)))
+        body.append(cells)
+    return headers, body
+
+
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -741,6 +766,13 @@ def render_markdown(table: ComparisonTable) -> str:
     lines.append("|" + "|".join("---" if i < n_keys else "---:" for i in range(len(headers))) + "|")
     for cells in body:
         lines.append("| " + " | ".join(map(_md_escape, cells)) + " |")
+    sig_headers, sig_body = significance_grid(table)
+    if sig_body:
+        lines += ["", f"Against the baseline, row {table.baseline} ({table.rows[table.baseline].row.label}):", ""]
+        lines.append("| " + " | ".join(map(_md_escape, sig_headers)) + " |")
+        lines.append("|---|---|" + "|".join("---:" for _ in sig_headers[2:]) + "|")
+        for cells in sig_body:
+            lines.append("| " + " | ".join(map(_md_escape, cells)) + " |")
     notes = table.footnotes()
     if notes:
         lines.append("")
@@ -756,19 +788,25 @@ def render_csv(table: ComparisonTable) -> str:
     """CSV with full-precision numbers (empty cells where there is no value).
 
     Columns: index, method, llm, retriever, reranker, [results], per task ``<task>`` (and
-    ``<task>_published``, ``<task>_diff``, ``<task>_p``), ``avg``, ``avg_tasks`` (how many tasks
-    the average covers), ``avg_missing`` (``;``-joined), the published/diff/p columns of the
-    average, ``wins``, ``ties``, ``losses``, and the summed stats.
+    ``<task>_published``, ``<task>_diff``; against a baseline ``<task>_p``, ``<task>_wins``,
+    ``<task>_ties``, ``<task>_losses`` and, with the bootstrap test, ``<task>_ci_low`` and
+    ``<task>_ci_high``: the 95% interval of the difference of means), ``avg``, ``avg_tasks``
+    (how many tasks the average covers), ``avg_missing`` (``;``-joined), the published/diff
+    columns of the average, ``avg_p``, ``wins``, ``ties``, ``losses`` (queries over all tested
+    tasks), ``avg_ci_low``/``avg_ci_high`` (bootstrap), and the summed stats.
     """
     pub, base = table.with_published, table.baseline is not None
+    ci = base and table.test == "bootstrap"
     headers = ["index", "method", "llm", "retriever", "reranker"] + (["results"] if table.show_source else [])
     for t in table.tasks:
         headers.append(t)
         headers += [f"{t}_published", f"{t}_diff"] if pub else []
-        headers += [f"{t}_p"] if base else []
+        headers += [f"{t}_p", f"{t}_wins", f"{t}_ties", f"{t}_losses"] if base else []
+        headers += [f"{t}_ci_low", f"{t}_ci_high"] if ci else []
     headers += ["avg", "avg_tasks", "avg_missing"]
     headers += ["avg_published", "avg_diff"] if pub else []
     headers += ["avg_p", "wins", "ties", "losses"] if base else []
+    headers += ["avg_ci_low", "avg_ci_high"] if ci else []
     headers += list(STATS_KEYS) if table.with_cost else []
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -776,6 +814,13 @@ def render_csv(table: ComparisonTable) -> str:
 
     def diff(a: float | None, b: float | None) -> str:
         return "" if a is None or b is None else repr(a - b)
+
+    def test_cells(test: PairedTest | None) -> list[str]:
+        """p, wins, ties, losses (and the interval with the bootstrap), empty without a test."""
+        if test is None:
+            return [""] * (6 if ci else 4)
+        cells = [_csv_num(test.p_value), str(test.wins), str(test.ties), str(test.losses)]
+        return cells + ([_csv_num(test.ci_low), _csv_num(test.ci_high)] if ci else [])
 
     for r in table.rows:
         rec = [str(r.index), r.row.method, r.row.llm, r.row.retriever, r.row.reranker]
@@ -785,17 +830,12 @@ def render_csv(table: ComparisonTable) -> str:
             if pub:
                 rec += [_csv_num(r.published.get(t)), diff(r.values[t], r.published.get(t))]
             if base:
-                test = r.tests.get(t)
-                rec.append(_csv_num(test.p_value) if test else "")
+                rec += test_cells(r.tests.get(t))
         rec += [_csv_num(r.average), str(len(table.tasks) - len(r.missing_tasks)), ";".join(r.missing_tasks)]
         if pub:
             rec += [_csv_num(r.published_average), diff(r.average, r.published_average)]
         if base:
-            test = r.tests.get(OVERALL)
-            if test is None:
-                rec += [""] * 4
-            else:
-                rec += [_csv_num(test.p_value), str(test.wins), str(test.ties), str(test.losses)]
+            rec += test_cells(r.tests.get(OVERALL))
         if table.with_cost:
             rec += [_csv_num(r.totals.get(k)) for k in STATS_KEYS]
         w.writerow(rec)

@@ -31,6 +31,7 @@ from r2med_agent.compare import (
     TableRow,
     key_headers,
     render_markdown,
+    significance_grid,
     text_grid,
 )
 from r2med_agent.errors import ConfigError
@@ -355,6 +356,7 @@ def render_html(
     )
     template = env.get_template("report.html.j2")
     headers, body = text_grid(table)
+    sig_headers, sig_body = significance_grid(table)
     return template.render(
         title=title,
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -363,6 +365,9 @@ def render_html(
         n_keys=len(key_headers(table)),
         body=[(r.index, cells) for r, cells in zip(table.rows, body)],
         baseline=table.baseline,
+        baseline_label=table.rows[table.baseline].row.label if table.baseline is not None else "",
+        sig_headers=sig_headers,
+        sig_body=sig_body,
         footnotes=table.footnotes(),
         plots=[(name, _png_data_uri(p)) for name, p in plots.items()],
         data_json=_json_for_script(data),

@@ -246,6 +246,40 @@ def test_avg_marker_follows_the_task_average_with_unequal_task_sizes(tmp_path):
     assert f"{hyde.average:.4f}{BETTER_MARK}" in render_markdown(table)
 
 
+def test_per_task_tests_reach_csv_and_markdown(tmp_path):
+    root = tmp_path / "r"
+    for task in ("Biology", "sample"):
+        write_result(root, "none", "none", "bm25", task, MIXED)
+        write_result(root, "hyde", "qwen-7b", "bm25", task, GOOD if task == "Biology" else WEAK)
+    rows = load_results([root])
+    for test in ("permutation", "bootstrap"):
+        table = build_table(rows, baseline=0, test=test, n_resamples=2000, seed=3)
+        hyde = table.rows[1]
+        rec = list(csv.DictReader(io.StringIO(render_csv(table))))[1]
+        for task in ("Biology", "sample"):
+            t = hyde.tests[task]
+            assert (rec[f"{task}_wins"], rec[f"{task}_ties"], rec[f"{task}_losses"]) == (
+                str(t.wins), str(t.ties), str(t.losses))
+            assert float(rec[f"{task}_p"]) == t.p_value
+        overall = hyde.tests["all"]
+        assert float(rec["avg_p"]) == overall.p_value and rec["wins"] == str(overall.wins)
+        assert overall.wins == hyde.tests["Biology"].wins + hyde.tests["sample"].wins
+        md = render_markdown(table)
+        assert "Against the baseline, row 0 (none/none/bm25):" in md
+        line = next(x for x in md.splitlines() if x.startswith("| 1 | hyde/qwen-7b/bm25 | Δ"))
+        bio = hyde.tests["Biology"]
+        if test == "bootstrap":
+            for task in ("Biology", "sample", "avg"):
+                t = hyde.tests["all" if task == "avg" else task]
+                assert float(rec[f"{task}_ci_low"]) == t.ci_low and float(rec[f"{task}_ci_high"]) == t.ci_high
+                assert t.ci_low <= t.mean_diff <= t.ci_high
+            assert f"Δ {bio.mean_diff:+.4f} [{bio.ci_low:+.4f}, {bio.ci_high:+.4f}]" in line
+        else:
+            assert "Biology_ci_low" not in rec
+            assert f"Δ {bio.mean_diff:+.4f}, p " in line
+        assert f"W/T/L {bio.wins}/{bio.ties}/{bio.losses}" in line
+
+
 def test_significance_needs_per_query_scores(tmp_path):
     root = tmp_path / "r"
     write_result(root, "none", "none", "bm25", "sample", GOOD)

@@ -110,6 +110,23 @@ def test_report_writes_plots_and_a_self_contained_page(report: Path):
     assert "hyde" in page and "search-r1" in page and "0 (base)" in page
 
 
+def test_report_shows_per_task_tests_against_the_baseline(tree: Path, tmp_path: Path):
+    table = build_table(load_results([tree]), baseline=0, test="bootstrap", n_resamples=500)
+    page = write_report(table, tmp_path / "rep", tasks={"sample": make_task()}).read_text(encoding="utf-8")
+    sig = re.search(r'<table class="cmp sig" id="sig-table">(.*?)</table>', page, re.S)
+    assert sig is not None
+    rows = re.findall(r'<tr data-row="(\d+)">(.*?)</tr>', sig.group(1), re.S)
+    assert [r for r, _ in rows] == ["1", "2"]  # every row but the baseline
+    for (index, html), tr in zip(rows, table.rows[1:]):
+        t = tr.tests["sample"]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", html)
+        assert cells[1] == tr.row.label
+        assert cells[2] == (
+            f"Δ {t.mean_diff:+.4f} [{t.ci_low:+.4f}, {t.ci_high:+.4f}], p {t.p_value:.4f}, "
+            f"W/T/L {t.wins}/{t.ties}/{t.losses}"
+        )
+
+
 def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
     data = embedded_data(report.read_text(encoding="utf-8"))
     labels = [r["label"] for r in data["rows"]]
