@@ -77,7 +77,7 @@ def write_result(
         "stats": dict(
             stats
             or {"generations": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                "llm_time_s": 0.0, "retrieval_time_s": 0.01, "cost_usd": 0.0}
+                "llm_time_s": 0.0, "retrieval_time_s": 0.01, "cost_usd": None}
         ),
         "config": {"method": method, "llm": None if llm == "none" else llm, "retriever": retriever,
                    "reranker": reranker or None, "tasks": [task]},

@@ -54,7 +54,7 @@ def two_trees(tmp_path: Path) -> tuple[Path, Path]:
     write_result(
         a, "hyde", "smollm2", "bm25", "Biology", WEAK,
         stats={"generations": 4, "cache_hits": 1, "prompt_tokens": 400, "completion_tokens": 120,
-               "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": 0.0},
+               "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": None},
     )
     (a / "none" / "none" / "bm25" / "summary.json").write_text(json.dumps({"average": {}}))
     return a, b
@@ -299,14 +299,32 @@ def test_cost_columns_sum_stats_over_tasks(tmp_path):
             stats={"generations": 4, "cache_hits": 2, "prompt_tokens": tokens, "completion_tokens": 10,
                    "llm_time_s": 1.5, "retrieval_time_s": 0.5, "cost_usd": 0.125},
         )
+    # A self-hosted model has no price: the runner records cost_usd null, and so does a run
+    # without an LLM; their cost cells show no dollars.
+    write_result(
+        root, "hyde", "smollm2", "bm25", "Biology", GOOD,
+        stats={"generations": 4, "cache_hits": 0, "prompt_tokens": 90, "completion_tokens": 10,
+               "llm_time_s": 1.0, "retrieval_time_s": 0.5, "cost_usd": None},
+    )
+    write_result(root, "none", "none", "bm25", "Biology", GOOD)
     table = build_table(load_results([root]), cost=True)
-    assert table.rows[0].totals == {
+    labels = [r.row.label for r in table.rows]
+    assert labels == ["none/none/bm25", "hyde/gpt4/bm25", "hyde/smollm2/bm25"]
+    assert table.rows[1].totals == {
         "generations": 8, "cache_hits": 4, "prompt_tokens": 350, "completion_tokens": 20,
         "llm_time_s": 3.0, "retrieval_time_s": 1.0, "cost_usd": 0.25,
     }
-    rec = next(csv.DictReader(io.StringIO(render_csv(table))))
-    assert float(rec["prompt_tokens"]) == 350 and float(rec["cost_usd"]) == 0.25
+    assert "cost_usd" not in table.rows[0].totals and "cost_usd" not in table.rows[2].totals
+    recs = list(csv.DictReader(io.StringIO(render_csv(table))))
+    assert float(recs[1]["prompt_tokens"]) == 350 and float(recs[1]["cost_usd"]) == 0.25
+    assert recs[0]["cost_usd"] == "" and recs[2]["cost_usd"] == ""
+    md = render_markdown(table).splitlines()
+    header = next(line for line in md if line.startswith("| #"))
+    col = [c.strip() for c in header.split("|")].index("cost $")
+    cost_cells = [[c.strip() for c in line.split("|")][col] for line in md if line.startswith("| ") and line != header]
+    assert cost_cells == [MISSING, "0.2500", MISSING]
     assert "| 350 |" in render_markdown(table)
+    assert "0.0000" not in render(table, "rich")
 
 
 def test_load_errors_name_the_file(tmp_path):

@@ -53,10 +53,10 @@ def tree(tmp_path: Path) -> Path:
     write_result(root, "none", "none", "bm25", "sample", MIXED)
     write_result(root, "hyde", "qwen-7b", "bm25", "sample", LONG, generations=generations(),
                  stats={"generations": 4, "cache_hits": 0, "prompt_tokens": 400, "completion_tokens": 120,
-                        "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": 0.0})
+                        "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": None})
     write_result(root, "search-r1", "qwen-7b-ins", "bm25", "sample", WEAK, traces=traces(),
                  stats={"generations": 8, "cache_hits": 0, "prompt_tokens": 520, "completion_tokens": 120,
-                        "llm_time_s": 5.0, "retrieval_time_s": 0.5, "cost_usd": 0.0})
+                        "llm_time_s": 5.0, "retrieval_time_s": 0.5, "cost_usd": None})
     return root
 
 
