@@ -16,7 +16,11 @@ Grid file::
       # run names that differ from the CSV's: published: {retriever: nv}
 
 :func:`reproduce` runs each entry through :func:`_run_one` (the runner, in-process), skipping
-tasks whose result files exist, then returns the side-by-side comparison table.
+tasks whose result files exist and were made with the entry's settings, then returns the
+side-by-side comparison table. A result file made otherwise is *stale* and is run again: its
+recorded ``config`` differs from the entry's run config in a setting that decides the scores
+(STALE_KEYS), or its data differs (local and package data: the ``corpus_fingerprint`` of the
+corpus the entry would load; hub data: the ``source``, a pinned ``repo@revision``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ GPU_GIB = 80.0
 
 BYTES_PER_PARAM = 2
 """bf16/fp16 weights."""
+
+STALE_KEYS: tuple[str, ...] = (
+    "method", "llm", "retriever", "loop_retriever", "reranker", "rerank_k", "top_k", "final", "sampling",
+)
+"""RunConfig fields that decide a run's scores: a result file whose recorded ``config`` differs in
+one of them from the entry's is stale (the result folder's name holds only some of them). Fields
+that do not apply are not compared: ``loop_retriever`` and ``final`` outside the agentic methods
+(an unset loop retriever is the final one), ``rerank_k`` without a reranker."""
 
 RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "top_k")
 """Run options a grid entry may set in ``args``: RunConfig fields that are also ``run`` flags
@@ -412,7 +424,13 @@ class ReproduceOptions:
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One grid entry, its command, which tasks are done, and what it needs."""
+    """One grid entry, its command, which tasks are done, and what it needs.
+
+    Attributes:
+        done: tasks whose result files exist and match the entry (skipped).
+        pending: tasks to run: no result file, or a stale one.
+        stale: the pending tasks whose result file was made otherwise, with why.
+    """
 
     entry: GridEntry
     published: dict[str, float]
@@ -421,6 +439,7 @@ class PlannedRun:
     done: tuple[str, ...]
     pending: tuple[str, ...]
     needs: Needs
+    stale: dict[str, str] = field(default_factory=dict)
 
     @property
     def published_average(self) -> float | None:
@@ -431,6 +450,87 @@ class PlannedRun:
         return sum(self.published[t] for t in tasks) / len(tasks)
 
 
+def _settings(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The STALE_KEYS of a run config record, with what does not apply left out."""
+    from r2med_agent.methods import METHODS
+
+    method = rec.get("method")
+    out = {k: rec[k] for k in STALE_KEYS if k in rec}
+    if method == "none":
+        out.pop("llm", None)
+    if getattr(METHODS.get(str(method)), "agentic", False):
+        if out.get("loop_retriever") is None and "retriever" in out:
+            out["loop_retriever"] = out["retriever"]
+    else:
+        out.pop("loop_retriever", None)
+        out.pop("final", None)
+    if not rec.get("reranker"):
+        out.pop("rerank_k", None)
+        out["reranker"] = None
+    if "sampling" in out:
+        out["sampling"] = dict(out["sampling"] or {})
+    return out
+
+
+class _ExpectedData:
+    """Per task, where the entry's data comes from and (local and package data) its corpus
+    fingerprint; tasks are read at most once per plan, and only those with result files."""
+
+    def __init__(self, data_dir: Path | None) -> None:
+        self.data_dir = data_dir
+        self._known: dict[str, tuple[str, str | None]] = {}
+
+    def __call__(self, task: str) -> tuple[str, str | None]:
+        if task not in self._known:
+            from r2med_agent.data import get_task_spec, load_task
+
+            spec = get_task_spec(task)
+            if self.data_dir is None and spec.source != "package":
+                # Hub data at the registry's pinned revision: the source names the content.
+                self._known[task] = (spec.provenance, None)
+            else:
+                loaded = load_task(task, self.data_dir)
+                self._known[task] = (loaded.source, loaded.fingerprint)
+        return self._known[task]
+
+
+def stale_reason(path: Path, expected: Mapping[str, Any], data: tuple[str, str | None]) -> str | None:
+    """Why the result file ``path`` does not belong to a run with config record ``expected`` on
+    data ``(source, fingerprint)``, or None when it does.
+
+    Settings are compared over STALE_KEYS; the data by corpus fingerprint when the expected one is
+    known (local and package data), else by source (hub ``repo@revision``).
+    """
+    import json
+
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"unreadable result file ({type(e).__name__})"
+    if not isinstance(rec, Mapping) or not isinstance(rec.get("config"), Mapping):
+        return "no run config recorded"
+    have, want = _settings(rec["config"]), _settings(expected)
+    diffs = []
+    for key in STALE_KEYS:
+        if key not in want:
+            continue
+        if key not in have:
+            diffs.append(f"{key} not recorded")
+        elif have[key] != want[key]:
+            diffs.append(f"{key} {have[key]!r}, the entry {want[key]!r}")
+    source, fingerprint = data
+    if fingerprint is not None:
+        if rec.get("corpus_fingerprint") != fingerprint:
+            recorded = rec.get("corpus_fingerprint")
+            diffs.append(
+                "no corpus fingerprint recorded" if not recorded
+                else f"corpus changed (fingerprint {str(recorded)[:12]}, now {fingerprint[:12]})"
+            )
+    elif rec.get("source") != source:
+        diffs.append(f"data from {rec.get('source') or 'an unrecorded source'}, the entry loads {source}")
+    return "; ".join(diffs) or None
+
+
 def task_option(tasks: Sequence[str]) -> str:
     """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, else a comma list."""
     return "all" if tuple(tasks) == r2med_tasks() else ",".join(tasks)
@@ -438,14 +538,24 @@ def task_option(tasks: Sequence[str]) -> str:
 
 def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     """Every entry of ``grid`` with its command, finished/pending tasks and needs."""
+    from dataclasses import asdict
+
     registries = Registries.load()
     repos: dict[tuple[str, ...], list[str]] = {}
     task_arg = task_option(opts.tasks)
+    expected_data = _ExpectedData(opts.data_dir)
     out = []
     for entry, scores in zip(grid.entries, grid.published):
         cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir)
         rdir = cfg.result_dir()
-        done = tuple(t for t in opts.tasks if (rdir / f"{t}.json").exists())
+        want = asdict(cfg)
+        stale: dict[str, str] = {}
+        existing = [t for t in opts.tasks if (rdir / f"{t}.json").exists()]
+        for t in existing:
+            reason = stale_reason(rdir / f"{t}.json", want, expected_data(t))
+            if reason is not None:
+                stale[t] = reason
+        done = tuple(t for t in existing if t not in stale)
         pending = tuple(t for t in opts.tasks if t not in done)
         needed = pending or opts.tasks
         if needed not in repos:
@@ -459,6 +569,7 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 done=done,
                 pending=pending,
                 needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries),
+                stale=stale,
             )
         )
     return out
@@ -468,18 +579,28 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
     """The ``--dry-run`` listing: per entry its status, command, published average and needs."""
     lines = []
     for i, p in enumerate(planned):
-        status = "done" if not p.pending else ("partial" if p.done else "to run")
+        if p.stale:
+            status = "stale"
+        else:
+            status = "done" if not p.pending else ("partial" if p.done else "to run")
         avg = p.published_average
         paper = f"paper nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
         lines.append(f"[{i}] {p.entry.label}  ({status}; {paper})")
         lines.append(f"    {p.command}")
         if p.done and p.pending:
             lines.append(f"    done: {', '.join(p.done)}; runs: {', '.join(p.pending)}")
+        for task, reason in p.stale.items():
+            lines.append(f"    stale {task} (runs again): {reason}")
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.note:
             lines.append(f"    note: {p.entry.note}")
     todo = sum(1 for p in planned if p.pending)
-    lines.append(f"{len(planned)} configuration(s): {todo} to run, {len(planned) - todo} already done")
+    stale = sum(1 for p in planned if p.stale)
+    lines.append(
+        f"{len(planned)} configuration(s): {todo} to run"
+        + (f" ({stale} with stale results)" if stale else "")
+        + f", {len(planned) - todo} already done"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -501,6 +622,8 @@ def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
         if not p.pending:
             logger.info("[%d/%d] %s: results exist, skipped", i + 1, len(planned), p.entry.label)
             continue
+        for task, reason in p.stale.items():
+            logger.warning("%s %s: stale result (%s); running it again", p.entry.label, task, reason)
         logger.info("[%d/%d] %s on %s", i + 1, len(planned), p.entry.label, ", ".join(p.pending))
         _run_one(p.entry, opts, p.pending)
     return results_table(grid, opts, planned)

@@ -4,6 +4,7 @@ work, and one real run through the runner."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,18 @@ from r2med_agent.reproduce import (
     reproduce,
     weights_gib,
 )
-from tests.result_trees import QRELS, ranking, write_result
+from tests.result_trees import CORPUS, QRELS, QUERIES, ranking, write_result
 
 RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
+
+
+def write_r2med_task(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "query.jsonl").write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in CORPUS.items()))
+    (folder / "qrels.jsonl").write_text(
+        "".join(json.dumps({"q_id": q, "p_id": d, "score": g}) + "\n" for q, docs in QRELS.items() for d, g in docs.items())
+    )
 
 
 @pytest.fixture()
@@ -153,6 +163,85 @@ def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch
     assert table.rows[0].published == expected
     assert table.rows[1].missing_tasks == tasks[1:]
     assert table.rows[1].published_average == csv_ndcg()[("none", "", "nv", "bge-reranker")]["Biology"]
+
+
+def _grid(tmp_path: Path, *entries: str) -> rep.Grid:
+    path = tmp_path / "grid.yaml"
+    path.write_text("title: t\nentries:\n" + "".join(f"  - {e}\n" for e in entries))
+    return load_grid(path)
+
+
+def test_results_made_with_other_settings_are_stale_and_run_again(tmp_path, monkeypatch, cli):
+    grid = load_grid("rerank")
+    out = tmp_path / "results"
+    first = grid.entries[0]  # monobert over nv's top 100
+    for t in r2med_tasks():
+        write_result(out, "none", "none", "nv", t, RUN, QRELS, reranker="monobert")
+    # Same folder, other settings: reranked only the top 10; scored at depth 50.
+    write_result(out, "none", "none", "nv", "Biology", RUN, QRELS, reranker="monobert", config={"rerank_k": 10})
+    write_result(out, "none", "none", "nv", "MedQA-Diag", RUN, QRELS, reranker="monobert", config={"top_k": 50})
+    opts = ReproduceOptions(output_dir=out)
+    p = plan(grid, opts)[0]
+    assert p.stale == {"Biology": "rerank_k 10, the entry 100", "MedQA-Diag": "top_k 50, the entry 100"}
+    assert p.pending == ("Biology", "MedQA-Diag")
+    listing = format_plan(plan(grid, opts))
+    assert f"[0] {first.label}  (stale;" in listing
+    assert "    stale Biology (runs again): rerank_k 10, the entry 100\n" in listing
+    assert "3 configuration(s): 3 to run (1 with stale results), 0 already done" in listing
+    res = CliRunner().invoke(cli, ["reproduce", "--table", "rerank", "--dry-run", "--output-dir", str(out)])
+    assert res.exit_code == 0 and "(stale;" in res.output and "top_k 50, the entry 100" in res.output
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(rep, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
+    reproduce(grid, opts)
+    assert calls[0] == (first.label, ("Biology", "MedQA-Diag"))
+
+
+def test_staleness_compares_only_the_settings_that_apply(tmp_path):
+    out = tmp_path / "results"
+    opts = ReproduceOptions(output_dir=out, tasks=("Biology",))
+    grid = _grid(tmp_path, "{method: none, retriever: bm25}")
+    # rerank_k means nothing without a reranker; loop_retriever and final nothing without a loop.
+    write_result(out, "none", "none", "bm25", "Biology", RUN, config={"rerank_k": 10, "loop_retriever": "nv"})
+    assert plan(grid, opts)[0].done == ("Biology",)
+    write_result(out, "none", "none", "bm25", "Biology", RUN, config={"sampling": {"temperature": 0.0}})
+    assert plan(grid, opts)[0].stale == {"Biology": "sampling {'temperature': 0.0}, the entry {}"}
+    # Agentic: an unset loop retriever is the final one, so these two records are the same run.
+    agentic = _grid(tmp_path, "{method: search-r1, llm: qwen-3b-ins, retriever: bge, args: {loop_retriever: bge}}")
+    write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": None})
+    assert plan(agentic, opts)[0].done == ("Biology",)
+    write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": "bm25"})
+    assert plan(agentic, opts)[0].stale == {"Biology": "loop_retriever 'bm25', the entry 'bge'"}
+    # A result file without a recorded config is never taken as done.
+    leaf = out / "none" / "none" / "bm25"
+    rec = json.loads((leaf / "Biology.json").read_text())
+    del rec["config"]
+    (leaf / "Biology.json").write_text(json.dumps(rec))
+    assert plan(grid, opts)[0].stale == {"Biology": "no run config recorded"}
+
+
+def test_results_from_other_data_are_stale(tmp_path):
+    from r2med_agent.data import get_task_spec, load_task
+
+    out = tmp_path / "results"
+    grid = _grid(tmp_path, "{method: none, retriever: bm25}")
+    hub = ReproduceOptions(output_dir=out, tasks=("Biology",))
+    # Hub data: the pinned repo@revision names the content.
+    write_result(out, "none", "none", "bm25", "Biology", RUN, source="/elsewhere/Biology")
+    provenance = get_task_spec("Biology").provenance
+    assert plan(grid, hub)[0].stale == {
+        "Biology": f"data from /elsewhere/Biology, the entry loads {provenance}"
+    }
+    # A local copy: the corpus fingerprint of what the entry would load decides.
+    data = tmp_path / "data"
+    write_r2med_task(data / "Biology")
+    local = ReproduceOptions(output_dir=out, tasks=("Biology",), data_dir=data)
+    task = load_task("Biology", data)
+    write_result(out, "none", "none", "bm25", "Biology", RUN, source=task.source, fingerprint=task.fingerprint)
+    assert plan(grid, local)[0].done == ("Biology",)
+    with (data / "Biology" / "corpus.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "d99", "text": "a new document"}) + "\n")
+    reason = plan(grid, local)[0].stale["Biology"]
+    assert reason.startswith(f"corpus changed (fingerprint {task.fingerprint[:12]}, now ")
 
 
 def test_grid_files_are_validated(tmp_path):

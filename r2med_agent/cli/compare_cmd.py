@@ -138,8 +138,8 @@ def report_command(
 def reproduce_command(
     table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic or rerank (configs/reproduce/<table>.yaml)."),
     grid_file: Optional[Path] = typer.Option(None, "--grid", help="A grid YAML of your own instead of --table (same format)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published score and what it needs (GPU memory, API keys, hub access); run nothing."),
-    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; configurations whose result files exist are skipped."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published scores, done/stale/pending tasks and what it needs (GPU memory, API keys, hub access); run nothing."),
+    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; tasks whose result files exist and were made with the entry's settings and data are skipped, stale ones run again."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
     tasks: str = typer.Option("all", "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks) or a comma list."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
