@@ -382,6 +382,11 @@ def published_results() -> PublishedResults:
     return PublishedResults()
 
 
+PUBLISHED_RETRIEVERS: dict[str, str] = {"bm25-compat": "bm25"}
+"""Run retriever names -> the published CSV's name for the same retriever. ``bm25-compat`` is the
+reference's own BM25 (gensim ``LuceneBM25Model`` weights on query and documents), the scoring
+behind every BM25 number of the paper."""
+
 RowAliases = Mapping[tuple[str, str, str, str], PublishedKey]
 """``(method, llm, retriever, reranker)`` of a result row -> its name in the published CSV."""
 
@@ -403,14 +408,16 @@ def published_key(
     """The published configuration matching ``row``, or None.
 
     Rows match by name as the CSV spells them (method ``none`` for plain retrieval; the CSV's llm
-    is empty where the row's is ``none``). A row run under other names matches through ``aliases``
+    is empty where the row's is ``none``), with the retriever renamed by PUBLISHED_RETRIEVERS
+    (``bm25-compat`` -> ``bm25``). A row run under other names matches through ``aliases``
     (default: the package reproduction grids, whose entries may carry a ``published:`` override).
     """
     published = published or published_results()
     llm = "" if row.llm in (NO_LLM, "", "-") else row.llm
-    key = PublishedKey(row.method, llm, row.retriever, row.reranker)
-    if key in published:
-        return key
+    for retriever in dict.fromkeys([row.retriever, PUBLISHED_RETRIEVERS.get(row.retriever, row.retriever)]):
+        key = PublishedKey(row.method, llm, retriever, row.reranker)
+        if key in published:
+            return key
     alias = (grid_aliases() if aliases is None else aliases).get(row.key)
     return alias if alias is not None and alias in published else None
 

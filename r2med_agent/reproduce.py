@@ -1,19 +1,22 @@
 """Reproduction grids: each published R2MED configuration beside the command that reproduces it.
 
 In the spirit of pyserini's ``2cr/*.yaml``: ``configs/reproduce/<table>.yaml`` lists the run
-arguments of every configuration of one of the paper's tables; the scores each must reproduce are
-taken from the packaged published CSV when the grid is loaded (so they cannot drift from it), and
-loading fails when an entry has none. ``--dry-run`` reports what each entry needs: GPU memory
-(sizes from ``configs/reproduce/models.yaml``), API keys and hub access (from the LLM, encoder and
-reranker registries).
+arguments of every configuration of one of the paper's tables beside the per-task nDCG@10 it must
+reproduce (``ndcg_at_10``). A package grid must give all 8 tasks, equal to the packaged published
+CSV (loading checks both; the comparison table reads the CSV). ``--dry-run`` prints each command
+with its scores and what it needs: GPU memory (sizes from ``configs/reproduce/models.yaml``), API
+keys and hub access (from the LLM, encoder and reranker registries).
 
 Grid file::
 
     title: Generation-augmented retrieval (HyDE, Query2Doc, LameR)
     entries:
-      - {method: hyde, llm: qwen-7b, retriever: bm25}
-      - {method: none, retriever: nv, reranker: monobert, args: {rerank_k: 100}}
-      # run names that differ from the CSV's: published: {retriever: nv}
+      - {method: hyde, llm: qwen-7b, retriever: bm25-compat, published: {retriever: bm25},
+         ndcg_at_10: {Biology: 0.21817, Bioinformatics: 0.26437, ...}}
+      - {method: none, retriever: nv, reranker: monobert, args: {rerank_k: 100}, ndcg_at_10: {...}}
+
+``published`` names the CSV row where the run's names differ from it. A grid of your own may leave
+``ndcg_at_10`` out: the CSV's scores of the entry's published name are used (none when it has none).
 
 :func:`reproduce` runs each entry through :func:`_run_one` (the runner, in-process), skipping
 tasks whose result files exist and were made with the entry's settings, then returns the
@@ -90,6 +93,7 @@ class GridEntry:
         reranker: reranker registry name ("" for none).
         args: further run options (RUN_ARGS: ``loop_retriever``, ``final``, ``rerank_k``, ``top_k``).
         published: the names this configuration has in the published CSV, where they differ.
+        ndcg_at_10: the published nDCG@10 per task this entry must reproduce.
         note: free text shown by ``--dry-run``.
     """
 
@@ -99,6 +103,7 @@ class GridEntry:
     reranker: str = ""
     args: dict[str, Any] = field(default_factory=dict)
     published: PublishedName = field(default_factory=PublishedName)
+    ndcg_at_10: dict[str, float] = field(default_factory=dict)
     note: str = ""
 
     @property
@@ -157,7 +162,8 @@ class _GridFile:
 
 @dataclass(frozen=True)
 class Grid:
-    """A loaded grid: its entries and, per entry, the published scores (task -> nDCG@10)."""
+    """A loaded grid: its entries and, per entry, the published scores (task -> nDCG@10: the
+    entry's ``ndcg_at_10``, else the published CSV's)."""
 
     name: str
     title: str
@@ -165,7 +171,7 @@ class Grid:
     path: Path
     entries: tuple[GridEntry, ...]
     published: tuple[dict[str, float], ...]
-    """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for a custom entry)."""
+    """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for an unpublished entry)."""
 
 
 def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
@@ -173,12 +179,12 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
 
     Args:
         name_or_path: a name in TABLES or a YAML file in the same format.
-        strict: every entry must have published scores for all 8 tasks (default: True for the
-            package's grids, False for other files).
+        strict: every entry must give ``ndcg_at_10`` for all 8 tasks, equal to the published CSV's
+            row of its published name (default: True for the package's grids, False for other files).
 
     Raises:
-        ConfigError: unknown table, malformed file, unknown keys, duplicate entries, or (strict) an
-            entry the published CSV does not have.
+        ConfigError: unknown table, malformed file, unknown keys, duplicate entries, scores that
+            are not numbers, or (strict) scores missing or different from the published CSV.
     """
     if isinstance(name_or_path, str) and name_or_path in TABLES:
         path = configs_dir() / "reproduce" / f"{name_or_path}.yaml"
@@ -213,14 +219,30 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
         if ident in seen:
             raise ConfigError(f"{where}: duplicate of entries[{seen[ident]}]")
         seen[ident] = i
-        s = pub.scores(entry.published_key, "ndcg_at_10")
-        if strict and set(s) != all_tasks:
-            raise ConfigError(
-                f"{where}: the published scores ({pub.path.name}) have "
-                f"{'no row for ' + str(entry.published_key) if not s else 'only ' + ', '.join(sorted(s))}; "
-                "fix the names or add published: {retriever: <CSV name>, ...}"
-            )
-        scores.append(s)
+        for task, value in entry.ndcg_at_10.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}: ndcg_at_10.{task} must be a number, got {value!r}")
+        csv_scores = pub.scores(entry.published_key, "ndcg_at_10")
+        if strict:
+            if set(csv_scores) != all_tasks:
+                has = "only " + ", ".join(sorted(csv_scores)) if csv_scores else f"no row for {entry.published_key}"
+                raise ConfigError(
+                    f"{where}: the published scores ({pub.path.name}) have {has}; "
+                    "fix the names or add published: {retriever: <CSV name>, ...}"
+                )
+            if set(entry.ndcg_at_10) != all_tasks:
+                missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
+                raise ConfigError(
+                    f"{where}: ndcg_at_10 must give the published score of each of the 8 tasks "
+                    f"({', '.join(r2med_tasks())}); wrong or missing: {', '.join(missing)}"
+                )
+            differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]
+            if differ:
+                raise ConfigError(
+                    f"{where}: ndcg_at_10 differs from {pub.path.name} on "
+                    + ", ".join(f"{t} ({entry.ndcg_at_10[t]} vs {csv_scores[t]})" for t in differ)
+                )
+        scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
     return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores))
 
 
@@ -576,7 +598,8 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
 
 
 def format_plan(planned: Sequence[PlannedRun]) -> str:
-    """The ``--dry-run`` listing: per entry its status, command, published average and needs."""
+    """The ``--dry-run`` listing: per entry its status, command, published scores (per task and
+    their average), stale results and needs."""
     lines = []
     for i, p in enumerate(planned):
         if p.stale:
@@ -587,6 +610,9 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         paper = f"paper nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
         lines.append(f"[{i}] {p.entry.label}  ({status}; {paper})")
         lines.append(f"    {p.command}")
+        scores = [f"{t} {p.published[t]}" for t in (*p.done, *p.pending) if t in p.published]
+        if scores:
+            lines.append(f"    paper nDCG@10: {', '.join(scores)}")
         if p.done and p.pending:
             lines.append(f"    done: {', '.join(p.done)}; runs: {', '.join(p.pending)}")
         for task, reason in p.stale.items():

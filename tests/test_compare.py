@@ -169,6 +169,25 @@ def test_published_column_equals_the_csv(tmp_path):
     assert f"{bm25.published['Biology']:.4f}" in md
 
 
+def test_bm25_compat_rows_get_the_papers_bm25_scores(tmp_path):
+    # bm25-compat is the reference's BM25 (gensim LuceneBM25Model), the one behind the paper's
+    # BM25 numbers; the mapping holds without the grids' aliases too.
+    root = tmp_path / "results"
+    for task in r2med_tasks():
+        write_result(root, "none", "none", "bm25-compat", task, GOOD)
+    write_result(root, "hyde", "qwen-7b", "bm25-compat", "Biology", WEAK)
+    rows = load_results([root])
+    bm25 = {r["task"]: float(r["ndcg_at_10"]) for r in published_csv_rows()
+            if (r["method"], r["llm"], r["retriever"], r["reranker"]) == ("none", "", "bm25", "")}
+    hyde = {r["task"]: float(r["ndcg_at_10"]) for r in published_csv_rows()
+            if (r["method"], r["llm"], r["retriever"], r["reranker"]) == ("hyde", "qwen-7b", "bm25", "")}
+    for aliases in (None, {}):
+        table = build_table(rows, published=True, published_aliases=aliases)
+        by_label = {tr.row.label: tr for tr in table.rows}
+        assert by_label["none/none/bm25-compat"].published == bm25
+        assert by_label["hyde/qwen-7b/bm25-compat"].published == hyde
+
+
 def test_published_scores_load_all_568_rows():
     pub = published_results()
     assert len(pub.keys()) == 71

@@ -71,12 +71,27 @@ def test_grids_cover_every_published_configuration_exactly_once():
 
 
 def test_grid_scores_are_the_csv_scores():
+    # Read both files directly (not through the loader, which checks the same): every entry's
+    # ndcg_at_10 in configs/reproduce/*.yaml equals the packaged CSV's row of its published name.
+    import yaml
+
+    from r2med_agent.paths import configs_dir
+
     expected = csv_ndcg()
+    n = 0
+    for table in TABLES:
+        doc = yaml.safe_load((configs_dir() / "reproduce" / f"{table}.yaml").read_text(encoding="utf-8"))
+        for e in doc["entries"]:
+            pub = e.get("published") or {}
+            key = tuple(pub.get(k, e.get(k, "")) for k in ("method", "llm", "retriever", "reranker"))
+            assert e["ndcg_at_10"] == expected[key], (table, key)
+            assert list(e["ndcg_at_10"]) == list(r2med_tasks())  # written in the paper's task order
+            n += 1
+    assert n == 71
+    # The loader hands the same numbers on.
     for grid in load_grids().values():
         for entry, scores in zip(grid.entries, grid.published):
-            k = entry.published_key
-            assert scores == expected[(k.method, k.llm, k.retriever, k.reranker)]
-            assert set(scores) == set(r2med_tasks())
+            assert scores == entry.ndcg_at_10
 
 
 def test_every_grid_model_is_in_the_registries_and_sized():
@@ -110,8 +125,10 @@ def test_dry_run_commands_and_needs(tmp_path):
     def find(table, label):
         return next(p for p in plan(grids[table], opts) if p.entry.label == label)
 
-    p = find("gar", "hyde/qwen-72b/bm25")
-    assert p.command == f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25 --task all --output-dir {tmp_path}"
+    p = find("gar", "hyde/qwen-72b/bm25-compat")
+    assert p.command == (
+        f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25-compat --task all --output-dir {tmp_path}"
+    )
     # 72.7e9 params * 2 bytes = 135.4 GiB; llms.yaml runs it on 4 GPUs: 33.9 GiB each.
     assert weights_gib(72.7) == pytest.approx(135.41, abs=0.01)
     assert p.needs.gpu == ("LLM qwen-72b ≈135.4 GiB bf16 weights, tensor-parallel 4 -> ≈33.9 GiB/GPU + KV cache",)
@@ -124,15 +141,15 @@ def test_dry_run_commands_and_needs(tmp_path):
     assert gpt.needs.api_keys == ("OPENAI_API_KEY",)
     assert gpt.needs.gpu == ("encoder nv ≈14.6 GiB bf16 weights",)
     assert find("retrievers", "none/none/voyage").needs.api_keys == ("VOYAGE_API_KEY",)
-    assert "GPU: none (CPU only)" in find("retrievers", "none/none/bm25").needs.lines()
-    llama = find("gar", "hyde/llama-70b/bm25")
+    assert "GPU: none (CPU only)" in find("retrievers", "none/none/bm25-compat").needs.lines()
+    llama = find("gar", "hyde/llama-70b/bm25-compat")
     assert "gated" in llama.needs.hub[0]
     rank = find("rerank", "none/none/nv/rankllama")
     assert rank.command.endswith(f"--reranker rankllama --rerank-k 100 --task all --output-dir {tmp_path}")
     assert "meta-llama/Llama-2-7b-hf" in rank.needs.hub[1]
     # With a local copy no dataset comes from the hub; a smaller GPU flags what does not fit.
     local = plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, data_dir=tmp_path / "d", gpu_gib=24))
-    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/bm25")
+    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/bm25-compat")
     assert not any(h.startswith("datasets") for h in big.needs.hub)
     assert big.needs.gpu[0].endswith("(does not fit one 24 GiB GPU)")
     assert "--data-dir" in big.command
@@ -274,13 +291,47 @@ def test_published_override_matches_renamed_runs(tmp_path):
         "title: renamed\nentries:\n"
         "  - {method: none, retriever: medcpt-article, published: {retriever: medcpt}}\n"
     )
-    grid = load_grid(grid_file, strict=True)
+    grid = load_grid(grid_file)
     assert grid.entries[0].published_key == PublishedKey("none", "", "medcpt", "")
+    # A grid of one's own may leave the scores out: the CSV's row of the published name is used.
     assert grid.published[0] == csv_ndcg()[("none", "", "medcpt", "")]
     out = tmp_path / "results"
     write_result(out, "none", "none", "medcpt-article", "Biology", RUN, QRELS)
     table = rep.results_table(grid, ReproduceOptions(output_dir=out, tasks=("Biology",)))
     assert table.rows[0].published == {"Biology": grid.published[0]["Biology"]}
+
+
+def test_strict_grids_need_the_published_scores_beside_each_command(tmp_path):
+    scores = csv_ndcg()[("none", "", "medcpt", "")]
+    body = ", ".join(f"{t}: {scores[t]}" for t in r2med_tasks())
+    path = tmp_path / "g.yaml"
+
+    def write(ndcg: str) -> Path:
+        path.write_text(f"title: t\nentries:\n  - {{method: none, retriever: medcpt{ndcg}}}\n")
+        return path
+
+    assert load_grid(write(f", ndcg_at_10: {{{body}}}"), strict=True).published[0] == scores
+    with pytest.raises(ConfigError, match="ndcg_at_10 must give the published score of each of the 8 tasks"):
+        load_grid(write(""), strict=True)
+    with pytest.raises(ConfigError, match="wrong or missing: IIYi-Clinical"):
+        load_grid(write(f", ndcg_at_10: {{{body.rsplit(', ', 1)[0]}}}"), strict=True)
+    wrong = body.replace(f"Biology: {scores['Biology']}", "Biology: 0.5")
+    with pytest.raises(ConfigError, match=rf"differs from published_results.csv on Biology \(0.5 vs {scores['Biology']}\)"):
+        load_grid(write(f", ndcg_at_10: {{{wrong}}}"), strict=True)
+    with pytest.raises(ConfigError, match="ndcg_at_10.Biology must be a number"):
+        load_grid(write(", ndcg_at_10: {Biology: high}"))
+
+
+def test_dry_run_prints_the_scores_per_task(cli, tmp_path):
+    res = CliRunner().invoke(cli, ["reproduce", "--table", "retrievers", "--dry-run", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    bm25 = csv_ndcg()[("none", "", "bm25", "")]
+    line = "    paper nDCG@10: " + ", ".join(f"{t} {bm25[t]}" for t in r2med_tasks()) + "\n"
+    assert line in res.output
+    res = CliRunner().invoke(
+        cli, ["reproduce", "--table", "retrievers", "--dry-run", "-o", str(tmp_path / "o"), "--tasks", "Biology,MedQA-Diag"]
+    )
+    assert f"    paper nDCG@10: Biology {bm25['Biology']}, MedQA-Diag {bm25['MedQA-Diag']}\n" in res.output
 
 
 def test_cli_needs_exactly_one_grid(cli):
