@@ -379,6 +379,7 @@ def entry_needs(
     keys: list[str] = []
     hub: list[str] = []
     problems: list[str] = []
+    per_gpu: dict[str, float] = {}  # role -> GiB of weights on one GPU
 
     def weights(role: str, name: str, repos: Sequence[str], tp: int = 1) -> None:
         info = reg.models.get(name)
@@ -386,6 +387,7 @@ def entry_needs(
             problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
         else:
             gpu.append(_gpu_line(role, name, info, tp, gpu_gib))
+            per_gpu[role] = per_gpu.get(role, 0.0) + weights_gib(info.params_b) / tp
         gated = _GATED if info is not None and info.gated else ""
         hub.append(f"{', '.join(repos)} (weights){gated}")
 
@@ -418,9 +420,33 @@ def entry_needs(
             problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
         else:
             weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m])
+    llm_spec = reg.llms.get(entry.llm) if entry.llm else None
+    others = sum(v for role, v in per_gpu.items() if role != "LLM")
+    if "LLM" in per_gpu and others > 0 and llm_spec is not None:
+        gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
     if datasets:
         hub.append(f"datasets {', '.join(datasets)}")
     return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems))
+
+
+def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:
+    """The estimate for a vLLM LLM and GPU encoders/rerankers sharing a GPU: weights plus a fifth
+    for activations and KV cache, and whether vLLM's reservation leaves the others room."""
+    total = (llm_gib + others_gib) * 1.2
+    line = (
+        f"together (estimate, if resident at once): ≈{llm_gib:.1f} GiB LLM share + ≈{others_gib:.1f} GiB "
+        f"encoder/reranker weights, ≈{total:.1f} GiB with a fifth for activations and KV cache"
+    )
+    if total > gpu_gib:
+        return line + f" (does not fit one {gpu_gib:.0f} GiB GPU)"
+    room = (1.0 - utilization) * gpu_gib
+    if others_gib * 1.2 > room:
+        most = (gpu_gib - others_gib * 1.2) / gpu_gib
+        line += (
+            f"; vLLM reserves {utilization:.0%} of the GPU (gpu_memory_utilization), leaving ≈{room:.1f} GiB: "
+            f"set it to at most {most:.2f} in the LLM's registry entry"
+        )
+    return line
 
 
 # ----------------------------------------------------------------------------------------------

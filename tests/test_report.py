@@ -235,6 +235,22 @@ def test_cli_report_loads_task_texts_from_data_dir(cli, tree: Path, tmp_path: Pa
     assert (out / "per_task.png").exists() and (out / "quality_vs_cost.png").exists()
 
 
+def test_cli_report_takes_the_compare_options(cli, tree: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    args = ["report", str(tree), "--out", str(out), "--no-texts", "--baseline", "0", "--test", "bootstrap",
+            "--resamples", "300", "--seed", "7", "--cost"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text(encoding="utf-8")
+    table = build_table(load_results([tree]), baseline=0, test="bootstrap", n_resamples=300, seed=7, cost=True)
+    t = table.rows[1].tests["sample"]
+    assert f"Δ {t.mean_diff:+.4f} [{t.ci_low:+.4f}, {t.ci_high:+.4f}], p {t.p_value:.4f}" in page
+    assert "300 resamples" in page
+    # --cost adds the stats columns; the unpriced rows show no dollars.
+    assert "<th>prompt tok</th>" in page and "<th>cost $</th>" in page
+    assert "0.0000" not in re.sub(r"Δ [^<]*", "", page.split('id="cmp-table"')[1].split("</table>")[0])
+
+
 def test_cli_report_without_texts_and_with_missing_data(cli, tree: Path, tmp_path: Path):
     runner = CliRunner()
     res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "a"), "--no-texts", "--cost-axis", "time"])

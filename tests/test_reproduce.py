@@ -155,6 +155,26 @@ def test_dry_run_commands_and_needs(tmp_path):
     assert "--data-dir" in big.command
 
 
+def test_dry_run_adds_up_an_llm_and_an_encoder_on_one_gpu(tmp_path):
+    grid = load_grid("gar")
+    entry = next(e for e in grid.entries if e.label == "hyde/qwen-7b/nv")
+    registries = Registries.load()
+    # qwen-7b: 7.6e9 * 2 B = 14.16 GiB; nv: 7.85e9 * 2 B = 14.62 GiB; with a fifth more: 34.5 GiB.
+    # llms.yaml runs qwen-7b with gpu_memory_utilization 0.85: vLLM leaves 12.0 GiB of 80, less
+    # than nv's 17.5; 0.78 of the GPU leaves it room.
+    needs = entry_needs(entry, registries=registries)
+    assert needs.gpu[2] == (
+        "together (estimate, if resident at once): ≈14.2 GiB LLM share + ≈14.6 GiB encoder/reranker "
+        "weights, ≈34.5 GiB with a fifth for activations and KV cache; vLLM reserves 85% of the GPU "
+        "(gpu_memory_utilization), leaving ≈12.0 GiB: set it to at most 0.78 in the LLM's registry entry"
+    )
+    small = entry_needs(entry, gpu_gib=24, registries=registries)
+    assert small.gpu[2].endswith("≈34.5 GiB with a fifth for activations and KV cache (does not fit one 24 GiB GPU)")
+    # One model on the GPU: no sum.
+    alone = next(e for e in grid.entries if e.label == "hyde/qwen-7b/bm25-compat")
+    assert len(entry_needs(alone, registries=registries).gpu) == 1
+
+
 def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch):
     grid = load_grid("rerank")
     out = tmp_path / "results"

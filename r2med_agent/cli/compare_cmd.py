@@ -108,13 +108,16 @@ def report_command(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row index, or method/llm/retriever (plus /reranker), to test the others against."),
     test: str = typer.Option("permutation", "--test", help="permutation or bootstrap."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level."),
+    resamples: int = typer.Option(10_000, "--resamples", help="Random permutations or bootstrap resamples."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks, to the table."),
     cost_axis: str = typer.Option("auto", "--cost-axis", help="x axis of the quality/cost plot: auto, usd, tokens, llm-time, time."),
     title: str = typer.Option("r2med-agent report", "--title", help="Page title."),
 ) -> None:
     """Plots and one self-contained HTML page: the table, the plots and a per-query drill-down."""
     from r2med_agent.report import write_report
 
-    table = _load_table(results, metric, tasks, published, baseline, test, alpha, 10_000, 0, False)
+    table = _load_table(results, metric, tasks, published, baseline, test, alpha, resamples, seed, cost)
     loaded = {}
     if texts:
         from r2med_agent.data import load_task
