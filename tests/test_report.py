@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,9 +13,9 @@ from typer.testing import CliRunner
 from r2med_agent.compare import build_table, load_results
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.report import drilldown_data, write_report
+from tests.browser import CHROMIUM, PageReport, load_page
 from tests.result_trees import CORPUS, GOOD, MIXED, QRELS, QUERIES, WEAK, make_task, ranking, write_result
 
-CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # Twelve documents for q2, so the drill-down cuts the list at ten.
@@ -72,18 +71,20 @@ def embedded_data(page: str) -> dict:
     return json.loads(m.group(1))
 
 
-def chromium(tmp_path: Path, url: str, *extra: str) -> str:
+def open_page(url: str) -> PageReport:
+    """The page loaded in headless Chromium over DevTools (tests/browser.py)."""
     if not CHROMIUM.exists():
         pytest.skip("needs headless Chromium: chromium on PATH or /usr/bin/chromium (apt-get install chromium)")
-    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
-    cmd = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}", *extra, url,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
+    return load_page(url)
+
+
+def clean_page(url: str) -> str:
+    """Load ``url``; fail on any script exception, console or log error, external request or image
+    that does not decode; return the DOM."""
+    page = open_page(url)
+    assert page.problems() == []
+    assert js_errors(page.dom) == ""
+    return page.dom
 
 
 def js_errors(dom: str) -> str:
@@ -98,9 +99,15 @@ def test_report_writes_plots_and_a_self_contained_page(report: Path):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
     page = report.read_text(encoding="utf-8")
-    # No network: no external scripts, styles or images; both plots inline.
+    # No network: no external scripts, styles or images; both plots inline. Outside the data block
+    # (texts the user's runs hold) the page's own markup, CSS and JS name no URL, CSS url() or
+    # @import, and make no fetch/XHR (test_the_page_check_... covers the same in Chromium).
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)
     assert "<link" not in page and "<script src" not in page
+    code = re.sub(r'<script type="application/json" id="r2med-data">.*?</script>', "", page, flags=re.S)
+    code = re.sub(r'"data:image/png;base64,[A-Za-z0-9+/=]+"', '""', code)
+    for needle in ("url(", "@import", "fetch(", "XMLHttpRequest", "http://", "https://", "//cdn"):
+        assert needle not in code, needle
     assert page.count('src="data:image/png;base64,') == 2
     # The hostile generated text cannot close the data script early: every script tag pairs up,
     # and the data block parses whole (test_drilldown_data_matches_the_run_files reads it back).
@@ -160,8 +167,7 @@ def test_drilldown_without_task_data_uses_the_generations_file(tree: Path):
 
 
 def test_chromium_opens_the_drilldown_from_the_url_fragment(report: Path, tmp_path: Path):
-    dom = chromium(tmp_path, report.as_uri() + "#row=1&task=sample&query=q1", "--dump-dom")
-    assert js_errors(dom) == ""
+    dom = clean_page(report.as_uri() + "#row=1&task=sample&query=q1")
     m = re.search(r'<div id="drilldown"[^>]*data-row="1"[^>]*>(.*)', dom, re.S)
     assert m is not None, "the drill-down did not open row 1"
     drill = m.group(1)
@@ -177,8 +183,7 @@ def test_chromium_opens_the_drilldown_from_the_url_fragment(report: Path, tmp_pa
 
 
 def test_chromium_shows_an_agent_trace_and_missed_relevant_documents(report: Path, tmp_path: Path):
-    dom = chromium(tmp_path, report.as_uri() + "#row=2&task=sample&query=q3", "--dump-dom")
-    assert js_errors(dom) == ""
+    dom = clean_page(report.as_uri() + "#row=2&task=sample&query=q3")
     trace = re.search(r'<div id="dd-trace">(.*?)</div>\s*<h3>Final response', dom, re.S)
     assert trace is not None
     assert "search: fever vaccine cause" in trace.group(1) and "retrieved: d3, d11" in trace.group(1)
@@ -191,8 +196,45 @@ def test_the_error_box_catches_script_errors(report: Path, tmp_path: Path):
     broken = tmp_path / "broken.html"
     page = report.read_text(encoding="utf-8")
     broken.write_text(page.replace("</body>", "<script>noSuchFunction();</script></body>"), encoding="utf-8")
-    dom = chromium(tmp_path, broken.as_uri(), "--dump-dom")
-    assert "noSuchFunction" in js_errors(dom)
+    loaded = open_page(broken.as_uri())
+    assert "noSuchFunction" in js_errors(loaded.dom)
+    assert any("noSuchFunction" in e for e in loaded.exceptions)
+
+
+@pytest.mark.parametrize(
+    ("injected", "kind", "needle"),
+    [
+        ('<script>console.error("drill-down broke")</script>', "console error", "drill-down broke"),
+        ('<img alt="x" src="data:image/png;base64,AAAA">', "image did not decode", "data:image/png;base64,AAAA"),
+        ("<style>body { background: url(http://example.invalid/bg.png); }</style>", "external request",
+         "http://example.invalid/bg.png"),
+        ('<style>@import url("https://example.invalid/theme.css");</style>', "external request",
+         "https://example.invalid/theme.css"),
+        ('<script>fetch("https://example.invalid/data.json").catch(function () {});</script>', "external request",
+         "https://example.invalid/data.json"),
+        ('<img alt="x" src="per_task.png">', "external request", "/per_task.png"),
+    ],
+)
+def test_the_page_check_catches_what_a_static_page_must_not_do(report: Path, tmp_path: Path, injected, kind, needle):
+    # The checker behind clean_page is only worth something if it fails: one fault at a time.
+    bad = report.parent / "bad.html"  # beside per_task.png: a relative reference would load
+    bad.write_text(report.read_text(encoding="utf-8").replace("</body>", injected + "</body>"), encoding="utf-8")
+    problems = open_page(bad.as_uri()).problems()
+    assert any(p.startswith(kind) and needle in p for p in problems), problems
+
+
+def chromium(tmp_path: Path, url: str, *extra: str) -> str:
+    if not CHROMIUM.exists():
+        pytest.skip("needs headless Chromium: chromium on PATH or /usr/bin/chromium (apt-get install chromium)")
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", *extra, url,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
 
 
 def test_chromium_screenshot(report: Path, tmp_path: Path):
