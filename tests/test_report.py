@@ -39,7 +39,7 @@ def traces() -> list[dict]:
              {"generated": "<think>search it</think><search>fever vaccine cause</search>",
               "search_query": "fever vaccine cause", "doc_ids": ["d3", "d11"], "inserted": "Doc 1 (Title: ...)",
               "prompt_tokens": 50, "completion_tokens": 20},
-             {"generated": "<answer>an immune response</answer>", "search_query": None, "doc_ids": [],
+             {"generated": "\n\n<answer>an immune response</answer>\n", "search_query": None, "doc_ids": [],
               "inserted": "", "prompt_tokens": 80, "completion_tokens": 10},
          ], "extra": {}}
         for q in QUERIES
@@ -144,7 +144,10 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
     assert q2["run_length"] == 12
     assert q2["relevant_ranks"] == {"d2": 11}  # relevant, but below the top 10
     assert data["results"]["1"]["sample"]["q1"]["generation"]["text"] == HOSTILE
-    assert data["results"]["2"]["sample"]["q3"]["trace"]["steps"][0]["search_query"] == "fever vaccine cause"
+    steps = data["results"]["2"]["sample"]["q3"]["trace"]["steps"]
+    assert steps[0]["search_query"] == "fever vaccine cause"
+    # A step that continues after inserted documents starts with newlines: shown without them.
+    assert steps[1]["generated"] == "<answer>an immune response</answer>"
     task = data["tasks"]["sample"]
     assert task["queries"] == QUERIES and task["qrels"] == QRELS
     # Document texts: only documents some row shows in its top 10, cut to doc_chars.
@@ -152,6 +155,15 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
     assert set(task["docs"]) == shown
     assert "d6" in CORPUS and "d6" not in task["docs"]  # in the corpus, never ranked
     assert task["docs"]["d1"].startswith(CORPUS["d1"][:12]) and "more characters" in task["docs"]["d1"]
+
+
+def test_coinciding_points_share_one_label():
+    from r2med_agent.report import _clusters
+
+    # Rows 0 and 1 both at x=0 (no LLM cost) with nearly the same score; row 2 far away; row 3
+    # at x=0 with another score.
+    points = [(0.0, 0.500), (0.0, 0.502), (3.0, 0.6), (0.0, 0.3)]
+    assert _clusters(points, dx=0.09, dy=0.012) == [[0, 1], [2], [3]]
 
 
 def test_drilldown_without_task_data_uses_the_generations_file(tree: Path):
