@@ -745,17 +745,20 @@ def _fmt_test(t: PairedTest | None) -> str:
 
 def significance_grid(table: ComparisonTable) -> tuple[list[str], list[list[str]]]:
     """Per row and task (and Avg) the test against the baseline: difference of means (with the
-    bootstrap's 95% interval), p-value and win/tie/loss counts. Empty without a baseline."""
+    bootstrap's 95% interval), p-value and win/tie/loss counts. Empty without a baseline; no Avg
+    column with one task (it would repeat the task's)."""
     if table.baseline is None:
         return [], []
-    headers = ["#", "configuration", *table.tasks, "Avg"]
+    with_avg = len(table.tasks) > 1
+    headers = ["#", "configuration", *table.tasks, *(["Avg"] if with_avg else [])]
     body = []
     for r in table.rows:
         if r.index == table.baseline:
             continue
         cells = [str(r.index), r.row.label]
         cells += [_fmt_test(r.tests.get(t)) for t in table.tasks]
-        cells.append(_fmt_test(r.tests.get(OVERALL)))
+        if with_avg:
+            cells.append(_fmt_test(r.tests.get(OVERALL)))
         body.append(cells)
     return headers, body
 

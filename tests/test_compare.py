@@ -285,6 +285,7 @@ def test_per_task_tests_reach_csv_and_markdown(tmp_path):
         assert overall.wins == hyde.tests["Biology"].wins + hyde.tests["sample"].wins
         md = render_markdown(table)
         assert "Against the baseline, row 0 (none/none/bm25):" in md
+        assert "| # | configuration | Biology | sample | Avg |" in md
         line = next(x for x in md.splitlines() if x.startswith("| 1 | hyde/qwen-7b/bm25 | Δ"))
         bio = hyde.tests["Biology"]
         if test == "bootstrap":
