@@ -386,6 +386,11 @@ def published_results() -> PublishedResults:
     return PublishedResults()
 
 
+PUBLISHED_RETRIEVERS: dict[str, str] = {"bm25-compat": "bm25"}
+"""Run retriever names -> the published CSV's name for the same retriever. ``bm25-compat`` is the
+reference's own BM25 (gensim ``LuceneBM25Model`` weights on query and documents), the scoring
+behind every BM25 number of the paper."""
+
 RowAliases = Mapping[tuple[str, str, str, str], PublishedKey]
 """``(method, llm, retriever, reranker)`` of a result row -> its name in the published CSV."""
 
@@ -407,14 +412,16 @@ def published_key(
     """The published configuration matching ``row``, or None.
 
     Rows match by name as the CSV spells them (method ``none`` for plain retrieval; the CSV's llm
-    is empty where the row's is ``none``). A row run under other names matches through ``aliases``
+    is empty where the row's is ``none``), with the retriever renamed by PUBLISHED_RETRIEVERS
+    (``bm25-compat`` -> ``bm25``). A row run under other names matches through ``aliases``
     (default: the package reproduction grids, whose entries may carry a ``published:`` override).
     """
     published = published or published_results()
     llm = "" if row.llm in (NO_LLM, "", "-") else row.llm
-    key = PublishedKey(row.method, llm, row.retriever, row.reranker)
-    if key in published:
-        return key
+    for retriever in dict.fromkeys([row.retriever, PUBLISHED_RETRIEVERS.get(row.retriever, row.retriever)]):
+        key = PublishedKey(row.method, llm, retriever, row.reranker)
+        if key in published:
+            return key
     alias = (grid_aliases() if aliases is None else aliases).get(row.key)
     return alias if alias is not None and alias in published else None
 
@@ -496,8 +503,10 @@ class ComparisonTable:
             )
             notes.append(
                 f"{BETTER_MARK}/{WORSE_MARK}: better/worse than the baseline, row {self.baseline} ({base}), "
-                f"with p < {self.alpha:g} ({how}); the Avg column's test, W/T/L and p pool all queries "
-                "of the tasks both rows have"
+                f"with p < {self.alpha:g} ({how}). The Avg column's test is stratified by task: its "
+                "statistic is the mean over the tasks both rows have of the per-task mean differences "
+                "(every task weighs the same, as in the average), with signs flipped per query or "
+                "queries resampled within each task; W/T/L counts queries over those tasks"
             )
         if self.with_published:
             notes.append(
@@ -571,7 +580,7 @@ def build_table(
         tasks: columns to show (default: every task any row has, R2MED order first).
         published: add the paper's scores (matched by :func:`published_key`).
         baseline: a row index or ``method/llm/retriever[/reranker]``; every other row is tested
-            against it, per task and over the pooled queries.
+            against it, per task and over the tasks (stratified: each task weighs the same).
         alpha: significance level of the markers.
         test: ``permutation`` or ``bootstrap``.
         n_resamples: Monte Carlo permutations / bootstrap resamples.
@@ -730,6 +739,34 @@ def text_grid(table: ComparisonTable) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
+def _fmt_test(t: PairedTest | None) -> str:
+    """``Δ +0.0500 [+0.0100, +0.0900], p 0.0312, W/T/L 4/1/1`` (the interval with bootstrap only)."""
+    if t is None:
+        return MISSING
+    ci = f" [{t.ci_low:+.4f}, {t.ci_high:+.4f}]" if t.ci_low is not None and t.ci_high is not None else ""
+    return f"Δ {t.mean_diff:+.4f}{ci}, p {_fmt_p(t.p_value)}, W/T/L {t.wins}/{t.ties}/{t.losses}"
+
+
+def significance_grid(table: ComparisonTable) -> tuple[list[str], list[list[str]]]:
+    """Per row and task (and Avg) the test against the baseline: difference of means (with the
+    bootstrap's 95% interval), p-value and win/tie/loss counts. Empty without a baseline; no Avg
+    column with one task (it would repeat the task's)."""
+    if table.baseline is None:
+        return [], []
+    with_avg = len(table.tasks) > 1
+    headers = ["#", "configuration", *table.tasks, *(["Avg"] if with_avg else [])]
+    body = []
+    for r in table.rows:
+        if r.index == table.baseline:
+            continue
+        cells = [str(r.index), r.row.label]
+        cells += [_fmt_test(r.tests.get(t)) for t in table.tasks]
+        if with_avg:
+            cells.append(_fmt_test(r.tests.get(OVERALL)))
+        body.append(cells)
+    return headers, body
+
+
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -743,6 +780,13 @@ def render_markdown(table: ComparisonTable) -> str:
     lines.append("|" + "|".join("---" if i < n_keys else "---:" for i in range(len(headers))) + "|")
     for cells in body:
         lines.append("| " + " | ".join(map(_md_escape, cells)) + " |")
+    sig_headers, sig_body = significance_grid(table)
+    if sig_body:
+        lines += ["", f"Against the baseline, row {table.baseline} ({table.rows[table.baseline].row.label}):", ""]
+        lines.append("| " + " | ".join(map(_md_escape, sig_headers)) + " |")
+        lines.append("|---|---|" + "|".join("---:" for _ in sig_headers[2:]) + "|")
+        for cells in sig_body:
+            lines.append("| " + " | ".join(map(_md_escape, cells)) + " |")
     notes = table.footnotes()
     if notes:
         lines.append("")
@@ -758,19 +802,25 @@ def render_csv(table: ComparisonTable) -> str:
     """CSV with full-precision numbers (empty cells where there is no value).
 
     Columns: index, method, llm, retriever, reranker, [results], per task ``<task>`` (and
-    ``<task>_published``, ``<task>_diff``, ``<task>_p``), ``avg``, ``avg_tasks`` (how many tasks
-    the average covers), ``avg_missing`` (``;``-joined), the published/diff/p columns of the
-    average, ``wins``, ``ties``, ``losses``, and the summed stats.
+    ``<task>_published``, ``<task>_diff``; against a baseline ``<task>_p``, ``<task>_wins``,
+    ``<task>_ties``, ``<task>_losses`` and, with the bootstrap test, ``<task>_ci_low`` and
+    ``<task>_ci_high``: the 95% interval of the difference of means), ``avg``, ``avg_tasks``
+    (how many tasks the average covers), ``avg_missing`` (``;``-joined), the published/diff
+    columns of the average, ``avg_p``, ``wins``, ``ties``, ``losses`` (queries over all tested
+    tasks), ``avg_ci_low``/``avg_ci_high`` (bootstrap), and the summed stats.
     """
     pub, base = table.with_published, table.baseline is not None
+    ci = base and table.test == "bootstrap"
     headers = ["index", "method", "llm", "retriever", "reranker"] + (["results"] if table.show_source else [])
     for t in table.tasks:
         headers.append(t)
         headers += [f"{t}_published", f"{t}_diff"] if pub else []
-        headers += [f"{t}_p"] if base else []
+        headers += [f"{t}_p", f"{t}_wins", f"{t}_ties", f"{t}_losses"] if base else []
+        headers += [f"{t}_ci_low", f"{t}_ci_high"] if ci else []
     headers += ["avg", "avg_tasks", "avg_missing"]
     headers += ["avg_published", "avg_diff"] if pub else []
     headers += ["avg_p", "wins", "ties", "losses"] if base else []
+    headers += ["avg_ci_low", "avg_ci_high"] if ci else []
     headers += list(STATS_KEYS) if table.with_cost else []
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -778,6 +828,13 @@ def render_csv(table: ComparisonTable) -> str:
 
     def diff(a: float | None, b: float | None) -> str:
         return "" if a is None or b is None else repr(a - b)
+
+    def test_cells(test: PairedTest | None) -> list[str]:
+        """p, wins, ties, losses (and the interval with the bootstrap), empty without a test."""
+        if test is None:
+            return [""] * (6 if ci else 4)
+        cells = [_csv_num(test.p_value), str(test.wins), str(test.ties), str(test.losses)]
+        return cells + ([_csv_num(test.ci_low), _csv_num(test.ci_high)] if ci else [])
 
     for r in table.rows:
         rec = [str(r.index), r.row.method, r.row.llm, r.row.retriever, r.row.reranker]
@@ -787,17 +844,12 @@ def render_csv(table: ComparisonTable) -> str:
             if pub:
                 rec += [_csv_num(r.published.get(t)), diff(r.values[t], r.published.get(t))]
             if base:
-                test = r.tests.get(t)
-                rec.append(_csv_num(test.p_value) if test else "")
+                rec += test_cells(r.tests.get(t))
         rec += [_csv_num(r.average), str(len(table.tasks) - len(r.missing_tasks)), ";".join(r.missing_tasks)]
         if pub:
             rec += [_csv_num(r.published_average), diff(r.average, r.published_average)]
         if base:
-            test = r.tests.get(OVERALL)
-            if test is None:
-                rec += [""] * 4
-            else:
-                rec += [_csv_num(test.p_value), str(test.wins), str(test.ties), str(test.losses)]
+            rec += test_cells(r.tests.get(OVERALL))
         if table.with_cost:
             rec += [_csv_num(r.totals.get(k)) for k in STATS_KEYS]
         w.writerow(rec)

@@ -2,7 +2,8 @@
 
 :func:`write_report` writes into one folder:
 
-* ``per_task.png``: grouped bars, one group per task (and the average), one bar per result row;
+* ``per_task.png``: grouped bars, one group per task (and the average over several tasks), one
+  bar per result row;
 * ``quality_vs_cost.png``: average score against cost (dollars, tokens or model time);
 * ``report.html``: one static file with no network access: the comparison table, both plots
   (embedded as base64), and a per-query drill-down: pick a row, a task and a query to see the
@@ -31,6 +32,7 @@ from r2med_agent.compare import (
     TableRow,
     key_headers,
     render_markdown,
+    significance_grid,
     text_grid,
 )
 from r2med_agent.errors import ConfigError
@@ -69,9 +71,11 @@ def _short(r: TableRow) -> str:
 
 
 def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
-    """Grouped bars: one group per task plus the average, one bar per row (hatched: partial average)."""
+    """Grouped bars: one group per task plus the average (left out when there is one task), one
+    bar per row (hatched: partial average)."""
     plt = _pyplot()
-    groups = [*table.tasks, "Avg"]
+    with_avg = len(table.tasks) > 1  # with one task the average is that task's bar again
+    groups = [*table.tasks, "Avg"] if with_avg else list(table.tasks)
     n = len(table.rows)
     width = 0.8 / max(n, 1)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(groups) + 0.25 * n), 4.8), dpi=110)
@@ -85,7 +89,7 @@ def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
                 ys.append(v)
         color = cmap(i % cmap.N)
         ax.bar(xs, ys, width=width, color=color, label=_short(r))
-        if r.average is not None:
+        if with_avg and r.average is not None:
             ax.bar(
                 [len(table.tasks) - 0.4 + width * (i + 0.5)],
                 [r.average],
@@ -97,7 +101,7 @@ def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=25, ha="right")
     ax.set_ylabel(table.metric)
-    hatched = any(r.partial for r in table.rows)
+    hatched = with_avg and any(r.partial for r in table.rows)
     ax.set_title(f"{table.metric} per task" + (" (hatched: average over fewer tasks)" if hatched else ""))
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
@@ -111,12 +115,14 @@ def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
     return path
 
 
-def _cost_values(table: ComparisonTable, axis: str) -> tuple[str, list[float]]:
+def _cost_values(table: ComparisonTable, axis: str) -> tuple[str, list[float | None]]:
+    """The x label and per-row x values of the quality/cost plot; on the dollar axis a row
+    without a price (self-hosted model, no LLM: ``cost_usd`` null) has None, never $0."""
     totals = [r.row.totals(table.tasks) for r in table.rows]
 
-    def series(name: str) -> list[float]:
+    def series(name: str) -> list[float | None]:
         if name == "usd":
-            return [t.get("cost_usd", 0.0) for t in totals]
+            return [t.get("cost_usd") for t in totals]
         if name == "tokens":
             return [t.get("prompt_tokens", 0.0) + t.get("completion_tokens", 0.0) for t in totals]
         if name == "llm-time":
@@ -131,7 +137,7 @@ def _cost_values(table: ComparisonTable, axis: str) -> tuple[str, list[float]]:
     }
     if axis == "auto":
         for name in ("usd", "tokens", "time"):
-            if any(v > 0 for v in series(name)):
+            if any(v is not None and v > 0 for v in series(name)):
                 return labels[name], series(name)
         return labels["time"], series("time")
     if axis not in labels:
@@ -139,15 +145,38 @@ def _cost_values(table: ComparisonTable, axis: str) -> tuple[str, list[float]]:
     return labels[axis], series(axis)
 
 
+def _clusters(points: Sequence[tuple[float, float]], dx: float, dy: float) -> list[list[int]]:
+    """Indices of ``points`` grouped greedily: a point joins the first group whose first point is
+    within ``dx`` and ``dy`` of it (points drawn on top of each other share one label)."""
+    groups: list[list[int]] = []
+    for i, (x, y) in enumerate(points):
+        for g in groups:
+            gx, gy = points[g[0]]
+            if abs(x - gx) <= dx and abs(y - gy) <= dy:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
 def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "auto") -> Path:
-    """Average score (y) against cost (x), one labelled point per row (hollow: partial average)."""
+    """Average score (y) against cost (x), one point per row (hollow: partial average).
+
+    Points carry their row numbers (points that nearly coincide share one label, ``0, 1``) and
+    the legend below names the rows. On the dollar axis rows without a price are left out, and
+    the axis label says which.
+    """
     plt = _pyplot()
     xlabel, xs = _cost_values(table, axis)
-    fig, ax = plt.subplots(figsize=(7.5, 5.0), dpi=110)
+    shown = [(r, x) for r, x in zip(table.rows, xs) if r.average is not None and x is not None]
+    unpriced = [r.index for r, x in zip(table.rows, xs) if r.average is not None and x is None]
+    if unpriced:
+        xlabel += f"\nrows without a price left out: {', '.join(map(str, unpriced))}"
+    n = len(shown)
+    fig, ax = plt.subplots(figsize=(7.5, 4.6 + 0.2 * ((n + 1) // 2)), dpi=110)
     cmap = plt.get_cmap("tab10" if len(table.rows) <= 10 else "tab20")
-    for r, x in zip(table.rows, xs):
-        if r.average is None:
-            continue
+    for r, x in shown:
         color = cmap(r.index % cmap.N)
         ax.scatter(
             [x],
@@ -157,21 +186,34 @@ def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "
             edgecolors=color,
             linewidths=2,
             zorder=3,
+            label=f"{r.index}: {r.row.label}" + (PARTIAL_MARK if r.partial else ""),
         )
-        ax.annotate(
-            f"{r.index}: {r.row.label}" + (PARTIAL_MARK if r.partial else ""),
-            (x, r.average),
-            textcoords="offset points",
-            xytext=(6, 4),
-            fontsize=8,
+    if shown:
+        px = [float(x) for _, x in shown]
+        py = [float(r.average) for r, _ in shown]  # type: ignore[arg-type]
+        dx = 0.03 * ((max(px) - min(px)) or 1.0)
+        dy = 0.04 * ((max(py) - min(py)) or 1.0)
+        for group in _clusters(list(zip(px, py)), dx, dy):
+            first = group[0]
+            ax.annotate(
+                ", ".join(str(shown[i][0].index) for i in group),
+                (px[first], py[first]),
+                textcoords="offset points",
+                xytext=(7, 5),
+                fontsize=9,
+                fontweight="bold",
+            )
+        ax.legend(
+            fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2 if unpriced else -0.15),
+            ncol=min(2, n), frameon=False,
         )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"average {table.metric}")
     ax.set_title(f"average {table.metric} against cost")
     ax.grid(alpha=0.3)
-    ax.margins(x=0.25, y=0.15)
-    if xs and min(xs) >= 0:  # costs are never negative: no axis below 0 from the margins
-        ax.set_xlim(left=-0.04 * (max(xs) or 1.0))
+    ax.margins(x=0.15, y=0.15)
+    if shown and min(x for _, x in shown) >= 0:  # costs are never negative: no axis below 0
+        ax.set_xlim(left=-0.04 * (max(x for _, x in shown) or 1.0))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
@@ -207,7 +249,7 @@ def _trace_view(rec: Mapping[str, Any], limit: int) -> dict[str, Any]:
             continue
         steps.append(
             {
-                "generated": _cut(s.get("generated"), limit),
+                "generated": _cut((s.get("generated") or "").strip(), limit),
                 "search_query": s.get("search_query"),
                 "doc_ids": [str(d) for d in s.get("doc_ids") or []],
                 "inserted": _cut(s.get("inserted"), limit),
@@ -355,6 +397,7 @@ def render_html(
     )
     template = env.get_template("report.html.j2")
     headers, body = text_grid(table)
+    sig_headers, sig_body = significance_grid(table)
     return template.render(
         title=title,
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -363,6 +406,9 @@ def render_html(
         n_keys=len(key_headers(table)),
         body=[(r.index, cells) for r, cells in zip(table.rows, body)],
         baseline=table.baseline,
+        baseline_label=table.rows[table.baseline].row.label if table.baseline is not None else "",
+        sig_headers=sig_headers,
+        sig_body=sig_body,
         footnotes=table.footnotes(),
         plots=[(name, _png_data_uri(p)) for name, p in plots.items()],
         data_json=_json_for_script(data),

@@ -1,22 +1,29 @@
 """Reproduction grids: each published R2MED configuration beside the command that reproduces it.
 
 In the spirit of pyserini's ``2cr/*.yaml``: ``configs/reproduce/<table>.yaml`` lists the run
-arguments of every configuration of one of the paper's tables; the scores each must reproduce are
-taken from the packaged published CSV when the grid is loaded (so they cannot drift from it), and
-loading fails when an entry has none. ``--dry-run`` reports what each entry needs: GPU memory
-(sizes from ``configs/reproduce/models.yaml``), API keys and hub access (from the LLM, encoder and
-reranker registries).
+arguments of every configuration of one of the paper's tables beside the per-task nDCG@10 it must
+reproduce (``ndcg_at_10``). A package grid must give all 8 tasks, equal to the packaged published
+CSV (loading checks both; the comparison table reads the CSV). ``--dry-run`` prints each command
+with its scores and what it needs: GPU memory (sizes from ``configs/reproduce/models.yaml``), API
+keys and hub access (from the LLM, encoder and reranker registries).
 
 Grid file::
 
     title: Generation-augmented retrieval (HyDE, Query2Doc, LameR)
     entries:
-      - {method: hyde, llm: qwen-7b, retriever: bm25}
-      - {method: none, retriever: nv, reranker: monobert, args: {rerank_k: 100}}
-      # run names that differ from the CSV's: published: {retriever: nv}
+      - {method: hyde, llm: qwen-7b, retriever: bm25-compat, published: {retriever: bm25},
+         ndcg_at_10: {Biology: 0.21817, Bioinformatics: 0.26437, ...}}
+      - {method: none, retriever: nv, reranker: monobert, args: {rerank_k: 100}, ndcg_at_10: {...}}
+
+``published`` names the CSV row where the run's names differ from it. A grid of your own may leave
+``ndcg_at_10`` out: the CSV's scores of the entry's published name are used (none when it has none).
 
 :func:`reproduce` runs each entry through :func:`_run_one` (the runner, in-process), skipping
-tasks whose result files exist, then returns the side-by-side comparison table.
+tasks whose result files exist and were made with the entry's settings, then returns the
+side-by-side comparison table. A result file made otherwise is *stale* and is run again: its
+recorded ``config`` differs from the entry's run config in a setting that decides the scores
+(STALE_KEYS), or its data differs (local and package data: the ``corpus_fingerprint`` of the
+corpus the entry would load; hub data: the ``source``, a pinned ``repo@revision``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,14 @@ GPU_GIB = 80.0
 BYTES_PER_PARAM = 2
 """bf16/fp16 weights."""
 
+STALE_KEYS: tuple[str, ...] = (
+    "method", "llm", "retriever", "loop_retriever", "reranker", "rerank_k", "top_k", "final", "sampling",
+)
+"""RunConfig fields that decide a run's scores: a result file whose recorded ``config`` differs in
+one of them from the entry's is stale (the result folder's name holds only some of them). Fields
+that do not apply are not compared: ``loop_retriever`` and ``final`` outside the agentic methods
+(an unset loop retriever is the final one), ``rerank_k`` without a reranker."""
+
 RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "top_k")
 """Run options a grid entry may set in ``args``: RunConfig fields that are also ``run`` flags
 (``rerank_k`` -> ``--rerank-k``)."""
@@ -78,6 +93,7 @@ class GridEntry:
         reranker: reranker registry name ("" for none).
         args: further run options (RUN_ARGS: ``loop_retriever``, ``final``, ``rerank_k``, ``top_k``).
         published: the names this configuration has in the published CSV, where they differ.
+        ndcg_at_10: the published nDCG@10 per task this entry must reproduce.
         note: free text shown by ``--dry-run``.
     """
 
@@ -87,6 +103,7 @@ class GridEntry:
     reranker: str = ""
     args: dict[str, Any] = field(default_factory=dict)
     published: PublishedName = field(default_factory=PublishedName)
+    ndcg_at_10: dict[str, float] = field(default_factory=dict)
     note: str = ""
 
     @property
@@ -145,7 +162,8 @@ class _GridFile:
 
 @dataclass(frozen=True)
 class Grid:
-    """A loaded grid: its entries and, per entry, the published scores (task -> nDCG@10)."""
+    """A loaded grid: its entries and, per entry, the published scores (task -> nDCG@10: the
+    entry's ``ndcg_at_10``, else the published CSV's)."""
 
     name: str
     title: str
@@ -153,7 +171,7 @@ class Grid:
     path: Path
     entries: tuple[GridEntry, ...]
     published: tuple[dict[str, float], ...]
-    """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for a custom entry)."""
+    """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for an unpublished entry)."""
 
 
 def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
@@ -161,12 +179,12 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
 
     Args:
         name_or_path: a name in TABLES or a YAML file in the same format.
-        strict: every entry must have published scores for all 8 tasks (default: True for the
-            package's grids, False for other files).
+        strict: every entry must give ``ndcg_at_10`` for all 8 tasks, equal to the published CSV's
+            row of its published name (default: True for the package's grids, False for other files).
 
     Raises:
-        ConfigError: unknown table, malformed file, unknown keys, duplicate entries, or (strict) an
-            entry the published CSV does not have.
+        ConfigError: unknown table, malformed file, unknown keys, duplicate entries, scores that
+            are not numbers, or (strict) scores missing or different from the published CSV.
     """
     if isinstance(name_or_path, str) and name_or_path in TABLES:
         path = configs_dir() / "reproduce" / f"{name_or_path}.yaml"
@@ -201,14 +219,30 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
         if ident in seen:
             raise ConfigError(f"{where}: duplicate of entries[{seen[ident]}]")
         seen[ident] = i
-        s = pub.scores(entry.published_key, "ndcg_at_10")
-        if strict and set(s) != all_tasks:
-            raise ConfigError(
-                f"{where}: the published scores ({pub.path.name}) have "
-                f"{'no row for ' + str(entry.published_key) if not s else 'only ' + ', '.join(sorted(s))}; "
-                "fix the names or add published: {retriever: <CSV name>, ...}"
-            )
-        scores.append(s)
+        for task, value in entry.ndcg_at_10.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}: ndcg_at_10.{task} must be a number, got {value!r}")
+        csv_scores = pub.scores(entry.published_key, "ndcg_at_10")
+        if strict:
+            if set(csv_scores) != all_tasks:
+                has = "only " + ", ".join(sorted(csv_scores)) if csv_scores else f"no row for {entry.published_key}"
+                raise ConfigError(
+                    f"{where}: the published scores ({pub.path.name}) have {has}; "
+                    "fix the names or add published: {retriever: <CSV name>, ...}"
+                )
+            if set(entry.ndcg_at_10) != all_tasks:
+                missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
+                raise ConfigError(
+                    f"{where}: ndcg_at_10 must give the published score of each of the 8 tasks "
+                    f"({', '.join(r2med_tasks())}); wrong or missing: {', '.join(missing)}"
+                )
+            differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]
+            if differ:
+                raise ConfigError(
+                    f"{where}: ndcg_at_10 differs from {pub.path.name} on "
+                    + ", ".join(f"{t} ({entry.ndcg_at_10[t]} vs {csv_scores[t]})" for t in differ)
+                )
+        scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
     return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores))
 
 
@@ -345,6 +379,7 @@ def entry_needs(
     keys: list[str] = []
     hub: list[str] = []
     problems: list[str] = []
+    per_gpu: dict[str, float] = {}  # role -> GiB of weights on one GPU
 
     def weights(role: str, name: str, repos: Sequence[str], tp: int = 1) -> None:
         info = reg.models.get(name)
@@ -352,6 +387,7 @@ def entry_needs(
             problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
         else:
             gpu.append(_gpu_line(role, name, info, tp, gpu_gib))
+            per_gpu[role] = per_gpu.get(role, 0.0) + weights_gib(info.params_b) / tp
         gated = _GATED if info is not None and info.gated else ""
         hub.append(f"{', '.join(repos)} (weights){gated}")
 
@@ -384,9 +420,33 @@ def entry_needs(
             problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
         else:
             weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m])
+    llm_spec = reg.llms.get(entry.llm) if entry.llm else None
+    others = sum(v for role, v in per_gpu.items() if role != "LLM")
+    if "LLM" in per_gpu and others > 0 and llm_spec is not None:
+        gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
     if datasets:
         hub.append(f"datasets {', '.join(datasets)}")
     return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems))
+
+
+def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:
+    """The estimate for a vLLM LLM and GPU encoders/rerankers sharing a GPU: weights plus a fifth
+    for activations and KV cache, and whether vLLM's reservation leaves the others room."""
+    total = (llm_gib + others_gib) * 1.2
+    line = (
+        f"together (estimate, if resident at once): ≈{llm_gib:.1f} GiB LLM share + ≈{others_gib:.1f} GiB "
+        f"encoder/reranker weights, ≈{total:.1f} GiB with a fifth for activations and KV cache"
+    )
+    if total > gpu_gib:
+        return line + f" (does not fit one {gpu_gib:.0f} GiB GPU)"
+    room = (1.0 - utilization) * gpu_gib
+    if others_gib * 1.2 > room:
+        most = (gpu_gib - others_gib * 1.2) / gpu_gib
+        line += (
+            f"; vLLM reserves {utilization:.0%} of the GPU (gpu_memory_utilization), leaving ≈{room:.1f} GiB: "
+            f"set it to at most {most:.2f} in the LLM's registry entry"
+        )
+    return line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -412,7 +472,13 @@ class ReproduceOptions:
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One grid entry, its command, which tasks are done, and what it needs."""
+    """One grid entry, its command, which tasks are done, and what it needs.
+
+    Attributes:
+        done: tasks whose result files exist and match the entry (skipped).
+        pending: tasks to run: no result file, or a stale one.
+        stale: the pending tasks whose result file was made otherwise, with why.
+    """
 
     entry: GridEntry
     published: dict[str, float]
@@ -421,6 +487,7 @@ class PlannedRun:
     done: tuple[str, ...]
     pending: tuple[str, ...]
     needs: Needs
+    stale: dict[str, str] = field(default_factory=dict)
 
     @property
     def published_average(self) -> float | None:
@@ -431,6 +498,87 @@ class PlannedRun:
         return sum(self.published[t] for t in tasks) / len(tasks)
 
 
+def _settings(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The STALE_KEYS of a run config record, with what does not apply left out."""
+    from r2med_agent.methods import METHODS
+
+    method = rec.get("method")
+    out = {k: rec[k] for k in STALE_KEYS if k in rec}
+    if method == "none":
+        out.pop("llm", None)
+    if getattr(METHODS.get(str(method)), "agentic", False):
+        if out.get("loop_retriever") is None and "retriever" in out:
+            out["loop_retriever"] = out["retriever"]
+    else:
+        out.pop("loop_retriever", None)
+        out.pop("final", None)
+    if not rec.get("reranker"):
+        out.pop("rerank_k", None)
+        out["reranker"] = None
+    if "sampling" in out:
+        out["sampling"] = dict(out["sampling"] or {})
+    return out
+
+
+class _ExpectedData:
+    """Per task, where the entry's data comes from and (local and package data) its corpus
+    fingerprint; tasks are read at most once per plan, and only those with result files."""
+
+    def __init__(self, data_dir: Path | None) -> None:
+        self.data_dir = data_dir
+        self._known: dict[str, tuple[str, str | None]] = {}
+
+    def __call__(self, task: str) -> tuple[str, str | None]:
+        if task not in self._known:
+            from r2med_agent.data import get_task_spec, load_task
+
+            spec = get_task_spec(task)
+            if self.data_dir is None and spec.source != "package":
+                # Hub data at the registry's pinned revision: the source names the content.
+                self._known[task] = (spec.provenance, None)
+            else:
+                loaded = load_task(task, self.data_dir)
+                self._known[task] = (loaded.source, loaded.fingerprint)
+        return self._known[task]
+
+
+def stale_reason(path: Path, expected: Mapping[str, Any], data: tuple[str, str | None]) -> str | None:
+    """Why the result file ``path`` does not belong to a run with config record ``expected`` on
+    data ``(source, fingerprint)``, or None when it does.
+
+    Settings are compared over STALE_KEYS; the data by corpus fingerprint when the expected one is
+    known (local and package data), else by source (hub ``repo@revision``).
+    """
+    import json
+
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"unreadable result file ({type(e).__name__})"
+    if not isinstance(rec, Mapping) or not isinstance(rec.get("config"), Mapping):
+        return "no run config recorded"
+    have, want = _settings(rec["config"]), _settings(expected)
+    diffs = []
+    for key in STALE_KEYS:
+        if key not in want:
+            continue
+        if key not in have:
+            diffs.append(f"{key} not recorded")
+        elif have[key] != want[key]:
+            diffs.append(f"{key} {have[key]!r}, the entry {want[key]!r}")
+    source, fingerprint = data
+    if fingerprint is not None:
+        if rec.get("corpus_fingerprint") != fingerprint:
+            recorded = rec.get("corpus_fingerprint")
+            diffs.append(
+                "no corpus fingerprint recorded" if not recorded
+                else f"corpus changed (fingerprint {str(recorded)[:12]}, now {fingerprint[:12]})"
+            )
+    elif rec.get("source") != source:
+        diffs.append(f"data from {rec.get('source') or 'an unrecorded source'}, the entry loads {source}")
+    return "; ".join(diffs) or None
+
+
 def task_option(tasks: Sequence[str]) -> str:
     """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, else a comma list."""
     return "all" if tuple(tasks) == r2med_tasks() else ",".join(tasks)
@@ -438,14 +586,24 @@ def task_option(tasks: Sequence[str]) -> str:
 
 def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     """Every entry of ``grid`` with its command, finished/pending tasks and needs."""
+    from dataclasses import asdict
+
     registries = Registries.load()
     repos: dict[tuple[str, ...], list[str]] = {}
     task_arg = task_option(opts.tasks)
+    expected_data = _ExpectedData(opts.data_dir)
     out = []
     for entry, scores in zip(grid.entries, grid.published):
         cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir)
         rdir = cfg.result_dir()
-        done = tuple(t for t in opts.tasks if (rdir / f"{t}.json").exists())
+        want = asdict(cfg)
+        stale: dict[str, str] = {}
+        existing = [t for t in opts.tasks if (rdir / f"{t}.json").exists()]
+        for t in existing:
+            reason = stale_reason(rdir / f"{t}.json", want, expected_data(t))
+            if reason is not None:
+                stale[t] = reason
+        done = tuple(t for t in existing if t not in stale)
         pending = tuple(t for t in opts.tasks if t not in done)
         needed = pending or opts.tasks
         if needed not in repos:
@@ -459,27 +617,42 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 done=done,
                 pending=pending,
                 needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries),
+                stale=stale,
             )
         )
     return out
 
 
 def format_plan(planned: Sequence[PlannedRun]) -> str:
-    """The ``--dry-run`` listing: per entry its status, command, published average and needs."""
+    """The ``--dry-run`` listing: per entry its status, command, published scores (per task and
+    their average), stale results and needs."""
     lines = []
     for i, p in enumerate(planned):
-        status = "done" if not p.pending else ("partial" if p.done else "to run")
+        if p.stale:
+            status = "stale"
+        else:
+            status = "done" if not p.pending else ("partial" if p.done else "to run")
         avg = p.published_average
         paper = f"paper nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
         lines.append(f"[{i}] {p.entry.label}  ({status}; {paper})")
         lines.append(f"    {p.command}")
+        scores = [f"{t} {p.published[t]}" for t in (*p.done, *p.pending) if t in p.published]
+        if scores:
+            lines.append(f"    paper nDCG@10: {', '.join(scores)}")
         if p.done and p.pending:
             lines.append(f"    done: {', '.join(p.done)}; runs: {', '.join(p.pending)}")
+        for task, reason in p.stale.items():
+            lines.append(f"    stale {task} (runs again): {reason}")
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.note:
             lines.append(f"    note: {p.entry.note}")
     todo = sum(1 for p in planned if p.pending)
-    lines.append(f"{len(planned)} configuration(s): {todo} to run, {len(planned) - todo} already done")
+    stale = sum(1 for p in planned if p.stale)
+    lines.append(
+        f"{len(planned)} configuration(s): {todo} to run"
+        + (f" ({stale} with stale results)" if stale else "")
+        + f", {len(planned) - todo} already done"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -501,6 +674,8 @@ def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
         if not p.pending:
             logger.info("[%d/%d] %s: results exist, skipped", i + 1, len(planned), p.entry.label)
             continue
+        for task, reason in p.stale.items():
+            logger.warning("%s %s: stale result (%s); running it again", p.entry.label, task, reason)
         logger.info("[%d/%d] %s on %s", i + 1, len(planned), p.entry.label, ", ".join(p.pending))
         _run_one(p.entry, opts, p.pending)
     return results_table(grid, opts, planned)

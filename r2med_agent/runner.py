@@ -146,7 +146,15 @@ class ExperimentResult:
     llm_stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _generation_stats(gens: Sequence[Generation], price_in: float, price_out: float) -> dict[str, Any]:
+def _cost_usd(spec: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """Dollars at the LLM registry's prices (LLMSpec.cost_usd); None where there is no price
+    (self-hosted or local models, runs without an LLM), so tables show no invented $0."""
+    if spec is None or not (spec.price_in_per_mtok or spec.price_out_per_mtok):
+        return None
+    return round(spec.cost_usd(prompt_tokens, completion_tokens), 6)
+
+
+def _generation_stats(gens: Sequence[Generation], spec: Any) -> dict[str, Any]:
     made = [g for g in gens if not g.cached]
     p_in = sum(g.prompt_tokens for g in gens)
     p_out = sum(g.completion_tokens for g in gens)
@@ -160,7 +168,7 @@ def _generation_stats(gens: Sequence[Generation], price_in: float, price_out: fl
         # llm_time_new_s is what this run itself spent.
         "llm_time_s": round(sum(g.latency_s for g in gens), 4),
         "llm_time_new_s": round(sum(g.latency_s for g in made), 4),
-        "cost_usd": round((p_in * price_in + p_out * price_out) / 1e6, 6),
+        "cost_usd": _cost_usd(spec, p_in, p_out),
     }
 
 
@@ -220,8 +228,6 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
             )
     else:
         llm = None
-    price_in = getattr(spec, "price_in_per_mtok", 0.0) or 0.0
-    price_out = getattr(spec, "price_out_per_mtok", 0.0) or 0.0
 
     per_task_requests: dict[str, list[SearchRequest]] = {}
     per_task_gens: dict[str, list[Generation]] = {}
@@ -252,7 +258,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
             run = reranker.rerank(requests, run, corpus, cfg.rerank_k)
         retrieval_time = time.perf_counter() - t0
         ev = evaluate(run, task.qrels, cfg.scored_metrics, depth=cfg.top_k)
-        stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), price_in, price_out)
+        stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), spec)
         stats["retrieval_time_s"] = round(retrieval_time, 4)
         stats["index_time_s"] = round(index_time[task.name], 4)
         files = _write_task_files(cfg, out_dir, task, run, ev, stats, per_task_gens.get(task.name),
@@ -384,9 +390,9 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
     return [s.to_dict() for s in steps]
 
 
-def _task_stats(gens, traces, price_in: float, price_out: float) -> dict[str, Any]:
+def _task_stats(gens, traces, spec: Any) -> dict[str, Any]:
     if gens is not None:
-        return _generation_stats(gens, price_in, price_out)
+        return _generation_stats(gens, spec)
     if traces is not None:
         p_in = sum(s.prompt_tokens for t in traces for s in t.steps)
         p_out = sum(s.completion_tokens for t in traces for s in t.steps)
@@ -398,10 +404,10 @@ def _task_stats(gens, traces, price_in: float, price_out: float) -> dict[str, An
             "completion_tokens": p_out,
             "llm_time_s": round(sum(float(e.get("llm_time_s", 0.0)) for e in extra), 4),
             "llm_time_new_s": round(sum(float(e.get("llm_time_new_s", 0.0)) for e in extra), 4),
-            "cost_usd": round((p_in * price_in + p_out * price_out) / 1e6, 6),
+            "cost_usd": _cost_usd(spec, p_in, p_out),
         }
     return {"generations": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
-            "llm_time_s": 0.0, "llm_time_new_s": 0.0, "cost_usd": 0.0}
+            "llm_time_s": 0.0, "llm_time_new_s": 0.0, "cost_usd": None}
 
 
 def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests) -> list[Path]:

@@ -14,6 +14,14 @@ Both compare two systems scored on the same queries, through the per-query diffe
   ``p = (hits + 1) / (n_resamples + 1)`` where a hit is a resample with ``|mean| >= |mean(d)|``.
   The same resamples, unshifted, give a percentile confidence interval of the mean difference.
 
+Over several tasks (:func:`stratified_test`, the table's Avg column) the statistic is what that
+column shows: the mean over tasks of the per-task mean differences,
+``T = (1/K) * sum_k mean(d_k)``, so every task weighs the same whatever its number of queries
+(pooling the queries instead would let a 200-query task outvote a 6-query one, and could mark a
+row with the better average as significantly worse). The randomisation test flips the sign of each
+query's difference (queries stay in their task, so ``T`` becomes ``sum_k sum_i s_i d_ki / (K n_k)``);
+the bootstrap resamples queries within each task and averages the per-task means.
+
 Everything is seeded: the same inputs and seed give the same p-values.
 """
 
@@ -43,7 +51,7 @@ in sums of the same numbers in another order does not turn an equal statistic in
 _CHUNK = 2048
 
 OVERALL = "all"
-"""Key of the pooled test (all queries of the common tasks) in :func:`compare_tasks`' result."""
+"""Key of the stratified test over the common tasks in :func:`compare_tasks`' result."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +59,10 @@ class PairedTest:
     """One paired comparison of a system against a baseline.
 
     Attributes:
-        n: number of queries compared.
-        baseline_mean: mean score of the baseline over those queries.
-        system_mean: mean score of the system over those queries.
+        n: number of queries compared (over all tasks of a stratified test).
+        baseline_mean: mean score of the baseline over those queries (stratified: the mean over
+            tasks of the per-task means).
+        system_mean: the same for the system.
         p_value: two-sided p-value of the test named in ``test``.
         test: ``permutation`` or ``bootstrap``.
         exact: True when the permutation distribution was enumerated, not sampled.
@@ -62,6 +71,7 @@ class PairedTest:
         losses: queries where the baseline is better.
         ci_low: lower end of the 95% bootstrap interval of the mean difference (bootstrap only).
         ci_high: upper end of that interval (bootstrap only).
+        strata: number of tasks the test is stratified over (1: a single task).
     """
 
     n: int
@@ -75,6 +85,7 @@ class PairedTest:
     losses: int
     ci_low: float | None = None
     ci_high: float | None = None
+    strata: int = 1
 
     @property
     def mean_diff(self) -> float:
@@ -93,6 +104,38 @@ def _diffs(baseline: Sequence[float], system: Sequence[float]) -> np.ndarray:
     if a.size == 0:
         raise ValueError("paired test needs at least one query")
     return b - a
+
+
+def _sign_flip_p(
+    contrib: np.ndarray, *, n_resamples: int, seed: int, exact: bool | None
+) -> tuple[float, bool]:
+    """Two-sided sign-flip p-value of ``|sum(contrib)|`` (each element's sign flipped at random)."""
+    n = contrib.size
+    observed = abs(float(contrib.sum()))
+    if exact is None:
+        exact = n <= EXACT_MAX_N
+    if exact:
+        if n > 24:
+            raise ValueError(f"exact enumeration of 2**{n} sign assignments is too large; use exact=False")
+        hits = 0
+        total = 1 << n
+        bits = np.arange(n, dtype=np.int64)
+        for start in range(0, total, 1 << 16):
+            codes = np.arange(start, min(total, start + (1 << 16)), dtype=np.int64)
+            signs = 1.0 - 2.0 * ((codes[:, None] >> bits) & 1)
+            hits += int(np.count_nonzero(np.abs(signs @ contrib) + _SUM_TOLERANCE >= observed))
+        return hits / total, True
+    if n_resamples < 1:
+        raise ValueError("n_resamples must be at least 1")
+    rng = np.random.default_rng(seed)
+    hits = 0
+    done = 0
+    while done < n_resamples:
+        m = min(_CHUNK, n_resamples - done)
+        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(m, n))
+        hits += int(np.count_nonzero(np.abs(signs @ contrib) + _SUM_TOLERANCE >= observed))
+        done += m
+    return (hits + 1) / (n_resamples + 1), False
 
 
 def permutation_test(
@@ -115,33 +158,7 @@ def permutation_test(
     Returns:
         ``(p_value, exact)``.
     """
-    d = _diffs(baseline, system)
-    n = d.size
-    observed = abs(float(d.sum()))
-    if exact is None:
-        exact = n <= EXACT_MAX_N
-    if exact:
-        if n > 24:
-            raise ValueError(f"exact enumeration of 2**{n} sign assignments is too large; use exact=False")
-        hits = 0
-        total = 1 << n
-        bits = np.arange(n, dtype=np.int64)
-        for start in range(0, total, 1 << 16):
-            codes = np.arange(start, min(total, start + (1 << 16)), dtype=np.int64)
-            signs = 1.0 - 2.0 * ((codes[:, None] >> bits) & 1)
-            hits += int(np.count_nonzero(np.abs(signs @ d) + _SUM_TOLERANCE >= observed))
-        return hits / total, True
-    if n_resamples < 1:
-        raise ValueError("n_resamples must be at least 1")
-    rng = np.random.default_rng(seed)
-    hits = 0
-    done = 0
-    while done < n_resamples:
-        m = min(_CHUNK, n_resamples - done)
-        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(m, n))
-        hits += int(np.count_nonzero(np.abs(signs @ d) + _SUM_TOLERANCE >= observed))
-        done += m
-    return (hits + 1) / (n_resamples + 1), False
+    return _sign_flip_p(_diffs(baseline, system), n_resamples=n_resamples, seed=seed, exact=exact)
 
 
 def bootstrap_test(
@@ -226,6 +243,89 @@ def paired_test(
     )
 
 
+def stratified_test(
+    baseline: Sequence[Sequence[float]],
+    system: Sequence[Sequence[float]],
+    *,
+    test: str = "permutation",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    exact: bool | None = None,
+    confidence: float = 0.95,
+) -> PairedTest:
+    """Paired test of the mean over tasks of the per-task mean differences.
+
+    The statistic is ``T = (1/K) * sum_k mean(system_k - baseline_k)``, the difference of the two
+    systems' task-averaged scores (the table's Avg column), so each task weighs the same whatever
+    its number of queries. ``permutation`` flips the sign of each query's difference (exact over
+    all ``2**n`` assignments when the total ``n <= EXACT_MAX_N``, else ``n_resamples`` random
+    ones); ``bootstrap`` resamples queries with replacement within each task, and its unshifted
+    resamples give the percentile interval of ``T``.
+
+    Args:
+        baseline: per task, the baseline's per-query scores.
+        system: per task, the system's scores of the same queries in the same order.
+        test: ``permutation`` or ``bootstrap``.
+        n_resamples: random sign assignments / bootstrap resamples.
+        seed: seed of the random generator.
+        exact: force (True) or forbid (False) exact enumeration; None decides by size.
+        confidence: level of the bootstrap interval.
+
+    Returns:
+        A PairedTest whose means are task averages, ``n`` the total number of queries, win/tie/loss
+        counted over all queries and ``strata`` the number of tasks.
+    """
+    if test not in TESTS:
+        raise ConfigError(f"unknown significance test '{test}'; allowed: {', '.join(TESTS)}")
+    if len(baseline) != len(system) or not baseline:
+        raise ValueError("stratified test needs the same, non-empty list of tasks on both sides")
+    ds = [_diffs(a, b) for a, b in zip(baseline, system)]
+    k = len(ds)
+    wins = ties = losses = 0
+    for a, b in zip(baseline, system):
+        w, t, l_ = win_tie_loss(a, b)
+        wins, ties, losses = wins + w, ties + t, losses + l_
+    ci_low = ci_high = None
+    if test == "permutation":
+        weights = np.concatenate([np.full(d.size, 1.0 / (k * d.size)) for d in ds])
+        p, exact = _sign_flip_p(np.concatenate(ds) * weights, n_resamples=n_resamples, seed=seed, exact=exact)
+    else:
+        if n_resamples < 1:
+            raise ValueError("n_resamples must be at least 1")
+        observed = float(np.mean([d.mean() for d in ds]))
+        rng = np.random.default_rng(seed)
+        hits = 0
+        stats: list[np.ndarray] = []
+        done = 0
+        while done < n_resamples:
+            m = min(_CHUNK, n_resamples - done)
+            total = np.zeros(m)
+            for d in ds:
+                total += d[rng.integers(0, d.size, size=(m, d.size))].mean(axis=1)
+            resampled = total / k
+            # Shifted to the null (every resample minus the observed T): as extreme as observed?
+            hits += int(np.count_nonzero(np.abs(resampled - observed) + _SUM_TOLERANCE >= abs(observed)))
+            stats.append(resampled)
+            done += m
+        tail = (1.0 - confidence) / 2.0
+        lo, hi = np.quantile(np.concatenate(stats), [tail, 1.0 - tail])
+        p, exact, ci_low, ci_high = (hits + 1) / (n_resamples + 1), False, float(lo), float(hi)
+    return PairedTest(
+        n=int(sum(d.size for d in ds)),
+        baseline_mean=float(np.mean([np.mean(np.asarray(a, dtype=np.float64)) for a in baseline])),
+        system_mean=float(np.mean([np.mean(np.asarray(b, dtype=np.float64)) for b in system])),
+        p_value=float(p),
+        test=test,
+        exact=bool(exact),
+        wins=wins,
+        ties=ties,
+        losses=losses,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        strata=k,
+    )
+
+
 def compare_tasks(
     baseline: Mapping[str, Mapping[str, float]],
     system: Mapping[str, Mapping[str, float]],
@@ -234,20 +334,21 @@ def compare_tasks(
     n_resamples: int = 10_000,
     seed: int = 0,
 ) -> dict[str, PairedTest]:
-    """Paired tests per task and over the pooled queries of the tasks both systems have.
+    """Paired tests per task, and one stratified over the tasks both systems have.
 
     Args:
         baseline: ``{task: {query_id: score}}`` of the baseline.
         system: the same shape for the other system.
 
     Returns:
-        ``{task: PairedTest}`` for every common task, plus ``OVERALL`` (``"all"``) pooling every
-        query of those tasks. Tasks are paired query by query; a query present on one side only is
-        an error (both sides must score the same queries).
+        ``{task: PairedTest}`` for every common task, plus ``OVERALL`` (``"all"``): the
+        :func:`stratified_test` of the mean over those tasks of the per-task mean differences (the
+        difference of the two task averages). Tasks are paired query by query; a query present on
+        one side only is an error (both sides must score the same queries).
     """
     out: dict[str, PairedTest] = {}
-    pooled_a: list[float] = []
-    pooled_b: list[float] = []
+    per_task_a: list[list[float]] = []
+    per_task_b: list[list[float]] = []
     for task in [t for t in baseline if t in system]:
         qa, qb = baseline[task], system[task]
         if set(qa) != set(qb):
@@ -264,8 +365,8 @@ def compare_tasks(
         a = [float(qa[q]) for q in qids]
         b = [float(qb[q]) for q in qids]
         out[task] = paired_test(a, b, test=test, n_resamples=n_resamples, seed=seed)
-        pooled_a += a
-        pooled_b += b
-    if pooled_a:
-        out[OVERALL] = paired_test(pooled_a, pooled_b, test=test, n_resamples=n_resamples, seed=seed)
+        per_task_a.append(a)
+        per_task_b.append(b)
+    if per_task_a:
+        out[OVERALL] = stratified_test(per_task_a, per_task_b, test=test, n_resamples=n_resamples, seed=seed)
     return out

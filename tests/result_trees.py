@@ -58,8 +58,16 @@ def write_result(
     stats: Mapping[str, Any] | None = None,
     generations: Sequence[Mapping[str, Any]] | None = None,
     traces: Sequence[Mapping[str, Any]] | None = None,
+    config: Mapping[str, Any] | None = None,
+    source: str | None = None,
+    fingerprint: str | None = None,
 ) -> Path:
-    """Evaluate ``run`` against ``qrels`` and write the task's files; returns the leaf folder."""
+    """Evaluate ``run`` against ``qrels`` and write the task's files; returns the leaf folder.
+
+    ``config`` overrides fields of the recorded run config (by default the RunConfig the names
+    give, as the runner records it); ``source`` and ``fingerprint`` default to what the runner
+    would record for a registered task (its provenance; a package task's real corpus fingerprint).
+    """
     leaf = root / method / llm / (f"{retriever}__{reranker}" if reranker else retriever)
     leaf.mkdir(parents=True, exist_ok=True)
     ev = evaluate(run, qrels, DEFAULT_METRICS)
@@ -77,10 +85,10 @@ def write_result(
         "stats": dict(
             stats
             or {"generations": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                "llm_time_s": 0.0, "retrieval_time_s": 0.01, "cost_usd": 0.0}
+                "llm_time_s": 0.0, "retrieval_time_s": 0.01, "cost_usd": None}
         ),
-        "config": {"method": method, "llm": None if llm == "none" else llm, "retriever": retriever,
-                   "reranker": reranker or None, "tasks": [task]},
+        "config": run_config_record(method, llm, retriever, task, reranker, config),
+        **data_record(task, source, fingerprint),
     }
     (leaf / f"{task}.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     if generations is not None:
@@ -90,6 +98,32 @@ def write_result(
     if traces is not None:
         (leaf / f"{task}.traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces), encoding="utf-8")
     return leaf
+
+
+def run_config_record(
+    method: str, llm: str, retriever: str, task: str, reranker: str = "",
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``config`` block the runner writes for this configuration (its own record function)."""
+    from r2med_agent.runner import RunConfig, _config_record
+
+    cfg = RunConfig(
+        tasks=(task,), method=method, llm=None if llm == "none" else llm, retriever=retriever,
+        reranker=reranker or None,
+    )
+    return {**_config_record(cfg), **(overrides or {})}
+
+
+def data_record(task: str, source: str | None = None, fingerprint: str | None = None) -> dict[str, str]:
+    """``source`` and ``corpus_fingerprint`` as the runner records them for a registered task."""
+    from r2med_agent.data import get_task_spec, load_task, task_registry
+
+    spec = task_registry().get(task)
+    if source is None:
+        source = spec.provenance if spec is not None else "inline test data"
+    if fingerprint is None:
+        fingerprint = load_task(task).fingerprint if spec is not None and spec.source == "package" else "test"
+    return {"source": source, "corpus_fingerprint": fingerprint}
 
 
 GOOD: Run = {"q1": ranking("d1", "d5", "d9"), "q2": ranking("d2", "d8"), "q3": ranking("d3", "d7"), "q4": ranking("d4")}

@@ -54,7 +54,7 @@ def two_trees(tmp_path: Path) -> tuple[Path, Path]:
     write_result(
         a, "hyde", "smollm2", "bm25", "Biology", WEAK,
         stats={"generations": 4, "cache_hits": 1, "prompt_tokens": 400, "completion_tokens": 120,
-               "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": 0.0},
+               "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": None},
     )
     (a / "none" / "none" / "bm25" / "summary.json").write_text(json.dumps({"average": {}}))
     return a, b
@@ -171,6 +171,25 @@ def test_published_column_equals_the_csv(tmp_path):
     assert f"{bm25.published['Biology']:.4f}" in md
 
 
+def test_bm25_compat_rows_get_the_papers_bm25_scores(tmp_path):
+    # bm25-compat is the reference's BM25 (gensim LuceneBM25Model), the one behind the paper's
+    # BM25 numbers; the mapping holds without the grids' aliases too.
+    root = tmp_path / "results"
+    for task in r2med_tasks():
+        write_result(root, "none", "none", "bm25-compat", task, GOOD)
+    write_result(root, "hyde", "qwen-7b", "bm25-compat", "Biology", WEAK)
+    rows = load_results([root])
+    bm25 = {r["task"]: float(r["ndcg_at_10"]) for r in published_csv_rows()
+            if (r["method"], r["llm"], r["retriever"], r["reranker"]) == ("none", "", "bm25", "")}
+    hyde = {r["task"]: float(r["ndcg_at_10"]) for r in published_csv_rows()
+            if (r["method"], r["llm"], r["retriever"], r["reranker"]) == ("hyde", "qwen-7b", "bm25", "")}
+    for aliases in (None, {}):
+        table = build_table(rows, published=True, published_aliases=aliases)
+        by_label = {tr.row.label: tr for tr in table.rows}
+        assert by_label["none/none/bm25-compat"].published == bm25
+        assert by_label["hyde/qwen-7b/bm25-compat"].published == hyde
+
+
 def test_published_scores_load_all_568_rows():
     pub = published_results()
     assert len(pub.keys()) == 71
@@ -217,6 +236,72 @@ def test_baseline_marks_significant_rows(tmp_path):
         build_table(rows, baseline="7")
 
 
+def write_scores(root: Path, label: str, task: str, scores: dict[str, float]) -> None:
+    """A result file holding given per-query nDCG@10 scores (the runner's keys that compare reads)."""
+    leaf = root / label
+    leaf.mkdir(parents=True, exist_ok=True)
+    rec = {
+        "dataset_name": task,
+        "test": {"ndcg_at_10": sum(scores.values()) / len(scores)},
+        "num_queries": len(scores),
+        "per_query": {q: {"ndcg_at_10": v} for q, v in scores.items()},
+    }
+    (leaf / f"{task}.json").write_text(json.dumps(rec), encoding="utf-8")
+
+
+def test_avg_marker_follows_the_task_average_with_unequal_task_sizes(tmp_path):
+    # Biology, 6 queries, 0.1 -> 0.9; MedQA-Diag, 200 queries, 0.5 -> 0.45: the average goes from
+    # 0.300 to 0.675. A test pooling the 206 queries calls the second row significantly worse;
+    # the stratified test of the average calls it better (p = 2/64, see test_stats).
+    root = tmp_path / "r"
+    for label, bio, medqa in (("none/none/bm25", 0.1, 0.5), ("hyde/qwen-7b/bm25", 0.9, 0.45)):
+        write_scores(root, label, "Biology", {f"b{i}": bio for i in range(6)})
+        write_scores(root, label, "MedQA-Diag", {f"m{i}": medqa for i in range(200)})
+    table = build_table(load_results([root]), baseline="none/none/bm25")
+    base, hyde = table.rows
+    assert base.average == pytest.approx(0.3) and hyde.average == pytest.approx(0.675)
+    assert table.marker(hyde, "all") == BETTER_MARK
+    assert table.marker(hyde, "Biology") == BETTER_MARK
+    assert table.marker(hyde, "MedQA-Diag") == WORSE_MARK
+    assert hyde.tests["all"].mean_diff == pytest.approx(hyde.average - base.average)
+    assert f"{hyde.average:.4f}{BETTER_MARK}" in render_markdown(table)
+
+
+def test_per_task_tests_reach_csv_and_markdown(tmp_path):
+    root = tmp_path / "r"
+    for task in ("Biology", "sample"):
+        write_result(root, "none", "none", "bm25", task, MIXED)
+        write_result(root, "hyde", "qwen-7b", "bm25", task, GOOD if task == "Biology" else WEAK)
+    rows = load_results([root])
+    for test in ("permutation", "bootstrap"):
+        table = build_table(rows, baseline=0, test=test, n_resamples=2000, seed=3)
+        hyde = table.rows[1]
+        rec = list(csv.DictReader(io.StringIO(render_csv(table))))[1]
+        for task in ("Biology", "sample"):
+            t = hyde.tests[task]
+            assert (rec[f"{task}_wins"], rec[f"{task}_ties"], rec[f"{task}_losses"]) == (
+                str(t.wins), str(t.ties), str(t.losses))
+            assert float(rec[f"{task}_p"]) == t.p_value
+        overall = hyde.tests["all"]
+        assert float(rec["avg_p"]) == overall.p_value and rec["wins"] == str(overall.wins)
+        assert overall.wins == hyde.tests["Biology"].wins + hyde.tests["sample"].wins
+        md = render_markdown(table)
+        assert "Against the baseline, row 0 (none/none/bm25):" in md
+        assert "| # | configuration | Biology | sample | Avg |" in md
+        line = next(x for x in md.splitlines() if x.startswith("| 1 | hyde/qwen-7b/bm25 | Δ"))
+        bio = hyde.tests["Biology"]
+        if test == "bootstrap":
+            for task in ("Biology", "sample", "avg"):
+                t = hyde.tests["all" if task == "avg" else task]
+                assert float(rec[f"{task}_ci_low"]) == t.ci_low and float(rec[f"{task}_ci_high"]) == t.ci_high
+                assert t.ci_low <= t.mean_diff <= t.ci_high
+            assert f"Δ {bio.mean_diff:+.4f} [{bio.ci_low:+.4f}, {bio.ci_high:+.4f}]" in line
+        else:
+            assert "Biology_ci_low" not in rec
+            assert f"Δ {bio.mean_diff:+.4f}, p " in line
+        assert f"W/T/L {bio.wins}/{bio.ties}/{bio.losses}" in line
+
+
 def test_significance_needs_per_query_scores(tmp_path):
     root = tmp_path / "r"
     write_result(root, "none", "none", "bm25", "sample", GOOD)
@@ -236,14 +321,32 @@ def test_cost_columns_sum_stats_over_tasks(tmp_path):
             stats={"generations": 4, "cache_hits": 2, "prompt_tokens": tokens, "completion_tokens": 10,
                    "llm_time_s": 1.5, "retrieval_time_s": 0.5, "cost_usd": 0.125},
         )
+    # A self-hosted model has no price: the runner records cost_usd null, and so does a run
+    # without an LLM; their cost cells show no dollars.
+    write_result(
+        root, "hyde", "smollm2", "bm25", "Biology", GOOD,
+        stats={"generations": 4, "cache_hits": 0, "prompt_tokens": 90, "completion_tokens": 10,
+               "llm_time_s": 1.0, "retrieval_time_s": 0.5, "cost_usd": None},
+    )
+    write_result(root, "none", "none", "bm25", "Biology", GOOD)
     table = build_table(load_results([root]), cost=True)
-    assert table.rows[0].totals == {
+    labels = [r.row.label for r in table.rows]
+    assert labels == ["none/none/bm25", "hyde/gpt4/bm25", "hyde/smollm2/bm25"]
+    assert table.rows[1].totals == {
         "generations": 8, "cache_hits": 4, "prompt_tokens": 350, "completion_tokens": 20,
         "llm_time_s": 3.0, "retrieval_time_s": 1.0, "cost_usd": 0.25,
     }
-    rec = next(csv.DictReader(io.StringIO(render_csv(table))))
-    assert float(rec["prompt_tokens"]) == 350 and float(rec["cost_usd"]) == 0.25
+    assert "cost_usd" not in table.rows[0].totals and "cost_usd" not in table.rows[2].totals
+    recs = list(csv.DictReader(io.StringIO(render_csv(table))))
+    assert float(recs[1]["prompt_tokens"]) == 350 and float(recs[1]["cost_usd"]) == 0.25
+    assert recs[0]["cost_usd"] == "" and recs[2]["cost_usd"] == ""
+    md = render_markdown(table).splitlines()
+    header = next(line for line in md if line.startswith("| #"))
+    col = [c.strip() for c in header.split("|")].index("cost $")
+    cost_cells = [[c.strip() for c in line.split("|")][col] for line in md if line.startswith("| ") and line != header]
+    assert cost_cells == [MISSING, "0.2500", MISSING]
     assert "| 350 |" in render_markdown(table)
+    assert "0.0000" not in render(table, "rich")
 
 
 def test_load_errors_name_the_file(tmp_path):

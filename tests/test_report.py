@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,9 +13,9 @@ from typer.testing import CliRunner
 from r2med_agent.compare import build_table, load_results
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.report import drilldown_data, write_report
+from tests.browser import CHROMIUM, PageReport, load_page
 from tests.result_trees import CORPUS, GOOD, MIXED, QRELS, QUERIES, WEAK, make_task, ranking, write_result
 
-CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # Twelve documents for q2, so the drill-down cuts the list at ten.
@@ -44,7 +43,7 @@ def traces() -> list[dict]:
              {"generated": "<think>search it</think><search>fever vaccine cause</search>",
               "search_query": "fever vaccine cause", "doc_ids": ["d3", "d11"], "inserted": "Doc 1 (Title: ...)",
               "prompt_tokens": 50, "completion_tokens": 20},
-             {"generated": "<answer>an immune response</answer>", "search_query": None, "doc_ids": [],
+             {"generated": "\n\n<answer>an immune response</answer>\n", "search_query": None, "doc_ids": [],
               "inserted": "", "prompt_tokens": 80, "completion_tokens": 10},
          ], "extra": {}}
         for q in QUERIES
@@ -57,10 +56,10 @@ def tree(tmp_path: Path) -> Path:
     write_result(root, "none", "none", "bm25", "sample", MIXED)
     write_result(root, "hyde", "qwen-7b", "bm25", "sample", LONG, generations=generations(),
                  stats={"generations": 4, "cache_hits": 0, "prompt_tokens": 400, "completion_tokens": 120,
-                        "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": 0.0})
+                        "llm_time_s": 2.5, "retrieval_time_s": 0.25, "cost_usd": None})
     write_result(root, "search-r1", "qwen-7b-ins", "bm25", "sample", WEAK, traces=traces(),
                  stats={"generations": 8, "cache_hits": 0, "prompt_tokens": 520, "completion_tokens": 120,
-                        "llm_time_s": 5.0, "retrieval_time_s": 0.5, "cost_usd": 0.0})
+                        "llm_time_s": 5.0, "retrieval_time_s": 0.5, "cost_usd": None})
     return root
 
 
@@ -76,18 +75,20 @@ def embedded_data(page: str) -> dict:
     return json.loads(m.group(1))
 
 
-def chromium(tmp_path: Path, url: str, *extra: str) -> str:
+def open_page(url: str) -> PageReport:
+    """The page loaded in headless Chromium over DevTools (tests/browser.py)."""
     if not CHROMIUM.exists():
         pytest.skip("needs headless Chromium: chromium on PATH or /usr/bin/chromium (apt-get install chromium)")
-    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
-    cmd = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}", *extra, url,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
+    return load_page(url)
+
+
+def clean_page(url: str) -> str:
+    """Load ``url``; fail on any script exception, console or log error, external request or image
+    that does not decode; return the DOM."""
+    page = open_page(url)
+    assert page.problems() == []
+    assert js_errors(page.dom) == ""
+    return page.dom
 
 
 def js_errors(dom: str) -> str:
@@ -102,9 +103,15 @@ def test_report_writes_plots_and_a_self_contained_page(report: Path):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
     page = report.read_text(encoding="utf-8")
-    # No network: no external scripts, styles or images; both plots inline.
+    # No network: no external scripts, styles or images; both plots inline. Outside the data block
+    # (texts the user's runs hold) the page's own markup, CSS and JS name no URL, CSS url() or
+    # @import, and make no fetch/XHR (test_the_page_check_... covers the same in Chromium).
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)
     assert "<link" not in page and "<script src" not in page
+    code = re.sub(r'<script type="application/json" id="r2med-data">.*?</script>', "", page, flags=re.S)
+    code = re.sub(r'"data:image/png;base64,[A-Za-z0-9+/=]+"', '""', code)
+    for needle in ("url(", "@import", "fetch(", "XMLHttpRequest", "http://", "https://", "//cdn"):
+        assert needle not in code, needle
     assert page.count('src="data:image/png;base64,') == 2
     # The hostile generated text cannot close the data script early: every script tag pairs up,
     # and the data block parses whole (test_drilldown_data_matches_the_run_files reads it back).
@@ -112,6 +119,24 @@ def test_report_writes_plots_and_a_self_contained_page(report: Path):
     assert "<script>window.__pwned" not in page
     # The comparison table is in the page.
     assert "hyde" in page and "search-r1" in page and "0 (base)" in page
+
+
+def test_report_shows_per_task_tests_against_the_baseline(tree: Path, tmp_path: Path):
+    table = build_table(load_results([tree]), baseline=0, test="bootstrap", n_resamples=500)
+    page = write_report(table, tmp_path / "rep", tasks={"sample": make_task()}).read_text(encoding="utf-8")
+    sig = re.search(r'<table class="cmp sig" id="sig-table">(.*?)</table>', page, re.S)
+    assert sig is not None
+    rows = re.findall(r'<tr data-row="(\d+)">(.*?)</tr>', sig.group(1), re.S)
+    assert [r for r, _ in rows] == ["1", "2"]  # every row but the baseline
+    assert "<th>Avg</th>" not in sig.group(1)  # one task: an Avg column would repeat it
+    for (index, html), tr in zip(rows, table.rows[1:]):
+        t = tr.tests["sample"]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", html)
+        assert cells[1] == tr.row.label
+        assert cells[2] == (
+            f"Δ {t.mean_diff:+.4f} [{t.ci_low:+.4f}, {t.ci_high:+.4f}], p {t.p_value:.4f}, "
+            f"W/T/L {t.wins}/{t.ties}/{t.losses}"
+        )
 
 
 def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
@@ -125,7 +150,10 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
     assert q2["relevant_ranks"] == {"d2": 11}  # relevant, but below the top 10
     assert data["results"]["1"]["sample"]["q1"]["generation"]["text"] == HOSTILE
     assert data["results"]["1"]["sample"]["q2"]["generation"]["text"] == "A passage"  # the final response
-    assert data["results"]["2"]["sample"]["q3"]["trace"]["steps"][0]["search_query"] == "fever vaccine cause"
+    steps = data["results"]["2"]["sample"]["q3"]["trace"]["steps"]
+    assert steps[0]["search_query"] == "fever vaccine cause"
+    # A step that continues after inserted documents starts with newlines: shown without them.
+    assert steps[1]["generated"] == "<answer>an immune response</answer>"
     task = data["tasks"]["sample"]
     assert task["queries"] == QUERIES and task["qrels"] == QRELS
     # Document texts: only documents some row shows in its top 10, cut to doc_chars.
@@ -133,6 +161,15 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
     assert set(task["docs"]) == shown
     assert "d6" in CORPUS and "d6" not in task["docs"]  # in the corpus, never ranked
     assert task["docs"]["d1"].startswith(CORPUS["d1"][:12]) and "more characters" in task["docs"]["d1"]
+
+
+def test_coinciding_points_share_one_label():
+    from r2med_agent.report import _clusters
+
+    # Rows 0 and 1 both at x=0 (no LLM cost) with nearly the same score; row 2 far away; row 3
+    # at x=0 with another score.
+    points = [(0.0, 0.500), (0.0, 0.502), (3.0, 0.6), (0.0, 0.3)]
+    assert _clusters(points, dx=0.09, dy=0.012) == [[0, 1], [2], [3]]
 
 
 def test_drilldown_without_task_data_uses_the_generations_file(tree: Path):
@@ -148,8 +185,7 @@ def test_drilldown_without_task_data_uses_the_generations_file(tree: Path):
 
 
 def test_chromium_opens_the_drilldown_from_the_url_fragment(report: Path, tmp_path: Path):
-    dom = chromium(tmp_path, report.as_uri() + "#row=1&task=sample&query=q1", "--dump-dom")
-    assert js_errors(dom) == ""
+    dom = clean_page(report.as_uri() + "#row=1&task=sample&query=q1")
     m = re.search(r'<div id="drilldown"[^>]*data-row="1"[^>]*>(.*)', dom, re.S)
     assert m is not None, "the drill-down did not open row 1"
     drill = m.group(1)
@@ -165,8 +201,7 @@ def test_chromium_opens_the_drilldown_from_the_url_fragment(report: Path, tmp_pa
 
 
 def test_chromium_shows_an_agent_trace_and_missed_relevant_documents(report: Path, tmp_path: Path):
-    dom = chromium(tmp_path, report.as_uri() + "#row=2&task=sample&query=q3", "--dump-dom")
-    assert js_errors(dom) == ""
+    dom = clean_page(report.as_uri() + "#row=2&task=sample&query=q3")
     trace = re.search(r'<div id="dd-trace">(.*?)</div>\s*<h3>Final response', dom, re.S)
     assert trace is not None
     assert "search: fever vaccine cause" in trace.group(1) and "retrieved: d3, d11" in trace.group(1)
@@ -179,8 +214,45 @@ def test_the_error_box_catches_script_errors(report: Path, tmp_path: Path):
     broken = tmp_path / "broken.html"
     page = report.read_text(encoding="utf-8")
     broken.write_text(page.replace("</body>", "<script>noSuchFunction();</script></body>"), encoding="utf-8")
-    dom = chromium(tmp_path, broken.as_uri(), "--dump-dom")
-    assert "noSuchFunction" in js_errors(dom)
+    loaded = open_page(broken.as_uri())
+    assert "noSuchFunction" in js_errors(loaded.dom)
+    assert any("noSuchFunction" in e for e in loaded.exceptions)
+
+
+@pytest.mark.parametrize(
+    ("injected", "kind", "needle"),
+    [
+        ('<script>console.error("drill-down broke")</script>', "console error", "drill-down broke"),
+        ('<img alt="x" src="data:image/png;base64,AAAA">', "image did not decode", "data:image/png;base64,AAAA"),
+        ("<style>body { background: url(http://example.invalid/bg.png); }</style>", "external request",
+         "http://example.invalid/bg.png"),
+        ('<style>@import url("https://example.invalid/theme.css");</style>', "external request",
+         "https://example.invalid/theme.css"),
+        ('<script>fetch("https://example.invalid/data.json").catch(function () {});</script>', "external request",
+         "https://example.invalid/data.json"),
+        ('<img alt="x" src="per_task.png">', "external request", "/per_task.png"),
+    ],
+)
+def test_the_page_check_catches_what_a_static_page_must_not_do(report: Path, tmp_path: Path, injected, kind, needle):
+    # The checker behind clean_page is only worth something if it fails: one fault at a time.
+    bad = report.parent / "bad.html"  # beside per_task.png: a relative reference would load
+    bad.write_text(report.read_text(encoding="utf-8").replace("</body>", injected + "</body>"), encoding="utf-8")
+    problems = open_page(bad.as_uri()).problems()
+    assert any(p.startswith(kind) and needle in p for p in problems), problems
+
+
+def chromium(tmp_path: Path, url: str, *extra: str) -> str:
+    if not CHROMIUM.exists():
+        pytest.skip("needs headless Chromium: chromium on PATH or /usr/bin/chromium (apt-get install chromium)")
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", *extra, url,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
 
 
 def test_chromium_screenshot(report: Path, tmp_path: Path):
@@ -221,6 +293,22 @@ def test_cli_report_loads_task_texts_from_data_dir(cli, tree: Path, tmp_path: Pa
     assert data["tasks"]["sample"]["qrels_source"] == "qrels"
     assert data["tasks"]["sample"]["docs"]["d9"] == CORPUS["d9"]
     assert (out / "per_task.png").exists() and (out / "quality_vs_cost.png").exists()
+
+
+def test_cli_report_takes_the_compare_options(cli, tree: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    args = ["report", str(tree), "--out", str(out), "--no-texts", "--baseline", "0", "--test", "bootstrap",
+            "--resamples", "300", "--seed", "7", "--cost"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text(encoding="utf-8")
+    table = build_table(load_results([tree]), baseline=0, test="bootstrap", n_resamples=300, seed=7, cost=True)
+    t = table.rows[1].tests["sample"]
+    assert f"Δ {t.mean_diff:+.4f} [{t.ci_low:+.4f}, {t.ci_high:+.4f}], p {t.p_value:.4f}" in page
+    assert "300 resamples" in page
+    # --cost adds the stats columns; the unpriced rows show no dollars.
+    assert "<th>prompt tok</th>" in page and "<th>cost $</th>" in page
+    assert "0.0000" not in re.sub(r"Δ [^<]*", "", page.split('id="cmp-table"')[1].split("</table>")[0])
 
 
 def test_cli_report_without_texts_and_with_missing_data(cli, tree: Path, tmp_path: Path):

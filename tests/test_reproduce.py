@@ -4,6 +4,7 @@ work, and one real run through the runner."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,18 @@ from r2med_agent.reproduce import (
     reproduce,
     weights_gib,
 )
-from tests.result_trees import QRELS, ranking, write_result
+from tests.result_trees import CORPUS, QRELS, QUERIES, ranking, write_result
 
 RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
+
+
+def write_r2med_task(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "query.jsonl").write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in CORPUS.items()))
+    (folder / "qrels.jsonl").write_text(
+        "".join(json.dumps({"q_id": q, "p_id": d, "score": g}) + "\n" for q, docs in QRELS.items() for d, g in docs.items())
+    )
 
 
 @pytest.fixture()
@@ -61,12 +71,27 @@ def test_grids_cover_every_published_configuration_exactly_once():
 
 
 def test_grid_scores_are_the_csv_scores():
+    # Read both files directly (not through the loader, which checks the same): every entry's
+    # ndcg_at_10 in configs/reproduce/*.yaml equals the packaged CSV's row of its published name.
+    import yaml
+
+    from r2med_agent.paths import configs_dir
+
     expected = csv_ndcg()
+    n = 0
+    for table in TABLES:
+        doc = yaml.safe_load((configs_dir() / "reproduce" / f"{table}.yaml").read_text(encoding="utf-8"))
+        for e in doc["entries"]:
+            pub = e.get("published") or {}
+            key = tuple(pub.get(k, e.get(k, "")) for k in ("method", "llm", "retriever", "reranker"))
+            assert e["ndcg_at_10"] == expected[key], (table, key)
+            assert list(e["ndcg_at_10"]) == list(r2med_tasks())  # written in the paper's task order
+            n += 1
+    assert n == 71
+    # The loader hands the same numbers on.
     for grid in load_grids().values():
         for entry, scores in zip(grid.entries, grid.published):
-            k = entry.published_key
-            assert scores == expected[(k.method, k.llm, k.retriever, k.reranker)]
-            assert set(scores) == set(r2med_tasks())
+            assert scores == entry.ndcg_at_10
 
 
 def test_every_grid_model_is_in_the_registries_and_sized():
@@ -100,8 +125,10 @@ def test_dry_run_commands_and_needs(tmp_path):
     def find(table, label):
         return next(p for p in plan(grids[table], opts) if p.entry.label == label)
 
-    p = find("gar", "hyde/qwen-72b/bm25")
-    assert p.command == f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25 --task all --output-dir {tmp_path}"
+    p = find("gar", "hyde/qwen-72b/bm25-compat")
+    assert p.command == (
+        f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25-compat --task all --output-dir {tmp_path}"
+    )
     # 72.7e9 params * 2 bytes = 135.4 GiB; llms.yaml runs it on 4 GPUs: 33.9 GiB each.
     assert weights_gib(72.7) == pytest.approx(135.41, abs=0.01)
     assert p.needs.gpu == ("LLM qwen-72b ≈135.4 GiB bf16 weights, tensor-parallel 4 -> ≈33.9 GiB/GPU + KV cache",)
@@ -114,18 +141,38 @@ def test_dry_run_commands_and_needs(tmp_path):
     assert gpt.needs.api_keys == ("OPENAI_API_KEY",)
     assert gpt.needs.gpu == ("encoder nv ≈14.6 GiB bf16 weights",)
     assert find("retrievers", "none/none/voyage").needs.api_keys == ("VOYAGE_API_KEY",)
-    assert "GPU: none (CPU only)" in find("retrievers", "none/none/bm25").needs.lines()
-    llama = find("gar", "hyde/llama-70b/bm25")
+    assert "GPU: none (CPU only)" in find("retrievers", "none/none/bm25-compat").needs.lines()
+    llama = find("gar", "hyde/llama-70b/bm25-compat")
     assert "gated" in llama.needs.hub[0]
     rank = find("rerank", "none/none/nv/rankllama")
     assert rank.command.endswith(f"--reranker rankllama --rerank-k 100 --task all --output-dir {tmp_path}")
     assert "meta-llama/Llama-2-7b-hf" in rank.needs.hub[1]
     # With a local copy no dataset comes from the hub; a smaller GPU flags what does not fit.
     local = plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, data_dir=tmp_path / "d", gpu_gib=24))
-    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/bm25")
+    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/bm25-compat")
     assert not any(h.startswith("datasets") for h in big.needs.hub)
     assert big.needs.gpu[0].endswith("(does not fit one 24 GiB GPU)")
     assert "--data-dir" in big.command
+
+
+def test_dry_run_adds_up_an_llm_and_an_encoder_on_one_gpu(tmp_path):
+    grid = load_grid("gar")
+    entry = next(e for e in grid.entries if e.label == "hyde/qwen-7b/nv")
+    registries = Registries.load()
+    # qwen-7b: 7.6e9 * 2 B = 14.16 GiB; nv: 7.85e9 * 2 B = 14.62 GiB; with a fifth more: 34.5 GiB.
+    # llms.yaml runs qwen-7b with gpu_memory_utilization 0.85: vLLM leaves 12.0 GiB of 80, less
+    # than nv's 17.5; 0.78 of the GPU leaves it room.
+    needs = entry_needs(entry, registries=registries)
+    assert needs.gpu[2] == (
+        "together (estimate, if resident at once): ≈14.2 GiB LLM share + ≈14.6 GiB encoder/reranker "
+        "weights, ≈34.5 GiB with a fifth for activations and KV cache; vLLM reserves 85% of the GPU "
+        "(gpu_memory_utilization), leaving ≈12.0 GiB: set it to at most 0.78 in the LLM's registry entry"
+    )
+    small = entry_needs(entry, gpu_gib=24, registries=registries)
+    assert small.gpu[2].endswith("≈34.5 GiB with a fifth for activations and KV cache (does not fit one 24 GiB GPU)")
+    # One model on the GPU: no sum.
+    alone = next(e for e in grid.entries if e.label == "hyde/qwen-7b/bm25-compat")
+    assert len(entry_needs(alone, registries=registries).gpu) == 1
 
 
 def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch):
@@ -153,6 +200,85 @@ def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch
     assert table.rows[0].published == expected
     assert table.rows[1].missing_tasks == tasks[1:]
     assert table.rows[1].published_average == csv_ndcg()[("none", "", "nv", "bge-reranker")]["Biology"]
+
+
+def _grid(tmp_path: Path, *entries: str) -> rep.Grid:
+    path = tmp_path / "grid.yaml"
+    path.write_text("title: t\nentries:\n" + "".join(f"  - {e}\n" for e in entries))
+    return load_grid(path)
+
+
+def test_results_made_with_other_settings_are_stale_and_run_again(tmp_path, monkeypatch, cli):
+    grid = load_grid("rerank")
+    out = tmp_path / "results"
+    first = grid.entries[0]  # monobert over nv's top 100
+    for t in r2med_tasks():
+        write_result(out, "none", "none", "nv", t, RUN, QRELS, reranker="monobert")
+    # Same folder, other settings: reranked only the top 10; scored at depth 50.
+    write_result(out, "none", "none", "nv", "Biology", RUN, QRELS, reranker="monobert", config={"rerank_k": 10})
+    write_result(out, "none", "none", "nv", "MedQA-Diag", RUN, QRELS, reranker="monobert", config={"top_k": 50})
+    opts = ReproduceOptions(output_dir=out)
+    p = plan(grid, opts)[0]
+    assert p.stale == {"Biology": "rerank_k 10, the entry 100", "MedQA-Diag": "top_k 50, the entry 100"}
+    assert p.pending == ("Biology", "MedQA-Diag")
+    listing = format_plan(plan(grid, opts))
+    assert f"[0] {first.label}  (stale;" in listing
+    assert "    stale Biology (runs again): rerank_k 10, the entry 100\n" in listing
+    assert "3 configuration(s): 3 to run (1 with stale results), 0 already done" in listing
+    res = CliRunner().invoke(cli, ["reproduce", "--table", "rerank", "--dry-run", "--output-dir", str(out)])
+    assert res.exit_code == 0 and "(stale;" in res.output and "top_k 50, the entry 100" in res.output
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(rep, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
+    reproduce(grid, opts)
+    assert calls[0] == (first.label, ("Biology", "MedQA-Diag"))
+
+
+def test_staleness_compares_only_the_settings_that_apply(tmp_path):
+    out = tmp_path / "results"
+    opts = ReproduceOptions(output_dir=out, tasks=("Biology",))
+    grid = _grid(tmp_path, "{method: none, retriever: bm25}")
+    # rerank_k means nothing without a reranker; loop_retriever and final nothing without a loop.
+    write_result(out, "none", "none", "bm25", "Biology", RUN, config={"rerank_k": 10, "loop_retriever": "nv"})
+    assert plan(grid, opts)[0].done == ("Biology",)
+    write_result(out, "none", "none", "bm25", "Biology", RUN, config={"sampling": {"temperature": 0.0}})
+    assert plan(grid, opts)[0].stale == {"Biology": "sampling {'temperature': 0.0}, the entry {}"}
+    # Agentic: an unset loop retriever is the final one, so these two records are the same run.
+    agentic = _grid(tmp_path, "{method: search-r1, llm: qwen-3b-ins, retriever: bge, args: {loop_retriever: bge}}")
+    write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": None})
+    assert plan(agentic, opts)[0].done == ("Biology",)
+    write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": "bm25"})
+    assert plan(agentic, opts)[0].stale == {"Biology": "loop_retriever 'bm25', the entry 'bge'"}
+    # A result file without a recorded config is never taken as done.
+    leaf = out / "none" / "none" / "bm25"
+    rec = json.loads((leaf / "Biology.json").read_text())
+    del rec["config"]
+    (leaf / "Biology.json").write_text(json.dumps(rec))
+    assert plan(grid, opts)[0].stale == {"Biology": "no run config recorded"}
+
+
+def test_results_from_other_data_are_stale(tmp_path):
+    from r2med_agent.data import get_task_spec, load_task
+
+    out = tmp_path / "results"
+    grid = _grid(tmp_path, "{method: none, retriever: bm25}")
+    hub = ReproduceOptions(output_dir=out, tasks=("Biology",))
+    # Hub data: the pinned repo@revision names the content.
+    write_result(out, "none", "none", "bm25", "Biology", RUN, source="/elsewhere/Biology")
+    provenance = get_task_spec("Biology").provenance
+    assert plan(grid, hub)[0].stale == {
+        "Biology": f"data from /elsewhere/Biology, the entry loads {provenance}"
+    }
+    # A local copy: the corpus fingerprint of what the entry would load decides.
+    data = tmp_path / "data"
+    write_r2med_task(data / "Biology")
+    local = ReproduceOptions(output_dir=out, tasks=("Biology",), data_dir=data)
+    task = load_task("Biology", data)
+    write_result(out, "none", "none", "bm25", "Biology", RUN, source=task.source, fingerprint=task.fingerprint)
+    assert plan(grid, local)[0].done == ("Biology",)
+    with (data / "Biology" / "corpus.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "d99", "text": "a new document"}) + "\n")
+    reason = plan(grid, local)[0].stale["Biology"]
+    assert reason.startswith(f"corpus changed (fingerprint {task.fingerprint[:12]}, now ")
 
 
 def test_grid_files_are_validated(tmp_path):
@@ -185,13 +311,47 @@ def test_published_override_matches_renamed_runs(tmp_path):
         "title: renamed\nentries:\n"
         "  - {method: none, retriever: medcpt-article, published: {retriever: medcpt}}\n"
     )
-    grid = load_grid(grid_file, strict=True)
+    grid = load_grid(grid_file)
     assert grid.entries[0].published_key == PublishedKey("none", "", "medcpt", "")
+    # A grid of one's own may leave the scores out: the CSV's row of the published name is used.
     assert grid.published[0] == csv_ndcg()[("none", "", "medcpt", "")]
     out = tmp_path / "results"
     write_result(out, "none", "none", "medcpt-article", "Biology", RUN, QRELS)
     table = rep.results_table(grid, ReproduceOptions(output_dir=out, tasks=("Biology",)))
     assert table.rows[0].published == {"Biology": grid.published[0]["Biology"]}
+
+
+def test_strict_grids_need_the_published_scores_beside_each_command(tmp_path):
+    scores = csv_ndcg()[("none", "", "medcpt", "")]
+    body = ", ".join(f"{t}: {scores[t]}" for t in r2med_tasks())
+    path = tmp_path / "g.yaml"
+
+    def write(ndcg: str) -> Path:
+        path.write_text(f"title: t\nentries:\n  - {{method: none, retriever: medcpt{ndcg}}}\n")
+        return path
+
+    assert load_grid(write(f", ndcg_at_10: {{{body}}}"), strict=True).published[0] == scores
+    with pytest.raises(ConfigError, match="ndcg_at_10 must give the published score of each of the 8 tasks"):
+        load_grid(write(""), strict=True)
+    with pytest.raises(ConfigError, match="wrong or missing: IIYi-Clinical"):
+        load_grid(write(f", ndcg_at_10: {{{body.rsplit(', ', 1)[0]}}}"), strict=True)
+    wrong = body.replace(f"Biology: {scores['Biology']}", "Biology: 0.5")
+    with pytest.raises(ConfigError, match=rf"differs from published_results.csv on Biology \(0.5 vs {scores['Biology']}\)"):
+        load_grid(write(f", ndcg_at_10: {{{wrong}}}"), strict=True)
+    with pytest.raises(ConfigError, match="ndcg_at_10.Biology must be a number"):
+        load_grid(write(", ndcg_at_10: {Biology: high}"))
+
+
+def test_dry_run_prints_the_scores_per_task(cli, tmp_path):
+    res = CliRunner().invoke(cli, ["reproduce", "--table", "retrievers", "--dry-run", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    bm25 = csv_ndcg()[("none", "", "bm25", "")]
+    line = "    paper nDCG@10: " + ", ".join(f"{t} {bm25[t]}" for t in r2med_tasks()) + "\n"
+    assert line in res.output
+    res = CliRunner().invoke(
+        cli, ["reproduce", "--table", "retrievers", "--dry-run", "-o", str(tmp_path / "o"), "--tasks", "Biology,MedQA-Diag"]
+    )
+    assert f"    paper nDCG@10: Biology {bm25['Biology']}, MedQA-Diag {bm25['MedQA-Diag']}\n" in res.output
 
 
 def test_cli_needs_exactly_one_grid(cli):

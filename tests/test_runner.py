@@ -162,6 +162,36 @@ def test_chunk_size_option_reaches_make_llm(tmp_path, monkeypatch, capsys, cli, 
     assert code == 2 and "--chunk-size must be >= 0" in err
 
 
+def test_priced_model_dollars_reach_the_result_json(tmp_path):
+    # gpt4's registry entry has list prices; the scripted backend stands in for the API.
+    from r2med_agent.llm.registry import get_llm_spec
+
+    spec = get_llm_spec("gpt4")
+    assert spec.price_in_per_mtok > 0 and spec.price_out_per_mtok > 0
+    cfg = RunConfig(tasks=("sample",), method="hyde", llm="gpt4", output_dir=tmp_path, show_progress=False)
+    llm, _ = _scripted_cached(tmp_path)
+    result = run_experiment(cfg, llm=llm)
+    record = json.loads((tmp_path / "hyde" / "gpt4" / "bm25" / "sample.json").read_text())
+    stats = record["stats"]
+    assert stats["prompt_tokens"] > 0 and stats["completion_tokens"] > 0
+    assert stats["cost_usd"] == round(spec.cost_usd(stats["prompt_tokens"], stats["completion_tokens"]), 6)
+    assert stats["cost_usd"] > 0
+    assert result.outcomes[0].stats["cost_usd"] == stats["cost_usd"]
+
+
+def test_unpriced_runs_record_no_dollars(tmp_path, monkeypatch):
+    # A self-hosted model and a run without an LLM have no price: null, not an invented $0.
+    from r2med_agent.llm.registry import LLMSpec
+
+    monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec", lambda name: LLMSpec(name=name, backend="local", model="x"))
+    cfg = RunConfig(tasks=("sample",), method="hyde", llm="local-model", output_dir=tmp_path, show_progress=False)
+    run_experiment(cfg, llm=_scripted_cached(tmp_path)[0])
+    run_experiment(RunConfig(tasks=("sample",), output_dir=tmp_path, show_progress=False))
+    for leaf in ("hyde/local-model/bm25", "none/none/bm25"):
+        stats = json.loads((tmp_path / leaf / "sample.json").read_text())["stats"]
+        assert "cost_usd" in stats and stats["cost_usd"] is None
+
+
 def test_bad_options_are_config_errors():
     with pytest.raises(ConfigError, match="needs --llm"):
         RunConfig(tasks=("sample",), method="hyde")

@@ -108,13 +108,16 @@ def report_command(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row index, or method/llm/retriever (plus /reranker), to test the others against."),
     test: str = typer.Option("permutation", "--test", help="permutation or bootstrap."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level."),
+    resamples: int = typer.Option(10_000, "--resamples", help="Random permutations or bootstrap resamples."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
+    cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks, to the table."),
     cost_axis: str = typer.Option("auto", "--cost-axis", help="x axis of the quality/cost plot: auto, usd, tokens, llm-time, time."),
     title: str = typer.Option("r2med-agent report", "--title", help="Page title."),
 ) -> None:
     """Plots and one self-contained HTML page: the table, the plots and a per-query drill-down."""
     from r2med_agent.report import write_report
 
-    table = _load_table(results, metric, tasks, published, baseline, test, alpha, 10_000, 0, False)
+    table = _load_table(results, metric, tasks, published, baseline, test, alpha, resamples, seed, cost)
     loaded = {}
     if texts:
         from r2med_agent.data import load_task
@@ -138,8 +141,8 @@ def report_command(
 def reproduce_command(
     table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic or rerank (configs/reproduce/<table>.yaml)."),
     grid_file: Optional[Path] = typer.Option(None, "--grid", help="A grid YAML of your own instead of --table (same format)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published score and what it needs (GPU memory, API keys, hub access); run nothing."),
-    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; configurations whose result files exist are skipped."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published scores, done/stale/pending tasks and what it needs (GPU memory, API keys, hub access); run nothing."),
+    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; tasks whose result files exist and were made with the entry's settings and data are skipped, stale ones run again."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
     tasks: str = typer.Option("all", "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks) or a comma list."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
