@@ -1081,6 +1081,13 @@ def test_continuation_of_a_final_assistant_message_is_part_of_the_key():
     params = SamplingParams()
     assert local.request(convo, params)["options"]["final_assistant"] == "continue"
     assert hosted.request(convo, params)["options"]["final_assistant"] == "new_turn"
+    # vLLM's offline engine appends the running text to a once-rendered generation prompt, a
+    # vLLM server re-renders it as a continued message: different prompts, different keys.
+    offline = RequestBuilder.from_spec(LLMSpec(name="c", backend="vllm", model="m"))
+    served = RequestBuilder.from_spec(LLMSpec(name="d", backend="openai", model="m", server="vllm", base_urls=("http://127.0.0.1:8000/v1",)))
+    assert offline.request(convo, params)["options"]["final_assistant"] == "append"
+    assert served.request(convo, params)["options"]["final_assistant"] == "continue"
+    assert offline.key(convo, params) != served.key(convo, params)
     # A prompt ending with the user's message keys the same whichever way a backend continues.
     assert "final_assistant" not in local.request(convo[:1], params).get("options", {})
     assert local.key(convo[:1], params) == RequestBuilder(model_id="m", system_prompt=local.system_prompt).key(convo[:1], params)

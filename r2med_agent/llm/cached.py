@@ -431,8 +431,13 @@ def generation_options(spec: Any) -> dict[str, Any]:
     if extra:
         options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
     backend = getattr(spec, "backend", None)
-    if backend in ("local", "vllm") or (backend == "openai" and resolve_server(spec) == "vllm"):
-        options[_CONTINUES] = True
+    if backend == "vllm":
+        # The offline engine renders the generation prompt once and appends the running text
+        # (not continue_final_message): with reasoning templates its prompts differ from the
+        # server's, so its continuations never share keys with older or server-made ones.
+        options[_CONTINUES] = "append"
+    elif backend == "local" or (backend == "openai" and resolve_server(spec) == "vllm"):
+        options[_CONTINUES] = "continue"
     return options
 
 
@@ -451,12 +456,13 @@ def wire_settings(spec: Any) -> dict[str, Any] | None:
 
 _CONTINUES = "continues_final_message"
 """Option marking backends that continue a trailing assistant message instead of answering it
-in a new turn; it enters a key only for prompts that end with an assistant message."""
+in a new turn, valued by how they build the continued prompt; it enters a key only for prompts
+that end with an assistant message."""
 
 
 def _request_options(options: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
     opts = dict(options)
-    continues = bool(opts.pop(_CONTINUES, False))
+    continues = opts.pop(_CONTINUES, None)
     if messages and messages[-1].get("role") == "assistant":
-        opts["final_assistant"] = "continue" if continues else "new_turn"
+        opts["final_assistant"] = continues or "new_turn"
     return opts
