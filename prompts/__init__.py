@@ -239,12 +239,9 @@ def load_examples(
     if path is None:
         where = ", ".join(str(r) for r in search_path(prompts_dir))
         raise ConfigError(f"no examples file '{relpath}' in {where}")
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    from r2med_agent.config import read_yaml
+
+    doc = read_yaml(path)
     if isinstance(doc, Mapping):
         if domain not in doc:
             raise ConfigError(

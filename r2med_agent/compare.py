@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.io import read_json
 from r2med_agent.paths import resources_dir
 from r2med_agent.stats import EXACT_MAX_N, OVERALL, TESTS, PairedTest, compare_tasks
 
@@ -210,14 +210,7 @@ class ResultRow:
 
 def _read_result_json(path: Path) -> dict[str, Any] | None:
     """The result object of ``path``, or None when the JSON is not a task result (no ``test``)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DataError(f"cannot read result file: {e.strerror}", path) from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON ({e.msg})", path, e.lineno) from None
+    obj = read_json(path, "result file")
     if not isinstance(obj, dict) or "test" not in obj:
         return None
     if not isinstance(obj["test"], dict):

@@ -46,14 +46,15 @@ def user_config_path() -> Path | None:
     return default if default.exists() else None
 
 
-def _load_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; unreadable, non-UTF-8 or malformed files raise ConfigError with file:line."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
     except UnicodeDecodeError as e:
         line = e.object[: e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: config file is not UTF-8 text ({e.reason})") from None
+        raise ConfigError(f"{path}:{line}: not UTF-8 text ({e.reason}); save it as UTF-8") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -76,9 +77,9 @@ class _Cache:
             st = path.stat()
             key = (path, st.st_mtime_ns, st.st_size)
         except OSError:
-            return _load_yaml(path)  # raises the readable error
+            return read_yaml(path)  # raises the readable error
         if key not in self._d:
-            self._d[key] = _load_yaml(path)
+            self._d[key] = read_yaml(path)
         return self._d[key]
 
     def cache_clear(self) -> None:

@@ -165,6 +165,20 @@ def _loads(line: str, path: str | os.PathLike[str], lineno: int) -> Any:
         raise DataError(f"malformed JSON ({e})", path, lineno) from None
 
 
+def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
+    """Parse a whole JSON file; unreadable, non-UTF-8 or malformed files raise DataError with
+    file:line."""
+    text = "".join(line for _, line in iter_lines(path, what))
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, e.lineno) from None
+    except RecursionError:
+        raise DataError("malformed JSON (nested too deeply)", path) from None
+    except ValueError as e:
+        raise DataError(f"malformed JSON ({e})", path) from None
+
+
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for each non-blank line of a UTF-8 JSONL file.
 

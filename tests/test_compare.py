@@ -357,6 +357,12 @@ def test_load_errors_name_the_file(tmp_path):
     (leaf / "Biology.json").write_text('{"test": {"ndcg_at_10": 0.5,}}')
     with pytest.raises(DataError, match=r"Biology\.json:1: malformed JSON"):
         load_results([tmp_path / "r"])
+    (leaf / "Biology.json").write_bytes(b'{"test":\n {"ndcg_at_10": 0.5, "note": "caf\xe9"}}')
+    with pytest.raises(DataError, match=r"Biology\.json:2: not UTF-8 text: byte 0xe9"):
+        load_results([tmp_path / "r"])
+    (leaf / "Biology.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match=r"Biology\.json: malformed JSON \(nested too deeply\)"):
+        load_results([tmp_path / "r"])
     (leaf / "Biology.json").write_text('{"test": {"ndcg_at_10": "high"}}')
     with pytest.raises(DataError, match="test.ndcg_at_10 must be a number"):
         load_results([tmp_path / "r"])

@@ -268,6 +268,15 @@ def test_bad_examples_file(tmp_path, content, message):
         prompts.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
 
 
+def test_examples_file_that_is_not_utf8(tmp_path):
+    (tmp_path / "query2doc" / "examples").mkdir(parents=True)
+    (tmp_path / "query2doc" / "examples" / "exam.yaml").write_bytes(
+        b"medicine:\n  - query: q\n    passage: caf\xe9\n"
+    )
+    with pytest.raises(ConfigError, match=r"exam\.yaml:3: not UTF-8 text"):
+        prompts.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
+
+
 def test_override_examples_file(tmp_path):
     (tmp_path / "query2doc" / "examples").mkdir(parents=True)
     (tmp_path / "query2doc" / "examples" / "qa.yaml").write_text(

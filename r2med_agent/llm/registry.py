@@ -165,7 +165,7 @@ class LLMSpec:
     ``enforce_eager``, ``trust_remote_code``) or ``llama_cpp.Llama`` (e.g. ``n_threads``)."""
 
     price_in_per_mtok: float = 0.0
-    """USD per million prompt tokens (0 for self-hosted models), for cost columns."""
+    """USD per million prompt tokens (0: no price, e.g. self-hosted models; cost columns show —)."""
 
     price_out_per_mtok: float = 0.0
     """USD per million completion tokens."""
