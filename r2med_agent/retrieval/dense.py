@@ -59,12 +59,13 @@ SEP = "[SEP]"
 CACHE_FORMAT = 1
 DEFAULT_SHARD_SIZE = 8192
 
-# Fields of EncoderSpec that do not change document embeddings (query side, batching, API access).
+# Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
+# the transformers version check).
 _QUERY_ONLY_FIELDS = frozenset(
     {
         "name", "query_model", "query_max_length", "query_prefix", "query_instructions",
         "instruction_format", "instruction_on", "batch_size", "base_url", "api_key_env",
-        "doc_instructions", "doc_instruction_format", "doc_prefix",
+        "doc_instructions", "doc_instruction_format", "doc_prefix", "transformers",
     }
 )
 

@@ -94,6 +94,10 @@ class EncoderSpec:
     """Encode documents as a (title, text) token pair (MedCPT's article encoder; empty titles)."""
     trust_remote_code: bool = False
     """Allow the model repo's own modelling code (NV-Embed, GritLM)."""
+    transformers: str = ""
+    """PEP 440 version specifier the installed transformers must satisfy for this model, e.g.
+    ``==4.42.4`` (NV-Embed-v2's own code imports names later releases removed). Checked before the
+    model loads; a mismatch is a ConfigError naming the version to install. Empty: any version."""
     forward_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the model's forward call (GritLM: ``is_causal: false``)."""
     batch_size: int = 64
@@ -121,6 +125,8 @@ class EncoderSpec:
             raise ValueError("an 'api' encoder needs 'model', 'base_url' and 'api_key_env'")
         if self.max_length < 2 or self.batch_size < 1:
             raise ValueError("max_length must be >= 2 and batch_size >= 1")
+        if self.transformers:
+            _specifier(self.transformers)  # a malformed specifier fails when the registry loads
 
     def model_for(self, side: Side) -> str:
         """The model id used for ``side``."""
@@ -290,6 +296,55 @@ def _import_transformers() -> Any:
     except ImportError:
         raise MissingExtraError("transformers", "dense") from None
     return transformers
+
+
+def _specifier(text: str) -> Any:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ValueError(
+            f"transformers: {text!r} is not a version specifier (write e.g. '==4.42.4' or '>=4.37,<5')"
+        ) from None
+
+
+def check_transformers_version(
+    name: str, model: str, requirement: str, installed: str | None = None
+) -> None:
+    """Raise a ConfigError when the installed transformers does not satisfy ``requirement``.
+
+    Args:
+        name: the registry entry (for the message).
+        model: the model id (for the message).
+        requirement: a PEP 440 specifier (``==4.42.4``); empty means any version.
+        installed: the version to check (default: the installed transformers).
+    """
+    if not requirement:
+        return
+    from packaging.version import InvalidVersion, Version
+
+    if installed is None:
+        installed = str(_import_transformers().__version__)
+    try:
+        ok = _specifier(requirement).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"'{name}' ({model}) needs transformers{requirement}: the model's own code does not run "
+            f"on other releases, and transformers {installed} is installed. Install it, best in a "
+            f"separate environment: pip install 'transformers{requirement}'"
+        )
+
+
+def dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """``from_pretrained``'s dtype argument under its name for the installed transformers:
+    ``dtype`` since 4.56, ``torch_dtype`` before (NV-Embed-v2 needs 4.42.4)."""
+    from packaging.version import Version
+
+    version = Version(str(_import_transformers().__version__))
+    return {"dtype": dtype} if version >= Version("4.56.0.dev0") else {"torch_dtype": dtype}
 
 
 def resolve_devices(device: str | None) -> list[str]:
@@ -477,6 +532,7 @@ class HFEncoder:
                 return self._loaded[model_id]
             torch = _import_torch()
             transformers = _import_transformers()
+            check_transformers_version(self.name, model_id, self.spec.transformers)
             if not self.show_progress:  # transformers' own "Loading weights" bar
                 transformers.utils.logging.disable_progress_bar()
             path = resolve_model_path(model_id)
@@ -497,7 +553,7 @@ class HFEncoder:
             for dev in devices:
                 dtype = resolve_dtype(self.spec.dtype, dev)
                 model = model_cls.from_pretrained(
-                    path, dtype=dtype, trust_remote_code=self.spec.trust_remote_code
+                    path, trust_remote_code=self.spec.trust_remote_code, **dtype_kwarg(dtype)
                 )
                 model.eval()
                 model.to(torch.device(dev))

@@ -30,6 +30,7 @@ from r2med_agent.retrieval.encoders import (
     _batches_by_budget,
     _import_torch,
     _import_transformers,
+    dtype_kwarg,
     resolve_devices,
     resolve_dtype,
     resolve_model_path,
@@ -202,7 +203,7 @@ def _load_classifier(spec: RerankerSpec, dtype: Any) -> Any:
     transformers = _import_transformers()
     if spec.base_model is None:
         return transformers.AutoModelForSequenceClassification.from_pretrained(
-            resolve_model_path(spec.model), dtype=dtype, trust_remote_code=spec.trust_remote_code
+            resolve_model_path(spec.model), trust_remote_code=spec.trust_remote_code, **dtype_kwarg(dtype)
         )
     try:
         from peft import PeftModel
@@ -211,8 +212,8 @@ def _load_classifier(spec: RerankerSpec, dtype: Any) -> Any:
     base = transformers.AutoModelForSequenceClassification.from_pretrained(
         resolve_model_path(spec.base_model),
         num_labels=1,
-        dtype=dtype,
         trust_remote_code=spec.trust_remote_code,
+        **dtype_kwarg(dtype),
     )
     return PeftModel.from_pretrained(base, resolve_model_path(spec.model)).merge_and_unload()
 
