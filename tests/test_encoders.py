@@ -68,3 +68,83 @@ def test_malformed_specifier_in_a_user_config_is_a_config_error(tmp_path: Path) 
         get_encoder_spec("mine")
     with pytest.raises(ValueError, match="not a version specifier"):
         EncoderSpec(name="x", model="m", transformers="latest")
+
+
+# --------------------------------------------------------------------------- prefix tokens in pooling
+
+WORDS = ["represent", "the", "biology", "post", ":", "cells", "divide", "by", "mitosis", "<|embed|>"]
+
+
+def _word_tokenizer(template: str, specials: dict[str, str]):
+    """A real fast tokenizer built offline: whitespace words, then ``template`` (``tokenizers``
+    TemplateProcessing) adds the special tokens, as BERT, T5 or Llama tokenizers do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["<pad>", "<unk>", *specials.values()]
+    vocab = {w: i for i, w in enumerate(names + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    used = [t for t in specials.values() if t in template]
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(t, vocab[t]) for t in used]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", **specials)
+
+
+PREFIX = "represent the biology post : "
+TEXT = "cells divide by mitosis"
+
+
+@pytest.mark.parametrize(
+    "template, specials, first_tokens",
+    [
+        # Llama/Mistral (GritLM): BOS in front belongs to the masked prefix.
+        ("<s> $A", {"bos_token": "<s>"}, ["<s>", "represent", "the", "biology", "post", ":"]),
+        # BERT (Instructor's sentence-transformers recipe): [CLS] in front, [SEP] after the text.
+        ("[CLS] $A [SEP]", {"cls_token": "[CLS]", "sep_token": "[SEP]"}, ["[CLS]", "represent", "the", "biology", "post", ":"]),
+        # T5 (Instructor): only an EOS after the text.
+        ("$A </s>", {"eos_token": "</s>"}, ["represent", "the", "biology", "post", ":"]),
+    ],
+    ids=["bos", "cls-sep", "eos"],
+)
+def test_prefix_token_count_for_bos_and_eos_style_tokenizers(template, specials, first_tokens) -> None:
+    from r2med_agent.retrieval.encoders import prefix_token_count
+
+    tok = _word_tokenizer(template, specials)
+    n = prefix_token_count(tok, PREFIX)
+    assert n == len(first_tokens)
+    full = tok.convert_ids_to_tokens(tok(PREFIX + TEXT)["input_ids"])
+    assert full[:n] == first_tokens
+    assert full[n : n + 4] == TEXT.split()  # pooling starts exactly at the text
+    assert prefix_token_count(tok, "") == 0
+
+
+def test_gritlm_style_pooling_leaves_bos_and_instruction_out(tmp_path: Path) -> None:
+    # A tiny random Llama with the BOS-style tokenizer: the pooled mean must be the mean of the
+    # text's token states only (GritLM masks the instruction and BOS), checked by hand.
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    folder = tmp_path / "tiny-llama"
+    tok = _word_tokenizer("<s> $A", {"bos_token": "<s>"})
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      pad_token_id=tok.pad_token_id)
+    model = LlamaModel(cfg).eval()
+    model.save_pretrained(folder)
+    spec = EncoderSpec(name="tiny-grit", model=str(folder), pooling="mean", pool_exclude_prefix=True,
+                       normalize=False, max_length=32, batch_size=2)
+    texts = [TEXT, "mitosis", "cells divide"]
+    got = HFEncoder(spec, device="cpu").encode(texts, side="query", prefix=PREFIX)
+    n_prefix = 1 + len(PREFIX.split())
+    for row, text in zip(got, texts):
+        ids = torch.tensor([tok(PREFIX + text)["input_ids"]])
+        with torch.inference_mode():
+            hidden = model(input_ids=ids).last_hidden_state[0]
+        np.testing.assert_allclose(row, hidden[n_prefix:].mean(dim=0).numpy(), atol=1e-5)
+        # The old count (one token fewer) would have pooled the instruction's last word too.
+        assert not np.allclose(row, hidden[n_prefix - 1 :].mean(dim=0).numpy(), atol=1e-5)

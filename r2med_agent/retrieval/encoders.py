@@ -86,8 +86,9 @@ class EncoderSpec:
     """Where the query instruction goes for HyDE/LameR/reasoning means: the original query only
     (most encoders) or both halves, query and generated text (Instructor, GritLM, NV-Embed)."""
     pool_exclude_prefix: bool = False
-    """Leave the prefix tokens out of mean pooling (Instructor pairs, GritLM), counted as
-    sentence-transformers does: the prefix's token count without its trailing special token."""
+    """Leave the prefix tokens out of mean pooling (Instructor pairs, GritLM): the prefix's tokens
+    and any special token put before them (``[CLS]``, ``<s>``), not one appended after the text
+    (see :func:`prefix_token_count`)."""
     append_eos: bool = False
     """Truncate to ``max_length - 1`` tokens and append the EOS token (BMRetriever)."""
     doc_title_pair: bool = False
@@ -466,6 +467,29 @@ def _apply_dense(layers: list[_DenseLayer], x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- HF encoder
 
 
+def prefix_token_count(tokenizer: Any, prefix: str) -> int:
+    """How many leading tokens of ``prefix + text`` belong to the prefix, special tokens the
+    tokenizer puts in front included: ``[CLS]`` (BERT) or ``<s>`` (Llama, Mistral: GritLM masks
+    ``len(tokenizer(instruction))`` tokens, BOS included), but not a special token it appends at
+    the end (``[SEP]``, T5's ``</s>``), which follows the text, not the prefix.
+
+    The prefix's own tokens are located inside its tokenisation with special tokens; everything
+    up to their end counts.
+    """
+    with_special: list[int] = list(tokenizer(prefix)["input_ids"])
+    bare: list[int] = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    if not bare:
+        return 0
+    for lead in range(len(with_special) - len(bare) + 1):
+        if with_special[lead : lead + len(bare)] == bare:
+            return lead + len(bare)
+    # A tokenizer whose template rewrites the prefix's own tokens: count what it adds in front.
+    logger.debug("prefix tokens not found inside the prefix's own tokenisation; counting them alone")
+    mask = tokenizer(prefix, return_special_tokens_mask=True)["special_tokens_mask"]
+    lead = next((i for i, m in enumerate(mask) if not m), 0)
+    return lead + len(bare)
+
+
 @dataclass
 class _Loaded:
     tokenizer: Any
@@ -607,8 +631,7 @@ class HFEncoder:
     def _prefix_token_count(self, lo: _Loaded, prefix: str) -> int:
         if not prefix or not self.spec.pool_exclude_prefix:
             return 0
-        n = len(lo.tokenizer(prefix)["input_ids"])
-        return max(0, n - 1)
+        return prefix_token_count(lo.tokenizer, prefix)
 
     def _run_batch(
         self,
