@@ -148,3 +148,73 @@ def test_gritlm_style_pooling_leaves_bos_and_instruction_out(tmp_path: Path) -> 
         np.testing.assert_allclose(row, hidden[n_prefix:].mean(dim=0).numpy(), atol=1e-5)
         # The old count (one token fewer) would have pooled the instruction's last word too.
         assert not np.allclose(row, hidden[n_prefix - 1 :].mean(dim=0).numpy(), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- instructions per task
+
+# The task descriptions of R2MED's reference code (BRIGHT's style), per R2MED task.
+PAPER_QUERY_INSTRUCTIONS = {
+    "Biology": "Given a Biology post, retrieve relevant passages that help answer the post",
+    "Bioinformatics": "Given a Bioinformatics post, retrieve relevant passages that help answer the post",
+    "Medical-Sciences": "Given a Medical Science post, retrieve relevant passages that help answer the post",
+    "MedXpertQA-Exam": "Given a Medical Exam, retrieve relevant passages that help answer the exam",
+    "MedQA-Diag": "Given a Medical Exam, retrieve relevant passages that help answer the exam",
+    "PMC-Treatment": "Given a Clinical Case, retrieve relevant passages that help answer the case",
+    "PMC-Clinical": "Given a Clinical Case, retrieve similar cases that help diagnose the case",
+    "IIYi-Clinical": "Given a Clinical Case, retrieve similar cases that help diagnose the case",
+}
+PAPER_INSTRUCTOR_DOCS = {
+    "Biology": "Represent the Biology paragraph for retrieval: ",
+    "Bioinformatics": "Represent the Bioinformatics paragraph for retrieval: ",
+    "Medical-Sciences": "Represent the Medical Science paragraph for retrieval: ",
+}
+
+
+def _registry_tasks() -> list[tuple[str, str]]:
+    """(task name, R2MED task it must be instructed as): the 8 tasks, their 8 Nano splits, the demo."""
+    from r2med_agent import data
+
+    full = data.task_names("all")
+    nano = data.task_names("nano-all")
+    assert len(full) == len(nano) == 8
+    return [(t, t) for t in full] + [(n, data.get_task_spec(n).base) for n in nano] + [("r2med-demo", "Biology")]
+
+
+@pytest.mark.parametrize("encoder", ["e5", "sfr", "bmr-7b", "grit", "nv"])
+def test_every_registry_task_gets_the_papers_query_instruction(encoder: str) -> None:
+    from r2med_agent import data
+    from r2med_agent.retrieval.encoders import instruction_prefixes
+
+    spec = get_encoder_spec(encoder)
+    fmt_head = spec.instruction_format[: -len("{text}")]
+    tasks = _registry_tasks()
+    assert len(tasks) == 17
+    for name, r2med_task in tasks:
+        ts = data.get_task_spec(name)
+        got = instruction_prefixes(spec, name, ts.family, ts.domain)
+        want = fmt_head.replace("{instruction}", PAPER_QUERY_INSTRUCTIONS[r2med_task])
+        assert got.query == want, name
+
+
+def test_every_registry_task_gets_instructors_paper_instructions() -> None:
+    from r2med_agent import data
+    from r2med_agent.retrieval.encoders import instruction_prefixes
+
+    spec = get_encoder_spec("inst-l")
+    for name, r2med_task in _registry_tasks():
+        ts = data.get_task_spec(name)
+        got = instruction_prefixes(spec, name, ts.family, ts.domain)
+        if r2med_task in PAPER_INSTRUCTOR_DOCS:
+            kind = {"Medical-Sciences": "Medical Science"}.get(r2med_task, r2med_task)
+            assert got.query == f"Represent the {kind} post for retrieving relevant paragraphs: ", name
+            assert got.doc == PAPER_INSTRUCTOR_DOCS[r2med_task], name
+    # Before the lookup by base task, the Nano split fell back to the family template.
+    nano = instruction_prefixes(spec, "nano-Medical-Sciences", "qa", "medical sciences")
+    assert "medical sciences" not in nano.query and "Medical Science post" in nano.query
+
+
+def test_names_outside_the_registry_use_the_family_template() -> None:
+    from r2med_agent.retrieval.encoders import instruction_prefixes
+
+    got = instruction_prefixes(get_encoder_spec("e5"), "my-local-cardiology", "qa", "cardiology")
+    assert "Given a cardiology post" in got.query

@@ -161,12 +161,28 @@ def get_encoder_spec(name: str) -> EncoderSpec:
 
 
 def _lookup_instruction(
-    table: Mapping[str, str], task_name: str, family: str, domain: str
+    table: Mapping[str, str], names: Sequence[str], family: str, domain: str
 ) -> str | None:
-    for key in (task_name, family, _INSTRUCTION_DEFAULT_KEY):
+    for key in (*names, family, _INSTRUCTION_DEFAULT_KEY):
         if key and key in table:
             return table[key].replace("{domain}", domain)
     return None
+
+
+def _task_keys(task_name: str) -> tuple[str, ...]:
+    """The task's name, then the R2MED task behind it (``nano-Medical-Sciences`` ->
+    ``Medical-Sciences``, the packaged Biology demo -> ``Biology``), so derived tasks get the
+    paper's own instruction rather than the family template. Names outside the registry (a
+    user's local folder) stand for themselves."""
+    from r2med_agent.data import base_task_name
+
+    if not task_name:
+        return ()
+    try:
+        base = base_task_name(task_name)
+    except ConfigError:
+        return (task_name,)
+    return (task_name,) if base == task_name else (task_name, base)
 
 
 def _prefix_from(fmt: str, instruction: str) -> str:
@@ -196,14 +212,16 @@ def instruction_prefixes(
 ) -> Prefixes:
     """Resolve the encoder's instructions for one task.
 
-    The query instruction is looked up by task name, then family, then ``default``; without one the
-    fixed ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
+    The query instruction is looked up by task name, then the R2MED task it is drawn from (a
+    NanoR2MED split, the packaged demo), then family, then ``default``; without one the fixed
+    ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
     """
-    q_instr = _lookup_instruction(spec.query_instructions, task_name, family, domain)
+    keys = _task_keys(task_name)
+    q_instr = _lookup_instruction(spec.query_instructions, keys, family, domain)
     query = (
         _prefix_from(spec.instruction_format, q_instr) if q_instr is not None else spec.query_prefix
     )
-    d_instr = _lookup_instruction(spec.doc_instructions, task_name, family, domain)
+    d_instr = _lookup_instruction(spec.doc_instructions, keys, family, domain)
     doc = (
         _prefix_from(spec.doc_instruction_format, d_instr) if d_instr is not None else spec.doc_prefix
     )
