@@ -38,6 +38,10 @@ class RunConfig:
         loop_retriever: retriever the agentic loops search while reasoning (None: the same as
             ``retriever``). With ``final="fuse"`` the fused ranking comes from the loop's own
             searches, so the two must be the same.
+        fusion: how a '+'-joined ``retriever`` fuses its members: ``rrf`` (reciprocal rank
+            fusion) or ``weighted`` (weighted sum of per-query min-max normalised scores).
+        fusion_weights: one weight per member for ``weighted`` (None: all 1.0).
+        rrf_k: the RRF constant (60, as Cormack et al.).
         reranker: reranker registry name, or None.
         rerank_k: how many top documents the reranker re-scores.
         top_k: documents kept per query (R2MED scores the top 100).
@@ -58,6 +62,9 @@ class RunConfig:
     llm: str | None = None
     retriever: str = "bm25"
     loop_retriever: str | None = None
+    fusion: str = "rrf"
+    fusion_weights: tuple[float, ...] | None = None
+    rrf_k: int = 60
     reranker: str | None = None
     rerank_k: int = 100
     top_k: int = 100
@@ -84,14 +91,26 @@ class RunConfig:
         if self.top_k < 1 or self.rerank_k < 1:
             raise ConfigError("--top-k and --rerank-k must be at least 1")
         _check_sampling_values(self.sampling)
+        _check_fusion(self)
 
     @property
     def llm_label(self) -> str:
         return self.llm if self.method != "none" and self.llm else "none"
 
     @property
+    def fusion_options(self) -> dict[str, Any]:
+        """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined)."""
+        if "+" not in self.retriever:
+            return {}
+        return {"fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
+
+    @property
     def retriever_label(self) -> str:
+        from r2med_agent.retrieval.fusion import fusion_label
+
         label = self.retriever
+        if "+" in label:  # other fusion settings, other folder
+            label = fusion_label(label, self.fusion, self.rrf_k, self.fusion_weights)
         if self.method in ("search-r1", "search-o1") and self.final == "fuse":
             label += "__fuse"
         if self.reranker:
@@ -99,7 +118,8 @@ class RunConfig:
         return label
 
     def result_dir(self) -> Path:
-        """``<output>/<method>/<llm>/<retriever>[__fuse][__<reranker>]``."""
+        """``<output>/<method>/<llm>/<retriever>[__fuse][__<reranker>]``; a fusion run's retriever
+        part carries its settings when they are not the default (``bm25+minilm-weighted-0.3-0.7``)."""
         return Path(self.output_dir) / self.method / self.llm_label / self.retriever_label
 
 
@@ -171,7 +191,9 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     index_time: dict[str, float] = {}
     for task in tasks:
         t0 = time.perf_counter()
-        retrievers[task.name] = make_retriever(cfg.retriever, task, show_progress=cfg.show_progress)
+        retrievers[task.name] = make_retriever(
+            cfg.retriever, task, show_progress=cfg.show_progress, **cfg.fusion_options
+        )
         index_time[task.name] = time.perf_counter() - t0
 
     params = None
@@ -268,6 +290,19 @@ def _check_sampling_values(overrides: dict[str, Any]) -> None:
         problems.append(f"--top-p must be in (0, 1], got {overrides['top_p']}")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _check_fusion(cfg: RunConfig) -> None:
+    """Fusion options need a '+'-joined --retriever and values in range (checked before any work)."""
+    from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, check_fusion_options
+
+    n = len(cfg.retriever.split("+"))
+    if n == 1 and (cfg.fusion != "rrf" or cfg.fusion_weights is not None or cfg.rrf_k != DEFAULT_RRF_K):
+        raise ConfigError(
+            f"--fusion, --fusion-weights and --rrf-k need a '+'-joined --retriever (e.g. bm25+minilm), "
+            f"got '{cfg.retriever}'"
+        )
+    check_fusion_options(n, cfg.fusion, cfg.rrf_k, cfg.fusion_weights)
 
 
 def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
