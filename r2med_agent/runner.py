@@ -174,8 +174,10 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     tasks = [load_task(name, cfg.data_dir) for name in cfg.tasks]
     out_dir = cfg.result_dir()
 
-    # Everything that can fail cheaply (names, indexes) comes before any LLM work; the LLM's
-    # name is checked before the indexes, which can take hours to build.
+    # Everything that can fail cheaply (names, models, indexes) comes before any LLM work; the
+    # LLM's name is checked before the indexes, which can take hours to build. The reranker's
+    # model is checked (tokenizer, config) but its weights load when reranking starts: loaded now,
+    # they would hold GPU memory an in-process vLLM engine expects to have.
     spec = None
     if cfg.method != "none":
         from r2med_agent.llm.registry import get_llm_spec
@@ -186,6 +188,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         from r2med_agent.retrieval import make_reranker
 
         reranker = make_reranker(cfg.reranker)
+        reranker.check()
     _check_output_dir(out_dir)
     retrievers: dict[str, Any] = {}
     index_time: dict[str, float] = {}

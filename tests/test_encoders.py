@@ -218,3 +218,44 @@ def test_names_outside_the_registry_use_the_family_template() -> None:
 
     got = instruction_prefixes(get_encoder_spec("e5"), "my-local-cardiology", "qa", "cardiology")
     assert "Given a cardiology post" in got.query
+
+
+# --------------------------------------------------------------------------- models that cannot load
+
+
+def test_unloadable_encoder_is_one_clean_error_offline(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), R2MED_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "r2med_agent", "run", "--retriever", "bge", "--task", "sample",
+         "-o", str(tmp_path / "out"), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "error: cannot load encoder 'bge' (BAAI/bge-large-en-v1.5): OSError" in err
+    assert "copy the 'bge' entry of configs/encoders.yaml under 'encoders:'" in err and "--config FILE" in err
+
+
+def test_a_retriever_checks_its_model_even_when_embeddings_are_cached(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("faiss")
+    from r2med_agent.retrieval.dense import DenseRetriever
+    from r2med_agent.types import Doc
+
+    docs = [Doc("d1", "insulin lowers glucose"), Doc("d2", "mosquitoes spread malaria")]
+    spec = dataclasses.replace(get_encoder_spec("minilm"), name="mine", model=str(tmp_path / "gone"))
+    enc = HFEncoder(spec, device="cpu")
+    calls: list[str] = []
+    monkeypatch.setattr(enc, "encode", lambda *a, **k: calls.append("encode"))
+    with pytest.raises(ConfigError, match=r"cannot load encoder 'mine'"):
+        DenseRetriever.from_docs(docs, enc, show_progress=False, cache_root=tmp_path / "emb")
+    assert calls == []  # failed before encoding (or reading a cache) anything
+
+    api = get_encoder_spec("openai")
+    monkeypatch.delenv(api.api_key_env, raising=False)
+    with pytest.raises(ConfigError, match=api.api_key_env):
+        DenseRetriever.from_docs(docs, api, show_progress=False, cache_root=tmp_path / "emb")

@@ -482,6 +482,9 @@ class DenseRetriever:
         cache_root: Path | None = None,
     ) -> DenseRetriever:
         enc = _as_encoder(encoder, device=device, show_progress=show_progress)
+        check = getattr(enc, "check", None)
+        if check is not None:  # the model (or API key) must be there even when embeddings are cached
+            check()
         prefixes = instruction_prefixes(enc.spec, task_name, family, domain)
         emb = encode_corpus(
             enc,

@@ -357,6 +357,34 @@ def check_transformers_version(
         )
 
 
+_LOAD_ERRORS = (OSError, ValueError, ImportError)
+"""What ``from_pretrained`` raises for a model it cannot get: OSError (not in the cache and no hub
+access, a wrong id or folder), ValueError (not a model folder it knows), ImportError (a package the
+model's own code needs)."""
+
+
+def model_load_error(kind: str, name: str, model: str, err: BaseException) -> ConfigError:
+    """The ConfigError for a registry entry whose model cannot be loaded: what failed and the two
+    ways out (hub access once, or a local copy through a user config entry)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    detail = f"{type(err).__name__}: {lines[0].rstrip('.')}" if lines else type(err).__name__
+    section = f"{kind}s"
+    return ConfigError(
+        f"cannot load {kind} '{name}' ({model}): {detail}. Either let it download once from the "
+        f"Hugging Face hub (network access, HF_HUB_OFFLINE unset; later runs use the cached copy), "
+        f"or use a local copy: copy the '{name}' entry of configs/{section}.yaml under '{section}:' "
+        f"in a user config file, set its model to the folder, and pass --config FILE"
+    )
+
+
+def load_pretrained(loader: Any, path: str, *, kind: str, name: str, model: str, **kwargs: Any) -> Any:
+    """``loader(path, **kwargs)`` (a ``from_pretrained``) with load failures as a ConfigError."""
+    try:
+        return loader(path, **kwargs)
+    except _LOAD_ERRORS as e:
+        raise model_load_error(kind, name, model, e) from e
+
+
 def dtype_kwarg(dtype: Any) -> dict[str, Any]:
     """``from_pretrained``'s dtype argument under its name for the installed transformers:
     ``dtype`` since 4.56, ``torch_dtype`` before (NV-Embed-v2 needs 4.42.4)."""
@@ -564,9 +592,32 @@ class HFEncoder:
         self.device = device
         self.show_progress = show_progress
         self._loaded: dict[str, _Loaded] = {}
+        self._meta: dict[str, tuple[Any, Any]] = {}  # model id -> (tokenizer, config)
         self._lock = threading.Lock()
 
     # -- loading -----------------------------------------------------------------------
+    def _tokenizer_and_config(self, model_id: str, path: str) -> tuple[Any, Any]:
+        if model_id not in self._meta:  # read once (by check() or the first load)
+            transformers = _import_transformers()
+            kw = dict(kind="encoder", name=self.name, model=model_id, trust_remote_code=self.spec.trust_remote_code)
+            tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained, path, **kw)
+            config = load_pretrained(transformers.AutoConfig.from_pretrained, path, **kw)
+            self._meta[model_id] = (tokenizer, config)
+        return self._meta[model_id]
+
+    def check(self) -> None:
+        """Fail now, with a ConfigError, if a model of this encoder cannot be loaded: the
+        transformers version it needs, and its tokenizer and config (from the hub cache, the hub
+        or a folder). Cheap: no weights are read, nothing goes to a GPU. A retriever calls it
+        when built, so a model missing at query time fails before any LLM work."""
+        _import_torch()
+        for side in ("query", "doc"):
+            model_id = self.spec.model_for(side)  # type: ignore[arg-type]
+            if model_id in self._loaded:
+                continue
+            check_transformers_version(self.name, model_id, self.spec.transformers)
+            self._tokenizer_and_config(model_id, resolve_model_path(model_id))
+
     def _load(self, side: Side) -> _Loaded:
         model_id = self.spec.model_for(side)
         with self._lock:
@@ -580,12 +631,7 @@ class HFEncoder:
             path = resolve_model_path(model_id)
             devices = resolve_devices(self.device)
             t0 = time.perf_counter()
-            tokenizer = transformers.AutoTokenizer.from_pretrained(
-                path, trust_remote_code=self.spec.trust_remote_code
-            )
-            config = transformers.AutoConfig.from_pretrained(
-                path, trust_remote_code=self.spec.trust_remote_code
-            )
+            tokenizer, config = self._tokenizer_and_config(model_id, path)
             model_cls = (
                 transformers.T5EncoderModel
                 if getattr(config, "model_type", "") in ("t5", "mt5")
@@ -594,8 +640,9 @@ class HFEncoder:
             replicas = []
             for dev in devices:
                 dtype = resolve_dtype(self.spec.dtype, dev)
-                model = model_cls.from_pretrained(
-                    path, trust_remote_code=self.spec.trust_remote_code, **dtype_kwarg(dtype)
+                model = load_pretrained(
+                    model_cls.from_pretrained, path, kind="encoder", name=self.name, model=model_id,
+                    trust_remote_code=self.spec.trust_remote_code, **dtype_kwarg(dtype),
                 )
                 model.eval()
                 model.to(torch.device(dev))
@@ -793,6 +840,10 @@ class APIEncoder:
         self.name = spec.name
         self.show_progress = show_progress
         self.timeout_s = timeout_s
+
+    def check(self) -> None:
+        """Fail now if the API key is not set (see :meth:`HFEncoder.check`)."""
+        self._key()
 
     def _key(self) -> str:
         key = os.environ.get(self.spec.api_key_env, "")
