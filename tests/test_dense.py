@@ -575,3 +575,87 @@ def test_two_replicas_in_threads_give_the_single_replica_result(monkeypatch: pyt
     got = double.encode(texts, side="doc")
     assert len(double._loaded[spec.model].replicas) == 2
     np.testing.assert_allclose(got, single, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- GPU index choice (unit tests)
+# No GPU here: a stand-in faiss module whose "GPU index" is a recording wrapper around the real
+# CPU index exercises the choices FlatIndex makes; faiss-gpu itself is not run.
+
+
+class _RecordingIndex:
+    def __init__(self, cpu, log: list[tuple[str, int]]) -> None:
+        self.cpu, self.log = cpu, log
+
+    def search(self, q, k):
+        self.log.append(("gpu", k))
+        return self.cpu.search(q, k)
+
+
+def _fake_faiss(n_gpus: int, with_gpu_support: bool = True):
+    import types
+
+    import faiss
+
+    log: list[tuple[str, int]] = []
+    fake = types.SimpleNamespace(IndexFlatIP=faiss.IndexFlatIP, get_num_gpus=lambda: n_gpus, log=log)
+    if with_gpu_support:
+        fake.StandardGpuResources = object
+        fake.index_cpu_to_all_gpus = lambda cpu: _RecordingIndex(cpu, log)
+    return fake
+
+
+def test_gpu_index_is_used_up_to_faiss_gpus_k_limit_then_the_cpu_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import r2med_agent.retrieval.dense as dense
+
+    fake = _fake_faiss(n_gpus=2)
+    monkeypatch.setattr(dense, "_import_faiss", lambda: fake)
+    rng = np.random.default_rng(3)
+    docs = l2_normalize(rng.standard_normal((3000, 16)))
+    queries = l2_normalize(rng.standard_normal((5, 16)))
+    index = FlatIndex(docs)  # use_gpu=None: a GPU when faiss sees one
+    assert index._gpu is not None
+    s, i = index.search(queries, 100)
+    assert fake.log == [("gpu", 125)]  # k + margin, on the "GPU"
+    bs, bi = brute_force(queries, docs, 100)
+    np.testing.assert_array_equal(i, bi)
+    fake.log.clear()
+    s, i = index.search(queries, 2000)  # k + margin = 2500 > 2048: the CPU copy answers
+    assert fake.log == []
+    np.testing.assert_array_equal(i, brute_force(queries, docs, 2000)[1])
+    assert FlatIndex(docs, use_gpu=False)._gpu is None
+
+
+def test_gpu_index_requests_without_gpu_support_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    import r2med_agent.retrieval.dense as dense
+    from r2med_agent.errors import MissingExtraError
+
+    docs = l2_normalize(np.random.default_rng(4).standard_normal((10, 8)))
+    monkeypatch.setattr(dense, "_import_faiss", lambda: _fake_faiss(n_gpus=0, with_gpu_support=False))
+    assert FlatIndex(docs)._gpu is None  # auto: CPU
+    with pytest.raises(MissingExtraError, match=r"pip install 'r2med-agent\[gpu\]'.*pip uninstall faiss-cpu"):
+        FlatIndex(docs, use_gpu=True)
+    monkeypatch.setattr(dense, "_import_faiss", lambda: _fake_faiss(n_gpus=0))
+    with pytest.raises(ConfigError, match="faiss sees no GPU"):
+        FlatIndex(docs, use_gpu=True)
+
+
+def test_missing_faiss_names_both_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from r2med_agent.errors import MissingExtraError
+    from r2med_agent.retrieval.dense import _import_faiss
+
+    real_import = builtins.__import__
+
+    def no_faiss(name, *args, **kwargs):
+        if name == "faiss":
+            raise ImportError("No module named 'faiss'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_faiss)
+    with pytest.raises(MissingExtraError) as e:
+        _import_faiss()
+    assert str(e.value) == (
+        "faiss is not installed; install it with: pip install 'r2med-agent[cpu]' "
+        "(or 'r2med-agent[gpu]' on a CUDA 12 machine, never both)"
+    )

@@ -259,3 +259,94 @@ def test_a_retriever_checks_its_model_even_when_embeddings_are_cached(tmp_path: 
     monkeypatch.delenv(api.api_key_env, raising=False)
     with pytest.raises(ConfigError, match=api.api_key_env):
         DenseRetriever.from_docs(docs, api, show_progress=False, cache_root=tmp_path / "emb")
+
+
+# --------------------------------------------------------------------------- precision, devices (unit tests)
+
+
+def test_mean_pooling_of_half_precision_states_sums_in_float32() -> None:
+    import torch
+
+    from r2med_agent.retrieval.encoders import pool
+
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(2, 2048, 8, generator=g) + 3.0).to(torch.bfloat16)  # a GPU model's output
+    mask = torch.ones(2, 2048, dtype=torch.long)
+    mask[1, 1500:] = 0
+    want = torch.stack([hidden[0].double().mean(0), hidden[1, :1500].double().mean(0)])
+    got = pool(hidden, mask, "mean")
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+    # What summing in bfloat16 gave: off in the second or third digit.
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    in_bf16 = (hidden * m).sum(1) / m.sum(1)
+    assert (in_bf16.double() - want).abs().max() > 1e-3
+    for method in ("cls", "last-token"):
+        assert pool(hidden, mask, method).dtype == torch.float32
+
+
+def test_resolve_dtype_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from r2med_agent.retrieval.encoders import resolve_devices, resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", "cuda:0") is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # e.g. a V100
+    assert resolve_dtype("auto", "cuda:1") is torch.float16
+    assert resolve_dtype("float32", "cuda:0") is torch.float32
+    assert resolve_dtype("bfloat16", "cuda:0") is torch.bfloat16
+    for d in ("auto", "float16", "bfloat16"):
+        assert resolve_dtype(d, "cpu") is torch.float32  # half precision never on CPU
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_devices(None) == ["cpu"]
+    with pytest.raises(ConfigError, match="torch sees no GPU"):
+        resolve_devices("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert resolve_devices(None) == resolve_devices("cuda") == ["cuda:0", "cuda:1", "cuda:2"]
+    assert resolve_devices("cuda:1") == ["cuda:1"] and resolve_devices("cpu") == ["cpu"]
+
+
+class _ModelWithEncode:
+    """Stand-in for NV-Embed's remote model: ``encode(texts, instruction, max_length)``; records
+    the texts it was given so the split across replicas can be checked."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def encode(self, texts, instruction="", max_length=0):
+        import hashlib
+
+        import numpy as np
+
+        self.seen.extend(texts)
+        rows = []
+        for t in texts:
+            seed = int.from_bytes(hashlib.sha256((instruction + t).encode()).digest()[:8], "little")
+            rows.append(np.random.default_rng(seed).standard_normal(6))
+        return np.asarray(rows, dtype=np.float32)
+
+
+def test_model_pooling_uses_every_replica_and_keeps_input_order() -> None:
+    import numpy as np
+
+    from r2med_agent.retrieval.encoders import _Loaded
+
+    spec = EncoderSpec(name="nv-like", model="m", pooling="model", batch_size=4)
+    texts = [f"text {i} " + "word " * (i % 13) for i in range(50)]
+
+    def encode_with(n_rep: int) -> tuple[np.ndarray, list[_ModelWithEncode]]:
+        models = [_ModelWithEncode() for _ in range(n_rep)]
+        lo = _Loaded(tokenizer=None, replicas=[(f"cuda:{i}", m) for i, m in enumerate(models)], dense=[],
+                     pad_id=0, eos_id=None, uses_token_types=False)
+        return HFEncoder(spec)._encode_with_model_method(lo, texts, "Instruct: x\nQuery: ", 64), models
+
+    one, _ = encode_with(1)
+    two, models = encode_with(2)
+    np.testing.assert_allclose(two, one, atol=1e-6)
+    assert all(m.seen for m in models)  # both GPUs got work
+    assert sorted(models[0].seen + models[1].seen) == sorted(texts)
+    ref = _ModelWithEncode().encode([texts[7]], instruction="Instruct: x\nQuery: ")[0]
+    np.testing.assert_allclose(one[7], ref / np.linalg.norm(ref), atol=1e-6)

@@ -193,3 +193,16 @@ def test_reranker_check_reads_no_weights(tiny_cross_encoder: dict[int, Path], tm
         PairwiseReranker(missing, device="cpu").check()
     with pytest.raises(ConfigError, match=r"cannot load reranker 'gone'"):
         PairwiseReranker(missing, device="cpu").score_pairs([("q", "d")])
+
+
+def test_vllm_is_used_for_one_logit_heads_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import r2med_agent.retrieval.rerank as rerank
+
+    monkeypatch.setattr(rerank, "_vllm_usable", lambda: True)  # as on a GPU machine with vLLM
+    assert make_reranker("bge-reranker").backend == "vllm"
+    # monoBERT's relevance is logit 1 of 2: vLLM's score API returns one number per pair.
+    assert make_reranker("monobert").backend == "transformers"
+    with pytest.raises(ConfigError, match=r"'monobert'.*logit 1.*backend: transformers"):
+        make_reranker("monobert", backend="vllm")
+    monkeypatch.setattr(rerank, "_vllm_usable", lambda: False)
+    assert make_reranker("bge-reranker").backend == "transformers"

@@ -41,6 +41,7 @@ from r2med_agent.errors import ConfigError, MissingExtraError
 from r2med_agent.io import atomic_write_json
 from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.encoders import (
+    GPU_ALTERNATIVE,
     Encoder,
     EncoderSpec,
     Prefixes,
@@ -77,7 +78,7 @@ def _import_faiss() -> Any:
     try:
         import faiss
     except ImportError:
-        raise MissingExtraError("faiss-cpu", "dense") from None
+        raise MissingExtraError("faiss", "cpu", GPU_ALTERNATIVE) from None
     return faiss
 
 
@@ -394,8 +395,12 @@ class FlatIndex:
         if use_gpu is None:
             use_gpu = gpus > 0
         if use_gpu:
-            if not (hasattr(faiss, "StandardGpuResources") and gpus > 0):
-                raise MissingExtraError("faiss-gpu-cu12", "gpu")
+            if not hasattr(faiss, "StandardGpuResources"):
+                raise MissingExtraError(
+                    "faiss with GPU support", "gpu", "after removing faiss-cpu: pip uninstall faiss-cpu"
+                )
+            if gpus == 0:
+                raise ConfigError("a GPU faiss index was requested (use_gpu) but faiss sees no GPU")
             self._gpu = faiss.index_cpu_to_all_gpus(self._cpu)
             logger.info("faiss index on %d GPU(s)", gpus)
 

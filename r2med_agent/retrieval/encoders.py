@@ -7,7 +7,7 @@ which *side* it encodes (``query`` or ``doc``, since MedCPT uses two models) and
 some models leave out of pooling (Instructor, GritLM).
 
 Heavy dependencies (torch, transformers) are imported inside functions; a missing one raises
-:class:`~r2med_agent.errors.MissingExtraError` naming the ``dense`` extra.
+:class:`~r2med_agent.errors.MissingExtraError` naming the ``cpu`` extra (``gpu`` on CUDA machines).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 Side = Literal["query", "doc"]
+
+GPU_ALTERNATIVE = "or 'r2med-agent[gpu]' on a CUDA 12 machine, never both"
+"""Said after the ``[cpu]`` install command: the two extras ship different faiss builds."""
 
 _INSTRUCTION_DEFAULT_KEY = "default"
 
@@ -274,7 +277,7 @@ def resolve_model_path(model: str) -> str:
     try:
         root = resources.files(package)
     except ModuleNotFoundError:
-        raise MissingExtraError(package.replace("_", "-"), "dense") from None
+        raise MissingExtraError(package.replace("_", "-"), "cpu", GPU_ALTERNATIVE) from None
     path = Path(str(root / sub)) if sub else Path(str(root))
     if not (path / "config.json").exists():
         raise ConfigError(f"model '{model}': no config.json under {path}; reinstall the package")
@@ -305,7 +308,7 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise MissingExtraError("torch", "dense") from None
+        raise MissingExtraError("torch", "cpu", GPU_ALTERNATIVE) from None
     return torch
 
 
@@ -313,7 +316,7 @@ def _import_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise MissingExtraError("transformers", "dense") from None
+        raise MissingExtraError("transformers", "cpu", GPU_ALTERNATIVE) from None
     return transformers
 
 
@@ -416,22 +419,23 @@ def resolve_dtype(spec_dtype: str, device: str) -> Any:
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
-    """Pool token states ``(B, L, H)`` with attention mask ``(B, L)`` into ``(B, H)``.
+    """Pool token states ``(B, L, H)`` with attention mask ``(B, L)`` into float32 ``(B, H)``.
 
-    ``last-token`` takes the last position whose mask is 1 (right padding assumed; with left padding
-    the last position is also the last non-padding token)."""
+    ``mean`` sums in float32 whatever the model's dtype (a bf16 sum over 2,048 tokens keeps about
+    three significant digits). ``last-token`` takes the last position whose mask is 1 (right
+    padding assumed; with left padding the last position is also the last non-padding token)."""
     torch = _import_torch()
     if method == "cls":
-        return hidden[:, 0]
+        return hidden[:, 0].float()
     if method == "mean":
-        m = mask.to(hidden.dtype).unsqueeze(-1)
-        summed = (hidden * m).sum(dim=1)
+        m = mask.to(torch.float32).unsqueeze(-1)
+        summed = (hidden.float() * m).sum(dim=1)
         count = m.sum(dim=1).clamp(min=1e-9)
         return summed / count
     if method == "last-token":
         positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
         last = (positions * mask.long()).argmax(dim=1)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float()
     raise ConfigError(f"unknown pooling '{method}'; allowed: cls, mean, last-token, model")
 
 
@@ -573,6 +577,16 @@ def _split_for_replicas(
         groups[g].append(b)
         acc += c
     return groups
+
+
+def _run_on_replicas(work: Any, n_rep: int) -> None:
+    """``work(i)`` for each replica: inline for one, else in one thread per replica."""
+    if n_rep == 1:
+        work(0)
+        return
+    with ThreadPoolExecutor(max_workers=n_rep) as executor:
+        for f in [executor.submit(work, r) for r in range(n_rep)]:
+            f.result()
 
 
 class HFEncoder:
@@ -728,7 +742,7 @@ class HFEncoder:
         if n_prefix:
             pool_mask = attention.clone()
             pool_mask[:, :n_prefix] = 0
-        vec = pool(hidden, pool_mask, self.spec.pooling).float()
+        vec = pool(hidden, pool_mask, self.spec.pooling)
         if lo.dense:
             vec = _apply_dense(lo.dense, vec)
         if self.spec.normalize:
@@ -738,21 +752,29 @@ class HFEncoder:
     def _encode_with_model_method(
         self, lo: _Loaded, texts: list[str], prefix: str, max_length: int
     ) -> np.ndarray:
-        """``pooling: model``: the repo's own ``encode`` (NV-Embed), longest texts first."""
+        """``pooling: model``: the repo's own ``encode`` (NV-Embed), longest texts first, batches
+        dealt to the replicas (one per GPU) as contiguous runs of similar cost, in threads."""
         torch = _import_torch()
-        _, model = lo.replicas[0]
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        parts = []
         bs = self.spec.batch_size
-        for start in range(0, len(order), bs):
-            batch = [texts[i] for i in order[start : start + bs]]
-            with torch.inference_mode():
-                emb = model.encode(batch, instruction=prefix, max_length=max_length)
-            emb = torch.as_tensor(emb).float()
-            if self.spec.normalize:
-                emb = torch.nn.functional.normalize(emb, dim=-1)
-            parts.append(emb.cpu().numpy())
-        sorted_out = np.concatenate(parts).astype(np.float32, copy=False)
+        batches = [(s, min(len(order), s + bs)) for s in range(0, len(order), bs)]
+        costs = [(e - s) * len(texts[order[s]]) for s, e in batches]  # longest text sets the width
+        groups = _split_for_replicas(batches, costs, len(lo.replicas))
+        results: dict[tuple[int, int], np.ndarray] = {}
+
+        def work(rep: int) -> None:
+            _, model = lo.replicas[rep]
+            for s, e in groups[rep]:
+                batch = [texts[i] for i in order[s:e]]
+                with torch.inference_mode():
+                    emb = model.encode(batch, instruction=prefix, max_length=max_length)
+                emb = torch.as_tensor(emb).float()
+                if self.spec.normalize:
+                    emb = torch.nn.functional.normalize(emb, dim=-1)
+                results[(s, e)] = emb.cpu().numpy()
+
+        _run_on_replicas(work, len(lo.replicas))
+        sorted_out = np.concatenate([results[b] for b in batches]).astype(np.float32, copy=False)
         out = np.empty_like(sorted_out)
         out[order] = sorted_out
         return out
@@ -810,12 +832,7 @@ class HFEncoder:
                             bar.update(e - s)
 
         try:
-            if n_rep == 1:
-                work(0)
-            else:
-                with ThreadPoolExecutor(max_workers=n_rep) as pool_:
-                    for f in [pool_.submit(work, r) for r in range(n_rep)]:
-                        f.result()
+            _run_on_replicas(work, n_rep)
         finally:
             if bar is not None:
                 bar.close()

@@ -68,7 +68,8 @@ class RerankerSpec:
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """As for encoders: half precision on GPU, float32 on CPU."""
     backend: Literal["auto", "transformers", "vllm"] = "auto"
-    """``auto``: vLLM when it is installed and a GPU is present, else transformers."""
+    """``auto``: vLLM when it is installed, a GPU is present and the head has one logit
+    (``score_index`` 0), else transformers."""
     trust_remote_code: bool = False
     """Allow the model repo's own modelling code."""
     transformers: str = ""
@@ -287,7 +288,8 @@ def _import_vllm() -> Any:
 
 
 class _VLLMScorer:
-    """Pairs -> scores through vLLM's offline scoring API (``LLM.score``).
+    """Pairs -> scores through vLLM's offline scoring API (``LLM.score``): one score per pair,
+    so one-logit heads only (``PairwiseReranker`` routes other heads to transformers).
 
     Not exercised on machines without a GPU and vLLM; the transformers path is the tested one.
     """
@@ -353,8 +355,15 @@ class PairwiseReranker:
         chosen = backend or spec.backend
         if chosen not in ("auto", "transformers", "vllm"):
             raise ConfigError(f"reranker backend '{chosen}' is not one of: auto, transformers, vllm")
+        # vLLM's score API gives one number per pair (a one-logit head); a head whose relevance is
+        # another logit (monoBERT's two-way head, score_index 1) is scored with transformers.
+        if chosen == "vllm" and spec.score_index != 0:
+            raise ConfigError(
+                f"reranker '{spec.name}' scores with logit {spec.score_index} of a multi-logit head, "
+                "which vLLM's score API does not expose; set 'backend: transformers' (or 'auto') in its entry"
+            )
         if chosen == "auto":
-            chosen = "vllm" if _vllm_usable() else "transformers"
+            chosen = "vllm" if spec.score_index == 0 and _vllm_usable() else "transformers"
         self.backend = chosen
         self._scorer: _TransformersScorer | _VLLMScorer = (
             _VLLMScorer(spec) if chosen == "vllm" else _TransformersScorer(spec, device, show_progress)
