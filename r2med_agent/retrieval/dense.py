@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from r2med_agent.errors import ConfigError, MissingExtraError
-from r2med_agent.io import atomic_write_json
+from r2med_agent.io import atomic_write_json, set_default_mode
 from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.encoders import (
     GPU_ALTERNATIVE,
@@ -100,11 +100,16 @@ def corpus_fingerprint(docs: Sequence[Doc]) -> str:
     return h.hexdigest()
 
 
-def doc_cache_fields(spec: EncoderSpec, doc_prefix: str) -> dict[str, Any]:
-    """What decides a corpus's embeddings: the document-side encoder settings and prefix."""
+def doc_cache_fields(
+    spec: EncoderSpec, doc_prefix: str, runtime: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What decides a corpus's embeddings: the document-side encoder settings and prefix, and
+    what the encoder resolves at run time (``runtime``: the precision actually used, e.g.
+    ``{"dtype": "bfloat16"}`` on a GPU for ``dtype: auto``; how API inputs are truncated)."""
     fields = {
         k: v for k, v in dataclasses.asdict(spec).items() if k not in _QUERY_ONLY_FIELDS
     }
+    fields.update(runtime or {})
     fields["doc_model"] = model_fingerprint(spec.model_for("doc"))
     fields["model"] = None  # covered by doc_model
     fields["resolved_doc_prefix"] = doc_prefix
@@ -112,11 +117,17 @@ def doc_cache_fields(spec: EncoderSpec, doc_prefix: str) -> dict[str, Any]:
     return fields
 
 
-def embedding_cache_key(spec: EncoderSpec, doc_prefix: str, fingerprint: str, n_docs: int) -> str:
+def embedding_cache_key(
+    spec: EncoderSpec,
+    doc_prefix: str,
+    fingerprint: str,
+    n_docs: int,
+    runtime: dict[str, Any] | None = None,
+) -> str:
     blob = json.dumps(
         {
             "format": CACHE_FORMAT,
-            "encoder": doc_cache_fields(spec, doc_prefix),
+            "encoder": doc_cache_fields(spec, doc_prefix, runtime),
             "corpus": fingerprint,
             "n_docs": n_docs,
         },
@@ -133,6 +144,7 @@ def _atomic_save_npy(path: Path, arr: np.ndarray) -> None:
             np.save(f, np.ascontiguousarray(arr, dtype=np.float32))
             f.flush()
             os.fsync(f.fileno())
+        set_default_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -255,6 +267,7 @@ class EmbeddingCache:
                 out[start:end] = np.load(shard_dir / f"{i:05d}.npy")
             out.flush()
             del out
+            set_default_mode(tmp)
             os.replace(tmp, self.embeddings_path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -302,12 +315,15 @@ def encode_corpus(
             )
         )
     fp = fingerprint or corpus_fingerprint(docs)
-    key = embedding_cache_key(spec, doc_prefix, fp, len(docs))
+    runtime_of = getattr(encoder, "doc_runtime_fields", None)
+    runtime = runtime_of() if runtime_of is not None else {}
+    key = embedding_cache_key(spec, doc_prefix, fp, len(docs), runtime)
     directory = (root or cache_dir() / "embeddings") / f"{spec.name}__{key}"
     cache = EmbeddingCache(
         directory,
         key,
-        {"encoder": spec.name, "n_docs": len(docs), "corpus_fingerprint": fp, "doc_prefix": doc_prefix},
+        {"encoder": spec.name, "n_docs": len(docs), "corpus_fingerprint": fp, "doc_prefix": doc_prefix,
+         **runtime},
     )
     arr = cache.load()
     if arr is not None:

@@ -115,6 +115,14 @@ class EncoderSpec:
     """Environment variable holding the API key (``kind: api``); the key itself is never stored."""
     max_chars: int | None = None
     """API inputs are cut to this many characters (APIs reject over-long inputs)."""
+    max_tokens: int | None = None
+    """API inputs are cut to this many tokens (OpenAI rejects inputs over 8,191 with a 400): exactly,
+    with tiktoken's ``tiktoken_encoding``, when tiktoken is installed (``pip install tiktoken``) and
+    the encoding can be loaded; otherwise to this many *characters*, which keeps every input within
+    the limit whenever a token covers at least one character (English text averages about four)."""
+    tiktoken_encoding: str = ""
+    """tiktoken encoding of the API's tokenizer for ``max_tokens`` (OpenAI's v3 embeddings:
+    ``cl100k_base``)."""
 
     def __post_init__(self) -> None:
         for attr in ("instruction_format", "doc_instruction_format"):
@@ -129,6 +137,8 @@ class EncoderSpec:
             raise ValueError("an 'api' encoder needs 'model', 'base_url' and 'api_key_env'")
         if self.max_length < 2 or self.batch_size < 1:
             raise ValueError("max_length must be >= 2 and batch_size >= 1")
+        if (self.max_tokens is not None and self.max_tokens < 1) or (self.max_chars is not None and self.max_chars < 1):
+            raise ValueError("max_tokens and max_chars must be >= 1")
         if self.transformers:
             _specifier(self.transformers)  # a malformed specifier fails when the registry loads
 
@@ -619,6 +629,13 @@ class HFEncoder:
             self._meta[model_id] = (tokenizer, config)
         return self._meta[model_id]
 
+    def doc_runtime_fields(self) -> dict[str, Any]:
+        """The precision documents are encoded in (``dtype: auto`` is float32 on CPU, bfloat16 or
+        float16 on GPU): part of the embedding cache key, so CPU and GPU embeddings never mix."""
+        devices = resolve_devices(self.device)
+        dtype = resolve_dtype(self.spec.dtype, devices[0])
+        return {"dtype": str(dtype).removeprefix("torch.")}
+
     def check(self) -> None:
         """Fail now, with a ConfigError, if a model of this encoder cannot be loaded: the
         transformers version it needs, and its tokenizer and config (from the hub cache, the hub
@@ -857,10 +874,61 @@ class APIEncoder:
         self.name = spec.name
         self.show_progress = show_progress
         self.timeout_s = timeout_s
+        self._encoding: Any = False  # not looked up yet
 
     def check(self) -> None:
         """Fail now if the API key is not set (see :meth:`HFEncoder.check`)."""
         self._key()
+
+    def _token_encoding(self) -> Any | None:
+        """The tiktoken encoding for ``max_tokens``, or None (tiktoken missing or the encoding
+        not loadable, e.g. offline before its first download): inputs are then cut by characters."""
+        if self._encoding is not False:
+            return self._encoding
+        name = self.spec.tiktoken_encoding
+        encoding = None
+        if name:
+            try:
+                import tiktoken
+
+                encoding = tiktoken.get_encoding(name)
+            except ImportError:
+                logger.warning(
+                    "encoder '%s': tiktoken is not installed; inputs are cut to %d characters "
+                    "instead of %d tokens (pip install tiktoken for exact truncation)",
+                    self.name, self.spec.max_tokens, self.spec.max_tokens,
+                )
+            except (ValueError, OSError) as e:
+                logger.warning(
+                    "encoder '%s': tiktoken encoding '%s' unavailable (%s); inputs are cut to %d characters",
+                    self.name, name, e, self.spec.max_tokens,
+                )
+        self._encoding = encoding
+        return encoding
+
+    def truncate(self, texts: list[str]) -> list[str]:
+        """Cut each input to ``max_tokens`` tokens (or characters, see the field) and ``max_chars``."""
+        spec = self.spec
+        if spec.max_tokens:
+            enc = self._token_encoding()
+            if enc is None:
+                texts = [t[: spec.max_tokens] for t in texts]
+            else:
+                cut = []
+                for t in texts:
+                    ids = enc.encode(t, disallowed_special=())
+                    cut.append(enc.decode(ids[: spec.max_tokens]) if len(ids) > spec.max_tokens else t)
+                texts = cut
+        if spec.max_chars:
+            texts = [t[: spec.max_chars] for t in texts]
+        return texts
+
+    def doc_runtime_fields(self) -> dict[str, Any]:
+        """How inputs were truncated (tokens or characters) changes the embeddings: part of the
+        embedding cache key."""
+        if not self.spec.max_tokens:
+            return {}
+        return {"truncation": "tokens" if self._token_encoding() is not None else "characters"}
 
     def _key(self) -> str:
         key = os.environ.get(self.spec.api_key_env, "")
@@ -923,9 +991,7 @@ class APIEncoder:
         import httpx
 
         spec = self.spec
-        inputs = [(prefix + t) for t in texts]
-        if spec.max_chars:
-            inputs = [t[: spec.max_chars] for t in inputs]
+        inputs = self.truncate([(prefix + t) for t in texts])
         inputs = [t if t.strip() else " " for t in inputs]  # APIs reject empty strings
         if not inputs:
             return np.zeros((0, 0), dtype=np.float32)
