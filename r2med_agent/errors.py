@@ -34,10 +34,9 @@ class MissingExtraError(R2MedError):
 
     exit_code = 3
 
-    def __init__(self, package: str, extra: str) -> None:
-        super().__init__(
-            f"{package} is not installed; install it with: pip install 'r2med-agent[{extra}]'"
-        )
+    def __init__(self, package: str, extra: str, alternative: str = "") -> None:
+        message = f"{package} is not installed; install it with: pip install 'r2med-agent[{extra}]'"
+        super().__init__(f"{message} ({alternative})" if alternative else message)
 
 
 class LLMError(R2MedError):

@@ -25,7 +25,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
+        set_default_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -40,6 +40,12 @@ def _umask() -> int:
 
 
 _UMASK = _umask()  # read once: os.umask is process-wide and not thread-safe to toggle
+
+
+def set_default_mode(path: str | os.PathLike[str]) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (mode 0600) the mode ``open()`` would have
+    given it (0666 less the umask), before it is renamed into place."""
+    os.chmod(path, 0o666 & ~_UMASK)
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> Path:

@@ -46,6 +46,10 @@ class RunConfig:
         loop_retriever: retriever the agentic loops search while reasoning (None: the same as
             ``retriever``). With ``final="fuse"`` the fused ranking comes from the loop's own
             searches, so the two must be the same.
+        fusion: how a '+'-joined ``retriever`` fuses its members: ``rrf`` (reciprocal rank
+            fusion) or ``weighted`` (weighted sum of per-query min-max normalised scores).
+        fusion_weights: one weight per member for ``weighted`` (None: all 1.0).
+        rrf_k: the RRF constant (60, as Cormack et al.).
         reranker: reranker registry name, or None.
         rerank_k: how many top documents the reranker re-scores.
         top_k: documents kept per query and the depth they are scored at (R2MED: 100). Any other
@@ -72,6 +76,9 @@ class RunConfig:
     llm: str | None = None
     retriever: str = "bm25"
     loop_retriever: str | None = None
+    fusion: str = "rrf"
+    fusion_weights: tuple[float, ...] | None = None
+    rrf_k: int = 60
     reranker: str | None = None
     rerank_k: int = 100
     top_k: int = DEFAULT_TOP_K
@@ -102,14 +109,26 @@ class RunConfig:
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         _check_sampling_values(self.sampling)
+        _check_fusion(self)
 
     @property
     def llm_label(self) -> str:
         return self.llm if self.method != "none" and self.llm else "none"
 
     @property
+    def fusion_options(self) -> dict[str, Any]:
+        """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined)."""
+        if "+" not in self.retriever:
+            return {}
+        return {"fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
+
+    @property
     def retriever_label(self) -> str:
+        from r2med_agent.retrieval.fusion import fusion_label
+
         label = self.retriever
+        if "+" in label:  # other fusion settings, other folder
+            label = fusion_label(label, self.fusion, self.rrf_k, self.fusion_weights)
         if self.method in ("search-r1", "search-o1") and self.final == "fuse":
             label += "__fuse"
         if self.top_k != DEFAULT_TOP_K:
@@ -125,7 +144,9 @@ class RunConfig:
 
     def result_dir(self) -> Path:
         """``<output>/<method>/<llm>/<retriever>[__fuse][__k<top_k>][__<reranker>]`` (``__k`` only
-        when ``top_k`` is not 100, so runs at two depths never overwrite each other)."""
+        when ``top_k`` is not 100, so runs at two depths never overwrite each other); a fusion
+        run's retriever part carries its settings when they are not the default
+        (``bm25+minilm-weighted-0.3-0.7``)."""
         return Path(self.output_dir) / self.method / self.llm_label / self.retriever_label
 
 
@@ -193,8 +214,10 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         log.info("scoring the top %d: %s left out (their cut-off is beyond the depth)",
                  cfg.top_k, ", ".join(beyond))
 
-    # Everything that can fail cheaply (names, indexes) comes before any LLM work; the LLM's
-    # name is checked before the indexes, which can take hours to build.
+    # Everything that can fail cheaply (names, models, indexes) comes before any LLM work; the
+    # LLM's name is checked before the indexes, which can take hours to build. The reranker's
+    # model is checked (tokenizer, config) but its weights load when reranking starts: loaded now,
+    # they would hold GPU memory an in-process vLLM engine expects to have.
     spec = None
     if cfg.method != "none":
         from r2med_agent.llm.registry import get_llm_spec
@@ -205,12 +228,15 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         from r2med_agent.retrieval import make_reranker
 
         reranker = make_reranker(cfg.reranker)
+        reranker.check()
     _check_output_dir(out_dir)
     retrievers: dict[str, Any] = {}
     index_time: dict[str, float] = {}
     for task in tasks:
         t0 = time.perf_counter()
-        retrievers[task.name] = make_retriever(cfg.retriever, task, show_progress=cfg.show_progress)
+        retrievers[task.name] = make_retriever(
+            cfg.retriever, task, show_progress=cfg.show_progress, **cfg.fusion_options
+        )
         index_time[task.name] = time.perf_counter() - t0
 
     params = None
@@ -309,6 +335,19 @@ def _check_sampling_values(overrides: dict[str, Any]) -> None:
         problems.append(f"--top-p must be in (0, 1], got {overrides['top_p']}")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _check_fusion(cfg: RunConfig) -> None:
+    """Fusion options need a '+'-joined --retriever and values in range (checked before any work)."""
+    from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, check_fusion_options
+
+    n = len(cfg.retriever.split("+"))
+    if n == 1 and (cfg.fusion != "rrf" or cfg.fusion_weights is not None or cfg.rrf_k != DEFAULT_RRF_K):
+        raise ConfigError(
+            f"--fusion, --fusion-weights and --rrf-k need a '+'-joined --retriever (e.g. bm25+minilm), "
+            f"got '{cfg.retriever}'"
+        )
+    check_fusion_options(n, cfg.fusion, cfg.rrf_k, cfg.fusion_weights)
 
 
 def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:

@@ -575,3 +575,171 @@ def test_two_replicas_in_threads_give_the_single_replica_result(monkeypatch: pyt
     got = double.encode(texts, side="doc")
     assert len(double._loaded[spec.model].replicas) == 2
     np.testing.assert_allclose(got, single, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- GPU index choice (unit tests)
+# No GPU here: a stand-in faiss module whose "GPU index" is a recording wrapper around the real
+# CPU index exercises the choices FlatIndex makes; faiss-gpu itself is not run.
+
+
+class _RecordingIndex:
+    def __init__(self, cpu, log: list[tuple[str, int]]) -> None:
+        self.cpu, self.log = cpu, log
+
+    def search(self, q, k):
+        self.log.append(("gpu", k))
+        return self.cpu.search(q, k)
+
+
+def _fake_faiss(n_gpus: int, with_gpu_support: bool = True):
+    import types
+
+    import faiss
+
+    log: list[tuple[str, int]] = []
+    fake = types.SimpleNamespace(IndexFlatIP=faiss.IndexFlatIP, get_num_gpus=lambda: n_gpus, log=log)
+    if with_gpu_support:
+        fake.StandardGpuResources = object
+        fake.index_cpu_to_all_gpus = lambda cpu: _RecordingIndex(cpu, log)
+    return fake
+
+
+def test_gpu_index_is_used_up_to_faiss_gpus_k_limit_then_the_cpu_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import r2med_agent.retrieval.dense as dense
+
+    fake = _fake_faiss(n_gpus=2)
+    monkeypatch.setattr(dense, "_import_faiss", lambda: fake)
+    rng = np.random.default_rng(3)
+    docs = l2_normalize(rng.standard_normal((3000, 16)))
+    queries = l2_normalize(rng.standard_normal((5, 16)))
+    index = FlatIndex(docs)  # use_gpu=None: a GPU when faiss sees one
+    assert index._gpu is not None
+    s, i = index.search(queries, 100)
+    assert fake.log == [("gpu", 125)]  # k + margin, on the "GPU"
+    bs, bi = brute_force(queries, docs, 100)
+    np.testing.assert_array_equal(i, bi)
+    fake.log.clear()
+    s, i = index.search(queries, 2000)  # k + margin = 2500 > 2048: the CPU copy answers
+    assert fake.log == []
+    np.testing.assert_array_equal(i, brute_force(queries, docs, 2000)[1])
+    assert FlatIndex(docs, use_gpu=False)._gpu is None
+
+
+def test_gpu_index_requests_without_gpu_support_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    import r2med_agent.retrieval.dense as dense
+    from r2med_agent.errors import MissingExtraError
+
+    docs = l2_normalize(np.random.default_rng(4).standard_normal((10, 8)))
+    monkeypatch.setattr(dense, "_import_faiss", lambda: _fake_faiss(n_gpus=0, with_gpu_support=False))
+    assert FlatIndex(docs)._gpu is None  # auto: CPU
+    with pytest.raises(MissingExtraError, match=r"pip install 'r2med-agent\[gpu\]'.*pip uninstall faiss-cpu"):
+        FlatIndex(docs, use_gpu=True)
+    monkeypatch.setattr(dense, "_import_faiss", lambda: _fake_faiss(n_gpus=0))
+    with pytest.raises(ConfigError, match="faiss sees no GPU"):
+        FlatIndex(docs, use_gpu=True)
+
+
+def test_missing_faiss_names_both_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from r2med_agent.errors import MissingExtraError
+    from r2med_agent.retrieval.dense import _import_faiss
+
+    real_import = builtins.__import__
+
+    def no_faiss(name, *args, **kwargs):
+        if name == "faiss":
+            raise ImportError("No module named 'faiss'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_faiss)
+    with pytest.raises(MissingExtraError) as e:
+        _import_faiss()
+    assert str(e.value) == (
+        "faiss is not installed; install it with: pip install 'r2med-agent[cpu]' "
+        "(or 'r2med-agent[gpu]' on a CUDA 12 machine, never both)"
+    )
+
+
+class _WordEncoding:
+    """Stand-in for a tiktoken encoding (tiktoken is not installed here and its encodings download
+    on first use): one token per space-separated word."""
+
+    def encode(self, text: str, disallowed_special=()) -> list[str]:
+        return text.split(" ")
+
+    def decode(self, tokens: list[str]) -> str:
+        return " ".join(tokens)
+
+
+def test_openai_inputs_are_cut_to_the_token_limit(embeddings_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+    import types
+
+    openai = get_encoder_spec("openai")
+    assert openai.max_tokens == 8191 and openai.tiktoken_encoding == "cl100k_base" and openai.max_chars is None
+    spec = dataclasses.replace(openai, base_url=embeddings_server, api_key_env="R2MED_TEST_KEY", max_tokens=4)
+    monkeypatch.setenv("R2MED_TEST_KEY", "sk-x")
+    long_text = "one two three four five six seven"
+
+    # With tiktoken: exactly max_tokens tokens.
+    asked: list[str] = []
+    fake = types.SimpleNamespace(get_encoding=lambda name: asked.append(name) or _WordEncoding())
+    monkeypatch.setitem(sys.modules, "tiktoken", fake)
+    enc = make_encoder(spec)
+    enc.encode([long_text, "short"], side="doc")
+    assert _EmbeddingsHandler.seen[-1]["input"] == ["one two three four", "short"] and asked == ["cl100k_base"]
+    with_tokens = enc.doc_runtime_fields()
+    encode_corpus(enc, DOCS, root=tmp_path)
+
+    # Without it: max_tokens characters (never over the limit when a token covers a character).
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError
+    enc = make_encoder(spec)
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.encoders"):
+        enc.encode([long_text], side="doc")
+    assert _EmbeddingsHandler.seen[-1]["input"] == ["one "]
+    assert "tiktoken is not installed" in caplog.text and "pip install tiktoken" in caplog.text
+    assert with_tokens == {"truncation": "tokens"} and enc.doc_runtime_fields() == {"truncation": "characters"}
+    # The two truncations give different embeddings: different cache entries.
+    encode_corpus(enc, DOCS, root=tmp_path)
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
+
+
+# --------------------------------------------------------------------------- cache files and keys
+
+
+def test_cached_embeddings_have_the_usual_file_mode(tmp_path: Path) -> None:
+    import stat
+
+    from r2med_agent import io
+
+    enc = HashEncoder(get_encoder_spec("minilm"), fail_on_call=3)
+    with pytest.raises(KeyboardInterrupt):
+        encode_corpus(enc, DOCS, root=tmp_path, shard_size=3)
+    shards = list(tmp_path.rglob("shards/*.npy"))
+    assert len(shards) == 2
+    want = 0o666 & ~io._UMASK
+    assert {stat.S_IMODE(p.stat().st_mode) for p in shards} == {want}
+    encode_corpus(HashEncoder(get_encoder_spec("minilm")), DOCS, root=tmp_path, shard_size=3)
+    (emb,) = tmp_path.rglob("embeddings.npy")
+    (meta,) = tmp_path.rglob("meta.json")
+    assert stat.S_IMODE(emb.stat().st_mode) == stat.S_IMODE(meta.stat().st_mode) == want
+    assert want & 0o044  # readable by others under the usual umask 022, unlike mkstemp's 0600
+
+
+def test_cache_key_records_the_precision_actually_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import r2med_agent.retrieval.encoders as encoders
+    from r2med_agent.retrieval.dense import embedding_cache_key
+
+    spec = get_encoder_spec("minilm")
+    assert spec.dtype == "auto"
+    cpu = HFEncoder(spec, device="cpu").doc_runtime_fields()
+    assert cpu == {"dtype": "float32"}
+    monkeypatch.setattr(encoders, "resolve_devices", lambda device: ["cuda:0", "cuda:1"])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    gpu = HFEncoder(spec).doc_runtime_fields()
+    assert gpu == {"dtype": "bfloat16"}
+    keys = {embedding_cache_key(spec, "", "fp", 10, r) for r in (cpu, gpu)}
+    assert len(keys) == 2  # CPU float32 and GPU bfloat16 embeddings never share a cache entry

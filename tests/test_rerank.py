@@ -151,3 +151,58 @@ def test_real_cross_encoder_checkpoint() -> None:
         "no cross-encoder checkpoint ships inside a PyPI wheel and the Hugging Face hub is "
         "unreachable here; bge-reranker/monoBERT/RankLLaMA quality is not tested offline"
     )
+
+
+# --------------------------------------------------------------------------- models that cannot load
+
+
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), R2MED_CACHE_DIR=str(tmp_path / "cache"))
+    return env
+
+
+def test_unloadable_reranker_fails_before_any_llm_work_without_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "r2med_agent", "run", "--task", "sample", "--method", "hyde", "--llm", "smollm2",
+         "--reranker", "monobert", "-o", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=_offline_env(tmp_path),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "cannot load reranker 'monobert' (castorini/monobert-large-msmarco): OSError" in proc.stderr
+    assert "HF_HUB_OFFLINE unset" in proc.stderr and "configs/rerankers.yaml" in proc.stderr
+    assert "--config FILE" in proc.stderr
+    # Nothing ran: no result folder, no generation cache.
+    assert not out.exists() and not (tmp_path / "cache" / "generations.sqlite").exists()
+
+
+def test_reranker_check_reads_no_weights(tiny_cross_encoder: dict[int, Path], tmp_path: Path) -> None:
+    spec = RerankerSpec(name="tiny", model=str(tiny_cross_encoder[2]), backend="transformers")
+    rr = PairwiseReranker(spec, device="cpu")
+    rr.check()
+    assert rr._scorer._state is None  # nothing loaded yet
+    missing = RerankerSpec(name="gone", model=str(tmp_path / "no-such-folder"), backend="transformers")
+    with pytest.raises(ConfigError, match=r"cannot load reranker 'gone'"):
+        PairwiseReranker(missing, device="cpu").check()
+    with pytest.raises(ConfigError, match=r"cannot load reranker 'gone'"):
+        PairwiseReranker(missing, device="cpu").score_pairs([("q", "d")])
+
+
+def test_vllm_is_used_for_one_logit_heads_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import r2med_agent.retrieval.rerank as rerank
+
+    monkeypatch.setattr(rerank, "_vllm_usable", lambda: True)  # as on a GPU machine with vLLM
+    assert make_reranker("bge-reranker").backend == "vllm"
+    # monoBERT's relevance is logit 1 of 2: vLLM's score API returns one number per pair.
+    assert make_reranker("monobert").backend == "transformers"
+    with pytest.raises(ConfigError, match=r"'monobert'.*logit 1.*backend: transformers"):
+        make_reranker("monobert", backend="vllm")
+    monkeypatch.setattr(rerank, "_vllm_usable", lambda: False)
+    assert make_reranker("bge-reranker").backend == "transformers"

@@ -62,6 +62,15 @@ def run_command(
         "default", "--final",
         help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the searches the loop ran for the trajectory, each distinct query once, plus the final query; queries answered with a notice or issued in the final turn were not run and are left out). Both rank with --retriever.",
     ),
+    fusion: str = typer.Option(
+        "rrf", "--fusion",
+        help="How a '+'-joined --retriever fuses its members: rrf (reciprocal rank fusion) or weighted (weighted sum of per-query min-max normalised scores).",
+    ),
+    fusion_weights: Optional[str] = typer.Option(
+        None, "--fusion-weights",
+        help="Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), e.g. 0.3,0.7.",
+    ),
+    rrf_k: int = typer.Option(60, "--rrf-k", help="The RRF constant k for --fusion rrf (score = sum of 1/(k + rank))."),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
     top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
@@ -106,6 +115,9 @@ def run_command(
         llm=llm,
         retriever=retriever,
         loop_retriever=loop_retriever,
+        fusion=fusion,
+        fusion_weights=_parse_weights(fusion_weights),
+        rrf_k=rrf_k,
         reranker=reranker,
         rerank_k=rerank_k,
         top_k=top_k,
@@ -127,6 +139,20 @@ def run_command(
 def _score(means: dict[str, float], metric: str) -> str:
     """A mean to four decimals; "-" for a metric not scored (its cut-off is beyond --top-k)."""
     return f"{means[metric]:.4f}" if metric in means else "-"
+
+
+def _parse_weights(text: Optional[str]) -> Optional[tuple[float, ...]]:
+    """``"0.3,0.7"`` -> ``(0.3, 0.7)``; anything else is a ConfigError naming the option."""
+    from r2med_agent.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--fusion-weights: '{text}' is not a comma-separated list of numbers (e.g. 0.3,0.7)"
+        ) from None
 
 
 def print_summary(result) -> None:

@@ -42,7 +42,7 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
         task: the loaded task.
         **opts: BM25 ``k1``, ``b``, ``index_root``, ``n_threads``; dense ``device``,
             ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``; both ``show_progress``;
-            fusion ``fusion`` (``rrf`` or ``score``), ``rrf_k``, ``weights``, ``depth``.
+            fusion ``fusion`` (``rrf`` or ``weighted``), ``rrf_k``, ``weights``, ``depth``.
     """
     unknown = sorted(set(opts) - _BM25_OPTS - _DENSE_OPTS - _FUSION_OPTS)
     if unknown:
@@ -53,17 +53,28 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
         raise ConfigError(f"retriever spec '{spec}' has an empty part; write e.g. 'bm25+minilm'")
     if len(set(parts)) != len(parts):
         raise ConfigError(f"retriever spec '{spec}' names a retriever twice")
-    members = [_single(p, task, opts) for p in parts]
-    if len(members) == 1:
+    from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, FusionRetriever, check_fusion_options
+
+    # Names and options are checked before any member is built (a dense member may encode a corpus).
+    known = set(retriever_names())
+    for word in parts:
+        if word not in known:
+            raise ConfigError(
+                f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
+                "or several joined by '+'"
+            )
+    if len(parts) == 1:
         if any(o in opts for o in _FUSION_OPTS):
             raise ConfigError(f"fusion options need a '+'-joined spec, got '{spec}'")
-        return members[0]
-    from r2med_agent.retrieval.fusion import FusionRetriever
-
+        return _single(parts[0], task, opts)
+    check_fusion_options(
+        len(parts), opts.get("fusion", "rrf"), opts.get("rrf_k", DEFAULT_RRF_K), opts.get("weights")
+    )
+    members = [_single(p, task, opts) for p in parts]
     return FusionRetriever(
         members,
         method=opts.get("fusion", "rrf"),
-        rrf_k=opts.get("rrf_k", 60),
+        rrf_k=opts.get("rrf_k", DEFAULT_RRF_K),
         weights=opts.get("weights"),
         depth=opts.get("depth", 100),
     )

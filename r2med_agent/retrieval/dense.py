@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from r2med_agent.errors import ConfigError, MissingExtraError
-from r2med_agent.io import atomic_write_json
+from r2med_agent.io import atomic_write_json, set_default_mode
 from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.encoders import (
+    GPU_ALTERNATIVE,
     Encoder,
     EncoderSpec,
     Prefixes,
@@ -59,12 +60,13 @@ SEP = "[SEP]"
 CACHE_FORMAT = 1
 DEFAULT_SHARD_SIZE = 8192
 
-# Fields of EncoderSpec that do not change document embeddings (query side, batching, API access).
+# Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
+# the transformers version check).
 _QUERY_ONLY_FIELDS = frozenset(
     {
         "name", "query_model", "query_max_length", "query_prefix", "query_instructions",
         "instruction_format", "instruction_on", "batch_size", "base_url", "api_key_env",
-        "doc_instructions", "doc_instruction_format", "doc_prefix",
+        "doc_instructions", "doc_instruction_format", "doc_prefix", "transformers",
     }
 )
 
@@ -76,7 +78,7 @@ def _import_faiss() -> Any:
     try:
         import faiss
     except ImportError:
-        raise MissingExtraError("faiss-cpu", "dense") from None
+        raise MissingExtraError("faiss", "cpu", GPU_ALTERNATIVE) from None
     return faiss
 
 
@@ -98,11 +100,16 @@ def corpus_fingerprint(docs: Sequence[Doc]) -> str:
     return h.hexdigest()
 
 
-def doc_cache_fields(spec: EncoderSpec, doc_prefix: str) -> dict[str, Any]:
-    """What decides a corpus's embeddings: the document-side encoder settings and prefix."""
+def doc_cache_fields(
+    spec: EncoderSpec, doc_prefix: str, runtime: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What decides a corpus's embeddings: the document-side encoder settings and prefix, and
+    what the encoder resolves at run time (``runtime``: the precision actually used, e.g.
+    ``{"dtype": "bfloat16"}`` on a GPU for ``dtype: auto``; how API inputs are truncated)."""
     fields = {
         k: v for k, v in dataclasses.asdict(spec).items() if k not in _QUERY_ONLY_FIELDS
     }
+    fields.update(runtime or {})
     fields["doc_model"] = model_fingerprint(spec.model_for("doc"))
     fields["model"] = None  # covered by doc_model
     fields["resolved_doc_prefix"] = doc_prefix
@@ -110,11 +117,17 @@ def doc_cache_fields(spec: EncoderSpec, doc_prefix: str) -> dict[str, Any]:
     return fields
 
 
-def embedding_cache_key(spec: EncoderSpec, doc_prefix: str, fingerprint: str, n_docs: int) -> str:
+def embedding_cache_key(
+    spec: EncoderSpec,
+    doc_prefix: str,
+    fingerprint: str,
+    n_docs: int,
+    runtime: dict[str, Any] | None = None,
+) -> str:
     blob = json.dumps(
         {
             "format": CACHE_FORMAT,
-            "encoder": doc_cache_fields(spec, doc_prefix),
+            "encoder": doc_cache_fields(spec, doc_prefix, runtime),
             "corpus": fingerprint,
             "n_docs": n_docs,
         },
@@ -131,6 +144,7 @@ def _atomic_save_npy(path: Path, arr: np.ndarray) -> None:
             np.save(f, np.ascontiguousarray(arr, dtype=np.float32))
             f.flush()
             os.fsync(f.fileno())
+        set_default_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -253,6 +267,7 @@ class EmbeddingCache:
                 out[start:end] = np.load(shard_dir / f"{i:05d}.npy")
             out.flush()
             del out
+            set_default_mode(tmp)
             os.replace(tmp, self.embeddings_path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -300,12 +315,15 @@ def encode_corpus(
             )
         )
     fp = fingerprint or corpus_fingerprint(docs)
-    key = embedding_cache_key(spec, doc_prefix, fp, len(docs))
+    runtime_of = getattr(encoder, "doc_runtime_fields", None)
+    runtime = runtime_of() if runtime_of is not None else {}
+    key = embedding_cache_key(spec, doc_prefix, fp, len(docs), runtime)
     directory = (root or cache_dir() / "embeddings") / f"{spec.name}__{key}"
     cache = EmbeddingCache(
         directory,
         key,
-        {"encoder": spec.name, "n_docs": len(docs), "corpus_fingerprint": fp, "doc_prefix": doc_prefix},
+        {"encoder": spec.name, "n_docs": len(docs), "corpus_fingerprint": fp, "doc_prefix": doc_prefix,
+         **runtime},
     )
     arr = cache.load()
     if arr is not None:
@@ -393,8 +411,12 @@ class FlatIndex:
         if use_gpu is None:
             use_gpu = gpus > 0
         if use_gpu:
-            if not (hasattr(faiss, "StandardGpuResources") and gpus > 0):
-                raise MissingExtraError("faiss-gpu-cu12", "gpu")
+            if not hasattr(faiss, "StandardGpuResources"):
+                raise MissingExtraError(
+                    "faiss with GPU support", "gpu", "after removing faiss-cpu: pip uninstall faiss-cpu"
+                )
+            if gpus == 0:
+                raise ConfigError("a GPU faiss index was requested (use_gpu) but faiss sees no GPU")
             self._gpu = faiss.index_cpu_to_all_gpus(self._cpu)
             logger.info("faiss index on %d GPU(s)", gpus)
 
@@ -481,6 +503,9 @@ class DenseRetriever:
         cache_root: Path | None = None,
     ) -> DenseRetriever:
         enc = _as_encoder(encoder, device=device, show_progress=show_progress)
+        check = getattr(enc, "check", None)
+        if check is not None:  # the model (or API key) must be there even when embeddings are cached
+            check()
         prefixes = instruction_prefixes(enc.spec, task_name, family, domain)
         emb = encode_corpus(
             enc,

@@ -7,7 +7,7 @@ which *side* it encodes (``query`` or ``doc``, since MedCPT uses two models) and
 some models leave out of pooling (Instructor, GritLM).
 
 Heavy dependencies (torch, transformers) are imported inside functions; a missing one raises
-:class:`~r2med_agent.errors.MissingExtraError` naming the ``dense`` extra.
+:class:`~r2med_agent.errors.MissingExtraError` naming the ``cpu`` extra (``gpu`` on CUDA machines).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 Side = Literal["query", "doc"]
+
+GPU_ALTERNATIVE = "or 'r2med-agent[gpu]' on a CUDA 12 machine, never both"
+"""Said after the ``[cpu]`` install command: the two extras ship different faiss builds."""
 
 _INSTRUCTION_DEFAULT_KEY = "default"
 
@@ -86,14 +89,19 @@ class EncoderSpec:
     """Where the query instruction goes for HyDE/LameR/reasoning means: the original query only
     (most encoders) or both halves, query and generated text (Instructor, GritLM, NV-Embed)."""
     pool_exclude_prefix: bool = False
-    """Leave the prefix tokens out of mean pooling (Instructor pairs, GritLM), counted as
-    sentence-transformers does: the prefix's token count without its trailing special token."""
+    """Leave the prefix tokens out of mean pooling (Instructor pairs, GritLM): the prefix's tokens
+    and any special token put before them (``[CLS]``, ``<s>``), not one appended after the text
+    (see :func:`prefix_token_count`)."""
     append_eos: bool = False
     """Truncate to ``max_length - 1`` tokens and append the EOS token (BMRetriever)."""
     doc_title_pair: bool = False
     """Encode documents as a (title, text) token pair (MedCPT's article encoder; empty titles)."""
     trust_remote_code: bool = False
     """Allow the model repo's own modelling code (NV-Embed, GritLM)."""
+    transformers: str = ""
+    """PEP 440 version specifier the installed transformers must satisfy for this model, e.g.
+    ``==4.42.4`` (NV-Embed-v2's own code imports names later releases removed). Checked before the
+    model loads; a mismatch is a ConfigError naming the version to install. Empty: any version."""
     forward_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the model's forward call (GritLM: ``is_causal: false``)."""
     batch_size: int = 64
@@ -107,6 +115,14 @@ class EncoderSpec:
     """Environment variable holding the API key (``kind: api``); the key itself is never stored."""
     max_chars: int | None = None
     """API inputs are cut to this many characters (APIs reject over-long inputs)."""
+    max_tokens: int | None = None
+    """API inputs are cut to this many tokens (OpenAI rejects inputs over 8,191 with a 400): exactly,
+    with tiktoken's ``tiktoken_encoding``, when tiktoken is installed (``pip install tiktoken``) and
+    the encoding can be loaded; otherwise to this many *characters*, which keeps every input within
+    the limit whenever a token covers at least one character (English text averages about four)."""
+    tiktoken_encoding: str = ""
+    """tiktoken encoding of the API's tokenizer for ``max_tokens`` (OpenAI's v3 embeddings:
+    ``cl100k_base``)."""
 
     def __post_init__(self) -> None:
         for attr in ("instruction_format", "doc_instruction_format"):
@@ -121,6 +137,10 @@ class EncoderSpec:
             raise ValueError("an 'api' encoder needs 'model', 'base_url' and 'api_key_env'")
         if self.max_length < 2 or self.batch_size < 1:
             raise ValueError("max_length must be >= 2 and batch_size >= 1")
+        if (self.max_tokens is not None and self.max_tokens < 1) or (self.max_chars is not None and self.max_chars < 1):
+            raise ValueError("max_tokens and max_chars must be >= 1")
+        if self.transformers:
+            _specifier(self.transformers)  # a malformed specifier fails when the registry loads
 
     def model_for(self, side: Side) -> str:
         """The model id used for ``side``."""
@@ -154,12 +174,28 @@ def get_encoder_spec(name: str) -> EncoderSpec:
 
 
 def _lookup_instruction(
-    table: Mapping[str, str], task_name: str, family: str, domain: str
+    table: Mapping[str, str], names: Sequence[str], family: str, domain: str
 ) -> str | None:
-    for key in (task_name, family, _INSTRUCTION_DEFAULT_KEY):
+    for key in (*names, family, _INSTRUCTION_DEFAULT_KEY):
         if key and key in table:
             return table[key].replace("{domain}", domain)
     return None
+
+
+def _task_keys(task_name: str) -> tuple[str, ...]:
+    """The task's name, then the R2MED task behind it (``nano-Medical-Sciences`` ->
+    ``Medical-Sciences``, the packaged Biology demo -> ``Biology``), so derived tasks get the
+    paper's own instruction rather than the family template. Names outside the registry (a
+    user's local folder) stand for themselves."""
+    from r2med_agent.data import base_task_name
+
+    if not task_name:
+        return ()
+    try:
+        base = base_task_name(task_name)
+    except ConfigError:
+        return (task_name,)
+    return (task_name,) if base == task_name else (task_name, base)
 
 
 def _prefix_from(fmt: str, instruction: str) -> str:
@@ -189,14 +225,16 @@ def instruction_prefixes(
 ) -> Prefixes:
     """Resolve the encoder's instructions for one task.
 
-    The query instruction is looked up by task name, then family, then ``default``; without one the
-    fixed ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
+    The query instruction is looked up by task name, then the R2MED task it is drawn from (a
+    NanoR2MED split, the packaged demo), then family, then ``default``; without one the fixed
+    ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
     """
-    q_instr = _lookup_instruction(spec.query_instructions, task_name, family, domain)
+    keys = _task_keys(task_name)
+    q_instr = _lookup_instruction(spec.query_instructions, keys, family, domain)
     query = (
         _prefix_from(spec.instruction_format, q_instr) if q_instr is not None else spec.query_prefix
     )
-    d_instr = _lookup_instruction(spec.doc_instructions, task_name, family, domain)
+    d_instr = _lookup_instruction(spec.doc_instructions, keys, family, domain)
     doc = (
         _prefix_from(spec.doc_instruction_format, d_instr) if d_instr is not None else spec.doc_prefix
     )
@@ -249,7 +287,7 @@ def resolve_model_path(model: str) -> str:
     try:
         root = resources.files(package)
     except ModuleNotFoundError:
-        raise MissingExtraError(package.replace("_", "-"), "dense") from None
+        raise MissingExtraError(package.replace("_", "-"), "cpu", GPU_ALTERNATIVE) from None
     path = Path(str(root / sub)) if sub else Path(str(root))
     if not (path / "config.json").exists():
         raise ConfigError(f"model '{model}': no config.json under {path}; reinstall the package")
@@ -280,7 +318,7 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise MissingExtraError("torch", "dense") from None
+        raise MissingExtraError("torch", "cpu", GPU_ALTERNATIVE) from None
     return torch
 
 
@@ -288,8 +326,85 @@ def _import_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise MissingExtraError("transformers", "dense") from None
+        raise MissingExtraError("transformers", "cpu", GPU_ALTERNATIVE) from None
     return transformers
+
+
+def _specifier(text: str) -> Any:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ValueError(
+            f"transformers: {text!r} is not a version specifier (write e.g. '==4.42.4' or '>=4.37,<5')"
+        ) from None
+
+
+def check_transformers_version(
+    name: str, model: str, requirement: str, installed: str | None = None
+) -> None:
+    """Raise a ConfigError when the installed transformers does not satisfy ``requirement``.
+
+    Args:
+        name: the registry entry (for the message).
+        model: the model id (for the message).
+        requirement: a PEP 440 specifier (``==4.42.4``); empty means any version.
+        installed: the version to check (default: the installed transformers).
+    """
+    if not requirement:
+        return
+    from packaging.version import InvalidVersion, Version
+
+    if installed is None:
+        installed = str(_import_transformers().__version__)
+    try:
+        ok = _specifier(requirement).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"'{name}' ({model}) needs transformers{requirement}: the model's own code does not run "
+            f"on other releases, and transformers {installed} is installed. Install it, best in a "
+            f"separate environment: pip install 'transformers{requirement}'"
+        )
+
+
+_LOAD_ERRORS = (OSError, ValueError, ImportError)
+"""What ``from_pretrained`` raises for a model it cannot get: OSError (not in the cache and no hub
+access, a wrong id or folder), ValueError (not a model folder it knows), ImportError (a package the
+model's own code needs)."""
+
+
+def model_load_error(kind: str, name: str, model: str, err: BaseException) -> ConfigError:
+    """The ConfigError for a registry entry whose model cannot be loaded: what failed and the two
+    ways out (hub access once, or a local copy through a user config entry)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    detail = f"{type(err).__name__}: {lines[0].rstrip('.')}" if lines else type(err).__name__
+    section = f"{kind}s"
+    return ConfigError(
+        f"cannot load {kind} '{name}' ({model}): {detail}. Either let it download once from the "
+        f"Hugging Face hub (network access, HF_HUB_OFFLINE unset; later runs use the cached copy), "
+        f"or use a local copy: copy the '{name}' entry of configs/{section}.yaml under '{section}:' "
+        f"in a user config file, set its model to the folder, and pass --config FILE"
+    )
+
+
+def load_pretrained(loader: Any, path: str, *, kind: str, name: str, model: str, **kwargs: Any) -> Any:
+    """``loader(path, **kwargs)`` (a ``from_pretrained``) with load failures as a ConfigError."""
+    try:
+        return loader(path, **kwargs)
+    except _LOAD_ERRORS as e:
+        raise model_load_error(kind, name, model, e) from e
+
+
+def dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """``from_pretrained``'s dtype argument under its name for the installed transformers:
+    ``dtype`` since 4.56, ``torch_dtype`` before (NV-Embed-v2 needs 4.42.4)."""
+    from packaging.version import Version
+
+    version = Version(str(_import_transformers().__version__))
+    return {"dtype": dtype} if version >= Version("4.56.0.dev0") else {"torch_dtype": dtype}
 
 
 def resolve_devices(device: str | None) -> list[str]:
@@ -314,22 +429,23 @@ def resolve_dtype(spec_dtype: str, device: str) -> Any:
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
-    """Pool token states ``(B, L, H)`` with attention mask ``(B, L)`` into ``(B, H)``.
+    """Pool token states ``(B, L, H)`` with attention mask ``(B, L)`` into float32 ``(B, H)``.
 
-    ``last-token`` takes the last position whose mask is 1 (right padding assumed; with left padding
-    the last position is also the last non-padding token)."""
+    ``mean`` sums in float32 whatever the model's dtype (a bf16 sum over 2,048 tokens keeps about
+    three significant digits). ``last-token`` takes the last position whose mask is 1 (right
+    padding assumed; with left padding the last position is also the last non-padding token)."""
     torch = _import_torch()
     if method == "cls":
-        return hidden[:, 0]
+        return hidden[:, 0].float()
     if method == "mean":
-        m = mask.to(hidden.dtype).unsqueeze(-1)
-        summed = (hidden * m).sum(dim=1)
+        m = mask.to(torch.float32).unsqueeze(-1)
+        summed = (hidden.float() * m).sum(dim=1)
         count = m.sum(dim=1).clamp(min=1e-9)
         return summed / count
     if method == "last-token":
         positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
         last = (positions * mask.long()).argmax(dim=1)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float()
     raise ConfigError(f"unknown pooling '{method}'; allowed: cls, mean, last-token, model")
 
 
@@ -411,6 +527,29 @@ def _apply_dense(layers: list[_DenseLayer], x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- HF encoder
 
 
+def prefix_token_count(tokenizer: Any, prefix: str) -> int:
+    """How many leading tokens of ``prefix + text`` belong to the prefix, special tokens the
+    tokenizer puts in front included: ``[CLS]`` (BERT) or ``<s>`` (Llama, Mistral: GritLM masks
+    ``len(tokenizer(instruction))`` tokens, BOS included), but not a special token it appends at
+    the end (``[SEP]``, T5's ``</s>``), which follows the text, not the prefix.
+
+    The prefix's own tokens are located inside its tokenisation with special tokens; everything
+    up to their end counts.
+    """
+    with_special: list[int] = list(tokenizer(prefix)["input_ids"])
+    bare: list[int] = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    if not bare:
+        return 0
+    for lead in range(len(with_special) - len(bare) + 1):
+        if with_special[lead : lead + len(bare)] == bare:
+            return lead + len(bare)
+    # A tokenizer whose template rewrites the prefix's own tokens: count what it adds in front.
+    logger.debug("prefix tokens not found inside the prefix's own tokenisation; counting them alone")
+    mask = tokenizer(prefix, return_special_tokens_mask=True)["special_tokens_mask"]
+    lead = next((i for i, m in enumerate(mask) if not m), 0)
+    return lead + len(bare)
+
+
 @dataclass
 class _Loaded:
     tokenizer: Any
@@ -450,6 +589,16 @@ def _split_for_replicas(
     return groups
 
 
+def _run_on_replicas(work: Any, n_rep: int) -> None:
+    """``work(i)`` for each replica: inline for one, else in one thread per replica."""
+    if n_rep == 1:
+        work(0)
+        return
+    with ThreadPoolExecutor(max_workers=n_rep) as executor:
+        for f in [executor.submit(work, r) for r in range(n_rep)]:
+            f.result()
+
+
 class HFEncoder:
     """A transformers encoder: length-sorted batches, ``torch.inference_mode``, one model replica
     per visible GPU (sorted batches are split across devices by threads), bf16/fp16 on GPU and
@@ -467,9 +616,39 @@ class HFEncoder:
         self.device = device
         self.show_progress = show_progress
         self._loaded: dict[str, _Loaded] = {}
+        self._meta: dict[str, tuple[Any, Any]] = {}  # model id -> (tokenizer, config)
         self._lock = threading.Lock()
 
     # -- loading -----------------------------------------------------------------------
+    def _tokenizer_and_config(self, model_id: str, path: str) -> tuple[Any, Any]:
+        if model_id not in self._meta:  # read once (by check() or the first load)
+            transformers = _import_transformers()
+            kw = dict(kind="encoder", name=self.name, model=model_id, trust_remote_code=self.spec.trust_remote_code)
+            tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained, path, **kw)
+            config = load_pretrained(transformers.AutoConfig.from_pretrained, path, **kw)
+            self._meta[model_id] = (tokenizer, config)
+        return self._meta[model_id]
+
+    def doc_runtime_fields(self) -> dict[str, Any]:
+        """The precision documents are encoded in (``dtype: auto`` is float32 on CPU, bfloat16 or
+        float16 on GPU): part of the embedding cache key, so CPU and GPU embeddings never mix."""
+        devices = resolve_devices(self.device)
+        dtype = resolve_dtype(self.spec.dtype, devices[0])
+        return {"dtype": str(dtype).removeprefix("torch.")}
+
+    def check(self) -> None:
+        """Fail now, with a ConfigError, if a model of this encoder cannot be loaded: the
+        transformers version it needs, and its tokenizer and config (from the hub cache, the hub
+        or a folder). Cheap: no weights are read, nothing goes to a GPU. A retriever calls it
+        when built, so a model missing at query time fails before any LLM work."""
+        _import_torch()
+        for side in ("query", "doc"):
+            model_id = self.spec.model_for(side)  # type: ignore[arg-type]
+            if model_id in self._loaded:
+                continue
+            check_transformers_version(self.name, model_id, self.spec.transformers)
+            self._tokenizer_and_config(model_id, resolve_model_path(model_id))
+
     def _load(self, side: Side) -> _Loaded:
         model_id = self.spec.model_for(side)
         with self._lock:
@@ -477,17 +656,13 @@ class HFEncoder:
                 return self._loaded[model_id]
             torch = _import_torch()
             transformers = _import_transformers()
+            check_transformers_version(self.name, model_id, self.spec.transformers)
             if not self.show_progress:  # transformers' own "Loading weights" bar
                 transformers.utils.logging.disable_progress_bar()
             path = resolve_model_path(model_id)
             devices = resolve_devices(self.device)
             t0 = time.perf_counter()
-            tokenizer = transformers.AutoTokenizer.from_pretrained(
-                path, trust_remote_code=self.spec.trust_remote_code
-            )
-            config = transformers.AutoConfig.from_pretrained(
-                path, trust_remote_code=self.spec.trust_remote_code
-            )
+            tokenizer, config = self._tokenizer_and_config(model_id, path)
             model_cls = (
                 transformers.T5EncoderModel
                 if getattr(config, "model_type", "") in ("t5", "mt5")
@@ -496,8 +671,9 @@ class HFEncoder:
             replicas = []
             for dev in devices:
                 dtype = resolve_dtype(self.spec.dtype, dev)
-                model = model_cls.from_pretrained(
-                    path, dtype=dtype, trust_remote_code=self.spec.trust_remote_code
+                model = load_pretrained(
+                    model_cls.from_pretrained, path, kind="encoder", name=self.name, model=model_id,
+                    trust_remote_code=self.spec.trust_remote_code, **dtype_kwarg(dtype),
                 )
                 model.eval()
                 model.to(torch.device(dev))
@@ -551,8 +727,7 @@ class HFEncoder:
     def _prefix_token_count(self, lo: _Loaded, prefix: str) -> int:
         if not prefix or not self.spec.pool_exclude_prefix:
             return 0
-        n = len(lo.tokenizer(prefix)["input_ids"])
-        return max(0, n - 1)
+        return prefix_token_count(lo.tokenizer, prefix)
 
     def _run_batch(
         self,
@@ -584,7 +759,7 @@ class HFEncoder:
         if n_prefix:
             pool_mask = attention.clone()
             pool_mask[:, :n_prefix] = 0
-        vec = pool(hidden, pool_mask, self.spec.pooling).float()
+        vec = pool(hidden, pool_mask, self.spec.pooling)
         if lo.dense:
             vec = _apply_dense(lo.dense, vec)
         if self.spec.normalize:
@@ -594,21 +769,29 @@ class HFEncoder:
     def _encode_with_model_method(
         self, lo: _Loaded, texts: list[str], prefix: str, max_length: int
     ) -> np.ndarray:
-        """``pooling: model``: the repo's own ``encode`` (NV-Embed), longest texts first."""
+        """``pooling: model``: the repo's own ``encode`` (NV-Embed), longest texts first, batches
+        dealt to the replicas (one per GPU) as contiguous runs of similar cost, in threads."""
         torch = _import_torch()
-        _, model = lo.replicas[0]
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        parts = []
         bs = self.spec.batch_size
-        for start in range(0, len(order), bs):
-            batch = [texts[i] for i in order[start : start + bs]]
-            with torch.inference_mode():
-                emb = model.encode(batch, instruction=prefix, max_length=max_length)
-            emb = torch.as_tensor(emb).float()
-            if self.spec.normalize:
-                emb = torch.nn.functional.normalize(emb, dim=-1)
-            parts.append(emb.cpu().numpy())
-        sorted_out = np.concatenate(parts).astype(np.float32, copy=False)
+        batches = [(s, min(len(order), s + bs)) for s in range(0, len(order), bs)]
+        costs = [(e - s) * len(texts[order[s]]) for s, e in batches]  # longest text sets the width
+        groups = _split_for_replicas(batches, costs, len(lo.replicas))
+        results: dict[tuple[int, int], np.ndarray] = {}
+
+        def work(rep: int) -> None:
+            _, model = lo.replicas[rep]
+            for s, e in groups[rep]:
+                batch = [texts[i] for i in order[s:e]]
+                with torch.inference_mode():
+                    emb = model.encode(batch, instruction=prefix, max_length=max_length)
+                emb = torch.as_tensor(emb).float()
+                if self.spec.normalize:
+                    emb = torch.nn.functional.normalize(emb, dim=-1)
+                results[(s, e)] = emb.cpu().numpy()
+
+        _run_on_replicas(work, len(lo.replicas))
+        sorted_out = np.concatenate([results[b] for b in batches]).astype(np.float32, copy=False)
         out = np.empty_like(sorted_out)
         out[order] = sorted_out
         return out
@@ -666,12 +849,7 @@ class HFEncoder:
                             bar.update(e - s)
 
         try:
-            if n_rep == 1:
-                work(0)
-            else:
-                with ThreadPoolExecutor(max_workers=n_rep) as pool_:
-                    for f in [pool_.submit(work, r) for r in range(n_rep)]:
-                        f.result()
+            _run_on_replicas(work, n_rep)
         finally:
             if bar is not None:
                 bar.close()
@@ -696,6 +874,61 @@ class APIEncoder:
         self.name = spec.name
         self.show_progress = show_progress
         self.timeout_s = timeout_s
+        self._encoding: Any = False  # not looked up yet
+
+    def check(self) -> None:
+        """Fail now if the API key is not set (see :meth:`HFEncoder.check`)."""
+        self._key()
+
+    def _token_encoding(self) -> Any | None:
+        """The tiktoken encoding for ``max_tokens``, or None (tiktoken missing or the encoding
+        not loadable, e.g. offline before its first download): inputs are then cut by characters."""
+        if self._encoding is not False:
+            return self._encoding
+        name = self.spec.tiktoken_encoding
+        encoding = None
+        if name:
+            try:
+                import tiktoken
+
+                encoding = tiktoken.get_encoding(name)
+            except ImportError:
+                logger.warning(
+                    "encoder '%s': tiktoken is not installed; inputs are cut to %d characters "
+                    "instead of %d tokens (pip install tiktoken for exact truncation)",
+                    self.name, self.spec.max_tokens, self.spec.max_tokens,
+                )
+            except (ValueError, OSError) as e:
+                logger.warning(
+                    "encoder '%s': tiktoken encoding '%s' unavailable (%s); inputs are cut to %d characters",
+                    self.name, name, e, self.spec.max_tokens,
+                )
+        self._encoding = encoding
+        return encoding
+
+    def truncate(self, texts: list[str]) -> list[str]:
+        """Cut each input to ``max_tokens`` tokens (or characters, see the field) and ``max_chars``."""
+        spec = self.spec
+        if spec.max_tokens:
+            enc = self._token_encoding()
+            if enc is None:
+                texts = [t[: spec.max_tokens] for t in texts]
+            else:
+                cut = []
+                for t in texts:
+                    ids = enc.encode(t, disallowed_special=())
+                    cut.append(enc.decode(ids[: spec.max_tokens]) if len(ids) > spec.max_tokens else t)
+                texts = cut
+        if spec.max_chars:
+            texts = [t[: spec.max_chars] for t in texts]
+        return texts
+
+    def doc_runtime_fields(self) -> dict[str, Any]:
+        """How inputs were truncated (tokens or characters) changes the embeddings: part of the
+        embedding cache key."""
+        if not self.spec.max_tokens:
+            return {}
+        return {"truncation": "tokens" if self._token_encoding() is not None else "characters"}
 
     def _key(self) -> str:
         key = os.environ.get(self.spec.api_key_env, "")
@@ -758,9 +991,7 @@ class APIEncoder:
         import httpx
 
         spec = self.spec
-        inputs = [(prefix + t) for t in texts]
-        if spec.max_chars:
-            inputs = [t[: spec.max_chars] for t in inputs]
+        inputs = self.truncate([(prefix + t) for t in texts])
         inputs = [t if t.strip() else " " for t in inputs]  # APIs reject empty strings
         if not inputs:
             return np.zeros((0, 0), dtype=np.float32)

@@ -8,6 +8,7 @@ ordered by (fused score descending, doc id ascending), so results never depend o
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -17,7 +18,46 @@ from r2med_agent.types import Run, SearchRequest
 
 logger = logging.getLogger(__name__)
 
-FusionMethod = Literal["rrf", "score"]
+FusionMethod = Literal["rrf", "weighted"]
+FUSION_METHODS: tuple[str, ...] = ("rrf", "weighted")
+DEFAULT_RRF_K = 60
+
+
+def fusion_label(
+    members: str, method: str = "rrf", rrf_k: int = DEFAULT_RRF_K, weights: Sequence[float] | None = None
+) -> str:
+    """The name of a fused retriever, as result folders and run tags show it: the members
+    (``bm25+minilm``) alone for RRF with k=60, else with the settings appended, so runs with
+    other settings never share a folder: ``bm25+minilm-rrf20``, ``bm25+minilm-weighted``
+    (equal weights), ``bm25+minilm-weighted-0.3-0.7``."""
+    if method == "rrf":
+        return members if rrf_k == DEFAULT_RRF_K else f"{members}-rrf{rrf_k}"
+    label = f"{members}-{method}"
+    if weights is not None:
+        label += "".join(f"-{float(w):g}" for w in weights)
+    return label
+
+
+def check_fusion_options(
+    n_members: int, method: str = "rrf", rrf_k: int = DEFAULT_RRF_K, weights: Sequence[float] | None = None
+) -> None:
+    """Raise a ConfigError naming the option when fusion settings are out of range."""
+    if method not in FUSION_METHODS:
+        raise ConfigError(f"--fusion must be one of {', '.join(FUSION_METHODS)}, got '{method}'")
+    if rrf_k < 0:
+        raise ConfigError(f"--rrf-k must be >= 0, got {rrf_k}")
+    if method != "rrf" and rrf_k != DEFAULT_RRF_K:
+        raise ConfigError("--rrf-k applies to --fusion rrf only")
+    if weights is None:
+        return
+    if method != "weighted":
+        raise ConfigError("--fusion-weights apply to --fusion weighted only")
+    if len(weights) != n_members:
+        raise ConfigError(
+            f"--fusion-weights: {len(weights)} weight(s) for {n_members} fused retriever(s); give one per retriever"
+        )
+    if any(not math.isfinite(w) or w < 0 for w in weights) or not any(w > 0 for w in weights):
+        raise ConfigError(f"--fusion-weights must be finite, >= 0 and not all 0, got {list(weights)}")
 
 
 def ranked(docs: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -101,11 +141,11 @@ class FusionRetriever:
 
     Args:
         retrievers: the members; each is searched to ``depth`` (at least ``k``).
-        method: ``rrf`` or ``score`` (weighted min-max score sum).
+        method: ``rrf`` or ``weighted`` (weighted min-max score sum).
         rrf_k: the RRF constant.
-        weights: per-retriever weights for ``score``.
+        weights: per-retriever weights for ``weighted`` (all 1.0 when None).
         depth: how deep each member is searched before fusing.
-        name: defaults to the members' names joined by ``+`` (``-score`` appended for ``score``).
+        name: defaults to :func:`fusion_label` of the members' names joined by ``+``.
     """
 
     def __init__(
@@ -113,26 +153,21 @@ class FusionRetriever:
         retrievers: Sequence[Retriever],
         method: FusionMethod = "rrf",
         *,
-        rrf_k: int = 60,
+        rrf_k: int = DEFAULT_RRF_K,
         weights: Sequence[float] | None = None,
         depth: int = 100,
         name: str | None = None,
     ) -> None:
         if len(retrievers) < 1:
             raise ConfigError("fusion needs at least one retriever")
-        if method not in ("rrf", "score"):
-            raise ConfigError(f"fusion method '{method}' is not one of: rrf, score")
-        if weights is not None and len(weights) != len(retrievers):
-            raise ConfigError(f"fusion weights: {len(weights)} weight(s) for {len(retrievers)} retriever(s)")
-        if weights is not None and method != "score":
-            raise ConfigError("fusion weights apply to method 'score' only")
+        check_fusion_options(len(retrievers), method, rrf_k, weights)
         self.retrievers = list(retrievers)
         self.method = method
         self.rrf_k = rrf_k
         self.weights = list(weights) if weights is not None else None
         self.depth = depth
-        default = "+".join(r.name for r in self.retrievers)
-        self.name = name or (default if method == "rrf" else f"{default}-score")
+        members = "+".join(r.name for r in self.retrievers)
+        self.name = name or fusion_label(members, method, rrf_k, self.weights)
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
         depth = max(self.depth, k)

@@ -29,7 +29,11 @@ from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.encoders import (
     _batches_by_budget,
     _import_torch,
+    _specifier,
     _import_transformers,
+    check_transformers_version,
+    dtype_kwarg,
+    load_pretrained,
     resolve_devices,
     resolve_dtype,
     resolve_model_path,
@@ -64,15 +68,20 @@ class RerankerSpec:
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """As for encoders: half precision on GPU, float32 on CPU."""
     backend: Literal["auto", "transformers", "vllm"] = "auto"
-    """``auto``: vLLM when it is installed and a GPU is present, else transformers."""
+    """``auto``: vLLM when it is installed, a GPU is present and the head has one logit
+    (``score_index`` 0), else transformers."""
     trust_remote_code: bool = False
     """Allow the model repo's own modelling code."""
+    transformers: str = ""
+    """Version specifier the installed transformers must satisfy (as for encoders); empty: any."""
 
     def __post_init__(self) -> None:
         if "{query}" not in self.query_template or "{text}" not in self.doc_template:
             raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
         if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
             raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
+        if self.transformers:
+            _specifier(self.transformers)
 
 
 def reranker_registry() -> dict[str, RerankerSpec]:
@@ -94,6 +103,10 @@ class Reranker(Protocol):
     """Re-scores the top ``k`` of each query's list; the rest stays below in its original order."""
 
     name: str
+
+    def check(self) -> None:
+        """Raise now if the model cannot be loaded (cheap: no weights, no GPU memory)."""
+        ...
 
     def rerank(
         self, requests: Sequence[SearchRequest], run: Run, corpus: Mapping[str, str], k: int
@@ -121,10 +134,7 @@ class _TransformersScorer:
             transformers = _import_transformers()
             spec = self.spec
             t0 = time.perf_counter()
-            tok_path = resolve_model_path(spec.base_model or spec.model)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(
-                tok_path, trust_remote_code=spec.trust_remote_code
-            )
+            tokenizer = _load_tokenizer(spec)
             if tokenizer.pad_token_id is None:
                 tokenizer.pad_token = tokenizer.unk_token or tokenizer.eos_token
             dev = resolve_devices(self.device)[0]
@@ -137,6 +147,10 @@ class _TransformersScorer:
             logger.info("loaded reranker %s on %s in %.1f s", spec.name, dev, time.perf_counter() - t0)
             self._state = (tokenizer, [(dev, model)], int(tokenizer.pad_token_id))
             return self._state
+
+    def check(self) -> None:
+        _import_torch()
+        check_model_files(self.spec)
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         if not pairs:
@@ -198,23 +212,54 @@ class _TransformersScorer:
         return out
 
 
+def _load_tokenizer(spec: RerankerSpec) -> Any:
+    model = spec.base_model or spec.model
+    return load_pretrained(
+        _import_transformers().AutoTokenizer.from_pretrained, resolve_model_path(model),
+        kind="reranker", name=spec.name, model=model, trust_remote_code=spec.trust_remote_code,
+    )
+
+
+def _import_peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise MissingExtraError("peft", "rerank") from None
+    return peft
+
+
+def check_model_files(spec: RerankerSpec) -> None:
+    """Raise now (ConfigError, MissingExtraError) if the reranker's model cannot be loaded: its
+    tokenizer and config, and for a LoRA adapter peft and the adapter's config. No weights are
+    read and nothing goes to a GPU, so this can run before an LLM takes the GPU's memory."""
+    transformers = _import_transformers()
+    check_transformers_version(spec.name, spec.model, spec.transformers)
+    _load_tokenizer(spec)
+    model = spec.base_model or spec.model
+    kw = dict(kind="reranker", name=spec.name, trust_remote_code=spec.trust_remote_code)
+    load_pretrained(transformers.AutoConfig.from_pretrained, resolve_model_path(model), model=model, **kw)
+    if spec.base_model is not None:
+        peft = _import_peft()
+        load_pretrained(peft.PeftConfig.from_pretrained, resolve_model_path(spec.model), kind="reranker",
+                        name=spec.name, model=spec.model)
+
+
 def _load_classifier(spec: RerankerSpec, dtype: Any) -> Any:
     transformers = _import_transformers()
+    check_transformers_version(spec.name, spec.model, spec.transformers)
+    kw = dict(kind="reranker", name=spec.name, trust_remote_code=spec.trust_remote_code, **dtype_kwarg(dtype))
+    auto = transformers.AutoModelForSequenceClassification
     if spec.base_model is None:
-        return transformers.AutoModelForSequenceClassification.from_pretrained(
-            resolve_model_path(spec.model), dtype=dtype, trust_remote_code=spec.trust_remote_code
-        )
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise MissingExtraError("peft", "dense") from None
-    base = transformers.AutoModelForSequenceClassification.from_pretrained(
-        resolve_model_path(spec.base_model),
-        num_labels=1,
-        dtype=dtype,
-        trust_remote_code=spec.trust_remote_code,
+        return load_pretrained(auto.from_pretrained, resolve_model_path(spec.model), model=spec.model, **kw)
+    peft = _import_peft()
+    base = load_pretrained(
+        auto.from_pretrained, resolve_model_path(spec.base_model), model=spec.base_model, num_labels=1, **kw
     )
-    return PeftModel.from_pretrained(base, resolve_model_path(spec.model)).merge_and_unload()
+    adapter = load_pretrained(
+        peft.PeftModel.from_pretrained, base, kind="reranker", name=spec.name, model=spec.model,
+        model_id=resolve_model_path(spec.model),
+    )
+    return adapter.merge_and_unload()
 
 
 def merge_adapter(spec: RerankerSpec, out_dir: Path) -> Path:
@@ -234,8 +279,17 @@ def merge_adapter(spec: RerankerSpec, out_dir: Path) -> Path:
     return out_dir
 
 
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError:
+        raise MissingExtraError("vllm", "vllm") from None
+    return vllm
+
+
 class _VLLMScorer:
-    """Pairs -> scores through vLLM's offline scoring API (``LLM.score``).
+    """Pairs -> scores through vLLM's offline scoring API (``LLM.score``): one score per pair,
+    so one-logit heads only (``PairwiseReranker`` routes other heads to transformers).
 
     Not exercised on machines without a GPU and vLLM; the transformers path is the tested one.
     """
@@ -244,13 +298,14 @@ class _VLLMScorer:
         self.spec = spec
         self._llm: Any = None
 
+    def check(self) -> None:
+        _import_vllm()
+        check_model_files(self.spec)
+
     def _load(self) -> Any:
         if self._llm is not None:
             return self._llm
-        try:
-            import vllm
-        except ImportError:
-            raise MissingExtraError("vllm", "vllm") from None
+        vllm = _import_vllm()
         path = resolve_model_path(self.spec.model)
         if self.spec.base_model is not None:
             merged = cache_dir() / "merged" / self.spec.name
@@ -300,12 +355,24 @@ class PairwiseReranker:
         chosen = backend or spec.backend
         if chosen not in ("auto", "transformers", "vllm"):
             raise ConfigError(f"reranker backend '{chosen}' is not one of: auto, transformers, vllm")
+        # vLLM's score API gives one number per pair (a one-logit head); a head whose relevance is
+        # another logit (monoBERT's two-way head, score_index 1) is scored with transformers.
+        if chosen == "vllm" and spec.score_index != 0:
+            raise ConfigError(
+                f"reranker '{spec.name}' scores with logit {spec.score_index} of a multi-logit head, "
+                "which vLLM's score API does not expose; set 'backend: transformers' (or 'auto') in its entry"
+            )
         if chosen == "auto":
-            chosen = "vllm" if _vllm_usable() else "transformers"
+            chosen = "vllm" if spec.score_index == 0 and _vllm_usable() else "transformers"
         self.backend = chosen
         self._scorer: _TransformersScorer | _VLLMScorer = (
             _VLLMScorer(spec) if chosen == "vllm" else _TransformersScorer(spec, device, show_progress)
         )
+
+    def check(self) -> None:
+        """Fail now, with a ConfigError or MissingExtraError, if the model cannot be loaded
+        (tokenizer, config, adapter; no weights read). The runner calls it before any LLM work."""
+        self._scorer.check()
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Relevance score of each (query text, document text) pair, templates applied here."""
