@@ -295,6 +295,22 @@ def test_cli_report_loads_task_texts_from_data_dir(cli, tree: Path, tmp_path: Pa
     assert (out / "per_task.png").exists() and (out / "quality_vs_cost.png").exists()
 
 
+def test_cli_report_takes_tasks_whose_qrels_name_missing_documents(cli, tree: Path, tmp_path: Path):
+    # As R2MED's own demo files: a relevant document that is not in the corpus.
+    data_dir = tmp_path / "data"
+    write_r2med_task(data_dir / "sample")
+    with (data_dir / "sample" / "qrels.jsonl").open("a") as f:
+        f.write(json.dumps({"q_id": "q1", "p_id": "not-in-corpus", "score": 1}) + "\n")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "a"), "--data-dir", str(data_dir)])
+    assert res.exit_code != 0 and "--allow-missing-qrels-docs" in str(res.exception)
+    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "b"), "--data-dir", str(data_dir),
+                              "--allow-missing-qrels-docs"])
+    assert res.exit_code == 0, res.output
+    data = embedded_data((tmp_path / "b" / "report.html").read_text(encoding="utf-8"))
+    assert data["tasks"]["sample"]["qrels"]["q1"] == {**QRELS["q1"], "not-in-corpus": 1}
+
+
 def test_cli_report_takes_the_compare_options(cli, tree: Path, tmp_path: Path):
     out = tmp_path / "out"
     args = ["report", str(tree), "--out", str(out), "--no-texts", "--baseline", "0", "--test", "bootstrap",

@@ -103,6 +103,10 @@ def report_command(
     metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all' or 'nano-all' (default: every task found)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down. Default: the package/hub copy."),
+    allow_missing_qrels_docs: bool = typer.Option(
+        False, "--allow-missing-qrels-docs",
+        help="Load tasks whose qrels name documents missing from the corpus (as `run --allow-missing-qrels-docs`).",
+    ),
     texts: bool = typer.Option(True, "--texts/--no-texts", help="Load the tasks for texts and qrels; --no-texts shows ids only (query text and positives from the generations file where there is one)."),
     published: bool = typer.Option(False, "--published", help="Add R2MED's published scores to the table."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row index, or method/llm/retriever (plus /reranker), to test the others against."),
@@ -125,7 +129,7 @@ def report_command(
 
         for name in table.tasks:
             try:
-                loaded[name] = load_task(name, data_dir)
+                loaded[name] = load_task(name, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs)
             except R2MedError as e:
                 err = R2MedError(
                     f"{e}\n(the report loads task '{name}' for its texts; pass --data-dir DIR, "
