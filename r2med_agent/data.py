@@ -23,21 +23,23 @@ Only qrels with a positive grade are kept (trec_eval counts ``rel <= 0`` as non-
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import logging
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
-from r2med_agent.io import iter_jsonl, iter_lines
-from r2med_agent.paths import resources_dir
-from r2med_agent.types import Doc, Family, Qrels, Query, Task
+from r2med_agent.io import atomic_write_json, iter_jsonl, iter_lines
+from r2med_agent.paths import cache_dir, resources_dir
+from r2med_agent.types import Corpus, Doc, Family, Qrels, Query, Task
 
 logger = logging.getLogger(__name__)
 
@@ -366,8 +368,17 @@ def load_task_dir(
     split: str | None = None,
     source: str | None = None,
     allow_missing_qrels_docs: bool = False,
+    use_task_cache: bool = True,
 ) -> Task:
     """Load a task from one folder in R2MED, BEIR or Nano layout (no registry lookup).
+
+    A validated task is remembered in the task cache (``cache_dir()/tasks/``) under a SHA-256 of
+    its files' bytes (and the layout and options that decide how they are read): its queries,
+    qrels, document ids and corpus fingerprint. Loading the same files again hashes them (about
+    0.1 s for R2MED's largest corpus) instead of parsing and validating them (about 0.8 s), and the
+    task's corpus is a :class:`~r2med_agent.types.Corpus` that parses the corpus file only when
+    its texts are first needed (checked against the fingerprint), so a re-run over a saved index
+    never reads it. Changed bytes are a different key: nothing stale is ever served.
 
     Args:
         folder: the task's folder.
@@ -376,16 +387,17 @@ def load_task_dir(
         source: provenance string for the Task (default: the folder's absolute path).
         allow_missing_qrels_docs: keep qrels naming documents missing from the corpus (warned);
             see :func:`load_task`.
+        use_task_cache: read and write the task cache.
     """
     folder = Path(folder)
     started = time.perf_counter()
     layout = _detect_layout(folder, split)
     if layout == "r2med":
-        queries, corpus, qrels = _read_r2med(folder, allow_missing_qrels_docs)
+        read = functools.partial(_read_r2med, folder, allow_missing_qrels_docs)
     elif layout == "beir":
-        queries, corpus, qrels = _read_beir(folder, allow_missing_qrels_docs)
+        read = functools.partial(_read_beir, folder, allow_missing_qrels_docs)
     elif layout == "nano" and split:
-        queries, corpus, qrels = _read_nano(folder, split, allow_missing_qrels_docs)
+        read = functools.partial(_read_nano, folder, split, allow_missing_qrels_docs)
     else:
         raise DataError(
             "no task files found: expected query.jsonl, corpus.jsonl and qrels.jsonl/qrels.txt "
@@ -393,27 +405,140 @@ def load_task_dir(
             + (f", or corpus/ queries/ qrels/ with {split} files (Nano)" if split else ""),
             folder,
         )
+    snapshot = None
+    if use_task_cache:
+        snapshot = _TaskSnapshot.for_files(
+            _layout_files(folder, layout, split), layout, split, allow_missing_qrels_docs
+        )
+    found = snapshot.load() if snapshot is not None else None
+    if found is not None:
+        queries, doc_ids, qrels, fingerprint, notes = found
+        corpus: Sequence[Doc] = Corpus(doc_ids, functools.partial(_reread_corpus, read, fingerprint, folder))
+        how = "from the task cache; corpus read on first use"
+    else:
+        queries, docs, qrels, notes = read()
+        fingerprint = corpus_fingerprint(docs)
+        corpus = tuple(docs)
+        if snapshot is not None:
+            snapshot.save(queries, [d.doc_id for d in docs], qrels, fingerprint, notes)
+        how = "parsed"
+    for note in notes:
+        logger.warning("%s", note)
     task = Task(
         name=name,
         family=family,
         domain=domain,
         queries=tuple(queries),
-        corpus=tuple(corpus),
+        corpus=corpus,
         qrels=qrels,
         source=source or str(folder.resolve()),
-        fingerprint=corpus_fingerprint(corpus),
+        fingerprint=fingerprint,
     )
     logger.info(
-        "loaded %s (%s layout, %s): %d queries, %d docs, %d positive qrels in %.2f s",
+        "loaded %s (%s layout, %s; %s): %d queries, %d docs, %d positive qrels in %.2f s",
         name,
         layout,
         task.source,
+        how,
         len(task.queries),
         len(task.corpus),
         sum(len(v) for v in qrels.values()),
         time.perf_counter() - started,
     )
     return task
+
+
+_Read = tuple[list[Query], list[Doc], Qrels, list[str]]
+"""What a layout reader returns: queries, corpus, qrels and warnings about the qrels."""
+
+
+def _reread_corpus(read: Callable[[], _Read], fingerprint: str, folder: Path) -> list[Doc]:
+    """The corpus of a task loaded from the task cache, parsed on first use."""
+    docs = read()[1]
+    if corpus_fingerprint(docs) != fingerprint:
+        raise DataError("the corpus changed on disk while this run was using it; run again", folder)
+    return docs
+
+
+def _layout_files(folder: Path, layout: str, split: str | None) -> list[Path] | None:
+    """Every file the layout's reader reads, in a fixed order; None when one is missing (the reader
+    then says which)."""
+    if layout == "r2med":
+        qrels = folder / "qrels.jsonl"
+        files = [folder / "query.jsonl", folder / "corpus.jsonl",
+                 qrels if qrels.is_file() else folder / "qrels.txt"]
+    elif layout == "beir":
+        files = [folder / "queries.jsonl", folder / "corpus.jsonl", folder / "qrels" / "test.tsv"]
+    else:
+        files = []
+        for cfg in NANO_CONFIGS:
+            found = _nano_files(folder, cfg, split or "")
+            if not found:
+                return None
+            files += found
+    return files if all(f.is_file() for f in files) else None
+
+
+class _TaskSnapshot:
+    """A validated task's queries, qrels, document ids and fingerprint in the task cache, stored
+    under a SHA-256 of the bytes of every file it was read from."""
+
+    FORMAT = 1  # raise when reading or validation rules change what a set of files loads as
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def for_files(
+        cls, files: Sequence[Path] | None, layout: str, split: str | None, allow_missing: bool
+    ) -> _TaskSnapshot | None:
+        if files is None:
+            return None
+        h = hashlib.sha256(
+            f"r2med-agent task v{cls.FORMAT}|{layout}|{split}|{allow_missing}\n".encode()
+        )
+        try:
+            for path in files:
+                h.update(f"{path.name}|{path.stat().st_size}\n".encode())
+                with path.open("rb") as f:
+                    while chunk := f.read(1 << 23):
+                        h.update(chunk)
+        except OSError:
+            return None  # the reader reports it
+        return cls(cache_dir() / "tasks" / f"{h.hexdigest()}.json")
+
+    def load(self) -> tuple[list[Query], list[str], Qrels, str, list[str]] | None:
+        """The stored task, or None when there is none (or it is unreadable: then it is redone)."""
+        try:
+            rec = json.loads(self.path.read_bytes())
+            queries = [Query(q[0], q[1], q[2]) for q in rec["queries"]]
+            doc_ids, qrels, fingerprint, notes = rec["doc_ids"], rec["qrels"], rec["fingerprint"], rec["notes"]
+            ok = (rec["format"] == self.FORMAT and isinstance(fingerprint, str)
+                  and all(isinstance(d, str) for d in doc_ids))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            logger.warning("ignoring unreadable task cache file %s (%s)", self.path, e)
+            return None
+        if not ok:
+            logger.warning("ignoring task cache file %s (other format)", self.path)
+            return None
+        return queries, doc_ids, qrels, fingerprint, notes
+
+    def save(self, queries: Sequence[Query], doc_ids: Sequence[str], qrels: Qrels,
+             fingerprint: str, notes: Sequence[str]) -> None:
+        rec = {
+            "format": self.FORMAT,
+            "fingerprint": fingerprint,
+            "queries": [[q.query_id, q.text, q.answer] for q in queries],
+            "qrels": qrels,
+            "notes": list(notes),
+            "doc_ids": list(doc_ids),
+        }
+        try:
+            atomic_write_json(self.path, rec, indent=None)
+        except OSError as e:  # a read-only cache only costs speed
+            logger.warning("cannot write the task cache file %s (%s)", self.path, e.strerror)
 
 
 def corpus_fingerprint(corpus: Iterable[Doc]) -> str:
@@ -480,9 +605,7 @@ def _detect_layout(folder: Path, split: str | None) -> str | None:
 # --- R2MED layout -------------------------------------------------------------------------------
 
 
-def _read_r2med(
-    folder: Path, allow_missing_docs: bool
-) -> tuple[list[Query], list[Doc], Qrels]:
+def _read_r2med(folder: Path, allow_missing_docs: bool) -> _Read:
     query_path = _require(folder / "query.jsonl")
     corpus_path = _require(folder / "corpus.jsonl")
     queries = _parse_queries(iter_jsonl(query_path), query_path, id_keys=("id", "_id"))
@@ -496,22 +619,22 @@ def _read_r2med(
         qrels_path = txt
     else:
         raise DataError("missing qrels: expected qrels.jsonl or qrels.txt beside query.jsonl", folder)
-    qrels = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
-    return queries, corpus, qrels
+    qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
+    return queries, corpus, qrels, notes
 
 
 # --- BEIR layout --------------------------------------------------------------------------------
 
 
-def _read_beir(folder: Path, allow_missing_docs: bool) -> tuple[list[Query], list[Doc], Qrels]:
+def _read_beir(folder: Path, allow_missing_docs: bool) -> _Read:
     query_path = _require(folder / "queries.jsonl")
     corpus_path = _require(folder / "corpus.jsonl")
     qrels_path = _require(folder / "qrels" / "test.tsv")
     queries = _parse_queries(iter_jsonl(query_path), query_path, id_keys=("_id", "id"))
     corpus = _parse_docs(iter_jsonl(corpus_path), corpus_path, id_keys=("_id", "id"))
     rows = _qrels_from_text(qrels_path)
-    qrels = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
-    return queries, corpus, qrels
+    qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
+    return queries, corpus, qrels, notes
 
 
 # --- Nano layout --------------------------------------------------------------------------------
@@ -526,9 +649,7 @@ def _nano_files(folder: Path, config: str, split: str) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_file() and pattern.fullmatch(p.name))
 
 
-def _read_nano(
-    folder: Path, split: str, allow_missing_docs: bool
-) -> tuple[list[Query], list[Doc], Qrels]:
+def _read_nano(folder: Path, split: str, allow_missing_docs: bool) -> _Read:
     files = {}
     for cfg in NANO_CONFIGS:
         found = _nano_files(folder, cfg, split)
@@ -546,10 +667,11 @@ def _read_nano(
     rows: list[tuple[Path, int, str, str, int]] = []
     for path in files["qrels"]:
         rows += _qrels_from_json(_iter_records(path), path, score_required=False)
-    return queries, corpus, _build_qrels(
+    qrels, notes = _build_qrels(
         rows, files["qrels"][0], queries, files["queries"][0], corpus, files["corpus"][0],
         allow_missing_docs,
     )
+    return queries, corpus, qrels, notes
 
 
 def _check_unique(ids: list[tuple[str, Path]], paths: list[Path], what: str) -> None:
@@ -805,8 +927,13 @@ def _build_qrels(
     corpus: Sequence[Doc],
     corpus_path: Path,
     allow_missing_docs: bool,
-) -> Qrels:
-    """Check every qrels row against the queries and the corpus, then collect the positive grades."""
+) -> tuple[Qrels, list[str]]:
+    """Check every qrels row against the queries and the corpus, then collect the positive grades.
+
+    Returns:
+        The qrels, and warnings about them (kept so that a task loaded from the task cache
+        repeats them).
+    """
     query_ids = {q.query_id for q in queries}
     doc_ids = {d.doc_id for d in corpus}
     missing_docs: dict[str, None] = {}
@@ -824,23 +951,19 @@ def _build_qrels(
                 )
             missing_docs[doc_id] = None
     qrels = _collect_qrels(rows, qrels_path)
+    notes = []
     if missing_docs:
-        logger.warning(
-            "%s: %d qrels documents are not in %s; kept as relevant documents no retriever can "
-            "find (they count in the ideal DCG, so no score can reach 1): %s",
-            qrels_path,
-            len(missing_docs),
-            corpus_path.name,
-            ", ".join(list(missing_docs)[:5]) + (" ..." if len(missing_docs) > 5 else ""),
+        notes.append(
+            f"{qrels_path}: {len(missing_docs)} qrels documents are not in {corpus_path.name}; kept "
+            "as relevant documents no retriever can find (they count in the ideal DCG, so no score "
+            "can reach 1): "
+            + ", ".join(list(missing_docs)[:5]) + (" ..." if len(missing_docs) > 5 else "")
         )
     no_positive = [q.query_id for q in queries if q.query_id not in qrels]
     if no_positive:
-        logger.warning(
-            "%s: %d of %d queries have no positive qrels (%s%s); evaluation cannot score them",
-            qrels_path,
-            len(no_positive),
-            len(queries),
-            ", ".join(no_positive[:5]),
-            " ..." if len(no_positive) > 5 else "",
+        notes.append(
+            f"{qrels_path}: {len(no_positive)} of {len(queries)} queries have no positive qrels "
+            f"({', '.join(no_positive[:5])}{' ...' if len(no_positive) > 5 else ''}); evaluation "
+            "cannot score them"
         )
-    return qrels
+    return qrels, notes

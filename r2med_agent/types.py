@@ -6,9 +6,10 @@ Runs and qrels use the plain nested-dict shape that pytrec_eval takes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 Run = dict[str, dict[str, float]]
 """A ranked list per query: ``{query_id: {doc_id: score}}``; higher scores rank first."""
@@ -38,6 +39,80 @@ class Query:
     answer: str = ""
 
 
+class Corpus(Sequence[Doc]):
+    """A task's documents in file order, whose ids are known up front and whose texts may be read
+    on first use.
+
+    A task found in the task cache (see :func:`r2med_agent.data.load_task_dir`) knows its document
+    ids, queries, qrels and fingerprint without parsing its corpus file; the documents are read by
+    ``load`` when something first needs them (indexing, encoding, prompts, reranking), once, under
+    a lock. A re-run over saved indexes and embeddings never reads them.
+
+    Args:
+        ids: the document ids, in corpus order.
+        load: returns the documents (their ids must be ``ids``, in order).
+    """
+
+    __slots__ = ("_ids", "_docs", "_load", "_lock")
+
+    def __init__(self, ids: Iterable[str], load: Callable[[], Sequence[Doc]]) -> None:
+        self._ids = tuple(ids)
+        self._docs: tuple[Doc, ...] | None = None
+        self._load: Callable[[], Sequence[Doc]] | None = load
+        self._lock = threading.Lock()
+
+    @property
+    def doc_ids(self) -> tuple[str, ...]:
+        return self._ids
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the documents have been read."""
+        return self._docs is not None
+
+    def docs(self) -> tuple[Doc, ...]:
+        """The documents, read on the first call."""
+        if self._docs is None:
+            with self._lock:
+                if self._docs is None:
+                    docs = tuple(self._load())  # type: ignore[misc]  # set until read
+                    if tuple(d.doc_id for d in docs) != self._ids:
+                        raise RuntimeError("the corpus loader returned other documents than its ids")
+                    self._docs, self._load = docs, None
+        return self._docs
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, i: int) -> Doc: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Doc, ...]: ...
+    def __getitem__(self, i: int | slice) -> Doc | tuple[Doc, ...]:
+        return self.docs()[i]
+
+    def __iter__(self) -> Iterator[Doc]:
+        return iter(self.docs())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Corpus):
+            return self._ids == other._ids and self.docs() == other.docs()
+        if isinstance(other, tuple):
+            return self.docs() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Corpus({len(self._ids)} docs{'' if self.loaded else ', not read yet'})"
+
+
+def doc_ids_of(docs: Sequence[Doc]) -> list[str]:
+    """The ids of ``docs`` in order, without reading a :class:`Corpus` that has not been read."""
+    ids = getattr(docs, "doc_ids", None)
+    return list(ids) if ids is not None else [d.doc_id for d in docs]
+
+
 @dataclass(frozen=True)
 class Task:
     """A loaded task: its queries, corpus and qrels, plus what prompts need to know of it.
@@ -47,7 +122,7 @@ class Task:
         family: prompt family (``qa``, ``exam``, ``treatment``, ``case``).
         domain: the subject used in Q&A prompts ("biology", "bioinformatics", "medical sciences").
         queries: queries in file order.
-        corpus: documents in file order.
+        corpus: documents in file order (a tuple, or a :class:`Corpus` read on first use).
         qrels: relevance judgements (only positive grades are kept by the loader).
         source: where the data came from (hub repo@revision or a directory), for provenance.
         fingerprint: hash of the corpus content; keys every on-disk index and embedding cache.
@@ -57,10 +132,15 @@ class Task:
     family: Family
     domain: str
     queries: tuple[Query, ...]
-    corpus: tuple[Doc, ...]
+    corpus: Sequence[Doc]
     qrels: Qrels
     source: str
     fingerprint: str
+
+    @property
+    def doc_ids(self) -> list[str]:
+        """The corpus's document ids in order (without reading a corpus not read yet)."""
+        return doc_ids_of(self.corpus)
 
 
 Combine = Literal["none", "hyde", "query2doc", "lamer", "reasoning"]

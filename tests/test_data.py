@@ -522,6 +522,123 @@ def test_fingerprint_tracks_corpus_content(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# task cache
+# --------------------------------------------------------------------------------------------------
+
+
+def _count_corpus_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    parsed: list[Path] = []
+    real = data._parse_docs
+
+    def counting(records, path, **kw):
+        parsed.append(path)
+        return real(records, path, **kw)
+
+    monkeypatch.setattr(data, "_parse_docs", counting)
+    return parsed
+
+
+def test_a_task_loaded_again_comes_from_the_task_cache_and_reads_its_corpus_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from r2med_agent.types import Corpus
+
+    parsed = _count_corpus_parses(monkeypatch)
+    folder = make_r2med_dir(tmp_path / "t")
+    first = load_dir(folder)
+    assert len(parsed) == 1 and isinstance(first.corpus, tuple)
+    with caplog.at_level(logging.INFO, logger="r2med_agent.data"):
+        again = load_dir(folder)
+    assert "from the task cache" in caplog.text
+    assert len(parsed) == 1  # nothing parsed: ids, queries, qrels and fingerprint were stored
+    assert isinstance(again.corpus, Corpus) and not again.corpus.loaded
+    assert again.doc_ids == first.doc_ids == ["d1", "d2", "d3"] and len(again.corpus) == 3
+    assert (again.queries, again.qrels, again.fingerprint) == (first.queries, first.qrels, first.fingerprint)
+    assert not again.corpus.loaded
+    # The texts are parsed once, when first needed, and are the same documents.
+    assert tuple(again.corpus) == first.corpus and again.corpus == first.corpus
+    assert again.corpus[1] == first.corpus[1] and again.corpus.loaded
+    assert len(parsed) == 2
+    list(again.corpus)
+    assert len(parsed) == 2
+    # Without the cache, always parsed.
+    load_dir(folder, use_task_cache=False)
+    assert len(parsed) == 3
+
+
+def test_task_cache_is_keyed_by_the_bytes_of_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed = _count_corpus_parses(monkeypatch)
+    folder = make_r2med_dir(tmp_path / "t")
+    base = load_dir(folder)
+    # Same size, same modification time, one byte changed: a new key, parsed again.
+    corpus = folder / "corpus.jsonl"
+    stat = corpus.stat()
+    corpus.write_bytes(corpus.read_bytes().replace(b"volatile", b"volatlle"))
+    import os
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    changed = load_dir(folder)
+    assert len(parsed) == 2 and changed.fingerprint != base.fingerprint
+    assert "volatlle" in changed.corpus[0].text
+    # The qrels file too (the corpus is the same, the qrels differ): parsed again.
+    write_jsonl(folder / "qrels.jsonl", QRELS[:1])
+    assert load_dir(folder).qrels == {"q1": {"d1": 1}}
+    assert len(parsed) == 3
+
+
+def test_task_cache_keeps_the_loaders_warnings_and_validation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = make_r2med_dir(tmp_path / "t", qrels=[*QRELS, {"q_id": "q1", "p_id": "gone", "score": 1}])
+    with pytest.raises(DataError, match="--allow-missing-qrels-docs"):
+        load_dir(folder)
+    for _ in range(2):  # parsed, then from the task cache: the same warning both times
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
+            task = load_dir(folder, allow_missing_qrels_docs=True)
+        assert "1 qrels documents are not in corpus.jsonl" in caplog.text
+        assert task.qrels["q1"] == {"d1": 1, "gone": 1}
+    # A stored task never stands in for one that fails validation without the option.
+    with pytest.raises(DataError, match="--allow-missing-qrels-docs"):
+        load_dir(folder)
+
+
+def test_a_corpus_changed_before_its_first_use_is_an_error(tmp_path: Path) -> None:
+    folder = make_r2med_dir(tmp_path / "t")
+    load_dir(folder)
+    task = load_dir(folder)
+    write_jsonl(folder / "corpus.jsonl", [CORPUS[1], CORPUS[0], CORPUS[2]])
+    with pytest.raises(DataError, match="changed on disk"):
+        list(task.corpus)
+
+
+def test_unreadable_task_cache_file_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = make_r2med_dir(tmp_path / "t")
+    first = load_dir(folder)
+    (stored,) = (tmp_path / "cache" / "tasks").iterdir()
+    stored.write_text('{"format": 1, "queries": [')
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
+        again = load_dir(folder)
+    assert "ignoring unreadable task cache file" in caplog.text
+    assert isinstance(again.corpus, tuple) and again.corpus == first.corpus
+    assert load_dir(folder).fingerprint == first.fingerprint  # rewritten, read back
+
+
+def test_bm25_rerun_never_reads_a_cached_tasks_corpus(tmp_path: Path) -> None:
+    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.types import SearchRequest
+
+    folder = make_r2med_dir(tmp_path / "t")
+    first = load_dir(folder)
+    reqs = [SearchRequest(q.query_id, q.text) for q in first.queries]
+    expected = BM25Retriever.for_task(first, show_progress=False).search(reqs, 10)
+    again = load_dir(folder)
+    retriever = BM25Retriever.for_task(again, show_progress=False)
+    assert not retriever.built_index
+    assert retriever.search(reqs, 10) == expected
+    assert not again.corpus.loaded
+
+
+# --------------------------------------------------------------------------------------------------
 # hub code path against local snapshots
 # --------------------------------------------------------------------------------------------------
 

@@ -544,7 +544,7 @@ class BM25Retriever:
         root = Path(index_root) if index_root is not None else paths.cache_dir() / "bm25"
         key = index_key(task, mode, k1, b, analyzer.id)
         folder = root / key
-        doc_ids = [d.doc_id for d in task.corpus]
+        doc_ids = task.doc_ids  # (a corpus not read yet stays so when the index is saved)
         backend: Any = _BACKENDS[mode]
 
         index = _load_saved(folder, backend, key, doc_ids, show_progress)

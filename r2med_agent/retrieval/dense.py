@@ -50,7 +50,7 @@ from r2med_agent.retrieval.encoders import (
     make_encoder,
     model_fingerprint,
 )
-from r2med_agent.types import Doc, Run, SearchRequest, Task
+from r2med_agent.types import Doc, Run, SearchRequest, Task, doc_ids_of
 
 logger = logging.getLogger(__name__)
 
@@ -517,7 +517,7 @@ class DenseRetriever:
             show_progress=show_progress,
             root=cache_root,
         )
-        return cls(enc, [d.doc_id for d in docs], emb, prefixes, use_gpu=use_gpu)
+        return cls(enc, doc_ids_of(docs), emb, prefixes, use_gpu=use_gpu)
 
     @classmethod
     def for_task(
