@@ -5,9 +5,12 @@ and 97 queries with about 3 positives each. The benchmark writes a task of that 
 layout (``query.jsonl``, ``corpus.jsonl``, ``qrels.jsonl``; seeded random words) to a temporary folder
 and times, best of ``--repeat`` runs:
 
-* ``load_task_dir``: r2med-agent's loader: parsing, every validation of ``r2med_agent.data``
-  (ids, texts, duplicates, qrels against queries and corpus, integer grades) and the corpus
-  fingerprint (SHA-256 over every id and text);
+* ``load_task_dir`` without the task cache: r2med-agent's loader: parsing, every validation of
+  ``r2med_agent.data`` (ids, texts, duplicates, qrels against queries and corpus, integer grades)
+  and the corpus fingerprint (SHA-256 over every id and text);
+* ``load_task_dir`` again with the task cache holding the task: the files are hashed and the
+  validated task read back, its corpus not parsed until first used (a re-run); and the same plus
+  reading every document (a re-run that needs the texts);
 * the plain reader: ``json.loads`` per line into dicts and a qrels dict, no checks and no hash,
   which is what loaders without validation (MTEB's, R2MED's own) do once the files are local;
 * ``pandas.read_json(lines=True)`` for the three files, when pandas is installed.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import tempfile
 import time
@@ -64,8 +68,21 @@ def plain_reader(folder: Path) -> int:
 
 
 def r2med_agent_loader(folder: Path) -> int:
-    task = load_task_dir(folder, name="MedXpertQA-Exam", family="exam", domain="medicine")
+    task = load_task_dir(folder, name="MedXpertQA-Exam", family="exam", domain="medicine",
+                         use_task_cache=False)
     return len(task.queries) + len(task.corpus) + len(task.qrels)
+
+
+def r2med_agent_cached(folder: Path) -> int:
+    task = load_task_dir(folder, name="MedXpertQA-Exam", family="exam", domain="medicine")
+    if getattr(task.corpus, "loaded", True):
+        raise RuntimeError("the task cache was not used")
+    return len(task.queries) + len(task.corpus) + len(task.qrels)
+
+
+def r2med_agent_cached_texts(folder: Path) -> int:
+    task = load_task_dir(folder, name="MedXpertQA-Exam", family="exam", domain="medicine")
+    return len(task.queries) + sum(1 for _ in task.corpus) + len(task.qrels)
 
 
 def pandas_reader(folder: Path) -> int:
@@ -93,11 +110,16 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = Path(tmp) / "task"
+        folder.mkdir()
+        os.environ["R2MED_CACHE_DIR"] = str(Path(tmp) / "cache")  # the task cache, private
         size = write_task(folder, args.docs, args.queries, args.seed)
+        load_task_dir(folder, name="MedXpertQA-Exam", family="exam", domain="medicine")  # stores it
         print(f"task: {args.docs:,} docs ({size / 1e6:.1f} MB corpus.jsonl), {args.queries} queries")
         contenders: list[tuple[str, Callable[[Path], int]]] = [
             ("r2med-agent load_task_dir (validated + fingerprint)", r2med_agent_loader),
+            ("  again, from the task cache (corpus not parsed)", r2med_agent_cached),
+            ("  again, from the task cache, every document read", r2med_agent_cached_texts),
             ("plain json.loads reader (no checks, no hash)", plain_reader),
         ]
         try:
