@@ -27,7 +27,6 @@ from typing import Any
 
 import jinja2
 import jinja2.meta
-import yaml
 
 from r2med_agent.errors import ConfigError
 

@@ -175,26 +175,34 @@ def bootstrap_test(
         ``(p_value, ci_low, ci_high)``: the p-value and the percentile interval of
         ``mean(system - baseline)`` at ``confidence``.
     """
-    d = _diffs(baseline, system)
+    return _bootstrap([_diffs(baseline, system)], n_resamples, seed, confidence)
+
+
+def _bootstrap(
+    ds: Sequence[np.ndarray], n_resamples: int, seed: int, confidence: float
+) -> tuple[float, float, float]:
+    """Bootstrap of ``T = mean over strata of the mean difference``: queries resampled with
+    replacement within each stratum; the p-value counts resamples at least as far from ``T`` as
+    ``T`` is from 0 (the resampling distribution shifted to the null), and the unshifted resamples
+    give the percentile interval. Returns ``(p_value, ci_low, ci_high)``."""
     if n_resamples < 1:
         raise ValueError("n_resamples must be at least 1")
-    n = d.size
-    mean = float(d.mean())
-    shifted = d - mean
-    observed = abs(mean) * n
+    observed = float(np.mean([d.mean() for d in ds]))
     rng = np.random.default_rng(seed)
     hits = 0
-    means: list[np.ndarray] = []
+    stats: list[np.ndarray] = []
     done = 0
     while done < n_resamples:
         m = min(_CHUNK, n_resamples - done)
-        idx = rng.integers(0, n, size=(m, n))
-        sums = shifted[idx].sum(axis=1)
-        hits += int(np.count_nonzero(np.abs(sums) + _SUM_TOLERANCE >= observed))
-        means.append(sums / n + mean)
+        total = np.zeros(m)
+        for d in ds:
+            total += d[rng.integers(0, d.size, size=(m, d.size))].mean(axis=1)
+        resampled = total / len(ds)
+        hits += int(np.count_nonzero(np.abs(resampled - observed) + _SUM_TOLERANCE >= abs(observed)))
+        stats.append(resampled)
         done += m
     tail = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(np.concatenate(means), [tail, 1.0 - tail])
+    lo, hi = np.quantile(np.concatenate(stats), [tail, 1.0 - tail])
     return (hits + 1) / (n_resamples + 1), float(lo), float(hi)
 
 
@@ -290,26 +298,8 @@ def stratified_test(
         weights = np.concatenate([np.full(d.size, 1.0 / (k * d.size)) for d in ds])
         p, exact = _sign_flip_p(np.concatenate(ds) * weights, n_resamples=n_resamples, seed=seed, exact=exact)
     else:
-        if n_resamples < 1:
-            raise ValueError("n_resamples must be at least 1")
-        observed = float(np.mean([d.mean() for d in ds]))
-        rng = np.random.default_rng(seed)
-        hits = 0
-        stats: list[np.ndarray] = []
-        done = 0
-        while done < n_resamples:
-            m = min(_CHUNK, n_resamples - done)
-            total = np.zeros(m)
-            for d in ds:
-                total += d[rng.integers(0, d.size, size=(m, d.size))].mean(axis=1)
-            resampled = total / k
-            # Shifted to the null (every resample minus the observed T): as extreme as observed?
-            hits += int(np.count_nonzero(np.abs(resampled - observed) + _SUM_TOLERANCE >= abs(observed)))
-            stats.append(resampled)
-            done += m
-        tail = (1.0 - confidence) / 2.0
-        lo, hi = np.quantile(np.concatenate(stats), [tail, 1.0 - tail])
-        p, exact, ci_low, ci_high = (hits + 1) / (n_resamples + 1), False, float(lo), float(hi)
+        p, ci_low, ci_high = _bootstrap(ds, n_resamples, seed, confidence)
+        exact = False
     return PairedTest(
         n=int(sum(d.size for d in ds)),
         baseline_mean=float(np.mean([np.mean(np.asarray(a, dtype=np.float64)) for a in baseline])),

@@ -40,6 +40,16 @@ def make_task(name: str = "sample") -> Task:
     )
 
 
+def write_r2med_task(folder: Path) -> None:
+    """CORPUS/QUERIES/QRELS as a task folder in R2MED layout."""
+    folder.mkdir(parents=True)
+    (folder / "query.jsonl").write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in CORPUS.items()))
+    (folder / "qrels.jsonl").write_text(
+        "".join(json.dumps({"q_id": q, "p_id": d, "score": g}) + "\n" for q, docs in QRELS.items() for d, g in docs.items())
+    )
+
+
 def ranking(*doc_ids: str) -> dict[str, float]:
     """A ranking with descending scores in the given order."""
     return {d: float(len(doc_ids) - i) for i, d in enumerate(doc_ids)}
@@ -116,7 +126,7 @@ def run_config_record(
 
 def data_record(task: str, source: str | None = None, fingerprint: str | None = None) -> dict[str, str]:
     """``source`` and ``corpus_fingerprint`` as the runner records them for a registered task."""
-    from r2med_agent.data import get_task_spec, load_task, task_registry
+    from r2med_agent.data import load_task, task_registry
 
     spec = task_registry().get(task)
     if source is None:

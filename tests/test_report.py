@@ -14,7 +14,7 @@ from r2med_agent.compare import build_table, load_results
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.report import drilldown_data, write_report
 from tests.browser import CHROMIUM, PageReport, load_page
-from tests.result_trees import CORPUS, GOOD, MIXED, QRELS, QUERIES, WEAK, make_task, ranking, write_result
+from tests.result_trees import CORPUS, GOOD, MIXED, QRELS, QUERIES, WEAK, make_task, ranking, write_r2med_task, write_result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -271,15 +271,6 @@ def cli():
 
     _register()
     return app
-
-
-def write_r2med_task(folder: Path) -> None:
-    folder.mkdir(parents=True)
-    (folder / "query.jsonl").write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in CORPUS.items()))
-    (folder / "qrels.jsonl").write_text(
-        "".join(json.dumps({"q_id": q, "p_id": d, "score": g}) + "\n" for q, docs in QRELS.items() for d, g in docs.items())
-    )
 
 
 def test_cli_report_loads_task_texts_from_data_dir(cli, tree: Path, tmp_path: Path):

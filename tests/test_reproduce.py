@@ -26,18 +26,9 @@ from r2med_agent.reproduce import (
     reproduce,
     weights_gib,
 )
-from tests.result_trees import CORPUS, QRELS, QUERIES, ranking, write_result
+from tests.result_trees import QRELS, ranking, write_r2med_task, write_result
 
 RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
-
-
-def write_r2med_task(folder: Path) -> None:
-    folder.mkdir(parents=True)
-    (folder / "query.jsonl").write_text("".join(json.dumps({"id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in CORPUS.items()))
-    (folder / "qrels.jsonl").write_text(
-        "".join(json.dumps({"q_id": q, "p_id": d, "score": g}) + "\n" for q, docs in QRELS.items() for d, g in docs.items())
-    )
 
 
 @pytest.fixture()

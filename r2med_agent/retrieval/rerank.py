@@ -131,7 +131,7 @@ class _TransformersScorer:
             if self._state is not None:
                 return self._state
             torch = _import_torch()
-            transformers = _import_transformers()
+            _import_transformers()  # a missing extra fails here, with the install command
             spec = self.spec
             t0 = time.perf_counter()
             tokenizer = _load_tokenizer(spec)
