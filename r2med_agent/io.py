@@ -150,21 +150,24 @@ def _encodable(obj: Any) -> bool:
     return True
 
 
-def _loads(line: str, path: str | os.PathLike[str], lineno: int) -> Any:
+def _loads(text: str, path: str | os.PathLike[str], lineno: int | None) -> Any:
+    """``json.loads`` of ``text`` (one line ``lineno`` of a file, or a whole file when None: the
+    error then names the line the parser stopped at); errors raise DataError."""
     try:
         # raw_decode skips json.loads's two whitespace scans (about 15% of parsing a corpus);
-        # a line it does not take whole (leading blanks, an error) goes through json.loads.
-        obj, end = _DECODER.raw_decode(line)
-        if end == len(line) or line[end:].isspace():
+        # a text it does not take whole (leading blanks, an error) goes through json.loads.
+        obj, end = _DECODER.raw_decode(text)
+        if end == len(text) or text[end:].isspace():
             return obj
     except RecursionError:
         raise DataError("malformed JSON (nested too deeply)", path, lineno) from None
     except ValueError:  # json.JSONDecodeError and others: json.loads below says what is wrong
         pass
     try:
-        return json.loads(line)
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, lineno) from None
+        where = lineno if lineno is not None else e.lineno
+        raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, where) from None
     except RecursionError:
         raise DataError("malformed JSON (nested too deeply)", path, lineno) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's digit limit
@@ -174,15 +177,7 @@ def _loads(line: str, path: str | os.PathLike[str], lineno: int) -> Any:
 def read_json(path: str | os.PathLike[str], what: str = "file") -> Any:
     """Parse a whole JSON file; unreadable, non-UTF-8 or malformed files raise DataError with
     file:line."""
-    text = "".join(line for _, line in iter_lines(path, what))
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, e.lineno) from None
-    except RecursionError:
-        raise DataError("malformed JSON (nested too deeply)", path) from None
-    except ValueError as e:
-        raise DataError(f"malformed JSON ({e})", path) from None
+    return _loads("".join(line for _, line in iter_lines(path, what)), path, None)
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:

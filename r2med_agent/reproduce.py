@@ -45,7 +45,8 @@ from r2med_agent.compare import (
     r2med_tasks,
 )
 from r2med_agent.config import build, load_yaml
-from r2med_agent.errors import ConfigError
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.io import read_json
 from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
@@ -549,12 +550,10 @@ def stale_reason(path: Path, expected: Mapping[str, Any], data: tuple[str, str |
     Settings are compared over STALE_KEYS; the data by corpus fingerprint when the expected one is
     known (local and package data), else by source (hub ``repo@revision``).
     """
-    import json
-
     try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        return f"unreadable result file ({type(e).__name__})"
+        rec = read_json(path, "result file")
+    except DataError as e:
+        return f"unreadable result file ({e})"
     if not isinstance(rec, Mapping) or not isinstance(rec.get("config"), Mapping):
         return "no run config recorded"
     have, want = _settings(rec["config"]), _settings(expected)

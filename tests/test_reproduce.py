@@ -245,6 +245,10 @@ def test_staleness_compares_only_the_settings_that_apply(tmp_path):
     del rec["config"]
     (leaf / "Biology.json").write_text(json.dumps(rec))
     assert plan(grid, opts)[0].stale == {"Biology": "no run config recorded"}
+    # Nor is one that cannot be read; the reason names the file and line.
+    (leaf / "Biology.json").write_bytes(b'{"test": {}, "note": "caf\xe9"}')
+    reason = plan(grid, opts)[0].stale["Biology"]
+    assert reason.startswith("unreadable result file (") and "Biology.json:1: not UTF-8 text" in reason
 
 
 def test_results_from_other_data_are_stale(tmp_path):
