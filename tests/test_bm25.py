@@ -343,9 +343,62 @@ def test_compat_mode_matches_r2meds_gensim_pipeline(
     run100 = compat.search(queries[:6], 100)
     for q in queries:
         sims = np.asarray(index[model[dictionary.doc2bow(analyzer.analyze(q.query))]], dtype=float)
-        assert_ranking(run10[q.query_id], sims, doc_ids, 10)
+        positive = lambda run: {d: s for d, s in run.items() if s > 0}  # noqa: E731
+        assert_ranking(positive(run10[q.query_id]), sims, doc_ids, 10)
         if q.query_id in run100:
-            assert_ranking(run100[q.query_id], sims, doc_ids, 100)
+            assert_ranking(positive(run100[q.query_id]), sims, doc_ids, 100)
+
+
+def test_compat_mode_fills_the_depth_with_zero_score_documents_in_corpus_order(
+    tmp_path: Path,
+) -> None:
+    """R2MED's script keeps ``sorted(all scores, reverse=True)[:100]``: a query matching fewer
+    documents than the depth gets score-0 documents from the start of the corpus (a stable sort
+    keeps them in corpus order), and they are in its run and its scores. The lucene mode keeps
+    only matches."""
+    texts = ["apple pie recipe", "zebra stripes", "apple orchard", "yak wool", "xylophone music",
+             "walrus tusk", "vulture flight"]
+    ids = ["d6", "d5", "d4", "d3", "d2", "d1", "d0"]  # corpus order is not id order
+    task = make_task(texts, ids=ids)
+    req = [SearchRequest("q", "apple")]
+    compat = BM25Retriever.for_task(task, mode="r2med-compat", index_root=tmp_path, show_progress=False)
+    run = compat.search(req, 5)["q"]
+    # the reference's own selection, with gensim scores computed independently
+    gensim = pytest.importorskip("gensim")
+    from gensim.corpora import Dictionary
+    from gensim.models import LuceneBM25Model
+    from gensim.similarities import SparseMatrixSimilarity
+
+    del gensim
+    corpus = analyzed_corpus(texts)
+    dictionary = Dictionary(corpus)
+    model = LuceneBM25Model(dictionary=dictionary, k1=K1, b=B)
+    index = SparseMatrixSimilarity(model[list(map(dictionary.doc2bow, corpus))], num_docs=len(corpus),
+                                   num_terms=len(dictionary), normalize_queries=False, normalize_documents=False)
+    sims = index[model[dictionary.doc2bow(LuceneEnglishAnalyzer().analyze("apple"))]].tolist()
+    reference = dict(sorted(zip(ids, sims), key=lambda x: x[1], reverse=True)[:5])
+    assert list(run) == list(reference) == ["d4", "d6", "d5", "d3", "d2"]
+    np.testing.assert_allclose(list(run.values()), list(reference.values()), rtol=1e-6)
+    assert run["d5"] == run["d3"] == run["d2"] == 0.0
+    # the depth caps the fill; a query matching nothing gets the start of the corpus
+    assert list(compat.search([SearchRequest("n", "qqqzzz")], 3)["n"]) == ["d6", "d5", "d4"]
+    lucene_run = BM25Retriever.for_task(task, index_root=tmp_path, show_progress=False).search(req, 5)
+    assert list(lucene_run["q"]) == ["d6", "d4"] or list(lucene_run["q"]) == ["d4", "d6"]
+
+
+def test_compat_query2doc_repeats_the_query_with_no_space(tmp_path: Path) -> None:
+    """R2MED builds Query2Doc's BM25 query as ``text * 2 + " " + passage``: the end of the first
+    copy and the start of the second run together into one token."""
+    texts = ["cells divide by mitosis", "cellsWhy is one odd token here", "mitosis mitosis phases"]
+    task = make_task(texts)
+    req = SearchRequest("q", "Why do cells", "mitosis", "query2doc")
+    assert bm25_query_text(req, compat=True) == "Why do cellsWhy do cells mitosis"
+    compat = BM25Retriever.for_task(task, mode="r2med-compat", index_root=tmp_path, show_progress=False)
+    got = compat.search([req], 3)["q"]
+    want = compat.search([SearchRequest("q", "Why do cellsWhy do cells mitosis")], 3)["q"]
+    spaced = compat.search([SearchRequest("q", "Why do cells Why do cells mitosis")], 3)["q"]
+    assert got == want and got != spaced
+    assert got["d1"] > 0  # matched only through the joined token "cellswhy"
 
 
 def test_compat_mode_weights_the_query_side(compat: BM25Retriever, lucene: BM25Retriever) -> None:
@@ -427,7 +480,9 @@ def test_every_qid_present_and_non_matching_queries_are_empty(
     ]
     run = r.search(reqs, 10)
     assert list(run) == [q.query_id for q in reqs]
-    assert run["nothing"] == run["stop"] == run["blank"] == run["hyde-empty"] == {}
+    # compat mode fills up with score-0 documents from the start of the corpus, as R2MED does
+    no_match = {} if mode == "lucene" else {d.doc_id: 0.0 for d in task.corpus[:10]}
+    assert run["nothing"] == run["stop"] == run["blank"] == run["hyde-empty"] == no_match
     assert 0 < len(run["real"]) <= 10
     assert isinstance(r, Retriever)
     assert r.name == {"lucene": "bm25", "r2med-compat": "bm25-compat"}[mode]
@@ -439,7 +494,9 @@ def test_k_is_capped_and_zero_score_docs_are_not_matches(mode: str, tmp_path: Pa
                   name="tiny")
     r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
     run = r.search([SearchRequest("a", "fever"), SearchRequest("b", "glucose fever aspirin")], 100)
-    assert set(run["a"]) == {"d0", "d2"}
+    matches = {d: v for d, v in run["a"].items() if v > 0}
+    assert set(matches) == {"d0", "d2"}
+    assert run["a"] == (matches if mode == "lucene" else {**matches, "d1": 0.0})
     assert list(run["b"])[0] == "d0" and set(run["b"]) == {"d0", "d1", "d2"}
     assert all(s > 0 for s in run["b"].values())
 
@@ -472,7 +529,7 @@ def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(mode: str, tmp
     t = make_task([texts[i] for i in order], name="ties", ids=[ids[i] for i in order])
     r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
     req = [SearchRequest("q", "fever rash")]
-    full = r.search(req, len(ids))["q"]
+    full = {d: v for d, v in r.search(req, len(ids))["q"].items() if v > 0}  # compat fills to 152
     assert len(full) == 151 and len(set(list(full.values())[1:])) == 1
     from r2med_agent.evaluation import trec_sorted, truncate
 
@@ -594,6 +651,7 @@ def test_combine_rules() -> None:
     assert text("none") == "QUERY"
     assert text("hyde") == "EXP"
     assert text("query2doc") == "QUERY QUERY EXP"
+    assert bm25_query_text(SearchRequest("q", "QUERY", "EXP", "query2doc"), compat=True) == "QUERYQUERY EXP"
     assert text("lamer") == "QUERY EXP"
     assert text("reasoning") == "EXP"
     for rule in ("hyde", "query2doc", "lamer", "reasoning"):

@@ -29,7 +29,8 @@ rows and the rest from their posting lists (see :class:`_ScoreMatrix`). It does 
 bm25s's ``retrieve``, whose numpy backend scatters every posting of every query token and
 measured 2-3x slower at R2MED's scale (``benchmarks/bm25.py`` prints both). Only documents with
 a positive score are returned (sharing no term with the query is not a match), so a query may
-get fewer than ``k`` documents, or none.
+get fewer than ``k`` documents, or none; except in ``r2med-compat`` mode, which, as R2MED's script,
+fills the ranking up to ``k`` with score-0 documents in corpus order.
 
 Ties are settled as trec_eval settles them: equal scores rank by document id, the larger id
 (string order) first, both inside the returned ranking and at the ``k`` cut. The kept documents
@@ -98,13 +99,18 @@ def _load_terms(folder: Path) -> dict[str, int]:
 _COMBINE_RULES = ("none", "hyde", "query2doc", "lamer", "reasoning")
 
 
-def bm25_query_text(request: SearchRequest) -> str:
-    """The BM25 query text of a request, by its ``combine`` rule (PROTOCOL.md's table).
+def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
+    """The BM25 query text of a request, by its ``combine`` rule.
 
     ``none``: the query; ``hyde``: the expansion; ``query2doc``: query, query and expansion joined
     by spaces; ``lamer``: query + " " + expansion; ``reasoning``: the expansion (the final
     response). A rule that uses the expansion falls back to the query when the expansion is blank
     (the caller logs that); see :meth:`BM25Retriever.search`.
+
+    ``compat`` (the ``bm25-compat`` retriever) builds Query2Doc's query as R2MED's BM25 script
+    does: the query repeated with nothing between the two copies, then a space and the passage
+    (``query * 2 + " " + passage``). The analyzer then reads the last word of the first copy and
+    the first word of the second as one token when no punctuation separates them.
     """
     rule = request.combine
     if rule not in _COMBINE_RULES:
@@ -118,7 +124,7 @@ def bm25_query_text(request: SearchRequest) -> str:
     if rule in ("hyde", "reasoning"):
         return x
     if rule == "query2doc":
-        return f"{q} {q} {x}"
+        return f"{q}{q} {x}" if compat else f"{q} {q} {x}"
     return f"{q} {x}"  # lamer
 
 
@@ -585,12 +591,28 @@ class BM25Retriever:
             queries, min(k, self.num_docs), self._tie_rank, self.show_progress, self.n_threads
         )
         doc_ids = self._doc_ids
+        depth = min(k, self.num_docs)
         run: Run = {}
         for request, (docs, scores) in zip(requests, ranked):
-            run[request.query_id] = {
-                doc_ids[d]: s for d, s in zip(docs.tolist(), scores.tolist()) if s > 0
-            }
+            ranking = {doc_ids[d]: s for d, s in zip(docs.tolist(), scores.tolist()) if s > 0}
+            if self.mode == "r2med-compat" and len(ranking) < depth:
+                ranking = self._fill_with_zeros(ranking, depth)
+            run[request.query_id] = ranking
         return run
+
+    def _fill_with_zeros(self, ranking: dict[str, float], depth: int) -> dict[str, float]:
+        """``ranking`` followed by score-0 documents in corpus order up to ``depth`` documents.
+
+        R2MED's BM25 script scores every document and keeps the first ``depth`` of a stable sort
+        by score, so a query matching fewer documents gets the non-matching ones of the start of
+        the corpus, with score 0, in its run file (and they count in its scores)."""
+        out = dict(ranking)
+        for doc_id in self._doc_ids:
+            if len(out) >= depth:
+                break
+            if doc_id not in out:
+                out[doc_id] = 0.0
+        return out
 
     def _query_texts(self, requests: Sequence[SearchRequest]) -> list[str]:
         seen: set[str] = set()
@@ -602,7 +624,7 @@ class BM25Retriever:
             seen.add(r.query_id)
             if r.combine != "none" and not r.expansion.strip():
                 blank[r.combine] = blank.get(r.combine, 0) + 1
-            texts.append(bm25_query_text(r))
+            texts.append(bm25_query_text(r, compat=self.mode == "r2med-compat"))
         if blank:
             logger.warning(
                 "%s: %s with an empty expansion; searching with the query alone",
