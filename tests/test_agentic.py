@@ -170,8 +170,9 @@ def test_search_r1_search_then_answer():
     assert first.search_query == "fever hypothalamus"
     assert first.doc_ids == ("d1", "d2", "d3")
     assert first.generated.endswith("<search> fever hypothalamus </search>")
-    assert first.inserted.startswith("\n\n<information>Doc 1(Title: d1) Fever is a raised")
-    assert "\nDoc 2(Title: d2) The hypothalamus" in first.inserted
+    # one-line documents: the line is the title (Search-R1's split), never the id
+    assert first.inserted.startswith("\n\n<information>Doc 1(Title: Fever is a raised body temperature")
+    assert "\nDoc 2(Title: The hypothalamus sets the body temperature set point.) \n" in first.inserted
     assert first.inserted.endswith("</information>\n\n")
     # The second request continues the running text: prompt, then one assistant message.
     second = llm.calls[1][0]
@@ -300,7 +301,7 @@ def test_search_o1_reason_in_documents_is_one_extra_batched_call():
     assert step.search_query == "iron deficiency anemia" and len(step.doc_ids) >= 2
     assert step.inserted == "\n\n<|begin_search_result|>Iron deficiency causes anemia.<|end_search_result|>\n\n"
     rid = llm.calls[1][0][0]["content"]
-    assert "Step 1: Step 0: I need facts." in rid and "**Document 1** (id: d4)" in rid
+    assert "Step 1: Step 0: I need facts." in rid and "**Document 1**\nAnemia is a low level" in rid and "d4" not in rid
     assert 'current search query "iron deficiency anemia"' in rid
     assert trace.extra["condensed"][0]["information"] == "Iron deficiency causes anemia."
     assert trace.extra["condensed"][0]["step"] == 0
@@ -380,7 +381,7 @@ def test_search_o1_protocol_defaults():
     for step, call in zip(trace.steps, condense):
         assert len(step.doc_ids) == 10
         prompt = call[0][0]["content"]
-        assert "**Document 10** (id: " in prompt and "**Document 11**" not in prompt
+        assert "**Document 10**\n" in prompt and "**Document 11**" not in prompt
     sampling = {(p.temperature, p.top_p, p.top_k, p.stop) for p in seen}
     assert sampling == {(0.7, 0.8, 20, ("<|end_search_query|>",)), (0.7, 0.8, 20, ())}  # reason, condense
     # With the search limit out of the way, the turn limit shows: 14 searches run, the 15th
@@ -1029,3 +1030,61 @@ def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
     assert [p[-1]["content"] for p in second_requests] == [
         t.steps[0].generated + t.steps[0].inserted for t in res.traces
     ]
+
+
+# ------------------------------------------------------------------------------------------
+# No document id reaches a model
+
+
+LEAKY_CORPUS = (
+    Doc("insects_attracted_to_light/Phototaxis_3.txt",
+        "Phototaxis in moths\nMoths fly toward light sources; fever does not change it."),
+    Doc("anemia_question/Iron_1.txt", "Iron deficiency anemia is common.\nIron supplements treat it; fever is rare."),
+    Doc("fever_question/Pyrogen_2.txt", "Pyrogens raise the set point of the hypothalamus and cause fever.",
+        title="Pyrogens"),
+)
+
+
+def _all_prompt_text(llm: ScriptedLLM) -> str:
+    return "\n".join(m["content"] for call in llm.calls for conv in call for m in conv)
+
+
+def test_no_document_id_is_ever_shown_to_a_model():
+    """Every prompt of every method (Search-R1's results, Search-o1's main loop and its
+    Reason-in-Documents, LameR's first-pass documents, HyDE, Query2Doc) holds document texts and
+    titles but never an id: on R2MED's Q&A tasks an id names the question it was collected for."""
+    from r2med_agent.methods import HyDE, LameR, Query2Doc
+
+    task = make_task(corpus=LEAKY_CORPUS)
+    ids = [d.doc_id for d in LEAKY_CORPUS]
+    texts = []
+    r1 = ScriptedLLM(r1_script)
+    SearchR1().run([(task, InlineRetriever(task))], r1)
+    texts.append(_all_prompt_text(r1))
+    o1 = ScriptedLLM(o1_script(["fever moths anemia"]))
+    SearchO1().run([(task, InlineRetriever(task))], o1)
+    texts.append(_all_prompt_text(o1))
+    first_pass = {q.query_id: {d: 1.0 for d in ids} for q in task.queries}
+    for method in (HyDE(), Query2Doc(), LameR()):
+        convs = method.build_prompts(task, first_pass if method.needs_first_pass else None)
+        texts.append("\n".join(m["content"] for conv in convs for m in conv))
+    everything = "\n".join(texts)
+    assert "Moths fly toward light sources" in texts[0] and "Moths fly toward light sources" in texts[1]
+    assert "Moths fly toward light sources" in texts[4]  # LameR shows the first-pass texts
+    for piece in (*ids, "insects_attracted_to_light", "Phototaxis_3", "Iron_1", "Pyrogen_2", "_question", ".txt"):
+        assert piece not in everything
+
+
+def test_search_r1_title_is_the_title_field_or_the_first_line():
+    from r2med_agent.methods.agentic import format_docs_r1
+
+    block = format_docs_r1(LEAKY_CORPUS, None)
+    lines = block.splitlines()
+    # no title field: the first line is the title, the rest the text (as Search-R1's repo splits)
+    assert lines[0] == "Doc 1(Title: Phototaxis in moths) Moths fly toward light sources; fever does not change it."
+    assert lines[1] == "Doc 2(Title: Iron deficiency anemia is common.) Iron supplements treat it; fever is rare."
+    # a title field is the title, and the whole text follows
+    assert lines[2] == "Doc 3(Title: Pyrogens) Pyrogens raise the set point of the hypothalamus and cause fever."
+    # title and text share the word budget
+    cut = format_docs_r1(LEAKY_CORPUS[:1], 5)
+    assert cut == "Doc 1(Title: Phototaxis in moths) Moths fly ...\n"

@@ -25,9 +25,10 @@ Final response: the model's reasoning-output parser applied to everything the mo
 the trajectory (inserted text excluded), search tokens removed: for R1-style models the text
 after the FIRST ``</think>``, even when later steps searched again.
 
-Our documents have no titles: Search-R1's ``Title:`` slot gets the document's title when the
-corpus has one and its id otherwise (the first line of an R2MED document is ordinary text, and
-cutting it off would drop content).
+No document id is ever shown to the model (on R2MED's Q&A tasks an id names the question the
+document was collected for): Search-R1's ``Title:`` slot gets the document's title when the corpus
+has one, else the first line of its text (as Search-R1's repo splits its corpus), and Search-o1's
+document list numbers the documents.
 """
 
 from __future__ import annotations
@@ -145,12 +146,42 @@ class SearchR1(ReasoningLoop):
         return self.parsed_response(traj, parse)
 
 
+def doc_title_and_text(doc: Doc) -> tuple[str, str]:
+    """A document as Search-R1's retriever returns it: ``(title, text)``.
+
+    The document's own title field when it has one (then the text is all of ``doc.text``), else
+    the first line of its text and the rest, as Search-R1 splits its corpus's ``contents``. Never
+    the document id: on R2MED's Q&A tasks an id names the question the document was collected
+    for, so showing it would leak relevance to the model.
+    """
+    if doc.title.strip():
+        return doc.title.strip(), doc.text
+    first, _, rest = doc.text.partition("\n")
+    return first.strip(), rest
+
+
 def format_docs_r1(docs: Sequence[Doc], max_words: int | None) -> str:
-    """Search-R1's document block: ``Doc i(Title: <title or id>) <text>`` per line."""
-    return "".join(
-        f"Doc {i}(Title: {d.title or d.doc_id}) {cut_words(d.text, max_words)}\n"
-        for i, d in enumerate(docs, start=1)
-    )
+    """Search-R1's document block: ``Doc i(Title: <title>) <text>`` per line (see
+    :func:`doc_title_and_text`); title and text share the ``max_words`` budget."""
+    out = []
+    for i, d in enumerate(docs, start=1):
+        title, text = doc_title_and_text(d)
+        if max_words is not None:
+            title = cut_words(title, max_words)
+            left = max_words - min(len(title.split()), max_words)
+            text = cut_words(text, left) if left > 0 else ("..." if text.strip() else "")
+        out.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(out)
+
+
+def format_docs_o1(docs: Sequence[Doc], max_words: int | None) -> str:
+    """The numbered document list Reason-in-Documents reads: each document's title (when it has
+    one) and text, never its id (see :func:`doc_title_and_text`)."""
+    parts = []
+    for i, d in enumerate(docs, start=1):
+        head = f"**Document {i}**" + (f" {d.title.strip()}" if d.title.strip() else "")
+        parts.append(f"{head}\n{cut_words(d.text, max_words)}\n\n")
+    return "".join(parts).strip()
 
 
 SEARCH_REPEATED = "You have searched this query. Please refer to previous results."
@@ -242,10 +273,7 @@ class SearchO1(ReasoningLoop):
 
         # The running text plus this step's body, which ends with the query just issued.
         reasoning = traj.text + body
-        documents = "".join(
-            f"**Document {i}** (id: {d.doc_id})\n{cut_words(d.text, self.max_doc_words)}\n\n"
-            for i, d in enumerate(docs, start=1)
-        ).strip()
+        documents = format_docs_o1(docs, self.max_doc_words)
         text = render(
             "search-o1/reason_in_documents.j2",
             previous_steps=previous_steps(reasoning, self.search_tags[0], self.result_tags[0]),
