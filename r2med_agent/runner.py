@@ -245,11 +245,13 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
 
         params = _with_overrides(default_sampling(spec), cfg.sampling)
         if llm is None:
+            # A method may change entry fields for its LLM (Search-o1 sends no system prompt).
             llm = make_llm(
                 cfg.llm,  # type: ignore[arg-type]
                 cache_path=cfg.cache_path,
                 use_cache=cfg.use_cache,
                 refresh=cfg.refresh_cache,
+                overrides=dict(getattr(method_cls, "llm_overrides", {})) or None,
                 chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
             )
     else:
@@ -407,10 +409,16 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
         else make_retriever(loop_spec, t, show_progress=cfg.show_progress)
         for t in tasks
     }
-    # The loops fix their own sampling (Search-R1 greedy, Search-o1 0.7/0.8/20); a model's
-    # registered repetition penalty (QwQ: 1.05, as Search-o1 uses) and CLI overrides apply on top.
-    # The registry's max_tokens caps each step (a small local model gets its short budget).
+    # The loops fix their own sampling (Search-R1 greedy, Search-o1 0.7/0.8/20), adapted to the
+    # model as the original runs it (Search-o1 with QwQ: repetition penalty 1.05, 20,480 tokens);
+    # CLI overrides win, then that, then an entry's own repetition penalty. The registry's
+    # max_tokens caps each step unless the method set it for the model (a small local model gets
+    # its short budget).
+    if spec is not None:
+        method = method.for_model(spec.model)
     sampling = dict(cfg.sampling)
+    for name, value in method.model_sampling.items():
+        sampling.setdefault(name, value)
     if spec is not None and getattr(spec, "repetition_penalty", 1.0) != 1.0:
         sampling.setdefault("repetition_penalty", spec.repetition_penalty)
     if spec is not None and spec.max_tokens < method.params.max_tokens:

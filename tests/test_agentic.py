@@ -371,55 +371,52 @@ def test_search_o1_protocol_defaults():
     trace = SearchO1().run([(task, retr)], llm)["Biology"].traces[0]
     reason = [c for c in llm.calls if not is_condense(c[0])]
     condense = [c for c in llm.calls if is_condense(c[0])]
-    # 10 searches run and condensed (turns 1-10); turns 11-15 get the limit notice; then the
-    # final answer turn, whose query is not run.
-    assert len(retr.calls) == 10 and len(condense) == 10 and len(reason) == 16
+    # 10 searches run and condensed (turns 1-10); turns 11-15 get the limit notice; then it stops.
+    assert len(retr.calls) == 10 and len(condense) == 10 and len(reason) == 15
     assert trace.extra["searches"] == [f"fever query {i}" for i in range(10)]
-    assert [s.inserted == LIMIT_NOTICE for s in trace.steps] == [False] * 10 + [True] * 5 + [False]
-    assert trace.finish_reason == "max_searches" and len(trace.steps) == 16
+    assert [s.inserted == LIMIT_NOTICE for s in trace.steps] == [False] * 10 + [True] * 5
+    assert trace.finish_reason == "max_searches" and len(trace.steps) == 15
     # Reason-in-Documents sees exactly the top-10 of the 14 matching documents.
     for step, call in zip(trace.steps, condense):
         assert len(step.doc_ids) == 10
         prompt = call[0][0]["content"]
         assert "**Document 10**\n" in prompt and "**Document 11**" not in prompt
-    sampling = {(p.temperature, p.top_p, p.top_k, p.stop) for p in seen}
-    assert sampling == {(0.7, 0.8, 20, ("<|end_search_query|>",)), (0.7, 0.8, 20, ())}  # reason, condense
-    # With the search limit out of the way, the turn limit shows: 14 searches run, the 15th
-    # turn's query gets the notice.
+    sampling = {(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.max_tokens, p.stop) for p in seen}
+    # the main loop and Reason-in-Documents (repetition penalty 1.05 for every model)
+    assert sampling == {(0.7, 0.8, 20, 1.0, 8192, ("<|end_search_query|>",)), (0.7, 0.8, 20, 1.05, 8192, ())}
+    # With the search limit out of the way, the turn limit shows: 15 searches run, the 15th
+    # turn's query included, and the trajectory stops there.
     retr2 = InlineRetriever(task)
     trace2 = SearchO1(max_searches=100).run([(task, retr2)], ScriptedLLM(o1_endless))["Biology"].traces[0]
-    assert len(retr2.calls) == 14 and len(trace2.steps) == 16 and trace2.finish_reason == "max_turns"
-    assert trace2.steps[14].inserted == LIMIT_NOTICE and trace2.steps[14].doc_ids == ()
+    assert len(retr2.calls) == 15 and len(trace2.steps) == 15 and trace2.finish_reason == "max_turns"
+    assert len(trace2.steps[14].doc_ids) == 10 and trace2.steps[14].inserted.startswith("\n\n<|begin_search_result|>")
 
 
-def test_search_o1_query_in_the_last_turn_is_not_run_and_gets_a_final_answer_turn():
+def test_search_o1_query_in_the_last_turn_is_run_and_then_the_loop_stops():
+    """As the original: the 15th turn's query is searched and condensed, its result appended,
+    and the trajectory ends (no limit notice, no extra turn)."""
     task = make_task(n=1)
     retr = InlineRetriever(task)
     llm = ScriptedLLM(o1_endless)
     trace = SearchO1(max_turns=3).run([(task, retr)], llm)["Biology"].traces[0]
-    # Turns 1-2: searched and condensed; turn 3 (the last that may search): the limit notice,
-    # no retrieval, no Reason-in-Documents; turn 4: the final answer turn, its query not run.
-    assert [is_condense(c[0]) for c in llm.calls] == [False, True, False, True, False, False]
-    assert len(retr.calls) == 2 and trace.extra["searches"] == ["fever query 0", "fever query 1"]
-    assert [s.search_query for s in trace.steps] == [f"fever query {i}" for i in range(4)]
-    assert trace.steps[2].doc_ids == () and trace.steps[2].inserted == LIMIT_NOTICE
-    assert trace.steps[3].doc_ids == () and trace.steps[3].inserted == ""
-    assert llm.calls[-1][0][-1]["content"].endswith(LIMIT_NOTICE)  # the model is told
-    assert trace.finish_reason == "max_turns" and len(trace.extra["condensed"]) == 2
+    assert [is_condense(c[0]) for c in llm.calls] == [False, True, False, True, False, True]
+    assert len(retr.calls) == 3 and trace.extra["searches"] == [f"fever query {i}" for i in range(3)]
+    assert [s.search_query for s in trace.steps] == [f"fever query {i}" for i in range(3)]
+    assert trace.steps[2].doc_ids and LIMIT_NOTICE not in trace.steps[2].inserted
+    assert trace.steps[2].inserted == "\n\n<|begin_search_result|>nothing<|end_search_result|>\n\n"
+    assert trace.finish_reason == "max_turns" and len(trace.extra["condensed"]) == 3
 
-    # A model that answers after the notice: its final answer turn is its answer.
-    script = o1_script(["fever", "anemia", "iron"], final="So it is anemia.")
-    llm2 = ScriptedLLM(script)
+    # A model that answers in the last turn: its answer.
+    llm2 = ScriptedLLM(o1_script(["fever", "anemia"], final="So it is anemia."))
     trace2 = SearchO1(max_turns=3).run([(task, InlineRetriever(task))], llm2)["Biology"].traces[0]
-    assert trace2.finish_reason == "answer" and len(trace2.steps) == 4
-    assert trace2.steps[2].inserted == LIMIT_NOTICE and trace2.extra["searches"] == ["fever", "anemia"]
-    assert trace2.final.endswith("So it is anemia.")
+    assert trace2.finish_reason == "answer" and len(trace2.steps) == 3
+    assert trace2.extra["searches"] == ["fever", "anemia"] and trace2.final.endswith("So it is anemia.")
 
-    # Out of searches and in the last turn: still the notice and a final answer turn.
+    # Out of searches: the limit notice, then the turns run out.
     t3 = SearchO1(max_turns=3, max_searches=1).run([(task, InlineRetriever(task))], ScriptedLLM(o1_endless))
     trace3 = t3["Biology"].traces[0]
-    assert trace3.extra["searches"] == ["fever query 0"] and len(trace3.steps) == 4
-    assert [s.inserted == LIMIT_NOTICE for s in trace3.steps] == [False, True, True, False]
+    assert trace3.extra["searches"] == ["fever query 0"] and len(trace3.steps) == 3
+    assert [s.inserted == LIMIT_NOTICE for s in trace3.steps] == [False, True, True]
     assert trace3.finish_reason == "max_searches"
 
 
@@ -788,15 +785,14 @@ def test_fuse_ranks_with_the_final_retriever_and_only_searches_that_ran():
 
     task = make_task(n=1)
     loop_retr, final_retr = InlineRetriever(task), InlineRetriever(task)
-    res = SearchO1(max_turns=2).run([(task, loop_retr)], ScriptedLLM(script), final="fuse",
+    res = SearchO1(max_turns=3).run([(task, loop_retr)], ScriptedLLM(script), final="fuse",
                                     final_retrievers=[final_retr])["Biology"]
     trace = res.traces[0]
-    # "fever" ran; its repeat, in the last turn that may search, got the limit notice; "anemia",
-    # in the final answer turn, was not run.
-    assert trace.extra["issued"] == ["fever", "fever", "anemia"] and trace.extra["searches"] == ["fever"]
-    assert len(loop_retr.calls) == 1  # the loop's only search
+    # "fever" ran; its repeat got the notice; "anemia", in the last turn, ran.
+    assert trace.extra["issued"] == ["fever", "fever", "anemia"] and trace.extra["searches"] == ["fever", "anemia"]
+    assert len(loop_retr.calls) == 2  # the loop's searches
     assert [[(r.query, r.combine) for r in c] for c in final_retr.calls] == [
-        [("fever", "none"), ("question 0 about fever and anemia", "reasoning")]
+        [("fever", "none"), ("anemia", "none"), ("question 0 about fever and anemia", "reasoning")]
     ]
     with pytest.raises(ValueError, match="2 final retrievers for 1 tasks"):
         SearchO1().run([(task, loop_retr)], ScriptedLLM(script), final_retrievers=[final_retr] * 2)
@@ -1088,3 +1084,78 @@ def test_search_r1_title_is_the_title_field_or_the_first_line():
     # title and text share the word budget
     cut = format_docs_r1(LEAKY_CORPUS[:1], 5)
     assert cut == "Doc 1(Title: Phototaxis in moths) Moths fly ...\n"
+
+
+# ------------------------------------------------------------------------------------------
+# Search-o1 as the original samples and prompts, through the runner
+
+
+class SystemPromptBackend:
+    """Puts the entry's system prompt in front as every real backend does (``with_system_prompt``)
+    and records each conversation and its sampling as the model would receive them."""
+
+    def __init__(self, spec, script) -> None:
+        self.spec = spec
+        self.model_id = spec.model
+        self.inner = ScriptedLLM(script, model_id=spec.model)
+        self.received: list[tuple[list[Message], SamplingParams]] = []
+
+    def generate(self, prompts, params):
+        from r2med_agent.llm.registry import with_system_prompt
+
+        for p in prompts:
+            self.received.append((with_system_prompt(list(p), self.spec.system_prompt), params))
+        return self.inner.generate(prompts, params)
+
+
+def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script):
+    from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    spec = LLMSpec(name="m", backend="vllm", model=model)  # the registry's default system prompt
+    assert spec.system_prompt == "You are a helpful assistant."
+    monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec", lambda name: spec)
+    monkeypatch.setattr("r2med_agent.llm.get_llm_spec", lambda name: spec)
+    backends: list[SystemPromptBackend] = []
+
+    def make_backend(s):
+        backends.append(SystemPromptBackend(s, script))
+        return backends[-1]
+
+    monkeypatch.setattr("r2med_agent.llm.make_backend", make_backend)
+    cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",
+                    cache_path=tmp_path / "cache.sqlite", show_progress=False)
+    run_experiment(cfg)
+    assert len(backends) == 1
+    return backends[0].received
+
+
+@pytest.mark.parametrize(
+    ("model", "penalty", "max_tokens", "step_by_step"),
+    [("Qwen/QwQ-32B", 1.05, 20480, False), ("Qwen/Qwen2.5-32B-Instruct", 1.0, 8192, True)],
+)
+def test_search_o1_samples_and_prompts_each_model_as_the_original(
+    tmp_path, monkeypatch, model, penalty, max_tokens, step_by_step
+):
+    """run_search_o1.py: repetition penalty 1.05 and 20,480 tokens for QwQ in the main loop (8,192
+    and none otherwise), 1.05 for Reason-in-Documents with every model, one user message and no
+    system message, and QwQ's task prompt without "think step by step"."""
+    received = _run_with_model(tmp_path, monkeypatch, "search-o1", model, o1_script(["fever"]))
+    reason = [(c, p) for c, p in received if not is_condense(c)]
+    condense = [(c, p) for c, p in received if is_condense(c)]
+    assert reason and condense
+    for conv, _ in received:
+        assert conv[0]["role"] == "user" and all(m["role"] != "system" for m in conv)
+    assert {(p.repetition_penalty, p.max_tokens, p.temperature, p.top_p, p.top_k) for _, p in reason} == {
+        (penalty, max_tokens, 0.7, 0.8, 20)}
+    assert {(p.repetition_penalty, p.max_tokens) for _, p in condense} == {(1.05, max_tokens)}
+    first = reason[0][0][0]["content"]
+    assert ("think step by step" in first) is step_by_step and "\\boxed{YOUR_ANSWER}" in first
+
+
+def test_other_methods_keep_the_registry_system_prompt_and_sampling(tmp_path, monkeypatch):
+    """The Search-o1 settings are Search-o1's only: Search-R1 with QwQ keeps the entry's system
+    prompt and its own greedy sampling, without a repetition penalty."""
+    received = _run_with_model(tmp_path, monkeypatch, "search-r1", "Qwen/QwQ-32B", r1_script)
+    assert received and all(c[0] == {"role": "system", "content": "You are a helpful assistant."} for c, _ in received)
+    assert {(p.repetition_penalty, p.temperature) for _, p in received} == {(1.0, 0.0)}

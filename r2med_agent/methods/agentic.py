@@ -12,15 +12,17 @@ up to 4 turns that may search, then one final turn in which a search is not run;
 Final response: the ``<answer>`` span; with none, the model's reasoning-output parser applied to
 everything the model generated in the trajectory (inserted text excluded), tags removed.
 
-Search-o1 (its repo's ``run_search_o1.py``): ``<|begin_search_query|>q<|end_search_query|>``;
+Search-o1 (its repo's ``run_search_o1.py`` and ``prompts.py``): ``<|begin_search_query|>q<|end_search_query|>``;
 generation stops at the end-of-query token; the top-10 documents of every search of a step go to
 ONE batched Reason-in-Documents call of the same model, and only the text after
 ``**Final Information**`` is inserted within ``<|begin_search_result|>...<|end_search_result|>``;
 a repeated query and one over the 10-search limit get the original's fixed notices instead;
-a step without a query ends the trajectory; at most 15 turns that may search; temperature 0.7,
-top_p 0.8, top_k 20. A query issued in the 15th turn is not run (the original runs and condenses
-it, then stops without reading it): it gets the limit notice, and the trajectory one final
-answer turn in which a search is not run.
+a step without a query ends the trajectory; at most 15 turns: a query issued in the 15th is run
+and condensed like any other, and the trajectory stops there. Sampling as the original: 0.7,
+top_p 0.8, top_k 20, 8,192 tokens per generation; for QwQ (a model id containing ``qwq``)
+repetition penalty 1.05 and 20,480 tokens, and its task prompt leaves out the "think step by
+step" sentence; Reason-in-Documents always with repetition penalty 1.05. Both requests are one
+user message, with no system message (the registry's system prompt is not sent).
 Final response: the model's reasoning-output parser applied to everything the model generated in
 the trajectory (inserted text excluded), search tokens removed: for R1-style models the text
 after the FIRST ``</think>``, even when later steps searched again.
@@ -33,8 +35,10 @@ document list numbers the documents.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from r2med_agent.methods.loop import (
     FINAL_MODES,
@@ -195,13 +199,15 @@ class SearchO1(ReasoningLoop):
 
     Args:
         final: ``default`` or ``fuse``.
-        max_turns: turns that may search (15); a query issued in the last of them gets the
-            limit notice and the trajectory one final answer turn.
+        max_turns: turns that may search (15); a query issued in the last of them is run and
+            condensed, and the trajectory stops there.
         max_searches: searches a trajectory may run (10); later ones get the limit notice.
         docs_per_search: documents given to Reason-in-Documents per search (10).
-        max_tokens: tokens per generation (8192, the original's value for non-QwQ models).
+        max_tokens: tokens per generation (8192, the original's value for non-QwQ models;
+            :meth:`for_model` gives QwQ 20,480).
         temperature, top_p, top_k: sampling (0.7, 0.8, 20).
-        repetition_penalty: 1.0 (the original uses 1.05 for QwQ).
+        repetition_penalty: 1.0 (:meth:`for_model` gives QwQ 1.05, as the original).
+        qwq: use the original's QwQ task prompt (without "think step by step").
         max_doc_words: each document is cut to this many words (None: whole documents).
         seed: sampling seed.
         fuse_depth: documents per list for ``final="fuse"``.
@@ -212,6 +218,9 @@ class SearchO1(ReasoningLoop):
     answer_tags = None
     result_tags = ("<|begin_search_result|>", "<|end_search_result|>")
     condenses = True
+    llm_overrides: ClassVar[Mapping[str, Any]] = {"system_prompt": ""}
+    CONDENSE_REPETITION_PENALTY: ClassVar[float] = 1.05
+    QWQ_SAMPLING: ClassVar[Mapping[str, Any]] = {"repetition_penalty": 1.05, "max_tokens": 20480}
 
     def __init__(
         self,
@@ -229,13 +238,15 @@ class SearchO1(ReasoningLoop):
         seed: int | None = 42,
         fuse_depth: int = 100,
         rrf_k: int = 60,
+        qwq: bool = False,
     ) -> None:
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
             repetition_penalty=repetition_penalty,
         )
+        self.qwq = qwq
         super().__init__(
-            params=params, max_turns=max_turns, max_searches=max_searches, final_turn=True,
+            params=params, max_turns=max_turns, max_searches=max_searches, final_turn=False,
             docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
             fuse_depth=fuse_depth, rrf_k=rrf_k,
         )
@@ -251,16 +262,32 @@ class SearchO1(ReasoningLoop):
         from r2med_agent.prompts import render
 
         text = render(f"search-o1/{task.family}.j2", query=query.text, domain=task.domain,
-                      max_searches=self.max_searches)
+                      max_searches=self.max_searches, qwq=self.qwq)
         return [{"role": "user", "content": text}]
+
+    def for_model(self, model: str) -> SearchO1:
+        """This loop as the original runs ``model``: for QwQ, its task prompt and its sampling
+        (:attr:`QWQ_SAMPLING`, applied by the runner under any CLI override)."""
+        if "qwq" not in model.lower():
+            return self
+        other = self._copy(qwq=True, model_sampling=dict(self.QWQ_SAMPLING))
+        assert isinstance(other, SearchO1)
+        return other
+
+    def condense_params(self) -> SamplingParams:
+        """Reason-in-Documents samples as the main loop, without its stop strings, and with a
+        repetition penalty of 1.05 for every model (as the original)."""
+        return dataclasses.replace(
+            self.params, stop=(), repetition_penalty=self.CONDENSE_REPETITION_PENALTY
+        )
 
     def _notice(self, text: str) -> str:
         return f"\n{self.result_tags[0]}\n{text}\n{self.result_tags[1]}\n"
 
     def blocked_search(self, traj: Trajectory, query: str, *, last_turn: bool) -> str | None:
         # The original's order: over the limit first, then repeated. A query of the last turn
-        # is over the turn limit: its results could never be read.
-        if last_turn or not self.searches_left(traj):
+        # is run like any other (the original runs and condenses it, then stops).
+        if not self.searches_left(traj):
             return self._notice(SEARCH_LIMIT)
         if query in traj.searches:
             return self._notice(SEARCH_REPEATED)

@@ -384,7 +384,7 @@ class ReasoningLoop:
             the trajectory (``max_searches``).
         final_turn: a trajectory still unfinished after ``max_turns`` steps gets one more
             generation, its final answer turn, in which a search is not run (Search-R1's final
-            rollout; Search-o1 after a query issued in its last turn).
+            rollout).
         docs_per_search: documents retrieved per search.
         max_doc_words: each inserted document is cut to this many whitespace tokens.
         final: ``default`` (the final response is the query) or ``fuse`` (RRF of every search
@@ -399,6 +399,12 @@ class ReasoningLoop:
     answer_tags: ClassVar[tuple[str, str] | None] = None
     result_tags: ClassVar[tuple[str, str]] = ("", "")
     condenses: ClassVar[bool] = False
+    llm_overrides: ClassVar[Mapping[str, Any]] = {}
+    """Registry-entry fields the runner changes for this method's LLM (Search-o1: no system
+    prompt, as the original sends one user message)."""
+    model_sampling: Mapping[str, Any] = {}
+    """Sampling the method uses for the model it was adapted to (:meth:`for_model`); the runner
+    applies it beneath CLI overrides and before capping by the entry's ``max_tokens``."""
     template_hash: str = ""
 
     def __init__(
@@ -446,6 +452,11 @@ class ReasoningLoop:
         return tuple(close for _, close in cls.tags().values())
 
     # ---- hooks -------------------------------------------------------------------------------
+
+    def for_model(self, model: str) -> ReasoningLoop:
+        """This loop adapted to ``model`` (the registry entry's model id), as the original method
+        runs that model; the default is the loop itself."""
+        return self
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
         """The chat messages that start a trajectory."""
