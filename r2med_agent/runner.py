@@ -50,6 +50,10 @@ class RunConfig:
             fusion) or ``weighted`` (weighted sum of per-query min-max normalised scores).
         fusion_weights: one weight per member for ``weighted`` (None: all 1.0).
         rrf_k: the RRF constant (60, as Cormack et al.).
+        precision: numeric precision of every encoder and reranker of the run on a GPU
+            (``float32``, ``float16``, ``bfloat16``, ``autocast-float16``, ``auto``); None: each
+            model's registry ``precision`` (the reference's). Another precision gets its own
+            result folder (``<retriever>__<precision>``) and is recorded with the results.
         reranker: reranker registry name, or None.
         rerank_k: how many top documents the reranker re-scores.
         top_k: documents kept per query and the depth they are scored at (R2MED: 100). Any other
@@ -79,6 +83,7 @@ class RunConfig:
     fusion: str = "rrf"
     fusion_weights: tuple[float, ...] | None = None
     rrf_k: int = 60
+    precision: str | None = None
     reranker: str | None = None
     rerank_k: int = 100
     top_k: int = DEFAULT_TOP_K
@@ -109,6 +114,13 @@ class RunConfig:
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         _check_sampling_values(self.sampling)
+        if self.precision is not None:
+            from r2med_agent.retrieval.encoders import PRECISIONS
+
+            if self.precision not in PRECISIONS:
+                raise ConfigError(
+                    f"--precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'"
+                )
         _check_fusion(self)
 
     @property
@@ -117,10 +129,12 @@ class RunConfig:
 
     @property
     def fusion_options(self) -> dict[str, Any]:
-        """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined)."""
+        """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined; plus
+        ``precision`` when set)."""
+        opts: dict[str, Any] = {"precision": self.precision} if self.precision is not None else {}
         if "+" not in self.retriever:
-            return {}
-        return {"fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
+            return opts
+        return {**opts, "fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
 
     @property
     def retriever_label(self) -> str:
@@ -131,6 +145,8 @@ class RunConfig:
             label = fusion_label(label, self.fusion, self.rrf_k, self.fusion_weights)
         if self.method in ("search-r1", "search-o1") and self.final == "fuse":
             label += "__fuse"
+        if self.precision is not None:
+            label += f"__{self.precision}"
         if self.top_k != DEFAULT_TOP_K:
             label += f"__k{self.top_k}"
         if self.reranker:
@@ -227,7 +243,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     if cfg.reranker:
         from r2med_agent.retrieval import make_reranker
 
-        reranker = make_reranker(cfg.reranker)
+        reranker = make_reranker(cfg.reranker, precision=cfg.precision)
         reranker.check()
     _check_output_dir(out_dir)
     retrievers: dict[str, Any] = {}
@@ -309,6 +325,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         "llm_stats": llm_stats,
         **({"loop_steps": loop_steps} if loop_steps is not None else {}),
         "config": _config_record(cfg),
+        "precision": model_precisions(cfg),
         "evaluation_time": _now(),
     }
     atomic_write_json(out_dir / "summary.json", summary)
@@ -406,7 +423,8 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
     loop_spec = cfg.loop_retriever or cfg.retriever
     loop_retrievers = {
         t.name: retrievers[t.name] if loop_spec == cfg.retriever
-        else make_retriever(loop_spec, t, show_progress=cfg.show_progress)
+        else make_retriever(loop_spec, t, show_progress=cfg.show_progress,
+                            **({"precision": cfg.precision} if cfg.precision else {}))
         for t in tasks
     }
     # The loops fix their own sampling (Search-R1 greedy, Search-o1 0.7/0.8/20), adapted to the
@@ -474,6 +492,7 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
         "per_query": ev.per_query,
         "stats": stats,
         "config": _config_record(cfg),
+        "precision": model_precisions(cfg),
         "source": task.source,
         "corpus_fingerprint": task.fingerprint,
     }
@@ -503,6 +522,21 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
         text = "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n" for t in traces)
         files.append(atomic_write_text(out_dir / f"{task.name}.traces.jsonl", text))
     return files
+
+
+def model_precisions(cfg: RunConfig) -> dict[str, str]:
+    """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
+    or its registry entry's; on a CPU everything runs in float32), by registry name."""
+    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.rerank import get_reranker_spec
+
+    encoders = encoder_registry()
+    names = {p.strip() for spec in (cfg.retriever, cfg.loop_retriever or "") for p in spec.split("+")}
+    out = {n: cfg.precision or encoders[n].precision
+           for n in sorted(names) if n in encoders and encoders[n].kind == "hf"}
+    if cfg.reranker:
+        out[cfg.reranker] = cfg.precision or get_reranker_spec(cfg.reranker).precision
+    return out
 
 
 def _config_record(cfg: RunConfig) -> dict[str, Any]:

@@ -806,7 +806,7 @@ def test_cache_key_records_the_precision_actually_used(monkeypatch: pytest.Monke
     import r2med_agent.retrieval.encoders as encoders
     from r2med_agent.retrieval.dense import embedding_cache_key
 
-    spec = get_encoder_spec("minilm")
+    spec = dataclasses.replace(get_encoder_spec("minilm"), precision="auto")
     assert spec.dtype == "auto"
     cpu = HFEncoder(spec, device="cpu").doc_runtime_fields()
     assert cpu == {"dtype": "float32"}

@@ -60,7 +60,7 @@ def run_command(
     ),
     final: str = typer.Option(
         "default", "--final",
-        help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the searches the loop ran for the trajectory, each distinct query once, plus the final query; queries answered with a notice or issued in the final turn were not run and are left out). Both rank with --retriever.",
+        help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the searches the loop ran for the trajectory, each distinct query once, plus the final query; queries answered with a notice or issued in Search-R1's final turn were not run and are left out). Both rank with --retriever.",
     ),
     fusion: str = typer.Option(
         "rrf", "--fusion",
@@ -71,6 +71,10 @@ def run_command(
         help="Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), e.g. 0.3,0.7.",
     ),
     rrf_k: int = typer.Option(60, "--rrf-k", help="The RRF constant k for --fusion rrf (score = sum of 1/(k + rank))."),
+    precision: Optional[str] = typer.Option(
+        None, "--precision",
+        help="Numeric precision of the run's encoders and reranker on a GPU: float32, float16, bfloat16, autocast-float16 (float32 weights, fp16 autocast) or auto (bf16 where supported, else fp16; the fastest). Default: each model's registry precision, the one R2MED's reference ran it at. Another precision writes to <retriever>__<precision>/; results record it. On a CPU everything runs in float32.",
+    ),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
     top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
@@ -118,6 +122,7 @@ def run_command(
         fusion=fusion,
         fusion_weights=_parse_weights(fusion_weights),
         rrf_k=rrf_k,
+        precision=precision,
         reranker=reranker,
         rerank_k=rerank_k,
         top_k=top_k,

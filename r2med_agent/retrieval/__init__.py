@@ -22,7 +22,7 @@ BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
 """Spec word -> BM25Retriever mode."""
 
 _BM25_OPTS = {"k1", "b", "index_root", "n_threads", "show_progress"}
-_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root"}
+_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root", "precision"}
 _FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
 
 
@@ -41,7 +41,8 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
             encoder name from ``configs/encoders.yaml``, or several joined by ``+`` (fused).
         task: the loaded task.
         **opts: BM25 ``k1``, ``b``, ``index_root``, ``n_threads``; dense ``device``,
-            ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``; both ``show_progress``;
+            ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``, ``precision`` (overrides
+            the encoder entry's); both ``show_progress``;
             fusion ``fusion`` (``rrf`` or ``weighted``), ``rrf_k``, ``weights``, ``depth``.
     """
     unknown = sorted(set(opts) - _BM25_OPTS - _DENSE_OPTS - _FUSION_OPTS)
@@ -91,7 +92,7 @@ def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
     if word in encoder_registry():
         from r2med_agent.retrieval.dense import DenseRetriever
 
-        kw = {k: opts[k] for k in _DENSE_OPTS if k in opts}
+        kw = {k: opts[k] for k in _DENSE_OPTS if k in opts and opts[k] is not None}
         return DenseRetriever.for_task(task, encoder=word, **kw)
     raise ConfigError(
         f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
@@ -101,7 +102,7 @@ def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
 
 def make_reranker(name: str, **opts: Any) -> Reranker:
     """The reranker registered as ``name`` in ``configs/rerankers.yaml`` (options: ``device``,
-    ``backend``, ``show_progress``)."""
+    ``backend``, ``show_progress``, ``precision``)."""
     from r2med_agent.retrieval.rerank import make_reranker as _make
 
     return _make(name, **opts)

@@ -501,8 +501,9 @@ class DenseRetriever:
         shard_size: int = DEFAULT_SHARD_SIZE,
         use_gpu: bool | None = None,
         cache_root: Path | None = None,
+        precision: str | None = None,
     ) -> DenseRetriever:
-        enc = _as_encoder(encoder, device=device, show_progress=show_progress)
+        enc = _as_encoder(encoder, device=device, show_progress=show_progress, precision=precision)
         check = getattr(enc, "check", None)
         if check is not None:  # the model (or API key) must be there even when embeddings are cached
             check()
@@ -535,7 +536,8 @@ class DenseRetriever:
             encoder: registry name, spec, or a ready encoder.
             device: ``None`` (all GPUs, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
             show_progress: tqdm bars while encoding.
-            **opts: ``use_cache``, ``shard_size``, ``use_gpu`` (faiss on GPU), ``cache_root``.
+            **opts: ``use_cache``, ``shard_size``, ``use_gpu`` (faiss on GPU), ``cache_root``,
+                ``precision`` (overrides the encoder entry's).
         """
         return cls.from_docs(
             task.corpus,
@@ -567,9 +569,14 @@ class DenseRetriever:
         return run
 
 
-def _as_encoder(encoder: str | EncoderSpec | Encoder, *, device: str | None, show_progress: bool) -> Encoder:
+def _as_encoder(
+    encoder: str | EncoderSpec | Encoder, *, device: str | None, show_progress: bool,
+    precision: str | None = None,
+) -> Encoder:
     if isinstance(encoder, str):
-        return make_encoder(get_encoder_spec(encoder), device=device, show_progress=show_progress)
+        encoder = get_encoder_spec(encoder)
     if isinstance(encoder, EncoderSpec):
+        if precision is not None and encoder.kind == "hf":
+            encoder = dataclasses.replace(encoder, precision=precision)
         return make_encoder(encoder, device=device, show_progress=show_progress)
     return encoder

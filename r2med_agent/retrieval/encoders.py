@@ -12,6 +12,7 @@ Heavy dependencies (torch, transformers) are imported inside functions; a missin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +43,16 @@ GPU_ALTERNATIVE = "or 'r2med-agent[gpu]' on a CUDA 12 machine, never both"
 _INSTRUCTION_DEFAULT_KEY = "default"
 
 
+Precision = Literal["auto", "float32", "float16", "bfloat16", "autocast-float16"]
+PRECISIONS: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16", "autocast-float16")
+"""The values of an encoder's or reranker's ``precision`` (see :attr:`EncoderSpec.precision`)."""
+
+
+def weights_dtype_name(precision: str) -> str:
+    """The dtype the weights load in under ``precision`` (``autocast-float16``: float32)."""
+    return "float32" if precision == "autocast-float16" else precision
+
+
 @dataclass(frozen=True)
 class EncoderSpec:
     """One entry of ``configs/encoders.yaml`` (or a user config's ``encoders:`` section)."""
@@ -68,9 +79,13 @@ class EncoderSpec:
     """Token limit per text (documents, and queries unless ``query_max_length`` is set)."""
     query_max_length: int | None = None
     """Token limit for queries when it differs from documents (GritLM: 512 vs 2048)."""
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    """Weights/activations dtype. ``auto``: bfloat16 on GPUs that support it, else float16; float32
-    on CPU (half precision is always replaced by float32 on CPU)."""
+    precision: Precision = "auto"
+    """Numeric precision on a GPU (on a CPU always float32). ``float32``, ``float16``,
+    ``bfloat16``: weights and activations in that type; ``autocast-float16``: float32 weights and
+    the forward pass under ``torch.autocast`` in float16 (what BMRetriever's reference code does);
+    ``auto``: bfloat16 where the GPU supports it, else float16 (the fastest choice). The entries of
+    the paper's models set the precision R2MED's reference ran them at; ``run --precision``
+    overrides it for one run, and the results record it."""
     query_prefix: str = ""
     """Fixed text put before every query when no per-task instruction applies (bge's prompt)."""
     doc_prefix: str = ""
@@ -150,6 +165,11 @@ class EncoderSpec:
             raise ValueError("max_tokens and max_chars must be >= 1")
         if self.transformers:
             _specifier(self.transformers)  # a malformed specifier fails when the registry loads
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype name ``precision`` implies (``autocast-float16``: float32)."""
+        return weights_dtype_name(self.precision)
 
     def model_for(self, side: Side) -> str:
         """The model id used for ``side``."""
@@ -428,13 +448,34 @@ def resolve_devices(device: str | None) -> list[str]:
     return [device]
 
 
-def resolve_dtype(spec_dtype: str, device: str) -> Any:
+def resolve_dtype(precision: str, device: str) -> Any:
+    """The torch dtype the weights load in on ``device`` under ``precision`` (float32 on a CPU)."""
     torch = _import_torch()
     if device.startswith("cpu"):
         return torch.float32
-    if spec_dtype == "auto":
+    if precision == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec_dtype]
+    name = weights_dtype_name(precision)
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def resolve_autocast(precision: str, device: str) -> Any | None:
+    """The ``torch.autocast`` dtype of the forward pass on ``device`` (None: no autocast, e.g. on
+    a CPU, where everything runs in float32)."""
+    if precision != "autocast-float16" or not device.startswith("cuda"):
+        return None
+    return _import_torch().float16
+
+
+def precision_record(precision: str, device: str) -> dict[str, Any]:
+    """What a run on ``device`` computes in under ``precision``: ``{"dtype": ...}`` plus
+    ``{"autocast": "float16"}`` when the forward pass autocasts (part of embedding cache keys and
+    of the results)."""
+    rec: dict[str, Any] = {"dtype": str(resolve_dtype(precision, device)).removeprefix("torch.")}
+    autocast = resolve_autocast(precision, device)
+    if autocast is not None:
+        rec["autocast"] = str(autocast).removeprefix("torch.")
+    return rec
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
@@ -641,9 +682,7 @@ class HFEncoder:
     def doc_runtime_fields(self) -> dict[str, Any]:
         """The precision documents are encoded in (``dtype: auto`` is float32 on CPU, bfloat16 or
         float16 on GPU): part of the embedding cache key, so CPU and GPU embeddings never mix."""
-        devices = resolve_devices(self.device)
-        dtype = resolve_dtype(self.spec.dtype, devices[0])
-        return {"dtype": str(dtype).removeprefix("torch.")}
+        return precision_record(self.spec.precision, resolve_devices(self.device)[0])
 
     def check(self) -> None:
         """Fail now, with a ConfigError, if a model of this encoder cannot be loaded: the
@@ -679,7 +718,7 @@ class HFEncoder:
             )
             replicas = []
             for dev in devices:
-                dtype = resolve_dtype(self.spec.dtype, dev)
+                dtype = resolve_dtype(self.spec.precision, dev)
                 model = load_pretrained(
                     model_cls.from_pretrained, path, kind="encoder", name=self.name, model=model_id,
                     trust_remote_code=self.spec.trust_remote_code, **dtype_kwarg(dtype),
@@ -762,13 +801,15 @@ class HFEncoder:
         inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention}
         if lo.uses_token_types:
             inputs["token_type_ids"] = torch.from_numpy(tt).to(dev)
-        out = model(**inputs, **dict(self.spec.forward_kwargs))
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        pool_mask = attention
-        if n_prefix:
-            pool_mask = attention.clone()
-            pool_mask[:, :n_prefix] = 0
-        vec = pool(hidden, pool_mask, self.spec.pooling)
+        autocast = resolve_autocast(self.spec.precision, dev)
+        with torch.autocast("cuda", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+            out = model(**inputs, **dict(self.spec.forward_kwargs))
+            hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+            pool_mask = attention
+            if n_prefix:
+                pool_mask = attention.clone()
+                pool_mask[:, :n_prefix] = 0
+            vec = pool(hidden, pool_mask, self.spec.pooling)
         if lo.dense:
             vec = _apply_dense(lo.dense, vec)
         if self.spec.normalize:

@@ -13,6 +13,8 @@ cache. Heavy imports are lazy; a missing package raises MissingExtraError with t
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -32,10 +34,13 @@ from r2med_agent.retrieval.encoders import (
     _specifier,
     _import_transformers,
     check_transformers_version,
+    Precision,
     dtype_kwarg,
     load_pretrained,
     resolve_devices,
+    resolve_autocast,
     resolve_dtype,
+    weights_dtype_name,
     resolve_model_path,
 )
 from r2med_agent.retrieval.fusion import ranked
@@ -65,8 +70,10 @@ class RerankerSpec:
     """How the document is written into the second segment (RankLLaMA: ``"document: {text}"``)."""
     score_index: int = 0
     """Which logit is the relevance score (monoBERT's two-way head: 1)."""
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    """As for encoders: half precision on GPU, float32 on CPU."""
+    precision: Precision = "auto"
+    """As an encoder's ``precision`` (float32 on a CPU; on a GPU ``float32``, ``float16``,
+    ``bfloat16``, ``autocast-float16`` or ``auto``). The paper's rerankers set the precision
+    R2MED's reference ran them at (bge and monoBERT float32, RankLLaMA float16)."""
     backend: Literal["auto", "transformers", "vllm"] = "auto"
     """``auto``: vLLM when it is installed, a GPU is present and the head has one logit
     (``score_index`` 0), else transformers."""
@@ -74,6 +81,11 @@ class RerankerSpec:
     """Allow the model repo's own modelling code."""
     transformers: str = ""
     """Version specifier the installed transformers must satisfy (as for encoders); empty: any."""
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype name ``precision`` implies (``autocast-float16``: float32)."""
+        return weights_dtype_name(self.precision)
 
     def __post_init__(self) -> None:
         if "{query}" not in self.query_template or "{text}" not in self.doc_template:
@@ -138,7 +150,7 @@ class _TransformersScorer:
             if tokenizer.pad_token_id is None:
                 tokenizer.pad_token = tokenizer.unk_token or tokenizer.eos_token
             dev = resolve_devices(self.device)[0]
-            dtype = resolve_dtype(spec.dtype, dev)
+            dtype = resolve_dtype(spec.precision, dev)
             model = _load_classifier(spec, dtype)
             if getattr(model.config, "pad_token_id", None) is None:
                 model.config.pad_token_id = tokenizer.pad_token_id
@@ -197,7 +209,9 @@ class _TransformersScorer:
                     }
                     if types is not None:
                         inputs["token_type_ids"] = torch.from_numpy(tt).to(dev)
-                    logits = model(**inputs).logits.float()
+                    autocast = resolve_autocast(spec.precision, dev)
+                    with torch.autocast("cuda", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+                        logits = model(**inputs).logits.float()
                     if spec.score_index >= logits.shape[-1]:
                         raise ConfigError(
                             f"reranker '{spec.name}': score_index {spec.score_index} but the model "
@@ -314,7 +328,11 @@ class _VLLMScorer:
                 merged.parent.mkdir(parents=True, exist_ok=True)
                 merge_adapter(self.spec, merged)
             path = str(merged)
-        kwargs = dict(model=path, max_model_len=self.spec.max_length, trust_remote_code=self.spec.trust_remote_code)
+        kwargs: dict[str, Any] = dict(
+            model=path, max_model_len=self.spec.max_length, trust_remote_code=self.spec.trust_remote_code
+        )
+        if self.spec.precision != "auto":  # vLLM has no autocast: the weights' dtype
+            kwargs["dtype"] = self.spec.dtype
         try:
             self._llm = vllm.LLM(runner="pooling", **kwargs)
         except TypeError:  # vLLM < 0.10 names it task="score"
@@ -426,7 +444,12 @@ def _vllm_usable() -> bool:
 
 
 def make_reranker(
-    name: str, *, device: str | None = None, backend: str | None = None, show_progress: bool = False
+    name: str, *, device: str | None = None, backend: str | None = None, show_progress: bool = False,
+    precision: str | None = None,
 ) -> Reranker:
-    """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use."""
-    return PairwiseReranker(get_reranker_spec(name), device=device, backend=backend, show_progress=show_progress)
+    """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use.
+    ``precision`` overrides the entry's (None: the entry's, the reference's)."""
+    spec = get_reranker_spec(name)
+    if precision is not None:
+        spec = dataclasses.replace(spec, precision=precision)
+    return PairwiseReranker(spec, device=device, backend=backend, show_progress=show_progress)
