@@ -1009,7 +1009,9 @@ def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
     for trace, prompt in zip(res.traces, condense):
         first = trace.steps[0]
         assert first.search_query == "iron deficiency anemia" and set(first.doc_ids[:2]) == {"d4", "d5"}
-        assert all(f"**Document {i}** (id: {d})" in prompt[0]["content"] for i, d in enumerate(first.doc_ids, 1))
+        texts = {d.doc_id: d.text for d in task.corpus}
+        assert all(f"**Document {i}**\n{texts[d]}" in prompt[0]["content"] for i, d in enumerate(first.doc_ids, 1))
+        assert not any(d in prompt[0]["content"] for d in first.doc_ids)  # texts, never ids
         record = trace.extra["condensed"][0]
         assert record["step"] == 0 and record["prompt_tokens"] > 100 and record["completion_tokens"] > 0
         # What is inserted is the condensed text of the real model's output, nothing else.
