@@ -91,6 +91,10 @@ def run_command(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the sampling seed."),
+    encoder_backend: Optional[str] = typer.Option(
+        None, "--encoder-backend",
+        help="Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | auto (vLLM when installed with a GPU and the encoder's pooling is supported, else transformers). Default: each encoder entry's 'backend'.",
+    ),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -131,6 +135,7 @@ def run_command(
         final=final,
         sampling=sampling,
         show_progress=progress,
+        encoder_backend=encoder_backend,
     )
     result = run_experiment(cfg)
     print_summary(result)

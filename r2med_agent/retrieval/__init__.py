@@ -22,7 +22,7 @@ BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
 """Spec word -> BM25Retriever mode."""
 
 _BM25_OPTS = {"k1", "b", "index_root", "n_threads", "show_progress"}
-_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root"}
+_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root", "encoder_backend"}
 _FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
 
 
@@ -41,7 +41,9 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
             encoder name from ``configs/encoders.yaml``, or several joined by ``+`` (fused).
         task: the loaded task.
         **opts: BM25 ``k1``, ``b``, ``index_root``, ``n_threads``; dense ``device``,
-            ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``; both ``show_progress``;
+            ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``, ``encoder_backend``
+            (``auto``, ``transformers``, ``vllm``: the engine of local encoders; None: each
+            entry's ``backend``); both ``show_progress``;
             fusion ``fusion`` (``rrf`` or ``weighted``), ``rrf_k``, ``weights``, ``depth``.
     """
     unknown = sorted(set(opts) - _BM25_OPTS - _DENSE_OPTS - _FUSION_OPTS)

@@ -61,12 +61,14 @@ CACHE_FORMAT = 1
 DEFAULT_SHARD_SIZE = 8192
 
 # Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
-# the transformers version check).
+# the transformers version check, engine settings). The backend enters the key as resolved at run
+# time (``doc_runtime_fields``), not as the entry's ``auto``.
 _QUERY_ONLY_FIELDS = frozenset(
     {
         "name", "query_model", "query_max_length", "query_prefix", "query_instructions",
         "instruction_format", "instruction_on", "batch_size", "base_url", "api_key_env",
         "doc_instructions", "doc_instruction_format", "doc_prefix", "transformers",
+        "backend", "engine_kwargs",
     }
 )
 
@@ -501,8 +503,9 @@ class DenseRetriever:
         shard_size: int = DEFAULT_SHARD_SIZE,
         use_gpu: bool | None = None,
         cache_root: Path | None = None,
+        encoder_backend: str | None = None,
     ) -> DenseRetriever:
-        enc = _as_encoder(encoder, device=device, show_progress=show_progress)
+        enc = _as_encoder(encoder, device=device, show_progress=show_progress, backend=encoder_backend)
         check = getattr(enc, "check", None)
         if check is not None:  # the model (or API key) must be there even when embeddings are cached
             check()
@@ -535,7 +538,8 @@ class DenseRetriever:
             encoder: registry name, spec, or a ready encoder.
             device: ``None`` (all GPUs, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
             show_progress: tqdm bars while encoding.
-            **opts: ``use_cache``, ``shard_size``, ``use_gpu`` (faiss on GPU), ``cache_root``.
+            **opts: ``use_cache``, ``shard_size``, ``use_gpu`` (faiss on GPU), ``cache_root``,
+                ``encoder_backend`` (``auto``, ``transformers``, ``vllm``; default: the entry's).
         """
         return cls.from_docs(
             task.corpus,
@@ -567,9 +571,11 @@ class DenseRetriever:
         return run
 
 
-def _as_encoder(encoder: str | EncoderSpec | Encoder, *, device: str | None, show_progress: bool) -> Encoder:
+def _as_encoder(
+    encoder: str | EncoderSpec | Encoder, *, device: str | None, show_progress: bool, backend: str | None = None
+) -> Encoder:
     if isinstance(encoder, str):
-        return make_encoder(get_encoder_spec(encoder), device=device, show_progress=show_progress)
+        encoder = get_encoder_spec(encoder)
     if isinstance(encoder, EncoderSpec):
-        return make_encoder(encoder, device=device, show_progress=show_progress)
+        return make_encoder(encoder, device=device, show_progress=show_progress, backend=backend)
     return encoder
