@@ -58,7 +58,7 @@ class EncoderSpec:
     ``run --encoder-backend`` overrides it."""
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` on the vLLM backend (e.g.
-    ``gpu_memory_utilization``, default 0.5 on a GPU and 0.1 of RAM on CPU; ``enforce_eager``;
+    ``gpu_memory_utilization``, default 0.5 on a GPU and 0.05 of RAM on CPU; ``enforce_eager``;
     ``tensor_parallel_size``)."""
     model: str = ""
     """HF hub id, local folder, ``resource:<package>/<folder>`` (a model shipped inside an installed
