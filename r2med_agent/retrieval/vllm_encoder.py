@@ -62,15 +62,33 @@ def vllm_installed() -> bool:
         return False
 
 
-def _has_dense_layers(model: str) -> bool:
-    """Whether a local model folder lists sentence-transformers Dense modules (vLLM would not
-    apply them the way the transformers path does). Hub ids are checked when the engine loads."""
+def _modules_file(model: str) -> Path | None:
+    """The sentence-transformers ``modules.json`` of a local folder, or of a hub model already in
+    the Hugging Face cache (nothing is downloaded)."""
     try:
-        path = Path(resolve_model_path(model))
+        local = Path(resolve_model_path(model))
     except (ConfigError, MissingExtraError):
-        return False
-    modules = path / "modules.json"
-    if not modules.is_file():
+        return None
+    if local.is_dir():
+        path = local / "modules.json"
+        return path if path.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(model, "modules.json")
+    except ValueError:  # not a repo id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _has_dense_layers(model: str) -> bool:
+    """Whether the model lists sentence-transformers Dense modules after pooling (the
+    transformers path applies them; vLLM's pooler would not apply them the same way). A hub model
+    not in the local cache counts as having none: its entry's backend then decides."""
+    modules = _modules_file(model)
+    if modules is None:
         return False
     try:
         entries = json.loads(modules.read_text(encoding="utf-8"))
@@ -82,8 +100,9 @@ def _has_dense_layers(model: str) -> bool:
 def vllm_unsupported_reason(spec: EncoderSpec) -> str | None:
     """Why vLLM's pooling engine cannot reproduce this entry's vectors exactly, or None.
 
-    Only the entry's settings (and, for a local folder, its sentence-transformers modules) are
-    read; whether vLLM knows the model's architecture is checked when the engine loads.
+    Only the entry's settings and the model's sentence-transformers modules (local folder or
+    hub cache) are read; whether vLLM knows the model's architecture shows when the engine loads
+    (a ConfigError naming the way back to transformers).
     """
     if spec.kind != "hf":
         return "an embedding API is not a local model"
