@@ -72,6 +72,7 @@ def test_auto_says_which_backend_it_chose_and_why(
     with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.vllm_encoder"):
         assert resolve_backend(spec) == "vllm"
         assert resolve_backend(spec, device="cpu") == "transformers"
+        assert resolve_backend(spec, device="cuda:1") == "transformers"
         assert resolve_backend(dataclasses.replace(get_encoder_spec("grit"), backend="auto")) == "transformers"
     assert "encoder minilm: backend vllm (auto:" in caplog.text
     assert "encoder minilm: backend transformers (auto: device cpu)" in caplog.text
@@ -90,6 +91,8 @@ def test_vllm_is_refused_for_an_entry_it_cannot_reproduce() -> None:
         resolve_backend(get_encoder_spec("inst-l"), "vllm")
     with pytest.raises(ConfigError, match="cannot run on vLLM"):
         make_encoder("medcpt", backend="vllm")
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=1 instead of device cuda:1"):
+        VLLMEncoder(get_encoder_spec("minilm"), device="cuda:1")
     with pytest.raises(ConfigError, match="allowed: auto, transformers, vllm"):
         resolve_backend(get_encoder_spec("minilm"), "tensorrt")
     with pytest.raises(ValueError, match="applies to 'hf' encoders"):

@@ -174,6 +174,8 @@ def resolve_backend(spec: EncoderSpec, requested: str | None = None, device: str
         why, picked = "vLLM is not installed", "transformers"
     elif device is not None and device.startswith("cpu"):
         why, picked = "device cpu", "transformers"
+    elif device is not None and device.startswith("cuda:"):
+        why, picked = f"device {device} (the vLLM backend takes CUDA_VISIBLE_DEVICES)", "transformers"
     elif _gpu_count() == 0:
         why, picked = "no GPU", "transformers"
     else:
