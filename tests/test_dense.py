@@ -809,10 +809,10 @@ def test_cache_key_records_the_precision_actually_used(monkeypatch: pytest.Monke
     spec = dataclasses.replace(get_encoder_spec("minilm"), precision="auto")
     assert spec.dtype == "auto"
     cpu = HFEncoder(spec, device="cpu").doc_runtime_fields()
-    assert cpu == {"dtype": "float32"}
+    assert cpu == {"backend": "transformers", "dtype": "float32"}
     monkeypatch.setattr(encoders, "resolve_devices", lambda device: ["cuda:0", "cuda:1"])
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     gpu = HFEncoder(spec).doc_runtime_fields()
-    assert gpu == {"dtype": "bfloat16"}
+    assert gpu == {"backend": "transformers", "dtype": "bfloat16"}
     keys = {embedding_cache_key(spec, "", "fp", 10, r) for r in (cpu, gpu)}
     assert len(keys) == 2  # CPU float32 and GPU bfloat16 embeddings never share a cache entry

@@ -53,7 +53,8 @@ def test_precision_resolves_to_weights_and_autocast(monkeypatch: pytest.MonkeyPa
     # the embedding cache key tells autocast runs from plain float32 ones
     spec = get_encoder_spec("bmr-410m")
     monkeypatch.setattr("r2med_agent.retrieval.encoders.resolve_devices", lambda device: ["cuda:0"])
-    assert HFEncoder(spec).doc_runtime_fields() == {"dtype": "float32", "autocast": "float16"}
+    assert HFEncoder(spec).doc_runtime_fields() == {
+        "backend": "transformers", "dtype": "float32", "autocast": "float16"}
 
 
 def test_medcpt_grid_row_runs_the_article_encoder_on_both_sides() -> None:

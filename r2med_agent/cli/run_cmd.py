@@ -95,6 +95,10 @@ def run_command(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the sampling seed."),
+    encoder_backend: Optional[str] = typer.Option(
+        None, "--encoder-backend",
+        help="Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | auto (vLLM when installed with a GPU and the encoder's pooling is supported, else transformers). Default: each encoder entry's 'backend'.",
+    ),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -136,6 +140,7 @@ def run_command(
         final=final,
         sampling=sampling,
         show_progress=progress,
+        encoder_backend=encoder_backend,
     )
     result = run_experiment(cfg)
     print_summary(result)
@@ -260,3 +265,25 @@ def llms_command(
     rows = [[name, spec.backend, spec.model, spec.reasoning_format]
             for name, spec in sorted(load_registry("llms", LLMSpec).items())]
     print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)
+
+
+@app.command("encoders")
+def encoders_command(
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'encoders:' entries."),
+) -> None:
+    """List the encoder registry: model, pooling, backend, and whether vLLM can run it (or why not)."""
+    from r2med_agent.config import set_user_config
+    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.vllm_encoder import vllm_unsupported_reason
+
+    if config is not None:
+        set_user_config(config)
+    rows = []
+    for name, spec in sorted(encoder_registry().items()):
+        if spec.kind == "api":
+            rows.append([name, f"api ({spec.provider})", spec.model, "-", "-", "-"])
+            continue
+        model = spec.model or f"{spec.query_model} / {spec.doc_model}"
+        reason = vllm_unsupported_reason(spec)
+        rows.append([name, spec.backend, model, spec.pooling, "yes" if reason is None else "no", reason or ""])
+    print_listing("encoders", ["name", "backend", "model", "pooling", "vLLM", "why not"], rows)

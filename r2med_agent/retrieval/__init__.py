@@ -22,7 +22,8 @@ BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
 """Spec word -> BM25Retriever mode."""
 
 _BM25_OPTS = {"k1", "b", "index_root", "n_threads", "show_progress"}
-_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root", "precision"}
+_DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", "cache_root", "precision",
+               "encoder_backend"}
 _FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
 
 
@@ -42,7 +43,8 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
         task: the loaded task.
         **opts: BM25 ``k1``, ``b``, ``index_root``, ``n_threads``; dense ``device``,
             ``use_cache``, ``shard_size``, ``use_gpu``, ``cache_root``, ``precision`` (overrides
-            the encoder entry's); both ``show_progress``;
+            the encoder entry's), ``encoder_backend`` (``auto``, ``transformers``, ``vllm``: the
+            engine of local encoders; None: each entry's ``backend``); both ``show_progress``;
             fusion ``fusion`` (``rrf`` or ``weighted``), ``rrf_k``, ``weights``, ``depth``.
     """
     unknown = sorted(set(opts) - _BM25_OPTS - _DENSE_OPTS - _FUSION_OPTS)

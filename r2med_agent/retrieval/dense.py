@@ -61,12 +61,14 @@ CACHE_FORMAT = 1
 DEFAULT_SHARD_SIZE = 8192
 
 # Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
-# the transformers version check).
+# the transformers version check, engine settings). The backend enters the key as resolved at run
+# time (``doc_runtime_fields``), not as the entry's ``auto``.
 _QUERY_ONLY_FIELDS = frozenset(
     {
         "name", "query_model", "query_max_length", "query_prefix", "query_instructions",
         "instruction_format", "instruction_on", "batch_size", "base_url", "api_key_env",
         "doc_instructions", "doc_instruction_format", "doc_prefix", "transformers",
+        "backend", "engine_kwargs",
     }
 )
 
@@ -502,8 +504,10 @@ class DenseRetriever:
         use_gpu: bool | None = None,
         cache_root: Path | None = None,
         precision: str | None = None,
+        encoder_backend: str | None = None,
     ) -> DenseRetriever:
-        enc = _as_encoder(encoder, device=device, show_progress=show_progress, precision=precision)
+        enc = _as_encoder(encoder, device=device, show_progress=show_progress, precision=precision,
+                          backend=encoder_backend)
         check = getattr(enc, "check", None)
         if check is not None:  # the model (or API key) must be there even when embeddings are cached
             check()
@@ -537,7 +541,8 @@ class DenseRetriever:
             device: ``None`` (all GPUs, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
             show_progress: tqdm bars while encoding.
             **opts: ``use_cache``, ``shard_size``, ``use_gpu`` (faiss on GPU), ``cache_root``,
-                ``precision`` (overrides the encoder entry's).
+                ``precision`` (overrides the encoder entry's), ``encoder_backend`` (``auto``,
+                ``transformers``, ``vllm``; default: the entry's).
         """
         return cls.from_docs(
             task.corpus,
@@ -571,12 +576,12 @@ class DenseRetriever:
 
 def _as_encoder(
     encoder: str | EncoderSpec | Encoder, *, device: str | None, show_progress: bool,
-    precision: str | None = None,
+    precision: str | None = None, backend: str | None = None,
 ) -> Encoder:
     if isinstance(encoder, str):
         encoder = get_encoder_spec(encoder)
     if isinstance(encoder, EncoderSpec):
         if precision is not None and encoder.kind == "hf":
             encoder = dataclasses.replace(encoder, precision=precision)
-        return make_encoder(encoder, device=device, show_progress=show_progress)
+        return make_encoder(encoder, device=device, show_progress=show_progress, backend=backend)
     return encoder

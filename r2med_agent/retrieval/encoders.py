@@ -61,6 +61,16 @@ class EncoderSpec:
     """Registry key; also the retriever's name in result paths."""
     kind: Literal["hf", "api"] = "hf"
     """``hf``: a transformers model run locally; ``api``: an OpenAI-compatible ``/embeddings`` API."""
+    backend: Literal["auto", "transformers", "vllm"] = "auto"
+    """Engine for an ``hf`` entry: ``transformers`` (the batch loop of :class:`HFEncoder`),
+    ``vllm`` (vLLM's pooling engine, :mod:`r2med_agent.retrieval.vllm_encoder`; the same tokens,
+    pooling, precision and normalisation), or ``auto``: vLLM when it is installed, a GPU is present
+    and vLLM can express the entry's pooling, else transformers (the choice is logged).
+    ``run --encoder-backend`` overrides it."""
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` on the vLLM backend (e.g.
+    ``gpu_memory_utilization``, default 0.5 on a GPU and 0.05 of RAM on CPU; ``enforce_eager``;
+    ``tensor_parallel_size``)."""
     model: str = ""
     """HF hub id, local folder, ``resource:<package>/<folder>`` (a model shipped inside an installed
     Python package), or the API's model name."""
@@ -159,6 +169,8 @@ class EncoderSpec:
             raise ValueError("an 'hf' encoder needs 'model' (or both 'query_model' and 'doc_model')")
         if self.kind == "api" and not (self.model and self.base_url and self.api_key_env):
             raise ValueError("an 'api' encoder needs 'model', 'base_url' and 'api_key_env'")
+        if self.kind == "api" and self.backend == "vllm":
+            raise ValueError("backend 'vllm' applies to 'hf' encoders; an 'api' encoder calls its API")
         if self.max_length < 2 or self.batch_size < 1:
             raise ValueError("max_length must be >= 2 and batch_size >= 1")
         if (self.max_tokens is not None and self.max_tokens < 1) or (self.max_chars is not None and self.max_chars < 1):
@@ -294,13 +306,25 @@ class Encoder(Protocol):
 
 
 def make_encoder(
-    spec: EncoderSpec | str, *, device: str | None = None, show_progress: bool = False
+    spec: EncoderSpec | str,
+    *,
+    device: str | None = None,
+    show_progress: bool = False,
+    backend: str | None = None,
 ) -> Encoder:
-    """Build the encoder of a registry entry (models load lazily, on the first ``encode``)."""
+    """Build the encoder of a registry entry (models load lazily, on the first ``encode``).
+
+    ``backend`` (``auto``, ``transformers``, ``vllm``; None: the entry's ``backend``) picks the
+    engine of an ``hf`` entry (:func:`~r2med_agent.retrieval.vllm_encoder.resolve_backend`)."""
+    from r2med_agent.retrieval.vllm_encoder import VLLMEncoder, resolve_backend
+
     if isinstance(spec, str):
         spec = get_encoder_spec(spec)
-    if spec.kind == "api":
+    chosen = resolve_backend(spec, backend, device)
+    if chosen == "api":
         return APIEncoder(spec, show_progress=show_progress)
+    if chosen == "vllm":
+        return VLLMEncoder(spec, device=device, show_progress=show_progress)
     return HFEncoder(spec, device=device, show_progress=show_progress)
 
 
@@ -680,9 +704,11 @@ class HFEncoder:
         return self._meta[model_id]
 
     def doc_runtime_fields(self) -> dict[str, Any]:
-        """The precision documents are encoded in (``dtype: auto`` is float32 on CPU, bfloat16 or
-        float16 on GPU): part of the embedding cache key, so CPU and GPU embeddings never mix."""
-        return precision_record(self.spec.precision, resolve_devices(self.device)[0])
+        """The backend and the precision documents are encoded in (the precision as run on this
+        device): part of the embedding cache key, so CPU and GPU embeddings, or those of two
+        backends, never mix."""
+        return {"backend": "transformers",
+                **precision_record(self.spec.precision, resolve_devices(self.device)[0])}
 
     def check(self) -> None:
         """Fail now, with a ConfigError, if a model of this encoder cannot be loaded: the
