@@ -4,11 +4,14 @@ Two modes share one analyzer (:class:`~r2med_agent.retrieval.analysis.LuceneEngl
 match of pyserini's default Lucene English analyzer):
 
 ``lucene`` (retriever name ``bm25``)
-    Lucene's BM25 as bm25s computes it (``method="lucene"``): a document scores
-    ``sum over query tokens t of idf(t) * tf / (tf + k1 * (1 - b + b * dl / avgdl))`` with
-    ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``, as Lucene >= 8 and pyserini's ``LuceneSearcher``
-    score a bag-of-words query (a token repeated in the query counts each time). bm25s builds,
-    saves and loads the index.
+    Lucene 9's ``BM25Similarity`` as pyserini's ``LuceneSearcher`` runs it, to the bit (see
+    :class:`_LuceneIndex`): ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` and per query term
+    ``w - w / (1 + tf * normInv)`` with ``w = count * idf`` (a term repeated in the query is one
+    clause boosted by its count, as Anserini's bag-of-words query builds it) and
+    ``normInv = 1 / (k1 * (1 - b + b * dl / avgdl))``, where ``dl`` is the document length as
+    Lucene stores it, in one byte (exact below 24 tokens, then its 4 most significant bits: a
+    1,000-token document counts as 984), all in float32 in Lucene's order of operations and the
+    terms summed in double. Ties are broken as Anserini breaks them: document id ascending.
 
 ``r2med-compat`` (retriever name ``bm25-compat``)
     R2MED's reference scoring (``eval_bench_BM25.py``): gensim's ``LuceneBM25Model(k1, b)`` turns
@@ -31,8 +34,9 @@ measured 2-3x slower at R2MED's scale (``benchmarks/bm25.py`` prints both). Only
 a positive score are returned (sharing no term with the query is not a match), so a query may
 get fewer than ``k`` documents, or none.
 
-Ties are settled as trec_eval settles them: equal scores rank by document id, the larger id
-(string order) first, both inside the returned ranking and at the ``k`` cut. The kept documents
+In ``r2med-compat`` mode ties are settled as trec_eval settles them: equal scores rank by
+document id, the larger id (string order) first, both inside the returned ranking and at the ``k``
+cut (``lucene`` mode follows Anserini instead, smaller id first, so it keeps what pyserini keeps). The kept documents
 are therefore exactly the first ``k`` of the full ranking in trec_eval's order
 (:func:`r2med_agent.evaluation.trec_sorted`), so a search to depth ``k`` equals a full search cut
 to ``k`` by the evaluation, and the first ``j`` results (LameR's first pass, an agent's top 3) are
@@ -75,7 +79,7 @@ logger = logging.getLogger(__name__)
 MODES = {"lucene": "bm25", "r2med-compat": "bm25-compat"}
 """BM25 mode -> retriever name."""
 
-_FORMAT = 2  # bump when the on-disk layout or the scoring code changes
+_FORMAT = 3  # bump when the on-disk layout or the scoring code changes
 _META = "meta.json"
 _DOC_IDS = "doc_ids.json"
 _TERMS = "terms.txt"  # the vocabulary, one term per line in id order (faster to load than JSON)
@@ -147,8 +151,6 @@ def index_key(task: Task, mode: str, k1: float, b: float, analyzer_id: str) -> s
 
 
 def _backend_version(mode: str) -> str:
-    if mode == "lucene":
-        return f"bm25s-{_bm25s().__version__}"
     return "numpy"
 
 
@@ -175,11 +177,13 @@ class _ScoreMatrix:
     DENSE_BUDGET = 64 * 2**20
     DENSE_MIN_DF = 1 / 50
 
-    def __init__(self, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, num_docs: int):
+    def __init__(self, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, num_docs: int,
+                 lucene: bool = False):
         # plain ndarray views of memory-mapped files (slicing a np.memmap is slow)
         self.data, self.indices = np.asarray(data), np.asarray(indices)
         self.indptr = np.asarray(indptr)
         self.num_docs = num_docs
+        self.lucene = lucene
         self.dense_row, self.dense = self._dense_rows()
 
     def _dense_rows(self) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +195,9 @@ class _ScoreMatrix:
             frequent = np.sort(frequent[np.argsort(-df[frequent], kind="stable")[:cap]])
         row = np.full(len(df), -1, dtype=np.int64)
         row[frequent] = np.arange(len(frequent))
-        block = np.zeros((len(frequent), self.num_docs), dtype=np.float32)
+        # Lucene's stored value 1.0 scores w - w / 1 = 0 exactly: it stands for "absent"
+        block = np.full((len(frequent), self.num_docs), 1.0 if self.lucene else 0.0,
+                        dtype=np.float32)
         starts, ends = self.indptr[frequent].tolist(), self.indptr[frequent + 1].tolist()
         for i, (lo, hi) in enumerate(zip(starts, ends)):
             block[i, self.indices[lo:hi]] = self.data[lo:hi]
@@ -224,6 +230,9 @@ class _ScoreMatrix:
         term_row = self.dense_row[terms]
 
         def one(q: int) -> tuple[np.ndarray, np.ndarray]:
+            if self.lucene:
+                return _top_positive(self._lucene_scores(q, bounds, term_row, terms, weights), k,
+                                     tie_rank)
             a, z = bounds[q], bounds[q + 1]
             scores = np.zeros(self.num_docs, dtype=np.float32)
             scaled = np.empty_like(scores)  # reused: no page-faulting temporary per row
@@ -245,6 +254,29 @@ class _ScoreMatrix:
 
             items = tqdm(items, desc="BM25 search", unit="query", leave=False)
         return _map(one, items, n_threads)
+
+
+    def _lucene_scores(self, q: int, bounds: list[int], term_row: np.ndarray, terms: np.ndarray,
+                       weights: np.ndarray) -> np.ndarray:
+        """Lucene's float32 score of every document for query ``q``: per term
+        ``w - w / data`` in float32, summed in double, rounded to float32 (see
+        :class:`_LuceneIndex`)."""
+        a, z = bounds[q], bounds[q + 1]
+        total = np.zeros(self.num_docs, dtype=np.float64)
+        part = np.empty(self.num_docs, dtype=np.float32)
+        r, w = term_row[a:z], weights[a:z]
+        dense = r >= 0
+        for row, weight in zip(r[dense].tolist(), w[dense]):
+            np.divide(weight, self.dense[row], out=part)
+            np.subtract(weight, part, out=part)
+            total += part
+        data, indices, indptr = self.data, self.indices, self.indptr
+        sparse = terms[a:z][~dense]
+        for start, end, weight in zip(indptr[sparse].tolist(), indptr[sparse + 1].tolist(),
+                                      w[~dense]):
+            d = data[start:end]
+            total[indices[start:end]] += weight - weight / d
+        return total.astype(np.float32)
 
 
 def _map(fn: Any, items: Any, n_threads: int) -> list:
@@ -338,57 +370,126 @@ class _Index(Protocol):
     ) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
 
-@functools.cache
-def _bm25s() -> Any:
-    import bm25s
+# Lucene's SmallFloat.intToByte4: a document length is stored in one byte, exact below 24, then
+# with its 4 most significant bits (rounded down), so lengths 984..1047 all read back as 984.
+_NUM_FREE_VALUES = 24
 
-    # bm25s sets its logger to DEBUG when imported; hand the level back to the application.
-    bm25s_logger = logging.getLogger("bm25s")
-    if bm25s_logger.level == logging.DEBUG:
-        bm25s_logger.setLevel(logging.NOTSET)
-    return bm25s
+
+def length_to_norm(lengths: np.ndarray) -> np.ndarray:
+    """Lucene's ``SmallFloat.intToByte4`` of each length (an unsigned byte, 0..255)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rest = np.maximum(lengths - _NUM_FREE_VALUES, 0)
+    bits = np.frexp(rest.astype(np.float64))[1].astype(np.int64)  # bit length (exact < 2**53)
+    shift = np.maximum(bits - 4, 0)
+    encoded = np.where(bits >= 4, ((rest >> shift) & 0x07) | ((shift + 1) << 3), rest)
+    return np.where(lengths < _NUM_FREE_VALUES, lengths,
+                    _NUM_FREE_VALUES + encoded).astype(np.uint8)
+
+
+def norm_to_length(norms: np.ndarray) -> np.ndarray:
+    """Lucene's ``SmallFloat.byte4ToInt``: the length a norm byte stands for."""
+    i = np.asarray(norms, dtype=np.int64)
+    e = i - _NUM_FREE_VALUES
+    shift = (e >> 3) - 1
+    decoded = np.where(shift < 0, e & 0x07, ((e & 0x07) | 0x08) << np.maximum(shift, 0))
+    return np.where(i < _NUM_FREE_VALUES, i, _NUM_FREE_VALUES + decoded)
+
+
+def lucene_norm_inverse(k1: float, b: float, avgdl: np.float32) -> np.ndarray:
+    """``BM25Similarity``'s cache: ``1 / (k1 * ((1 - b) + b * length / avgdl))`` per norm byte,
+    in float32 with Lucene's order of operations."""
+    f = np.float32
+    length = norm_to_length(np.arange(256)).astype(np.float32)
+    k1_, b_ = f(k1), f(b)
+    return (f(1) / (k1_ * ((f(1) - b_) + b_ * length / f(avgdl)))).astype(np.float32)
+
+
+def lucene_idf(df: np.ndarray, doc_count: int) -> np.ndarray:
+    """``BM25Similarity.idf``: ``log(1 + (docCount - df + 0.5) / (df + 0.5))`` in double, as
+    float32."""
+    df = np.asarray(df, dtype=np.float64)
+    return np.log(1.0 + (doc_count - df + 0.5) / (df + 0.5)).astype(np.float32)
+
+
+def _postings(docs: AnalyzedTexts, n_terms: int) -> tuple[np.ndarray, ...]:
+    """(term, doc, tf) of every distinct (term, document) pair, term-major, documents ascending."""
+    n_docs = len(docs)
+    doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), docs.lengths())
+    pair, tf = np.unique(docs.ids.astype(np.int64) * n_docs + doc_of, return_counts=True)
+    term = pair // n_docs
+    return term, (pair - term * n_docs).astype(np.int32), tf
 
 
 class _LuceneIndex:
-    """A bm25s index (``method="lucene"``): bm25s computes, saves and loads the weights.
+    """Lucene's ``BM25Similarity`` (Lucene 9), to the bit.
 
-    A query's weights are its term counts (a term repeated in the query counts each time, as in
-    bm25s and in pyserini's bag-of-words queries).
+    Lucene keeps each document's length in one byte (:func:`length_to_norm`) and scores a term
+    of a bag-of-words query (Anserini's ``BagOfWordsQueryGenerator``: one clause per distinct term,
+    boosted by its count) in float32 as ``w - w / (1 + tf * normInv)`` with
+    ``w = count * idf`` and ``normInv`` the cache entry of the document's norm byte; the clauses'
+    scores are summed in double and the sum rounded to float32. ``avgdl`` is the total number of
+    tokens over the number of documents that have at least one token (Lucene's ``docCount``),
+    which is also the ``N`` of the idf.
+
+    The index stores, per (term, document), the float32 ``1 + tf * normInv``
+    (``data``; 1.0 in the dense rows stands for "absent" and scores exactly 0), so a search does
+    Lucene's last two operations per posting.
     """
 
-    def __init__(self, model: Any, vocab: dict[str, int]) -> None:
-        self.model = model
-        self.vocab = vocab
-        s = model.scores
-        self.matrix = _ScoreMatrix(s["data"], s["indices"], s["indptr"], int(s["num_docs"]))
+    _ARRAYS = ("data", "indices", "indptr", "idf")
+
+    def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, float],
+                 vocab: dict[str, int]) -> None:
+        self.arrays, self.params, self.vocab = arrays, params, vocab
+        self.matrix = _ScoreMatrix(arrays["data"], arrays["indices"], arrays["indptr"],
+                                   int(params["num_docs"]), lucene=True)
 
     @classmethod
     def build(
         cls, docs: AnalyzedTexts, vocab: dict[str, int], k1: float, b: float, show_progress: bool
     ) -> _LuceneIndex:
-        model = _bm25s().BM25(k1=k1, b=b, method="lucene")
-        model.index((docs.to_lists(), dict(vocab)), create_empty_token=False,
-                    show_progress=show_progress)
-        return cls(model, vocab)
+        n_docs, n_terms = len(docs), len(vocab)
+        dl = docs.lengths()
+        doc_count = int(np.count_nonzero(dl))
+        avgdl = np.float32(float(dl.sum()) / doc_count)
+        norm_inv = lucene_norm_inverse(k1, b, avgdl)
+        term, doc, tf = _postings(docs, n_terms)
+        norms = length_to_norm(dl)
+        data = np.float32(1) + tf.astype(np.float32) * norm_inv[norms[doc]]
+        df = np.bincount(term, minlength=n_terms)
+        indptr = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(df, out=indptr[1:])
+        arrays = {"data": data.astype(np.float32), "indices": doc, "indptr": indptr,
+                  "idf": lucene_idf(df, doc_count)}
+        params = {"avgdl": float(avgdl), "doc_count": doc_count, "k1": k1, "b": b,
+                  "num_docs": n_docs}
+        return cls(arrays, params, vocab)
 
     @classmethod
     def load(cls, folder: Path, show_progress: bool) -> _LuceneIndex:
-        # bm25s's own vocab.index.json stays in the folder (for bm25s.BM25.load); ours loads faster
-        model = _bm25s().BM25.load(folder, mmap=True, load_vocab=False,
-                                   show_progress=show_progress)
-        return cls(model, _load_terms(folder))
+        arrays = {n: np.load(folder / f"{n}.npy", mmap_mode="r") for n in cls._ARRAYS}
+        params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
+        return cls(arrays, params, _load_terms(folder))
 
     def save(self, folder: Path, show_progress: bool) -> None:
-        self.model.save(folder, show_progress=show_progress)
-        _save_terms(folder, self.vocab)
+        _save_arrays(folder, self.arrays, self.params, self.vocab)
 
     def top_k(
         self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
         n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         row, term, count, _ = _bag_of_words(queries, len(self.matrix.indptr) - 1)
-        return self.matrix.search(row, term, count.astype(np.float32), len(queries), k,
-                                  tie_rank, show_progress, n_threads)
+        weight = count.astype(np.float32) * np.asarray(self.arrays["idf"])[term]
+        return self.matrix.search(row, term, weight, len(queries), k, tie_rank, show_progress,
+                                  n_threads)
+
+
+def _save_arrays(folder: Path, arrays: dict[str, np.ndarray], params: dict[str, Any],
+                 vocab: dict[str, int]) -> None:
+    for n, a in arrays.items():
+        np.save(folder / f"{n}.npy", a)
+    (folder / "params.json").write_text(json.dumps(params), encoding="utf-8")
+    _save_terms(folder, vocab)
 
 
 class _CompatIndex:
@@ -434,10 +535,7 @@ class _CompatIndex:
         return cls(arrays, params, _load_terms(folder))
 
     def save(self, folder: Path, show_progress: bool) -> None:
-        for n in self._ARRAYS:
-            np.save(folder / f"{n}.npy", self.arrays[n])
-        (folder / "params.json").write_text(json.dumps(self.params), encoding="utf-8")
-        _save_terms(folder, self.vocab)
+        _save_arrays(folder, self.arrays, self.params, self.vocab)
 
     def query_weights(self, queries: AnalyzedTexts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gensim's ``model[dictionary.doc2bow(query)]`` of every query, as float32 (gensim's
@@ -501,7 +599,10 @@ class BM25Retriever:
         self.show_progress = show_progress
         self.n_threads = n_threads
         self._doc_ids = list(doc_ids)
-        self._tie_rank = _doc_id_ranks(self._doc_ids)
+        rank = _doc_id_ranks(self._doc_ids)
+        # the larger tie_rank comes first among equal scores: lucene mode breaks ties as Anserini
+        # does (document id ascending), r2med-compat as trec_eval does (descending)
+        self._tie_rank = len(rank) - 1 - rank if mode == "lucene" else rank
         self._index = index
         self._analyzer = analyzer
 
