@@ -37,8 +37,8 @@ C-level dict lookups, and stopword removal and stemming are applied through a nu
 from __future__ import annotations
 
 import functools
+import json
 import re
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -62,71 +62,177 @@ ENGLISH_STOP_WORDS: frozenset[str] = frozenset(
 
 # --- tokenizer -------------------------------------------------------------------------------
 
-# Characters StandardTokenizer emits one at a time: CJK ideographs (with extensions and
-# compatibility ideographs) and Hiragana.
-_IDEO = "\u3040-\u309f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_MAX_TOKEN_UNITS = 255
+"""StandardTokenizer's maximum token length, in UTF-16 code units: longer runs are cut into pieces
+of this length (the scanner's buffer is that long)."""
 
 
-def _category_class(categories: tuple[str, ...]) -> str:
-    """A regex character-class body holding every BMP character of the given Unicode categories."""
-    codes = [c for c in range(0x10000) if unicodedata.category(chr(c)) in categories]
-    parts: list[str] = []
-    start = prev = codes[0]
-    for c in [*codes[1:], -1]:
-        if c != prev + 1:
-            tail = "-" + re.escape(chr(prev)) if prev > start else ""
-            parts.append(re.escape(chr(start)) + tail)
-            start = c
-        prev = c
-    return "".join(parts)
+# Characters the grammar names one by one, as pseudo-classes beside the table's classes.
+_LITERALS = {
+    "KeyCapBase": "0123456789#*",
+    "Accidental": "\u00a9\u00ae\u2122\u3030\u303d",
+    "PresSel": "\ufe0e\ufe0f",
+    "EmojiPres": "\ufe0f",
+    "KeyCap": "\u20e3",
+    "TagSpec": "".join(map(chr, range(0xE0020, 0xE007F))),
+    "TagTerm": "\U000e007f",
+}
+_REP_BASE = 0xF0000  # class representatives: Supplementary Private Use Area-A
 
 
-_MID_LETTER = ".:'\u2019\u2018\uff07\u00b7\u2027\ufe52\uff0e\ufe13\ufe55\uff1a"
-_MID_NUM = ".,;'\u2019\u2018\uff07\u066c\ufe50\ufe54\uff0c\uff1b\ufe52\uff0e"
-"""UAX#29 MidLetter/MidNumLet/Single_Quote (joining two letters) and MidNum/MidNumLet/Single_Quote
-(joining two digits)."""
+@functools.cache
+def _scanner() -> tuple[dict[int, str], dict[str, str]]:
+    """(translation table, regex class per macro) of Lucene's tokenizer character classes.
+
+    The classes (``resources/lucene_uax29.json``) were read from Lucene 9.9.1's scanner by
+    ``tools/lucene_uax29_tables.py``. Every code point is translated to one representative
+    character per distinct set of classes it belongs to (a few dozen), so the grammar is a small
+    regular expression over representatives (compiled in milliseconds) and matches map back to
+    the original text position for position. Code points in no class map to a space.
+    """
+    from importlib import resources
+
+    raw = json.loads(
+        resources.files("r2med_agent.resources").joinpath("lucene_uax29.json").read_text("utf-8")
+    )["classes"]
+    names = sorted(set(raw) | set(_LITERALS))
+    sig = np.zeros(0x110000, dtype=np.int64)  # per code point, a bit per class it belongs to
+    for bit, name in enumerate(names):
+        ranges = raw[name] if name in raw else [[ord(ch), ord(ch)] for ch in _LITERALS[name]]
+        for a, b in ranges:
+            sig[a : b + 1] |= 1 << bit
+    cps = np.flatnonzero(sig)
+    keys, which = np.unique(sig[cps], return_inverse=True)
+    reps = {
+        frozenset(n for bit, n in enumerate(names) if key >> bit & 1): chr(_REP_BASE + i)
+        for i, key in enumerate(keys.tolist())
+    }
+    rep_chars = list(reps.values())
+    table = dict(zip(cps.tolist(), map(rep_chars.__getitem__, which.ravel().tolist())))
+    for cp in range(_REP_BASE, _REP_BASE + len(reps)):
+        table.setdefault(cp, " ")  # a representative in the input itself is in no class
+    macros = set(raw) | set(_LITERALS)
+    cls = {m: "".join(r for k, r in reps.items() if m in k) for m in macros}
+
+    def union(*names: str, minus: tuple[str, ...] = ()) -> str:
+        return "".join(
+            r for k, r in reps.items() if k & set(names) and not k & set(minus)
+        )
+
+    # the grammar's EmojiChar: Extended_Pictographic, or Emoji but not a regional indicator, a
+    # keycap base, an "accidental" emoji or a modifier
+    cls["EmojiChar"] = "".join(
+        r for k, r in reps.items()
+        if "Extended_Pictographic" in k
+        or ("Emoji" in k and not k & {"Regional_Indicator", "KeyCapBase", "Accidental",
+                                      "Emoji_Modifier"})
+    )
+    cls["ExtFmtSansPresSel"] = union("ExtFmtZwj", minus=("PresSel", "ZWJ"))
+    return table, cls
 
 
 @functools.cache
 def _token_re() -> re.Pattern[str]:
-    """The tokenizer pattern (built on first use: the Unicode tables take a moment)."""
-    # Python's \w also matches "other numbers" (superscripts, fractions), which UAX#29 does not
-    # treat as word characters; combining marks and format characters (UAX#29 Extend/Format) do
-    # not break a word but are not \w.
-    other_num = _category_class(("No",))
-    extend = _category_class(("Mn", "Mc", "Me")) + "\u00ad\u200c\u200d\u2060\ufeff"
-    word = rf"[^\W{_IDEO}{other_num}]"  # letters, digits, underscore
-    letter = rf"[^\W\d_{_IDEO}{other_num}]"
-    chunk = rf"{word}+(?:[{extend}]+{word}*)*"
+    """StandardTokenizer's grammar (UAX#29 word rules plus Lucene's emoji, Southeast Asian, Han and
+    Hiragana rules) as one regular expression over class representatives (see :func:`_scanner`)."""
+    c = {name: f"[{body}]" if body else "(?!)" for name, body in _scanner()[1].items()}
+
+    def ex(name: str) -> str:
+        return f"{c[name]}{c['ExtFmtZwj']}*"
+
+    a, h, n, k = ex("AHLetter"), ex("Hebrew_Letter"), ex("Numeric"), ex("Katakana")
+    ml, mn, enl = ex("MidLetter"), ex("MidNum"), ex("ExtendNumLet")
+    sq, dq = ex("Single_Quote"), ex("Double_Quote")
+    unit = (
+        rf"(?:{k}(?:(?:{enl})*{k})*"
+        rf"|(?:{h}(?:{sq}|{dq}{h})|{n}(?:(?:(?:{enl})*|{mn}){n})*"
+        rf"|{a}(?:(?:(?:{enl})*|{ml}){a})*)+)"
+    )
+    word = rf"(?:{enl})*{unit}(?:(?:{enl})+{unit})*(?:{enl})*"
+    zwj = c["ZWJ"]
+    # ExtFmtZwjSansPresSel*; a ZWJ before another emoji is left to join the two (the longest match
+    # the scanner finds)
+    starts = f"(?:{c['EmojiChar']}|{c['Emoji_Modifier']})"
+    sans = rf"(?:{c['ExtFmtSansPresSel']}|{zwj}(?!{zwj}*{starts}))*"
+    emoji_char = f"{c['EmojiChar']}{sans}"
+    modifier = f"{c['Emoji_Modifier']}{sans}"
+    pres = c["EmojiPres"]
+    e1 = rf"(?:{zwj}*{emoji_char}{pres}?|(?:{zwj}*{emoji_char})?{modifier})"
+    emoji = (
+        rf"{e1}(?:{c['TagSpec']}+{c['TagTerm']}|(?:{zwj}{e1})*)"
+        rf"|{c['KeyCapBase']}{sans}{pres}?{c['KeyCap']}{sans}"
+        rf"|(?:{ex('Regional_Indicator')}){{2}}"
+    )
     return re.compile(
-        rf"{chunk}(?:(?:(?<={letter})[{re.escape(_MID_LETTER)}](?={letter})"
-        rf"|(?<=\d)[{re.escape(_MID_NUM)}](?=\d)){chunk})*"
-        rf"|[{_IDEO}]"
+        rf"{word}|{emoji}|(?:{ex('Complex_Context')})+|{ex('Han')}|{ex('Hiragana')}"
     )
 
 
 _ASCII_TOKEN_RE = re.compile(
     r"[a-z0-9_]+(?:(?:(?<=[a-z])[.:'](?=[a-z])|(?<=[0-9])[.,;'](?=[0-9]))[a-z0-9_]+)*"
 )
-"""The same pattern restricted to lowercase ASCII text (twice as fast; most documents are ASCII)."""
+"""The same grammar restricted to lowercase ASCII text (twice as fast; most documents are ASCII)."""
 
 _POSSESSIVE_ENDINGS = ("'s", "\u2019s", "\uff07s")
+
+_JAVA_LOWER_FIX = str.maketrans({"\u0130": "i", "\u03a3": "\u03c3"})
+"""Java lowercases code point by code point (``Character.toLowerCase``): ``İ`` becomes ``i`` (Python:
+``i`` + combining dot) and ``Σ`` is always ``σ`` (Python: ``ς`` at the end of a word)."""
+
+
+def java_lower(text: str) -> str:
+    """``text`` lowercased as Lucene's ``LowerCaseFilter`` does."""
+    if text.isascii():
+        return text.lower()
+    return text.translate(_JAVA_LOWER_FIX).lower()
 
 
 def _findall(text: str) -> list[str]:
     """Raw tokens of lowercased ``text``."""
     if text.isascii():
-        return _ASCII_TOKEN_RE.findall(text)
-    return _token_re().findall(text)
+        tokens = _ASCII_TOKEN_RE.findall(text)
+        if tokens and max(map(len, tokens)) > _MAX_TOKEN_UNITS:
+            return _split_long(text, _ASCII_TOKEN_RE)
+        return [t for t in tokens if not _only_underscores(t)]
+    return _findall_unicode(text)
+
+
+def _findall_unicode(text: str) -> list[str]:
+    """Raw tokens of lowercased ``text`` by the full grammar (any text)."""
+    mapped = text.translate(_scanner()[0])
+    tokens = [text[m.start() : m.end()] for m in _token_re().finditer(mapped)]
+    if tokens and max(map(len, tokens)) > _MAX_TOKEN_UNITS // 2:  # astral characters count twice
+        return _split_long(text, _token_re(), mapped)
+    return tokens
+
+
+def _split_long(text: str, pattern: re.Pattern[str], mapped: str | None = None) -> list[str]:
+    """Tokens of ``text`` with StandardTokenizer's length limit: a match longer than 255 UTF-16
+    units yields its first 255 units, and scanning resumes right after them. ``mapped`` is the
+    text the pattern runs on (position for position), when it is not ``text`` itself."""
+    out: list[str] = []
+    pos = 0
+    while (m := pattern.search(text if mapped is None else mapped, pos)) is not None:
+        token = text[m.start() : m.end()]
+        units = 0
+        for i, ch in enumerate(token):
+            units += 2 if ord(ch) > 0xFFFF else 1
+            if units > _MAX_TOKEN_UNITS:
+                token = token[:i]
+                break
+        if not _only_underscores(token):
+            out.append(token)
+        pos = m.start() + len(token)
+    return out
 
 
 def tokenize(text: str) -> list[str]:
-    """Split lowercased ``text`` into StandardTokenizer-like tokens (no stopwords, no stemming)."""
-    return [t for t in _findall(text.lower()) if not _only_underscores(t)]
+    """Split ``text`` into StandardTokenizer's tokens, lowercased (no stopwords, no stemming)."""
+    return _findall(java_lower(text))
 
 
 def _only_underscores(token: str) -> bool:
-    # StandardTokenizer emits no token made only of connector punctuation ("___").
+    # the ASCII pattern matches runs of connector punctuation ("___"), which are no token
     return token[0] == "_" and not token.strip("_")
 
 
@@ -379,7 +485,7 @@ class LuceneEnglishAnalyzer:
             change in analysis (bump it) never reuses an index built by an older analyzer.
     """
 
-    id = "lucene-english:standard-uax29:possessive:lower:stop33:porter-lucene:v1"
+    id = "lucene-english:lucene9.9.1-standard:possessive:java-lower:stop33:porter-lucene:v2"
 
     def __init__(self) -> None:
         import Stemmer  # PyStemmer, a core dependency
@@ -442,7 +548,7 @@ class LuceneEnglishAnalyzer:
             from tqdm.auto import tqdm
 
             texts = tqdm(texts, desc="BM25 analyze", unit="doc", leave=False)
-        per_text = [_findall(t.lower()) for t in texts]
+        per_text = [_findall(java_lower(t)) for t in texts]
         offsets = np.zeros(len(per_text) + 1, dtype=np.int64)
         lengths = np.fromiter(map(len, per_text), dtype=np.int64, count=len(per_text))
         np.cumsum(lengths, out=offsets[1:])
