@@ -208,21 +208,24 @@ def _findall_unicode(text: str) -> list[str]:
 
 def _split_long(text: str, pattern: re.Pattern[str], mapped: str | None = None) -> list[str]:
     """Tokens of ``text`` with StandardTokenizer's length limit: a match longer than 255 UTF-16
-    units yields its first 255 units, and scanning resumes right after them. ``mapped`` is the
+    units yields the longest match within its first 255 units, and scanning resumes after it. ``mapped`` is the
     text the pattern runs on (position for position), when it is not ``text`` itself."""
     out: list[str] = []
     pos = 0
-    while (m := pattern.search(text if mapped is None else mapped, pos)) is not None:
-        token = text[m.start() : m.end()]
+    scanned = text if mapped is None else mapped
+    while (m := pattern.search(scanned, pos)) is not None:
+        end = m.end()
         units = 0
-        for i, ch in enumerate(token):
-            units += 2 if ord(ch) > 0xFFFF else 1
+        for i in range(m.start(), end):
+            units += 2 if ord(text[i]) > 0xFFFF else 1
             if units > _MAX_TOKEN_UNITS:
-                token = token[:i]
+                # the scanner's buffer is full: it returns the longest match that fits
+                end = pattern.match(scanned, m.start(), i).end()
                 break
+        token = text[m.start() : end]
         if not _only_underscores(token):
             out.append(token)
-        pos = m.start() + len(token)
+        pos = end
     return out
 
 
