@@ -177,13 +177,11 @@ class _ScoreMatrix:
     DENSE_BUDGET = 64 * 2**20
     DENSE_MIN_DF = 1 / 50
 
-    def __init__(self, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, num_docs: int,
-                 lucene: bool = False):
+    def __init__(self, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, num_docs: int):
         # plain ndarray views of memory-mapped files (slicing a np.memmap is slow)
         self.data, self.indices = np.asarray(data), np.asarray(indices)
         self.indptr = np.asarray(indptr)
         self.num_docs = num_docs
-        self.lucene = lucene
         self.dense_row, self.dense = self._dense_rows()
 
     def _dense_rows(self) -> tuple[np.ndarray, np.ndarray]:
@@ -195,9 +193,7 @@ class _ScoreMatrix:
             frequent = np.sort(frequent[np.argsort(-df[frequent], kind="stable")[:cap]])
         row = np.full(len(df), -1, dtype=np.int64)
         row[frequent] = np.arange(len(frequent))
-        # Lucene's stored value 1.0 scores w - w / 1 = 0 exactly: it stands for "absent"
-        block = np.full((len(frequent), self.num_docs), 1.0 if self.lucene else 0.0,
-                        dtype=np.float32)
+        block = np.zeros((len(frequent), self.num_docs), dtype=np.float32)
         starts, ends = self.indptr[frequent].tolist(), self.indptr[frequent + 1].tolist()
         for i, (lo, hi) in enumerate(zip(starts, ends)):
             block[i, self.indices[lo:hi]] = self.data[lo:hi]
@@ -230,9 +226,6 @@ class _ScoreMatrix:
         term_row = self.dense_row[terms]
 
         def one(q: int) -> tuple[np.ndarray, np.ndarray]:
-            if self.lucene:
-                return _top_positive(self._lucene_scores(q, bounds, term_row, terms, weights), k,
-                                     tie_rank)
             a, z = bounds[q], bounds[q + 1]
             scores = np.zeros(self.num_docs, dtype=np.float32)
             scaled = np.empty_like(scores)  # reused: no page-faulting temporary per row
@@ -254,29 +247,6 @@ class _ScoreMatrix:
 
             items = tqdm(items, desc="BM25 search", unit="query", leave=False)
         return _map(one, items, n_threads)
-
-
-    def _lucene_scores(self, q: int, bounds: list[int], term_row: np.ndarray, terms: np.ndarray,
-                       weights: np.ndarray) -> np.ndarray:
-        """Lucene's float32 score of every document for query ``q``: per term
-        ``w - w / data`` in float32, summed in double, rounded to float32 (see
-        :class:`_LuceneIndex`)."""
-        a, z = bounds[q], bounds[q + 1]
-        total = np.zeros(self.num_docs, dtype=np.float64)
-        part = np.empty(self.num_docs, dtype=np.float32)
-        r, w = term_row[a:z], weights[a:z]
-        dense = r >= 0
-        for row, weight in zip(r[dense].tolist(), w[dense]):
-            np.divide(weight, self.dense[row], out=part)
-            np.subtract(weight, part, out=part)
-            total += part
-        data, indices, indptr = self.data, self.indices, self.indptr
-        sparse = terms[a:z][~dense]
-        for start, end, weight in zip(indptr[sparse].tolist(), indptr[sparse + 1].tolist(),
-                                      w[~dense]):
-            d = data[start:end]
-            total[indices[start:end]] += weight - weight / d
-        return total.astype(np.float32)
 
 
 def _map(fn: Any, items: Any, n_threads: int) -> list:
@@ -425,24 +395,34 @@ class _LuceneIndex:
 
     Lucene keeps each document's length in one byte (:func:`length_to_norm`) and scores a term
     of a bag-of-words query (Anserini's ``BagOfWordsQueryGenerator``: one clause per distinct term,
-    boosted by its count) in float32 as ``w - w / (1 + tf * normInv)`` with
-    ``w = count * idf`` and ``normInv`` the cache entry of the document's norm byte; the clauses'
-    scores are summed in double and the sum rounded to float32. ``avgdl`` is the total number of
-    tokens over the number of documents that have at least one token (Lucene's ``docCount``),
-    which is also the ``N`` of the idf.
+    boosted by its count) in float32 as ``w - w / (1 + tf * normInv)`` with ``w = count * idf``
+    and ``normInv`` the cache entry of the document's norm byte; the clauses' scores are summed in
+    double and the sum rounded to float32. ``avgdl`` is the total number of tokens over the number
+    of documents that have at least one token (Lucene's ``docCount``), also the ``N`` of the idf.
 
-    The index stores, per (term, document), the float32 ``1 + tf * normInv``
-    (``data``; 1.0 in the dense rows stands for "absent" and scores exactly 0), so a search does
-    Lucene's last two operations per posting.
+    Stored per (term, document): ``tf`` and ``once``, the float32 score of the term for a query
+    holding it once (``w = idf``, by far the most common case). A search adds ``once`` for terms
+    a query holds once and recomputes Lucene's float32 expression from ``tf`` and the document's
+    norm for the others. The ``once`` rows of the most frequent terms are also kept dense, in
+    double, so the bulk of every query's work is one matrix product for all queries (BLAS); a sum
+    of float32 values in double is exact at these magnitudes, so its order (BLAS's, or Lucene's)
+    does not change a bit of the result.
     """
 
-    _ARRAYS = ("data", "indices", "indptr", "idf")
+    _ARRAYS = ("indptr", "indices", "tf", "once", "idf", "norms", "norm_inv", "dense",
+               "dense_terms")
+    DENSE_BUDGET = 128 * 2**20
+    DENSE_MIN_DF = 1 / 50
+    QUERY_BLOCK = 64  # queries per matrix product (bounds the product's memory)
 
     def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, float],
                  vocab: dict[str, int]) -> None:
-        self.arrays, self.params, self.vocab = arrays, params, vocab
-        self.matrix = _ScoreMatrix(arrays["data"], arrays["indices"], arrays["indptr"],
-                                   int(params["num_docs"]), lucene=True)
+        # plain ndarray views of memory-mapped files (slicing a np.memmap is slow)
+        self.arrays = {n: np.asarray(a) for n, a in arrays.items()}
+        self.params, self.vocab = params, vocab
+        self.num_docs = int(params["num_docs"])
+        self.dense_row = np.full(len(self.arrays["idf"]), -1, dtype=np.int64)
+        self.dense_row[self.arrays["dense_terms"]] = np.arange(len(self.arrays["dense_terms"]))
 
     @classmethod
     def build(
@@ -453,14 +433,27 @@ class _LuceneIndex:
         doc_count = int(np.count_nonzero(dl))
         avgdl = np.float32(float(dl.sum()) / doc_count)
         norm_inv = lucene_norm_inverse(k1, b, avgdl)
-        term, doc, tf = _postings(docs, n_terms)
         norms = length_to_norm(dl)
-        data = np.float32(1) + tf.astype(np.float32) * norm_inv[norms[doc]]
+        term, doc, tf = _postings(docs, n_terms)
+        tf = tf.astype(np.float32)
         df = np.bincount(term, minlength=n_terms)
+        idf = lucene_idf(df, doc_count)
+        w = idf[term]
+        once = w - w / (np.float32(1) + tf * norm_inv[norms[doc]])
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
-        arrays = {"data": data.astype(np.float32), "indices": doc, "indptr": indptr,
-                  "idf": lucene_idf(df, doc_count)}
+        # the dense rows: the most frequent terms, within the budget
+        frequent = np.flatnonzero(df >= max(2.0, n_docs * cls.DENSE_MIN_DF))
+        cap = cls.DENSE_BUDGET // (8 * n_docs)
+        if len(frequent) > cap:
+            frequent = np.sort(frequent[np.argsort(-df[frequent], kind="stable")[:cap]])
+        dense = np.zeros((len(frequent), n_docs), dtype=np.float64)
+        for i, t in enumerate(frequent.tolist()):
+            lo, hi = indptr[t], indptr[t + 1]
+            dense[i, doc[lo:hi]] = once[lo:hi]
+        arrays = {"indptr": indptr, "indices": doc, "tf": tf, "once": once.astype(np.float32),
+                  "idf": idf, "norms": norms, "norm_inv": norm_inv, "dense": dense,
+                  "dense_terms": frequent.astype(np.int64)}
         params = {"avgdl": float(avgdl), "doc_count": doc_count, "k1": k1, "b": b,
                   "num_docs": n_docs}
         return cls(arrays, params, vocab)
@@ -478,10 +471,51 @@ class _LuceneIndex:
         self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
         n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        row, term, count, _ = _bag_of_words(queries, len(self.matrix.indptr) - 1)
-        weight = count.astype(np.float32) * np.asarray(self.arrays["idf"])[term]
-        return self.matrix.search(row, term, weight, len(queries), k, tie_rank, show_progress,
-                                  n_threads)
+        a = self.arrays
+        n_queries = len(queries)
+        row, term, count, _ = _bag_of_words(queries, len(a["idf"]))
+        weight = count.astype(np.float32) * a["idf"][term]
+        drow = self.dense_row[term]
+        in_dense = (count == 1) & (drow >= 0)
+        select = np.zeros((n_queries, len(a["dense_terms"])), dtype=np.float64)
+        select[row[in_dense], drow[in_dense]] = 1.0
+        rest = np.flatnonzero(~in_dense)
+        bounds = np.searchsorted(row[rest], np.arange(n_queries + 1)).tolist()
+        indptr, indices, tf, once = a["indptr"], a["indices"], a["tf"], a["once"]
+        norms, norm_inv = a["norms"], a["norm_inv"]
+
+        def finish(q: int, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Add query ``q``'s other terms to its dense part; its top k."""
+            docs, values = [], []
+            for j in rest[bounds[q] : bounds[q + 1]].tolist():
+                t = int(term[j])
+                lo, hi = int(indptr[t]), int(indptr[t + 1])
+                docs.append(indices[lo:hi])
+                if count[j] == 1:
+                    values.append(once[lo:hi])
+                else:
+                    w = weight[j]
+                    d = np.float32(1) + tf[lo:hi] * norm_inv[norms[indices[lo:hi]]]
+                    values.append(w - w / d)
+            if docs:  # every posting in one pass, summed in double
+                total += np.bincount(np.concatenate(docs), np.concatenate(values),
+                                     minlength=self.num_docs)
+            return _top_positive(total.astype(np.float32), k, tie_rank)
+
+        blocks = range(0, n_queries, self.QUERY_BLOCK)
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            blocks = tqdm(blocks, desc="BM25 search", unit="block", leave=False)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for start in blocks:
+            stop = min(start + self.QUERY_BLOCK, n_queries)
+            if len(a["dense_terms"]):
+                part = select[start:stop] @ a["dense"]  # one BLAS product for the block
+            else:
+                part = np.zeros((stop - start, self.num_docs))
+            out.extend(_map(lambda q: finish(q, part[q - start]), range(start, stop), n_threads))
+        return out
 
 
 def _save_arrays(folder: Path, arrays: dict[str, np.ndarray], params: dict[str, Any],
