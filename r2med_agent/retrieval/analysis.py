@@ -1,25 +1,28 @@
-"""Text analysis for BM25: a fast Python match of pyserini's default Lucene English analyzer.
+"""Text analysis for BM25: pyserini's default Lucene English analyzer, exactly, in Python.
 
-R2MED's BM25 uses pyserini's ``get_lucene_analyzer()`` (Anserini's ``DefaultEnglishAnalyzer``)::
+R2MED's BM25 uses pyserini's ``get_lucene_analyzer()`` (Anserini's ``DefaultEnglishAnalyzer``,
+Lucene 9.9.1 in pyserini 1.6.0)::
 
     StandardTokenizer -> EnglishPossessiveFilter -> LowerCaseFilter -> StopFilter
         -> PorterStemFilter
 
-This module reproduces that chain without Java:
+This module reproduces that chain without Java (``benchmarks/lucene_parity.py`` and
+``tests/test_lucene_parity.py`` compare it with the real one):
 
-* **Tokenisation** follows ``StandardTokenizer`` (Unicode UAX#29 word boundaries) with one regular
-  expression: runs of letters, digits and underscores (combining marks stay inside a word), joined
-  across ``.``, ``'``, ``’`` or ``:`` between two letters (``u.s.a``, ``don't``) and across ``.``,
-  ``,``, ``;`` or ``'`` between two digits (``3.5``, ``1,000``); hyphens, slashes and other
-  punctuation split. One-character tokens are kept, as Lucene keeps them (bm25s's default pattern
-  ``\\w\\w+`` drops them, losing the ``b`` of "vitamin B 12" and one-letter gene names). Han
-  ideographs and Hiragana are one token per character, as in Lucene. Not reproduced (rare in
-  English text): the 255-character token limit and the Hebrew and Katakana special rules.
-  ASCII texts take an equivalent ASCII-only pattern, twice as fast.
+* **Tokenisation** is ``StandardTokenizer``'s grammar (UAX#29 word rules, plus Lucene's rules for
+  emoji sequences, Southeast Asian scripts, Han and Hiragana) written as one regular expression.
+  Lucene's scanner was generated for Unicode 9 (emoji: Unicode 11) and sees each code point only
+  through its character class; those classes are read from the real scanner by
+  ``tools/lucene_uax29_tables.py`` into ``resources/lucene_uax29.json``. A text is translated to
+  one representative character per class, position for position, and the expression runs on that
+  (it stays small and compiles at once). Lucene's scanner buffer holds 255 UTF-16 units: a longer
+  token yields the longest match that fits, and scanning resumes after it. ASCII texts take an
+  equivalent ASCII-only pattern, twice as fast. One-character tokens are kept, as Lucene keeps
+  them (bm25s's default pattern ``\\w\\w+`` drops them).
 * **Possessives**: a trailing ``'s`` (also ``’s``, ``＇s``) is removed before the stopword test,
   so ``it's`` is dropped as ``it``.
-* **Lowercasing**: ``str.lower`` (Java lowercases per code point; they differ for a few characters
-  such as ``İ`` and a word-final ``Σ``).
+* **Lowercasing** is Java's, code point by code point (:func:`java_lower`): ``İ`` becomes ``i`` and
+  ``Σ`` is always ``σ``, where Python's ``str.lower`` gives ``i̇`` and a word-final ``ς``.
 * **Stopwords**: Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET`` (33 words).
 * **Stemming**: Lucene's ``PorterStemmer`` is Martin Porter's reference implementation, which
   departs from the published algorithm that PyStemmer's ``porter`` (Snowball) follows: it maps

@@ -26,11 +26,11 @@ match of pyserini's default Lucene English analyzer):
     with gensim's ``idf = ln(N + 1) - ln(df + 0.5)`` (equal to Lucene's) and ``qlen`` the number of
     query tokens in the corpus vocabulary. The weights are computed with numpy and saved as arrays.
 
-Search is the same in both modes and takes all queries of a call at once: each query's term
-weights times the index's per-(term, document) weights, the most frequent terms added as dense
-rows and the rest from their posting lists (see :class:`_ScoreMatrix`). It does not go through
-bm25s's ``retrieve``, whose numpy backend scatters every posting of every query token and
-measured 2-3x slower at R2MED's scale (``benchmarks/bm25.py`` prints both). Only documents with
+Search takes all queries of a call at once. ``r2med-compat``: each query's term weights times
+the index's per-(term, document) weights, the most frequent terms added as dense rows and the rest
+from their posting lists (see :class:`_ScoreMatrix`). ``lucene``: one matrix product in double
+over the frequent terms' rows for all queries, then the other postings (see
+:class:`_LuceneIndex`). Only documents with
 a positive score are returned (sharing no term with the query is not a match), so a query may
 get fewer than ``k`` documents, or none.
 
@@ -662,7 +662,7 @@ class BM25Retriever:
 
         Args:
             task: the loaded task; ``task.fingerprint`` keys the index.
-            mode: ``lucene`` (bm25s, Lucene's BM25) or ``r2med-compat`` (R2MED's gensim scoring).
+            mode: ``lucene`` (Lucene's BM25) or ``r2med-compat`` (R2MED's gensim scoring).
             k1: BM25 term-frequency saturation (R2MED: 0.9).
             b: BM25 length normalisation, 0..1 (R2MED: 0.4).
             index_root: folder holding saved indexes; default ``paths.cache_dir()/"bm25"``.
