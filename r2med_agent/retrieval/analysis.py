@@ -83,6 +83,23 @@ _LITERALS = {
 _REP_BASE = 0xF0000  # class representatives: Supplementary Private Use Area-A
 
 
+class _ClassTable(dict):
+    """``str.translate`` table: code point -> its class representative, filled on first sight
+    (building it for all 1.1 million code points up front would cost a third of a second)."""
+
+    def __init__(self, sig: np.ndarray, rep_of: dict[int, str]) -> None:
+        super().__init__()
+        self._sig, self._rep_of = sig, rep_of
+        self._none = rep_of.get(0, " ")
+
+    def __missing__(self, cp: int) -> str:
+        rep = self._rep_of[int(self._sig[cp])] if cp < len(self._sig) else self._none
+        if _REP_BASE <= cp < _REP_BASE + len(self._rep_of):
+            rep = self._none  # a representative in the input itself is in no class
+        self[cp] = rep
+        return rep
+
+
 @functools.cache
 def _scanner() -> tuple[dict[int, str], dict[str, str]]:
     """(translation table, regex class per macro) of Lucene's tokenizer character classes.
@@ -91,7 +108,7 @@ def _scanner() -> tuple[dict[int, str], dict[str, str]]:
     ``tools/lucene_uax29_tables.py``. Every code point is translated to one representative
     character per distinct set of classes it belongs to (a few dozen), so the grammar is a small
     regular expression over representatives (compiled in milliseconds) and matches map back to
-    the original text position for position. Code points in no class map to a space.
+    the original text position for position (code points in no class map to one of their own).
     """
     from importlib import resources
 
@@ -104,16 +121,13 @@ def _scanner() -> tuple[dict[int, str], dict[str, str]]:
         ranges = raw[name] if name in raw else [[ord(ch), ord(ch)] for ch in _LITERALS[name]]
         for a, b in ranges:
             sig[a : b + 1] |= 1 << bit
-    cps = np.flatnonzero(sig)
-    keys, which = np.unique(sig[cps], return_inverse=True)
+    keys = np.unique(sig).tolist()
     reps = {
         frozenset(n for bit, n in enumerate(names) if key >> bit & 1): chr(_REP_BASE + i)
-        for i, key in enumerate(keys.tolist())
+        for i, key in enumerate(keys)
     }
-    rep_chars = list(reps.values())
-    table = dict(zip(cps.tolist(), map(rep_chars.__getitem__, which.ravel().tolist())))
-    for cp in range(_REP_BASE, _REP_BASE + len(reps)):
-        table.setdefault(cp, " ")  # a representative in the input itself is in no class
+    table = _ClassTable(sig, {key: rep for key, rep in zip(keys, reps.values())})
+    reps.pop(frozenset(), None)  # in no class: not a representative of anything
     macros = set(raw) | set(_LITERALS)
     cls = {m: "".join(r for k, r in reps.items() if m in k) for m in macros}
 
