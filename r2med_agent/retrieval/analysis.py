@@ -16,7 +16,9 @@ This module reproduces that chain without Java (``benchmarks/lucene_parity.py`` 
   ``tools/lucene_uax29_tables.py`` into ``resources/lucene_uax29.json``. A text is translated to
   one representative character per class, position for position, and the expression runs on that
   (it stays small and compiles at once). Lucene's scanner buffer holds 255 UTF-16 units: a longer
-  token yields the longest match that fits, and scanning resumes after it. ASCII texts take an
+  token yields the longest match that fits, and scanning resumes after it (one known difference:
+  when no match fits, e.g. more than 255 ``_`` before a letter, Lucene emits the 255 units
+  anyway; here they are skipped). ASCII texts take an
   equivalent ASCII-only pattern, twice as fast. One-character tokens are kept, as Lucene keeps
   them (bm25s's default pattern ``\\w\\w+`` drops them).
 * **Possessives**: a trailing ``'s`` (also ``’s``, ``＇s``) is removed before the stopword test,
