@@ -54,8 +54,8 @@ def java_home() -> str | None:
 def unavailable() -> str | None:
     """Why real Lucene cannot run here (None when it can)."""
     try:
+        import jnius_config  # noqa: F401  (pyjnius)
         import pyserini  # noqa: F401
-        import jnius_config  # noqa: F401
     except ImportError:
         return "pyserini is not installed (pip install --no-deps pyserini==1.6.0 pyjnius)"
     if java_home() is None:
@@ -66,7 +66,8 @@ def unavailable() -> str | None:
 def _jar() -> Path:
     import pyserini
 
-    jars = sorted((Path(pyserini.__file__).parent / "resources" / "jars").glob("anserini-*-fatjar.jar"))
+    folder = Path(pyserini.__file__).parent / "resources" / "jars"
+    jars = sorted(folder.glob("anserini-*-fatjar.jar"))
     if not jars:
         raise RuntimeError("pyserini's Anserini fat jar is missing")
     return jars[-1]

@@ -195,8 +195,8 @@ _ASCII_TOKEN_RE = re.compile(
 _POSSESSIVE_ENDINGS = ("'s", "\u2019s", "\uff07s")
 
 _JAVA_LOWER_FIX = str.maketrans({"\u0130": "i", "\u03a3": "\u03c3"})
-"""Java lowercases code point by code point (``Character.toLowerCase``): ``İ`` becomes ``i`` (Python:
-``i`` + combining dot) and ``Σ`` is always ``σ`` (Python: ``ς`` at the end of a word)."""
+"""Java lowercases code point by code point (``Character.toLowerCase``): ``İ`` becomes ``i``
+(Python: ``i`` + combining dot) and ``Σ`` is always ``σ`` (Python: ``ς`` ending a word)."""
 
 
 def java_lower(text: str) -> str:
@@ -227,8 +227,8 @@ def _findall_unicode(text: str) -> list[str]:
 
 def _split_long(text: str, pattern: re.Pattern[str], mapped: str | None = None) -> list[str]:
     """Tokens of ``text`` with StandardTokenizer's length limit: a match longer than 255 UTF-16
-    units yields the longest match within its first 255 units, and scanning resumes after it. ``mapped`` is the
-    text the pattern runs on (position for position), when it is not ``text`` itself."""
+    units yields the longest match within its first 255 units, and scanning resumes after it.
+    ``mapped`` is the text the pattern runs on (position for position), when not ``text``."""
     out: list[str] = []
     pos = 0
     scanned = text if mapped is None else mapped

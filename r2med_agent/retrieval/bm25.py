@@ -36,8 +36,8 @@ get fewer than ``k`` documents, or none.
 
 In ``r2med-compat`` mode ties are settled as trec_eval settles them: equal scores rank by
 document id, the larger id (string order) first, both inside the returned ranking and at the ``k``
-cut (``lucene`` mode follows Anserini instead, smaller id first, so it keeps what pyserini keeps). The kept documents
-are therefore exactly the first ``k`` of the full ranking in trec_eval's order
+cut (``lucene`` mode follows Anserini instead, smaller id first, so it keeps what pyserini
+keeps). The kept documents are therefore exactly the first ``k`` of the full ranking in trec_eval's order
 (:func:`r2med_agent.evaluation.trec_sorted`), so a search to depth ``k`` equals a full search cut
 to ``k`` by the evaluation, and the first ``j`` results (LameR's first pass, an agent's top 3) are
 the ones trec_eval would rank first. (R2MED's reference sorts with Python's stable ``sorted`` and
@@ -51,7 +51,6 @@ into place; later runs load it memory-mapped.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
