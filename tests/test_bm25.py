@@ -246,8 +246,8 @@ def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
     samples = [t.lower() for t in texts[:800] if t.isascii()]
     samples.append("u.s.a. 1,000;2 x_1 ___ don't a:b 3.5. 'quoted' end.")
     for s in samples:
-        assert analysis._findall(s) == analysis._findall_unicode(s)
-        assert analysis._findall(s) == [t for t in analysis._ASCII_TOKEN_RE.findall(s)
+        assert analysis.tokenize(s) == analysis._findall_unicode(s)
+        assert analysis.tokenize(s) == [t for t in analysis._ASCII_TOKEN_RE.findall(s)
                                         if t.strip("_")]
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -82,35 +83,20 @@ _LITERALS = {
     "TagSpec": "".join(map(chr, range(0xE0020, 0xE007F))),
     "TagTerm": "\U000e007f",
 }
-_REP_BASE = 0xF0000  # class representatives: Supplementary Private Use Area-A
-
-
-class _ClassTable(dict):
-    """``str.translate`` table: code point -> its class representative, filled on first sight
-    (building it for all 1.1 million code points up front would cost a third of a second)."""
-
-    def __init__(self, sig: np.ndarray, rep_of: dict[int, str]) -> None:
-        super().__init__()
-        self._sig, self._rep_of = sig, rep_of
-        self._none = rep_of.get(0, " ")
-
-    def __missing__(self, cp: int) -> str:
-        rep = self._rep_of[int(self._sig[cp])] if cp < len(self._sig) else self._none
-        if _REP_BASE <= cp < _REP_BASE + len(self._rep_of):
-            rep = self._none  # a representative in the input itself is in no class
-        self[cp] = rep
-        return rep
+_REPS = string.ascii_letters + string.digits
+"""Class representatives: every character of a text is translated to one of these (ASCII, so the
+translated text is a one-byte-per-character string, the fastest for ``re``)."""
 
 
 @functools.cache
-def _scanner() -> tuple[dict[int, str], dict[str, str]]:
+def _scanner() -> tuple[np.ndarray, dict[str, str]]:
     """(translation table, regex class per macro) of Lucene's tokenizer character classes.
 
     The classes (``resources/lucene_uax29.json``) were read from Lucene 9.9.1's scanner by
-    ``tools/lucene_uax29_tables.py``. Every code point is translated to one representative
-    character per distinct set of classes it belongs to (a few dozen), so the grammar is a small
-    regular expression over representatives (compiled in milliseconds) and matches map back to
-    the original text position for position (code points in no class map to one of their own).
+    ``tools/lucene_uax29_tables.py``. Every code point is translated (a numpy lookup) to one
+    ASCII representative per distinct set of classes it belongs to (a few dozen), so the grammar
+    is a small regular expression over representatives (compiled in milliseconds) and matches map
+    back to the original text position for position (code points in no class have their own).
     """
     from importlib import resources
 
@@ -123,12 +109,14 @@ def _scanner() -> tuple[dict[int, str], dict[str, str]]:
         ranges = raw[name] if name in raw else [[ord(ch), ord(ch)] for ch in _LITERALS[name]]
         for a, b in ranges:
             sig[a : b + 1] |= 1 << bit
-    keys = np.unique(sig).tolist()
+    keys, inverse = np.unique(sig, return_inverse=True)
+    if len(keys) > len(_REPS):
+        raise RuntimeError(f"{len(keys)} character classes; only {len(_REPS)} representatives")
     reps = {
-        frozenset(n for bit, n in enumerate(names) if key >> bit & 1): chr(_REP_BASE + i)
-        for i, key in enumerate(keys)
+        frozenset(n for bit, n in enumerate(names) if key >> bit & 1): _REPS[i]
+        for i, key in enumerate(keys.tolist())
     }
-    table = _ClassTable(sig, {key: rep for key, rep in zip(keys, reps.values())})
+    table = np.frombuffer(_REPS.encode("ascii"), dtype=np.uint8)[inverse.ravel()]
     reps.pop(frozenset(), None)  # in no class: not a representative of anything
     macros = set(raw) | set(_LITERALS)
     cls = {m: "".join(r for k, r in reps.items() if m in k) for m in macros}
@@ -162,10 +150,19 @@ def _token_re() -> re.Pattern[str]:
     a, h, n, k = ex("AHLetter"), ex("Hebrew_Letter"), ex("Numeric"), ex("Katakana")
     ml, mn, enl = ex("MidLetter"), ex("MidNum"), ex("ExtendNumLet")
     sq, dq = ex("Single_Quote"), ex("Double_Quote")
+    efz = c["ExtFmtZwj"][1:-1] if c["ExtFmtZwj"].startswith("[") else ""
+
+    def run(name: str) -> str:
+        """``X (X)*`` with ``X = class ExtFmtZwj*`` as one run of a single character class (the
+        regex engine's fastest loop): ``[class][class ExtFmtZwj]*``."""
+        return f"{c[name]}[{c[name][1:-1]}{efz}]*" if c[name].startswith("[") else c[name]
+
+    ka, na, aa = run("Katakana"), run("Numeric"), run("AHLetter")
+    # the grammar's X ((ExtendNumLet* | Mid) X)*, with the runs absorbing the zero-ENL case
     unit = (
-        rf"(?:{k}(?:(?:{enl})*{k})*"
-        rf"|(?:{h}(?:{sq}|{dq}{h})|{n}(?:(?:(?:{enl})*|{mn}){n})*"
-        rf"|{a}(?:(?:(?:{enl})*|{ml}){a})*)+)"
+        rf"(?:{ka}(?:(?:{enl})+{ka})*"
+        rf"|(?:{h}(?:{sq}|{dq}{h})|{na}(?:(?:(?:{enl})+|{mn}){na})*"
+        rf"|{aa}(?:(?:(?:{enl})+|{ml}){aa})*)+)"
     )
     word = rf"(?:{enl})*{unit}(?:(?:{enl})+{unit})*(?:{enl})*"
     zwj = c["ZWJ"]
@@ -182,8 +179,16 @@ def _token_re() -> re.Pattern[str]:
         rf"|{c['KeyCapBase']}{sans}{pres}?{c['KeyCap']}{sans}"
         rf"|(?:{ex('Regional_Indicator')}){{2}}"
     )
+    # the characters a token can start with, tested first so that other positions fail at once
+    first = "".join(
+        c[n][1:-1] for n in ("ExtendNumLet", "Katakana", "Hebrew_Letter", "Numeric", "AHLetter",
+                             "EmojiChar", "Emoji_Modifier", "ZWJ", "KeyCapBase",
+                             "Regional_Indicator", "Complex_Context", "Han", "Hiragana")
+        if c[n].startswith("[")
+    )
     return re.compile(
-        rf"{word}|{emoji}|(?:{ex('Complex_Context')})+|{ex('Han')}|{ex('Hiragana')}"
+        rf"(?=[{first}])"
+        rf"(?:{word}|{emoji}|(?:{ex('Complex_Context')})+|{ex('Han')}|{ex('Hiragana')})"
     )
 
 
@@ -212,13 +217,14 @@ def _findall(text: str) -> list[str]:
         tokens = _ASCII_TOKEN_RE.findall(text)
         if tokens and max(map(len, tokens)) > _MAX_TOKEN_UNITS:
             return _split_long(text, _ASCII_TOKEN_RE)
-        return [t for t in tokens if not _only_underscores(t)]
+        return tokens  # (may hold runs of "_", which are no token: the callers drop them)
     return _findall_unicode(text)
 
 
 def _findall_unicode(text: str) -> list[str]:
     """Raw tokens of lowercased ``text`` by the full grammar (any text)."""
-    mapped = text.translate(_scanner()[0])
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    mapped = _scanner()[0][codes].tobytes().decode("ascii")
     tokens = [text[m.start() : m.end()] for m in _token_re().finditer(mapped)]
     if tokens and max(map(len, tokens)) > _MAX_TOKEN_UNITS // 2:  # astral characters count twice
         return _split_long(text, _token_re(), mapped)
@@ -250,7 +256,7 @@ def _split_long(text: str, pattern: re.Pattern[str], mapped: str | None = None) 
 
 def tokenize(text: str) -> list[str]:
     """Split ``text`` into StandardTokenizer's tokens, lowercased (no stopwords, no stemming)."""
-    return _findall(java_lower(text))
+    return [t for t in _findall(java_lower(text)) if not _only_underscores(t)]
 
 
 def _only_underscores(token: str) -> bool:
