@@ -10,6 +10,7 @@ import hashlib
 import logging
 import math
 import re
+import struct
 import sysconfig
 from collections import Counter
 from collections.abc import Sequence
@@ -245,7 +246,9 @@ def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
     samples = [t.lower() for t in texts[:800] if t.isascii()]
     samples.append("u.s.a. 1,000;2 x_1 ___ don't a:b 3.5. 'quoted' end.")
     for s in samples:
-        assert analysis._ASCII_TOKEN_RE.findall(s) == analysis._token_re().findall(s)
+        assert analysis.tokenize(s) == analysis._findall_unicode(s)
+        assert analysis.tokenize(s) == [t for t in analysis._ASCII_TOKEN_RE.findall(s)
+                                        if t.strip("_")]
 
 
 def test_tokenizer_agrees_with_unicode_word_boundaries(texts: list[str]) -> None:
@@ -278,17 +281,61 @@ def test_fit_and_transform_share_ids_and_drop_unknown_terms() -> None:
 # --- lucene mode --------------------------------------------------------------------------------
 
 
-def test_lucene_mode_top10_equals_an_independent_bm25_computation(
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (as Java's float arithmetic rounds each operation)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _java_int_to_byte4(i: int) -> int:
+    """Lucene's ``SmallFloat.intToByte4``, written out from its Java source with Python ints."""
+    free = 24  # 255 - longToInt4(Integer.MAX_VALUE)
+    if i < free:
+        return i
+    v = i - free
+    num_bits = v.bit_length()
+    if num_bits < 4:
+        return free + v
+    shift = num_bits - 4
+    return free + (((v >> shift) & 0x07) | ((shift + 1) << 3))
+
+
+def _java_byte4_to_int(b: int) -> int:
+    free = 24
+    if b < free:
+        return b
+    i = b - free
+    bits, shift = i & 0x07, (i >> 3) - 1
+    return free + (bits if shift == -1 else (bits | 0x08) << shift)
+
+
+def test_length_norms_are_lucenes_small_float() -> None:
+    from r2med_agent.retrieval.bm25 import length_to_norm, norm_to_length
+
+    assert _java_byte4_to_int(_java_int_to_byte4(1000)) == 984  # Lucene's documented example
+    lengths = np.array(list(range(5000)) + [10**5, 123_456_789, 2**31 - 1])
+    norms = length_to_norm(lengths)
+    assert norms.tolist() == [_java_int_to_byte4(int(n)) for n in lengths]
+    assert norm_to_length(np.arange(256)).tolist() == [_java_byte4_to_int(b) for b in range(256)]
+    decoded = norm_to_length(norms)
+    assert (decoded[:24] == lengths[:24]).all() and (decoded <= lengths).all()
+
+
+def test_lucene_mode_scores_equal_an_independent_lucene_computation_bit_for_bit(
     task: Task, texts: list[str], lucene: BM25Retriever, queries: list[SearchRequest]
 ) -> None:
-    # Lucene BM25 written out: idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
-    # tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)), summed over the query's tokens (a
-    # repeated query token counts each time, as pyserini's bag-of-words query boosts it).
-    # Lucene >= 8 and bm25s drop the constant factor (k1 + 1), so our scores are these / (k1 + 1).
+    # Lucene 9's BM25Similarity written out scalar by scalar in Python floats, rounding to float32
+    # where Java's float arithmetic does: 1-byte length norms, docCount = documents with a token,
+    # per clause w - w / (1 + tf * normInv) with w = count * idf, clauses summed in double.
     docs = analyzed_corpus(texts)
-    n = len(docs)
-    dl = np.array([len(d) for d in docs], dtype=float)
-    avgdl = dl.mean()
+    dl = [len(d) for d in docs]
+    doc_count = sum(1 for n in dl if n)
+    avgdl = _f32(sum(dl) / doc_count)
+    k1, b = _f32(K1), _f32(B)
+    cache = []
+    for norm in range(256):
+        length = float(_java_byte4_to_int(norm))
+        x = _f32(_f32(b * length) / avgdl)
+        cache.append(_f32(1.0 / _f32(k1 * _f32(_f32(1.0 - b) + x))))
     df = Counter(t for d in docs for t in set(d))
     postings: dict[str, list[tuple[int, int]]] = {}
     for i, d in enumerate(docs):
@@ -299,15 +346,20 @@ def test_lucene_mode_top10_equals_an_independent_bm25_computation(
     doc_ids = [d.doc_id for d in task.corpus]
     assert list(run) == [q.query_id for q in queries]
     for q in queries:
-        ref = np.zeros(n)
-        for t in analyzer.analyze(q.query):
+        total: dict[int, float] = {}
+        for t, count in Counter(analyzer.analyze(q.query)).items():
             if t not in df:
                 continue
-            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            idf = _f32(math.log(1 + (doc_count - df[t] + 0.5) / (df[t] + 0.5)))
+            w = _f32(count * idf)
             for i, tf in postings[t]:
-                ref[i] += idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl[i] / avgdl))
+                inv = cache[_java_int_to_byte4(dl[i])]
+                part = _f32(w - _f32(w / _f32(1.0 + _f32(tf * inv))))
+                total[i] = total.get(i, 0.0) + part
+        ref = sorted(((_f32(s), doc_ids[i]) for i, s in total.items()),
+                     key=lambda x: (-x[0], x[1]))[:10]  # Anserini: ties by id ascending
         assert run[q.query_id], q.query
-        assert_ranking(run[q.query_id], ref / (K1 + 1), doc_ids, 10)
+        assert list(run[q.query_id].items()) == [(d, s) for s, d in ref], q.query_id
         assert all(type(s) is float for s in run[q.query_id].values())
 
 
@@ -420,15 +472,22 @@ def test_dense_block_and_posting_lists_give_the_same_ranking(
 ) -> None:
     from r2med_agent.retrieval import bm25
 
+    # lucene mode saves its dense rows with the index: each budget gets its own index folder
+    owner = bm25._LuceneIndex if mode == "lucene" else bm25._ScoreMatrix
+
     def search(budget: int, min_df: float) -> dict:
-        monkeypatch.setattr(bm25._ScoreMatrix, "DENSE_BUDGET", budget)
-        monkeypatch.setattr(bm25._ScoreMatrix, "DENSE_MIN_DF", min_df)
-        r = BM25Retriever.for_task(task, mode=mode, index_root=index_root, show_progress=False)
+        monkeypatch.setattr(owner, "DENSE_BUDGET", budget)
+        monkeypatch.setattr(owner, "DENSE_MIN_DF", min_df)
+        r = BM25Retriever.for_task(task, mode=mode, index_root=index_root / f"{mode}-{budget}",
+                                   show_progress=False)
         return r.search(queries, 20)
 
     sparse_only = search(0, 1 / 20)
     mostly_dense = search(2**25, 1 / len(task.corpus))  # ~2,800 terms, df >= 2
     assert list(sparse_only) == list(mostly_dense)
+    if mode == "lucene":  # exact sums in double: the same bits whichever path adds a term
+        assert sparse_only == mostly_dense
+        return
     for qid, a in sparse_only.items():
         b = mostly_dense[qid]
         np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
@@ -451,7 +510,8 @@ def test_duplicate_documents_score_exactly_alike_wherever_they_sit(
         corpus.insert(int(rng.integers(0, len(corpus) + 1)), texts[i])
     t = make_task(corpus, name="dups")
     r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
-    assert r._index.matrix.dense.shape[0] > 0  # the product path is exercised
+    dense = r._index.arrays["dense"] if mode == "lucene" else r._index.matrix.dense
+    assert dense.shape[0] > 0  # the product path is exercised
     run = r.search(queries, len(corpus))
     positions: dict[str, list[str]] = {}
     for doc in t.corpus:
@@ -519,17 +579,12 @@ def test_top_k_cut_keeps_trec_eval_top_documents_among_ties() -> None:
         assert [(ids[h], v) for h, v in zip(hits.tolist(), values.tolist())] == full[:k], trial
 
 
-@pytest.mark.parametrize("mode", ["lucene", "r2med-compat"])
-def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(mode: str, tmp_path: Path) -> None:
-    # 150 identical documents score equally; k=100 must keep the 100 with the largest ids, not
-    # whichever 100 a partition leaves (nor the first 100 of the corpus).
-    ids = [f"dup{i:03d}" for i in range(150)] + ["best", "other"]
-    texts = ["fever and rash"] * 150 + ["fever rash fever rash measles", "insulin and glucose"]
-    order = np.random.default_rng(1).permutation(len(ids))
-    t = make_task([texts[i] for i in order], name="ties", ids=[ids[i] for i in order])
-    r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
+def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(tmp_path: Path) -> None:
+    # r2med-compat: 150 identical documents score equally; k=100 must keep the 100 with the
+    # largest ids, not whichever 100 a partition leaves (nor the first 100 of the corpus).
+    r = _tie_retriever("r2med-compat", tmp_path)
     req = [SearchRequest("q", "fever rash")]
-    full = {d: v for d, v in r.search(req, len(ids))["q"].items() if v > 0}  # compat fills to 152
+    full = {d: v for d, v in r.search(req, 152)["q"].items() if v > 0}  # compat fills to 152
     assert len(full) == 151 and len(set(list(full.values())[1:])) == 1
     from r2med_agent.evaluation import trec_sorted, truncate
 
@@ -538,6 +593,24 @@ def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(mode: str, tmp
         assert list(cut.items()) == trec_sorted(full)[:k]
         assert cut == truncate({"q": full}, k)["q"]
     assert list(r.search(req, 100)["q"])[1:] == [f"dup{i:03d}" for i in range(149, 50, -1)]
+
+
+def test_lucene_mode_breaks_ties_as_anserini_does(tmp_path: Path) -> None:
+    # Anserini sorts equal scores by document id ascending, in the ranking and at the k cut
+    r = _tie_retriever("lucene", tmp_path)
+    req = [SearchRequest("q", "fever rash")]
+    full = list(r.search(req, 152)["q"])
+    assert full == ["best"] + [f"dup{i:03d}" for i in range(150)]
+    for k in (1, 10, 100, 150):
+        assert list(r.search(req, k)["q"]) == full[:k]
+
+
+def _tie_retriever(mode: str, tmp_path: Path) -> BM25Retriever:
+    ids = [f"dup{i:03d}" for i in range(150)] + ["best", "other"]
+    texts = ["fever and rash"] * 150 + ["fever rash fever rash measles", "insulin and glucose"]
+    order = np.random.default_rng(1).permutation(len(ids))
+    t = make_task([texts[i] for i in order], name="ties", ids=[ids[i] for i in order])
+    return BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
 
 
 # --- the saved index -----------------------------------------------------------------------------

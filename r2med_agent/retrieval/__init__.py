@@ -38,7 +38,7 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
     """Build the retriever named by ``spec`` over ``task``'s corpus.
 
     Args:
-        spec: ``bm25`` (Lucene-style bm25s), ``bm25-compat`` (R2MED's reference analyzer), an
+        spec: ``bm25`` (Lucene 9 BM25, to the bit), ``bm25-compat`` (R2MED's reference analyzer), an
             encoder name from ``configs/encoders.yaml``, or several joined by ``+`` (fused).
         task: the loaded task.
         **opts: BM25 ``k1``, ``b``, ``index_root``, ``n_threads``; dense ``device``,

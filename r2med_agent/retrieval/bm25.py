@@ -4,11 +4,14 @@ Two modes share one analyzer (:class:`~r2med_agent.retrieval.analysis.LuceneEngl
 match of pyserini's default Lucene English analyzer):
 
 ``lucene`` (retriever name ``bm25``)
-    Lucene's BM25 as bm25s computes it (``method="lucene"``): a document scores
-    ``sum over query tokens t of idf(t) * tf / (tf + k1 * (1 - b + b * dl / avgdl))`` with
-    ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``, as Lucene >= 8 and pyserini's ``LuceneSearcher``
-    score a bag-of-words query (a token repeated in the query counts each time). bm25s builds,
-    saves and loads the index.
+    Lucene 9's ``BM25Similarity`` as pyserini's ``LuceneSearcher`` runs it, to the bit (see
+    :class:`_LuceneIndex`): ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` and per query term
+    ``w - w / (1 + tf * normInv)`` with ``w = count * idf`` (a term repeated in the query is one
+    clause boosted by its count, as Anserini's bag-of-words query builds it) and
+    ``normInv = 1 / (k1 * (1 - b + b * dl / avgdl))``, where ``dl`` is the document length as
+    Lucene stores it, in one byte (exact below 24 tokens, then its 4 most significant bits: a
+    1,000-token document counts as 984), all in float32 in Lucene's order of operations and the
+    terms summed in double. Ties are broken as Anserini breaks them: document id ascending.
 
 ``r2med-compat`` (retriever name ``bm25-compat``)
     R2MED's reference scoring (``eval_bench_BM25.py``): gensim's ``LuceneBM25Model(k1, b)`` turns
@@ -23,18 +26,19 @@ match of pyserini's default Lucene English analyzer):
     with gensim's ``idf = ln(N + 1) - ln(df + 0.5)`` (equal to Lucene's) and ``qlen`` the number of
     query tokens in the corpus vocabulary. The weights are computed with numpy and saved as arrays.
 
-Search is the same in both modes and takes all queries of a call at once: each query's term
-weights times the index's per-(term, document) weights, the most frequent terms added as dense
-rows and the rest from their posting lists (see :class:`_ScoreMatrix`). It does not go through
-bm25s's ``retrieve``, whose numpy backend scatters every posting of every query token and
-measured 2-3x slower at R2MED's scale (``benchmarks/bm25.py`` prints both). Only documents with
+Search takes all queries of a call at once. ``r2med-compat``: each query's term weights times
+the index's per-(term, document) weights, the most frequent terms added as dense rows and the rest
+from their posting lists (see :class:`_ScoreMatrix`). ``lucene``: one matrix product in double
+over the frequent terms' rows for all queries, then the other postings (see
+:class:`_LuceneIndex`). Only documents with
 a positive score are returned (sharing no term with the query is not a match), so a query may
 get fewer than ``k`` documents, or none; except in ``r2med-compat`` mode, which, as R2MED's script,
 fills the ranking up to ``k`` with score-0 documents in corpus order.
 
-Ties are settled as trec_eval settles them: equal scores rank by document id, the larger id
-(string order) first, both inside the returned ranking and at the ``k`` cut. The kept documents
-are therefore exactly the first ``k`` of the full ranking in trec_eval's order
+In ``r2med-compat`` mode ties are settled as trec_eval settles them: equal scores rank by
+document id, the larger id (string order) first, both inside the returned ranking and at the ``k``
+cut (``lucene`` mode follows Anserini instead, smaller id first, so it keeps what pyserini
+keeps). The kept documents are therefore exactly the first ``k`` of the full ranking in trec_eval's order
 (:func:`r2med_agent.evaluation.trec_sorted`), so a search to depth ``k`` equals a full search cut
 to ``k`` by the evaluation, and the first ``j`` results (LameR's first pass, an agent's top 3) are
 the ones trec_eval would rank first. (R2MED's reference sorts with Python's stable ``sorted`` and
@@ -48,7 +52,6 @@ into place; later runs load it memory-mapped.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -76,7 +79,7 @@ logger = logging.getLogger(__name__)
 MODES = {"lucene": "bm25", "r2med-compat": "bm25-compat"}
 """BM25 mode -> retriever name."""
 
-_FORMAT = 2  # bump when the on-disk layout or the scoring code changes
+_FORMAT = 3  # bump when the on-disk layout or the scoring code changes
 _META = "meta.json"
 _DOC_IDS = "doc_ids.json"
 _TERMS = "terms.txt"  # the vocabulary, one term per line in id order (faster to load than JSON)
@@ -153,8 +156,6 @@ def index_key(task: Task, mode: str, k1: float, b: float, analyzer_id: str) -> s
 
 
 def _backend_version(mode: str) -> str:
-    if mode == "lucene":
-        return f"bm25s-{_bm25s().__version__}"
     return "numpy"
 
 
@@ -344,57 +345,190 @@ class _Index(Protocol):
     ) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
 
-@functools.cache
-def _bm25s() -> Any:
-    import bm25s
+# Lucene's SmallFloat.intToByte4: a document length is stored in one byte, exact below 24, then
+# with its 4 most significant bits (rounded down), so lengths 984..1047 all read back as 984.
+_NUM_FREE_VALUES = 24
 
-    # bm25s sets its logger to DEBUG when imported; hand the level back to the application.
-    bm25s_logger = logging.getLogger("bm25s")
-    if bm25s_logger.level == logging.DEBUG:
-        bm25s_logger.setLevel(logging.NOTSET)
-    return bm25s
+
+def length_to_norm(lengths: np.ndarray) -> np.ndarray:
+    """Lucene's ``SmallFloat.intToByte4`` of each length (an unsigned byte, 0..255)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rest = np.maximum(lengths - _NUM_FREE_VALUES, 0)
+    bits = np.frexp(rest.astype(np.float64))[1].astype(np.int64)  # bit length (exact < 2**53)
+    shift = np.maximum(bits - 4, 0)
+    encoded = np.where(bits >= 4, ((rest >> shift) & 0x07) | ((shift + 1) << 3), rest)
+    return np.where(lengths < _NUM_FREE_VALUES, lengths,
+                    _NUM_FREE_VALUES + encoded).astype(np.uint8)
+
+
+def norm_to_length(norms: np.ndarray) -> np.ndarray:
+    """Lucene's ``SmallFloat.byte4ToInt``: the length a norm byte stands for."""
+    i = np.asarray(norms, dtype=np.int64)
+    e = i - _NUM_FREE_VALUES
+    shift = (e >> 3) - 1
+    decoded = np.where(shift < 0, e & 0x07, ((e & 0x07) | 0x08) << np.maximum(shift, 0))
+    return np.where(i < _NUM_FREE_VALUES, i, _NUM_FREE_VALUES + decoded)
+
+
+def lucene_norm_inverse(k1: float, b: float, avgdl: np.float32) -> np.ndarray:
+    """``BM25Similarity``'s cache: ``1 / (k1 * ((1 - b) + b * length / avgdl))`` per norm byte,
+    in float32 with Lucene's order of operations."""
+    f = np.float32
+    length = norm_to_length(np.arange(256)).astype(np.float32)
+    k1_, b_ = f(k1), f(b)
+    return (f(1) / (k1_ * ((f(1) - b_) + b_ * length / f(avgdl)))).astype(np.float32)
+
+
+def lucene_idf(df: np.ndarray, doc_count: int) -> np.ndarray:
+    """``BM25Similarity.idf``: ``log(1 + (docCount - df + 0.5) / (df + 0.5))`` in double, as
+    float32."""
+    df = np.asarray(df, dtype=np.float64)
+    return np.log(1.0 + (doc_count - df + 0.5) / (df + 0.5)).astype(np.float32)
+
+
+def _postings(docs: AnalyzedTexts, n_terms: int) -> tuple[np.ndarray, ...]:
+    """(term, doc, tf) of every distinct (term, document) pair, term-major, documents ascending."""
+    n_docs = len(docs)
+    doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), docs.lengths())
+    pair, tf = np.unique(docs.ids.astype(np.int64) * n_docs + doc_of, return_counts=True)
+    term = pair // n_docs
+    return term, (pair - term * n_docs).astype(np.int32), tf
 
 
 class _LuceneIndex:
-    """A bm25s index (``method="lucene"``): bm25s computes, saves and loads the weights.
+    """Lucene's ``BM25Similarity`` (Lucene 9), to the bit.
 
-    A query's weights are its term counts (a term repeated in the query counts each time, as in
-    bm25s and in pyserini's bag-of-words queries).
+    Lucene keeps each document's length in one byte (:func:`length_to_norm`) and scores a term
+    of a bag-of-words query (Anserini's ``BagOfWordsQueryGenerator``: one clause per distinct term,
+    boosted by its count) in float32 as ``w - w / (1 + tf * normInv)`` with ``w = count * idf``
+    and ``normInv`` the cache entry of the document's norm byte; the clauses' scores are summed in
+    double and the sum rounded to float32. ``avgdl`` is the total number of tokens over the number
+    of documents that have at least one token (Lucene's ``docCount``), also the ``N`` of the idf.
+
+    Stored per (term, document): ``tf`` and ``once``, the float32 score of the term for a query
+    holding it once (``w = idf``, by far the most common case). A search adds ``once`` for terms
+    a query holds once and recomputes Lucene's float32 expression from ``tf`` and the document's
+    norm for the others. The ``once`` rows of the most frequent terms are also kept dense, in
+    double, so the bulk of every query's work is one matrix product for all queries (BLAS); a sum
+    of float32 values in double is exact at these magnitudes, so its order (BLAS's, or Lucene's)
+    does not change a bit of the result.
     """
 
-    def __init__(self, model: Any, vocab: dict[str, int]) -> None:
-        self.model = model
-        self.vocab = vocab
-        s = model.scores
-        self.matrix = _ScoreMatrix(s["data"], s["indices"], s["indptr"], int(s["num_docs"]))
+    _ARRAYS = ("indptr", "indices", "tf", "once", "idf", "norms", "norm_inv", "dense",
+               "dense_terms")
+    DENSE_BUDGET = 128 * 2**20
+    DENSE_MIN_DF = 1 / 50
+    QUERY_BLOCK = 64  # queries per matrix product (bounds the product's memory)
+
+    def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, float],
+                 vocab: dict[str, int]) -> None:
+        # plain ndarray views of memory-mapped files (slicing a np.memmap is slow)
+        self.arrays = {n: np.asarray(a) for n, a in arrays.items()}
+        self.params, self.vocab = params, vocab
+        self.num_docs = int(params["num_docs"])
+        self.dense_row = np.full(len(self.arrays["idf"]), -1, dtype=np.int64)
+        self.dense_row[self.arrays["dense_terms"]] = np.arange(len(self.arrays["dense_terms"]))
 
     @classmethod
     def build(
         cls, docs: AnalyzedTexts, vocab: dict[str, int], k1: float, b: float, show_progress: bool
     ) -> _LuceneIndex:
-        model = _bm25s().BM25(k1=k1, b=b, method="lucene")
-        model.index((docs.to_lists(), dict(vocab)), create_empty_token=False,
-                    show_progress=show_progress)
-        return cls(model, vocab)
+        n_docs, n_terms = len(docs), len(vocab)
+        dl = docs.lengths()
+        doc_count = int(np.count_nonzero(dl))
+        avgdl = np.float32(float(dl.sum()) / doc_count)
+        norm_inv = lucene_norm_inverse(k1, b, avgdl)
+        norms = length_to_norm(dl)
+        term, doc, tf = _postings(docs, n_terms)
+        tf = tf.astype(np.float32)
+        df = np.bincount(term, minlength=n_terms)
+        idf = lucene_idf(df, doc_count)
+        w = idf[term]
+        once = w - w / (np.float32(1) + tf * norm_inv[norms[doc]])
+        indptr = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(df, out=indptr[1:])
+        # the dense rows: the most frequent terms, within the budget
+        frequent = np.flatnonzero(df >= max(2.0, n_docs * cls.DENSE_MIN_DF))
+        cap = cls.DENSE_BUDGET // (8 * n_docs)
+        if len(frequent) > cap:
+            frequent = np.sort(frequent[np.argsort(-df[frequent], kind="stable")[:cap]])
+        dense = np.zeros((len(frequent), n_docs), dtype=np.float64)
+        for i, t in enumerate(frequent.tolist()):
+            lo, hi = indptr[t], indptr[t + 1]
+            dense[i, doc[lo:hi]] = once[lo:hi]
+        arrays = {"indptr": indptr, "indices": doc, "tf": tf, "once": once.astype(np.float32),
+                  "idf": idf, "norms": norms, "norm_inv": norm_inv, "dense": dense,
+                  "dense_terms": frequent.astype(np.int64)}
+        params = {"avgdl": float(avgdl), "doc_count": doc_count, "k1": k1, "b": b,
+                  "num_docs": n_docs}
+        return cls(arrays, params, vocab)
 
     @classmethod
     def load(cls, folder: Path, show_progress: bool) -> _LuceneIndex:
-        # bm25s's own vocab.index.json stays in the folder (for bm25s.BM25.load); ours loads faster
-        model = _bm25s().BM25.load(folder, mmap=True, load_vocab=False,
-                                   show_progress=show_progress)
-        return cls(model, _load_terms(folder))
+        arrays = {n: np.load(folder / f"{n}.npy", mmap_mode="r") for n in cls._ARRAYS}
+        params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
+        return cls(arrays, params, _load_terms(folder))
 
     def save(self, folder: Path, show_progress: bool) -> None:
-        self.model.save(folder, show_progress=show_progress)
-        _save_terms(folder, self.vocab)
+        _save_arrays(folder, self.arrays, self.params, self.vocab)
 
     def top_k(
         self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
         n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        row, term, count, _ = _bag_of_words(queries, len(self.matrix.indptr) - 1)
-        return self.matrix.search(row, term, count.astype(np.float32), len(queries), k,
-                                  tie_rank, show_progress, n_threads)
+        a = self.arrays
+        n_queries = len(queries)
+        row, term, count, _ = _bag_of_words(queries, len(a["idf"]))
+        weight = count.astype(np.float32) * a["idf"][term]
+        drow = self.dense_row[term]
+        in_dense = (count == 1) & (drow >= 0)
+        select = np.zeros((n_queries, len(a["dense_terms"])), dtype=np.float64)
+        select[row[in_dense], drow[in_dense]] = 1.0
+        rest = np.flatnonzero(~in_dense)
+        bounds = np.searchsorted(row[rest], np.arange(n_queries + 1)).tolist()
+        indptr, indices, tf, once = a["indptr"], a["indices"], a["tf"], a["once"]
+        norms, norm_inv = a["norms"], a["norm_inv"]
+
+        def finish(q: int, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Add query ``q``'s other terms to its dense part; its top k."""
+            docs, values = [], []
+            for j in rest[bounds[q] : bounds[q + 1]].tolist():
+                t = int(term[j])
+                lo, hi = int(indptr[t]), int(indptr[t + 1])
+                docs.append(indices[lo:hi])
+                if count[j] == 1:
+                    values.append(once[lo:hi])
+                else:
+                    w = weight[j]
+                    d = np.float32(1) + tf[lo:hi] * norm_inv[norms[indices[lo:hi]]]
+                    values.append(w - w / d)
+            if docs:  # every posting in one pass, summed in double
+                total += np.bincount(np.concatenate(docs), np.concatenate(values),
+                                     minlength=self.num_docs)
+            return _top_positive(total.astype(np.float32), k, tie_rank)
+
+        blocks = range(0, n_queries, self.QUERY_BLOCK)
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            blocks = tqdm(blocks, desc="BM25 search", unit="block", leave=False)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for start in blocks:
+            stop = min(start + self.QUERY_BLOCK, n_queries)
+            if len(a["dense_terms"]):
+                part = select[start:stop] @ a["dense"]  # one BLAS product for the block
+            else:
+                part = np.zeros((stop - start, self.num_docs))
+            out.extend(_map(lambda q: finish(q, part[q - start]), range(start, stop), n_threads))
+        return out
+
+
+def _save_arrays(folder: Path, arrays: dict[str, np.ndarray], params: dict[str, Any],
+                 vocab: dict[str, int]) -> None:
+    for n, a in arrays.items():
+        np.save(folder / f"{n}.npy", a)
+    (folder / "params.json").write_text(json.dumps(params), encoding="utf-8")
+    _save_terms(folder, vocab)
 
 
 class _CompatIndex:
@@ -440,10 +574,7 @@ class _CompatIndex:
         return cls(arrays, params, _load_terms(folder))
 
     def save(self, folder: Path, show_progress: bool) -> None:
-        for n in self._ARRAYS:
-            np.save(folder / f"{n}.npy", self.arrays[n])
-        (folder / "params.json").write_text(json.dumps(self.params), encoding="utf-8")
-        _save_terms(folder, self.vocab)
+        _save_arrays(folder, self.arrays, self.params, self.vocab)
 
     def query_weights(self, queries: AnalyzedTexts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gensim's ``model[dictionary.doc2bow(query)]`` of every query, as float32 (gensim's
@@ -507,7 +638,10 @@ class BM25Retriever:
         self.show_progress = show_progress
         self.n_threads = n_threads
         self._doc_ids = list(doc_ids)
-        self._tie_rank = _doc_id_ranks(self._doc_ids)
+        rank = _doc_id_ranks(self._doc_ids)
+        # the larger tie_rank comes first among equal scores: lucene mode breaks ties as Anserini
+        # does (document id ascending), r2med-compat as trec_eval does (descending)
+        self._tie_rank = len(rank) - 1 - rank if mode == "lucene" else rank
         self._index = index
         self._analyzer = analyzer
 
@@ -533,7 +667,7 @@ class BM25Retriever:
 
         Args:
             task: the loaded task; ``task.fingerprint`` keys the index.
-            mode: ``lucene`` (bm25s, Lucene's BM25) or ``r2med-compat`` (R2MED's gensim scoring).
+            mode: ``lucene`` (Lucene's BM25) or ``r2med-compat`` (R2MED's gensim scoring).
             k1: BM25 term-frequency saturation (R2MED: 0.9).
             b: BM25 length normalisation, 0..1 (R2MED: 0.4).
             index_root: folder holding saved indexes; default ``paths.cache_dir()/"bm25"``.
