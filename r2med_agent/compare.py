@@ -409,13 +409,16 @@ def published_key(
     (``bm25-compat`` -> ``bm25``). A row run under other names matches through ``aliases``
     (default: the package reproduction grids, whose entries may carry a ``published:`` override).
     """
+    from r2med_agent.released import base_llm
+
     published = published or published_results()
-    llm = "" if row.llm in (NO_LLM, "", "-") else row.llm
+    # A row made from R2MED's released generations (<llm>@r2med) stands for the same published row.
+    llm = "" if row.llm in (NO_LLM, "", "-") else base_llm(row.llm)
     for retriever in dict.fromkeys([row.retriever, PUBLISHED_RETRIEVERS.get(row.retriever, row.retriever)]):
         key = PublishedKey(row.method, llm, retriever, row.reranker)
         if key in published:
             return key
-    alias = (grid_aliases() if aliases is None else aliases).get(row.key)
+    alias = (grid_aliases() if aliases is None else aliases).get((row.method, llm or NO_LLM, *row.key[2:]))
     return alias if alias is not None and alias in published else None
 
 
