@@ -66,9 +66,10 @@ MISSING = "—"
 VARIANTS: tuple[str, ...] = ("fuse",)
 """Leaf-folder suffixes that belong to the retriever part (``bm25__fuse``: an agentic run whose
 final ranking fuses every search), not to a reranker. ``k<N>`` (a run scored at depth N instead
-of 100, ``bm25__k10``) is one too."""
+of 100, ``bm25__k10``) is one too, and so is ``top<N>`` (a reranker run that keeps only the
+reranked top N, ``nv__top10__bge-reranker``)."""
 
-_DEPTH_VARIANT = re.compile(r"k[0-9]+")
+_DEPTH_VARIANT = re.compile(r"(?:k|top)[0-9]+")
 
 
 def split_leaf(name: str) -> tuple[str, str]:
@@ -392,11 +393,7 @@ def grid_aliases() -> dict[tuple[str, str, str, str], PublishedKey]:
     """Run names -> published names of every package reproduction grid entry."""
     from r2med_agent.reproduce import load_grids  # the grids name the runs behind each published row
 
-    return {
-        (e.method, e.llm or NO_LLM, e.retriever, e.reranker): e.published_key
-        for grid in load_grids().values()
-        for e in grid.entries
-    }
+    return {key: e.published_key for grid in load_grids().values() for e in grid.entries for key in e.row_keys()}
 
 
 def published_key(
