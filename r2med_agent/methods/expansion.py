@@ -63,12 +63,22 @@ class Query2Doc(ExpansionMethod):
     combine = "query2doc"
 
     def template_variables(self, task: Task, first_pass: Run | None) -> list[dict[str, Any]]:
-        from r2med_agent.data import base_task_name
-
         examples = prompts.load_examples(
-            self.name, task.family, task.domain, prompts_dir=self.prompts_dir, task=base_task_name(task.name)
+            self.name, task.family, task.domain, prompts_dir=self.prompts_dir, task=_registry_base(task.name)
         )
         return [{**self._base_variables(task, q), "examples": examples} for q in task.queries]
+
+
+def _registry_base(name: str) -> str:
+    """The full R2MED task behind ``name`` (``nano-Biology``, ``r2med-demo`` -> ``Biology``), or
+    ``name`` itself for a task the registry does not know."""
+    from r2med_agent.data import base_task_name
+    from r2med_agent.errors import ConfigError
+
+    try:
+        return base_task_name(name)
+    except ConfigError:
+        return name
 
 
 class LameR(ExpansionMethod):
