@@ -121,6 +121,9 @@ class RunConfig:
         if self.generations == "r2med" and self.method == "none":
             raise ConfigError("--generations r2med needs a --method that generates (hyde, query2doc, lamer, "
                               "search-r1, search-o1)")
+        if self.generations == "r2med" and self.sampling:
+            raise ConfigError(f"sampling options ({', '.join(sorted(self.sampling))}) do not apply to R2MED's "
+                              "released generations; drop them or use --generations fresh")
         if self.generations == "r2med" and self.final == "fuse":
             raise ConfigError("--final fuse needs the loop's own searches, which released generations do "
                               "not have; use --generations fresh")

@@ -179,6 +179,8 @@ def test_missing_file_or_query_is_one_clear_error(tmp_path, capsys) -> None:
     ({"method": "none", "generations": "r2med"}, "needs a --method that generates"),
     ({"method": "hyde", "llm": "qwen-7b", "generations": "hub"}, "--generations must be one of fresh, r2med"),
     ({"method": "search-r1", "llm": "qwen-3b-ins", "generations": "r2med", "final": "fuse"}, "--final fuse"),
+    ({"method": "hyde", "llm": "qwen-7b", "generations": "r2med", "sampling": {"seed": 3}},
+     r"sampling options \(seed\) do not apply to R2MED's released generations"),
 ])
 def test_bad_generations_options(kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message):
