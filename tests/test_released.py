@@ -243,3 +243,30 @@ def test_compare_labels_released_rows_and_matches_the_published_row(tmp_path, ca
     assert keys["qwen-7b@r2med"].llm == "qwen-7b"
     code, out, _ = _cli(["compare", str(tmp_path), "--published", "--format", "csv"], capsys)
     assert code == 0 and "qwen-7b@r2med" in out
+
+
+def test_released_hyde_run_equals_bm25_searched_with_the_text_after_think(tmp_path) -> None:
+    """Independent check: BM25 searched here with each released text's part after </think>, built
+    by hand from the file, gives the written run."""
+    from r2med_agent.data import load_task
+    from r2med_agent.retrieval import make_retriever
+    from r2med_agent.types import SearchRequest
+
+    data = tmp_path / "data"
+    folder = _copy_task(data)
+    queries = _sample_queries()
+    path = _write_released(folder, "hyde", "r1-qwen-32b",
+                           [{"id": q["id"], "hy_doc": _think_text(q)} for q in queries])
+    result = run_experiment(RunConfig(tasks=("sample",), method="hyde", llm="r1-qwen-32b", generations="r2med",
+                                      data_dir=data, output_dir=tmp_path / "o", show_progress=False))
+    by_hand = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        by_hand[row["id"]] = row["hy_doc"][row["hy_doc"].index("</think>") + len("</think>"):].strip()
+    task = load_task("sample", data)
+    expected = make_retriever("bm25", task, show_progress=False).search(
+        [SearchRequest(q.query_id, by_hand[q.query_id]) for q in task.queries], 100)
+    written = read_trec_run(result.result_dir / "sample.run")
+    assert set(written) == set(by_hand)
+    for qid in by_hand:
+        assert written[qid] == pytest.approx(expected[qid], rel=1e-9), qid
