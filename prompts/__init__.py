@@ -220,12 +220,14 @@ def template_hash(method: str, family: str, *, prompts_dir: PathLike | None = No
 
 
 def load_examples(
-    method: str, family: str, domain: str, *, prompts_dir: PathLike | None = None
+    method: str, family: str, domain: str, *, prompts_dir: PathLike | None = None, task: str | None = None
 ) -> list[dict[str, str]]:
     """Worked examples for a method and task family from ``<method>/examples/<family>.yaml``.
 
     The file holds either a list of ``{query, passage}`` mappings (the same examples for every
-    task of the family) or a mapping ``domain -> list`` (Q&A tasks: one list per domain).
+    task of the family) or a mapping whose keys are task names (``task``: examples of one task,
+    as ``r2med-agent prompts import-examples`` writes them) or domains (Q&A tasks: one list per
+    domain); a task's own list comes first.
 
     Returns:
         The examples, each ``{"query": ..., "passage": ...}``.
@@ -241,10 +243,13 @@ def load_examples(
     from r2med_agent.config import read_yaml
 
     doc = read_yaml(path)
-    if isinstance(doc, Mapping):
+    if isinstance(doc, Mapping) and task is not None and task in doc:
+        entries, where = doc[task], f"{path}: {task}"
+    elif isinstance(doc, Mapping):
         if domain not in doc:
             raise ConfigError(
-                f"{path}: no examples for domain '{domain}'; domains: {', '.join(map(str, doc))} "
+                f"{path}: no examples for domain '{domain}'{f' or task {task!r}' if task else ''}; "
+                f"keys: {', '.join(map(str, doc))} "
                 f"(add a '{domain}' list in a prompts folder of your own, see ${ENV_VAR})"
             )
         entries, where = doc[domain], f"{path}: {domain}"

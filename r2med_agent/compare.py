@@ -66,9 +66,10 @@ MISSING = "—"
 VARIANTS: tuple[str, ...] = ("fuse",)
 """Leaf-folder suffixes that belong to the retriever part (``bm25__fuse``: an agentic run whose
 final ranking fuses every search), not to a reranker. ``k<N>`` (a run scored at depth N instead
-of 100, ``bm25__k10``) is one too."""
+of 100, ``bm25__k10``) is one too, and so is ``top<N>`` (a reranker run that keeps only the
+reranked top N, ``nv__top10__bge-reranker``)."""
 
-_DEPTH_VARIANT = re.compile(r"k[0-9]+")
+_DEPTH_VARIANT = re.compile(r"(?:k|top)[0-9]+")
 
 
 def split_leaf(name: str) -> tuple[str, str]:
@@ -392,11 +393,7 @@ def grid_aliases() -> dict[tuple[str, str, str, str], PublishedKey]:
     """Run names -> published names of every package reproduction grid entry."""
     from r2med_agent.reproduce import load_grids  # the grids name the runs behind each published row
 
-    return {
-        (e.method, e.llm or NO_LLM, e.retriever, e.reranker): e.published_key
-        for grid in load_grids().values()
-        for e in grid.entries
-    }
+    return {key: e.published_key for grid in load_grids().values() for e in grid.entries for key in e.row_keys()}
 
 
 def published_key(
@@ -409,13 +406,16 @@ def published_key(
     (``bm25-compat`` -> ``bm25``). A row run under other names matches through ``aliases``
     (default: the package reproduction grids, whose entries may carry a ``published:`` override).
     """
+    from r2med_agent.released import base_llm
+
     published = published or published_results()
-    llm = "" if row.llm in (NO_LLM, "", "-") else row.llm
+    # A row made from R2MED's released generations (<llm>@r2med) stands for the same published row.
+    llm = "" if row.llm in (NO_LLM, "", "-") else base_llm(row.llm)
     for retriever in dict.fromkeys([row.retriever, PUBLISHED_RETRIEVERS.get(row.retriever, row.retriever)]):
         key = PublishedKey(row.method, llm, retriever, row.reranker)
         if key in published:
             return key
-    alias = (grid_aliases() if aliases is None else aliases).get(row.key)
+    alias = (grid_aliases() if aliases is None else aliases).get((row.method, llm or NO_LLM, *row.key[2:]))
     return alias if alias is not None and alias in published else None
 
 

@@ -108,6 +108,58 @@ def fetch_snapshot(
     return Path(folder)
 
 
+def fetch_file(repo_id: str, revision: str, filename: str, *, hint: str) -> Path | None:
+    """Return a local copy of one file of dataset ``repo_id@revision``, or None when the repo has
+    no such file at that revision.
+
+    Unlike :func:`fetch_snapshot`, a cached snapshot of the same revision that lacks the file
+    (e.g. one downloaded for the task's data only) does not count: the file itself must be cached,
+    else it is downloaded.
+
+    Raises:
+        HubUnavailableError: the hub cannot be reached (or offline mode is on) and the file is not
+            cached.
+        ConfigError: the hub answers but does not know the repo or the revision.
+    """
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    where = f"{repo_id}@{revision[:12] if is_commit(revision) else revision}"
+    if is_commit(revision) or hub_offline():
+        cached = try_to_load_from_cache(
+            repo_id, filename, cache_dir=str(hub_cache_dir()), revision=revision, repo_type="dataset"
+        )
+        if isinstance(cached, str):
+            return Path(cached)
+    endpoint = hub_endpoint()
+    if hub_offline():
+        raise HubUnavailableError(
+            f"HF_HUB_OFFLINE is set and {filename} of {where} is not cached; unset it to download, "
+            f"or pass --data-dir DIR where DIR holds {hint}."
+        )
+    reason = _probe(endpoint, repo_id, revision)
+    if reason is not None:
+        raise HubUnavailableError(
+            f"Cannot reach the Hugging Face hub at {endpoint} to download {filename} of {where} "
+            f"({reason}); pass --data-dir DIR where DIR holds {hint}."
+        )
+    from huggingface_hub.errors import EntryNotFoundError
+
+    logger.info("downloading %s of %s from %s", filename, where, endpoint)
+    try:
+        path = hf_hub_download(
+            repo_id, filename, repo_type="dataset", revision=revision,
+            cache_dir=str(hub_cache_dir()), endpoint=endpoint,
+        )
+    except EntryNotFoundError:
+        return None
+    except _hub_errors() as e:
+        raise HubUnavailableError(
+            f"Downloading {filename} of {where} from {endpoint} failed ({type(e).__name__}: "
+            f"{_one_line(e)}); pass --data-dir DIR where DIR holds {hint}."
+        ) from None
+    return Path(path)
+
+
 def _cached_snapshot(repo_id: str, revision: str, patterns: list[str]) -> Path | None:
     """The cached snapshot folder, or None when none is complete (no network traffic)."""
     from huggingface_hub import snapshot_download

@@ -61,16 +61,26 @@ BYTES_PER_PARAM = 2
 """bf16/fp16 weights."""
 
 STALE_KEYS: tuple[str, ...] = (
-    "method", "llm", "retriever", "loop_retriever", "reranker", "rerank_k", "top_k", "final", "sampling",
+    "method", "llm", "retriever", "loop_retriever", "reranker", "rerank_k", "rerank_cut", "top_k", "final",
+    "sampling", "generations", "first_pass",
 )
 """RunConfig fields that decide a run's scores: a result file whose recorded ``config`` differs in
 one of them from the entry's is stale (the result folder's name holds only some of them). Fields
 that do not apply are not compared: ``loop_retriever`` and ``final`` outside the agentic methods
-(an unset loop retriever is the final one), ``rerank_k`` without a reranker."""
+(an unset loop retriever is the final one), ``rerank_k`` and ``rerank_cut`` without a reranker,
+``first_pass`` outside LameR's fresh runs, ``sampling`` for released generations. A record written
+before a setting existed counts as that setting's default (``generations`` fresh, ``first_pass``
+bm25, ``rerank_cut`` false), which is what such runs did."""
 
-RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "top_k")
+RECORD_DEFAULTS: dict[str, Any] = {"generations": "fresh", "first_pass": "bm25", "rerank_cut": False}
+"""Settings recorded only by later versions, with the behaviour of the versions before them."""
+
+RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "rerank_cut", "first_pass", "top_k")
 """Run options a grid entry may set in ``args``: RunConfig fields that are also ``run`` flags
-(``rerank_k`` -> ``--rerank-k``)."""
+(``rerank_k`` -> ``--rerank-k``; a true boolean is the bare flag, ``--rerank-cut``)."""
+
+RELEASED_FILE = "released.yaml"
+"""``configs/reproduce/released.yaml``: per method, the LLMs whose generations R2MED released."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class GridEntry:
         published: the names this configuration has in the published CSV, where they differ.
         ndcg_at_10: the published nDCG@10 per task this entry must reproduce.
         note: free text shown by ``--dry-run``.
+        generations: ``auto`` (R2MED's released generations when ``configs/reproduce/released.yaml``
+            lists the entry's method and LLM and ``reproduce`` is not told ``--generations fresh``)
+            or ``fresh`` (always generate).
     """
 
     method: str
@@ -106,6 +119,7 @@ class GridEntry:
     published: PublishedName = field(default_factory=PublishedName)
     ndcg_at_10: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    generations: str = "auto"
 
     @property
     def label(self) -> str:
@@ -123,8 +137,11 @@ class GridEntry:
             reranker=p.reranker if p.reranker is not None else self.reranker,
         )
 
-    def run_config(self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None):
-        """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``)."""
+    def run_config(
+        self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None, generations: str = "fresh"
+    ):
+        """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``); ``generations``
+        is the entry's resolved mode (:meth:`generations_mode`)."""
         from r2med_agent.runner import RunConfig
 
         return RunConfig(
@@ -135,19 +152,49 @@ class GridEntry:
             reranker=self.reranker or None,
             output_dir=Path(output_dir),
             data_dir=data_dir,
+            generations=generations,
             **self.args,
         )
 
-    def command(self, task: str, output_dir: Path, data_dir: Path | None = None) -> str:
+    def row_keys(self) -> list[tuple[str, str, str, str]]:
+        """``(method, llm, retriever, reranker)`` as compare names this entry's result rows: its
+        own names and those of its result folders (fresh and released generations; a variant
+        such as ``nv__top10`` in the retriever part)."""
+        from r2med_agent.compare import split_leaf
+
+        keys = [(self.method, self.llm or NO_LLM, self.retriever, self.reranker)]
+        for mode in ("fresh", "r2med") if self.method != "none" else ("fresh",):
+            cfg = self.run_config((), Path("."), generations=mode)
+            keys.append((self.method, cfg.llm_label, *split_leaf(cfg.retriever_label)))
+        return list(dict.fromkeys(keys))
+
+    def generations_mode(self, wanted: str = "r2med") -> str:
+        """``r2med`` when R2MED released this entry's generations and ``wanted`` is ``r2med``
+        (reproduce's default), else ``fresh``."""
+        if wanted != "r2med" or self.generations == "fresh" or self.method == "none":
+            return "fresh"
+        return "r2med" if self.llm in released_llms().get(self.method, ()) else "fresh"
+
+    def command(
+        self, task: str, output_dir: Path, data_dir: Path | None = None, generations: str = "fresh"
+    ) -> str:
         """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value)."""
         parts = ["r2med-agent", "run", "--method", self.method]
         if self.llm:
             parts += ["--llm", self.llm]
+        if generations == "r2med":
+            parts += ["--generations", "r2med"]
         parts += ["--retriever", self.retriever]
         if self.reranker:
             parts += ["--reranker", self.reranker]
         for key, value in self.args.items():
-            parts += [f"--{key.replace('_', '-')}", str(value)]
+            if key == "first_pass" and generations == "r2med":
+                continue  # the released generations already embody LameR's first pass
+            flag = f"--{key.replace('_', '-')}"
+            if isinstance(value, bool):
+                parts += [flag] if value else []
+            else:
+                parts += [flag, str(value)]
         parts += ["--task", task, "--output-dir", str(output_dir)]
         if data_dir is not None:
             parts += ["--data-dir", str(data_dir)]
@@ -216,6 +263,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
         unknown = sorted(set(entry.args) - set(RUN_ARGS))
         if unknown:
             raise ConfigError(f"{where}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
+        if entry.generations not in ("auto", "fresh"):
+            raise ConfigError(f"{where}: generations must be auto or fresh, got {entry.generations!r}")
         ident = (entry.method, entry.llm, entry.retriever, entry.reranker, repr(sorted(entry.args.items())))
         if ident in seen:
             raise ConfigError(f"{where}: duplicate of entries[{seen[ident]}]")
@@ -245,6 +294,19 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
                 )
         scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
     return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores))
+
+
+@lru_cache(maxsize=1)
+def released_llms() -> dict[str, tuple[str, ...]]:
+    """``configs/reproduce/released.yaml``: method -> LLM registry names whose generations R2MED
+    released in its hub repos (``<method>/<llm>/query_with_hydoc.jsonl``)."""
+    path = configs_dir() / "reproduce" / RELEASED_FILE
+    doc = load_yaml(path) or {}
+    if not isinstance(doc, Mapping) or not all(
+        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in doc.values()
+    ):
+        raise ConfigError(f"{path}: expected a mapping of method -> list of LLM names")
+    return {str(k): tuple(v) for k, v in doc.items()}
 
 
 @lru_cache(maxsize=1)
@@ -299,9 +361,13 @@ class Needs:
     api_keys: tuple[str, ...]
     hub: tuple[str, ...]
     problems: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    """How the row runs: where its generations come from, each model's precision and the
+    environment it needs, the reranking depth, LameR's first pass."""
 
     def lines(self) -> list[str]:
-        out = [f"GPU: {'; '.join(self.gpu) if self.gpu else 'none (CPU only)'}"]
+        out = list(self.setup)
+        out.append(f"GPU: {'; '.join(self.gpu) if self.gpu else 'none (CPU only)'}")
         out.append(f"API keys: {', '.join(self.api_keys) if self.api_keys else 'none'}")
         out.append(f"hub access: {'; '.join(self.hub) if self.hub else 'none'}")
         out += [f"PROBLEM: {p}" for p in self.problems]
@@ -311,12 +377,27 @@ class Needs:
 _GATED = " [gated: accept its licence on the hub, set HF_TOKEN]"
 
 
-def _gpu_line(role: str, name: str, info: ModelInfo, tp: int, gpu_gib: float) -> str:
-    """``≈X GiB bf16 weights`` (over ``tp`` GPUs), flagged when a share does not fit one GPU
-    with a fifth more for activations and KV cache."""
-    w = weights_gib(info.params_b)
+_PRECISIONS = {"float32": ("fp32", 4), "float16": ("fp16", 2), "bfloat16": ("bf16", 2),
+               "auto": ("bf16/fp16 (auto: bf16 where the GPU has it)", 2)}
+
+
+def model_precision(spec: Any) -> tuple[str, int]:
+    """``(label, bytes per parameter)`` of an encoder or reranker entry: its ``precision`` field
+    where the registry has one (the reference's precision), else its ``dtype``."""
+    value = str(getattr(spec, "precision", "") or getattr(spec, "dtype", "auto") or "auto")
+    if value in _PRECISIONS:
+        return _PRECISIONS[value]
+    return value, 4 if "32" in value else 2
+
+
+def _gpu_line(
+    role: str, name: str, info: ModelInfo, tp: int, gpu_gib: float, precision: tuple[str, int] = ("bf16", 2)
+) -> str:
+    """``≈X GiB <precision> weights`` (over ``tp`` GPUs), flagged when a share does not fit one
+    GPU with a fifth more for activations and KV cache."""
+    w = weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM
     per_gpu = w / tp
-    line = f"{role} {name} ≈{w:.1f} GiB bf16 weights"
+    line = f"{role} {name} ≈{w:.1f} GiB {precision[0].split(' ')[0]} weights"
     if tp > 1:
         line += f", tensor-parallel {tp} -> ≈{per_gpu:.1f} GiB/GPU"
     if role == "LLM":
@@ -360,8 +441,9 @@ def entry_needs(
     datasets: Sequence[str] = (),
     gpu_gib: float = GPU_GIB,
     registries: Registries | None = None,
+    generations: str = "fresh",
 ) -> Needs:
-    """GPU memory, API keys and hub access one entry needs.
+    """How an entry runs and the GPU memory, API keys and hub access it needs.
 
     Backends, hub ids, API key variables and tensor parallelism come from the registries
     (configs/llms.yaml, encoders.yaml, rerankers.yaml); sizes and gating from
@@ -372,7 +454,9 @@ def entry_needs(
         datasets: hub dataset repos its tasks load from (:func:`dataset_repos`).
         gpu_gib: memory of one GPU.
         registries: the registries (read here when not given).
+        generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
     """
+    from r2med_agent.released import released_path
     from r2med_agent.retrieval import BM25_SPECS
 
     reg = registries or Registries.load()
@@ -380,19 +464,32 @@ def entry_needs(
     keys: list[str] = []
     hub: list[str] = []
     problems: list[str] = []
+    setup: list[str] = []
     per_gpu: dict[str, float] = {}  # role -> GiB of weights on one GPU
 
-    def weights(role: str, name: str, repos: Sequence[str], tp: int = 1) -> None:
+    def weights(role: str, name: str, repos: Sequence[str], tp: int = 1,
+                precision: tuple[str, int] = ("bf16", BYTES_PER_PARAM)) -> None:
         info = reg.models.get(name)
         if info is None:
             problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
         else:
-            gpu.append(_gpu_line(role, name, info, tp, gpu_gib))
-            per_gpu[role] = per_gpu.get(role, 0.0) + weights_gib(info.params_b) / tp
+            gpu.append(_gpu_line(role, name, info, tp, gpu_gib, precision))
+            per_gpu[role] = per_gpu.get(role, 0.0) + weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM / tp
         gated = _GATED if info is not None and info.gated else ""
         hub.append(f"{', '.join(repos)} (weights){gated}")
 
-    if entry.llm:
+    if entry.llm and generations == "r2med":
+        setup.append(
+            f"generations: released by R2MED ({released_path(entry.method, entry.llm)} of each task, from "
+            "its hub repo at the pinned revision or --data-dir); no LLM runs"
+        )
+    elif entry.llm:
+        released = entry.llm in released_llms().get(entry.method, ())
+        setup.append(f"generations: fresh with {entry.llm}"
+                     + (" (--generations fresh)" if released else " (R2MED released none for this row)"))
+        if entry.method == "lamer":
+            setup.append(f"LameR first pass: {entry.args.get('first_pass', 'bm25')} top 10")
+    if entry.llm and generations != "r2med":
         spec = reg.llms.get(entry.llm)
         if spec is None:
             problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
@@ -413,21 +510,32 @@ def entry_needs(
             if enc.api_key_env:
                 keys.append(enc.api_key_env)
         else:
-            repos = [m for m in (enc.model, enc.query_model, enc.doc_model) if m]
-            weights("encoder", part, list(dict.fromkeys(repos)))
+            repos = list(dict.fromkeys(m for m in (enc.model, enc.query_model, enc.doc_model) if m))
+            precision = model_precision(enc)
+            line = f"retriever {part}: {', '.join(repos)} in {precision[0]}"
+            if getattr(enc, "transformers", ""):
+                line += (f"; needs transformers{enc.transformers}, best in a separate environment "
+                         "(the run stops with the pip command otherwise)")
+            setup.append(line)
+            weights("encoder", part, repos, precision=precision)
     if entry.reranker:
         rr = reg.rerankers.get(entry.reranker)
         if rr is None:
             problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
         else:
-            weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m])
+            precision = model_precision(rr)
+            k = entry.args.get("rerank_k", 100)
+            kept = f"keeps only those {k}" if entry.args.get("rerank_cut") else "keeps the rest below them"
+            setup.append(f"reranker {entry.reranker} in {precision[0]}: re-scores the top {k} of "
+                         f"{entry.retriever} and {kept}")
+            weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m], precision=precision)
     llm_spec = reg.llms.get(entry.llm) if entry.llm else None
     others = sum(v for role, v in per_gpu.items() if role != "LLM")
     if "LLM" in per_gpu and others > 0 and llm_spec is not None:
         gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
     if datasets:
         hub.append(f"datasets {', '.join(datasets)}")
-    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems))
+    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup))
 
 
 def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:
@@ -463,12 +571,20 @@ class ReproduceOptions:
         data_dir: local data (None: the hub).
         tasks: tasks to run (default: the 8 R2MED tasks).
         gpu_gib: memory of one GPU for the estimates.
+        generations: ``r2med``: R2MED's released generations for every entry that has them
+            (:meth:`GridEntry.generations_mode`); ``fresh``: generate every LLM row.
     """
 
     output_dir: Path = Path("results")
     data_dir: Path | None = None
     tasks: tuple[str, ...] = field(default_factory=r2med_tasks)
     gpu_gib: float = GPU_GIB
+    generations: str = "r2med"
+
+    def __post_init__(self) -> None:
+        from r2med_agent.released import check_generations
+
+        check_generations(self.generations)
 
 
 @dataclass(frozen=True)
@@ -489,6 +605,7 @@ class PlannedRun:
     pending: tuple[str, ...]
     needs: Needs
     stale: dict[str, str] = field(default_factory=dict)
+    generations: str = "fresh"
 
     @property
     def published_average(self) -> float | None:
@@ -504,9 +621,15 @@ def _settings(rec: Mapping[str, Any]) -> dict[str, Any]:
     from r2med_agent.methods import METHODS
 
     method = rec.get("method")
+    rec = {**RECORD_DEFAULTS, **rec}
     out = {k: rec[k] for k in STALE_KEYS if k in rec}
     if method == "none":
         out.pop("llm", None)
+        out.pop("generations", None)
+    if method != "lamer" or out.get("generations") == "r2med":
+        out.pop("first_pass", None)
+    if out.get("generations") == "r2med":
+        out.pop("sampling", None)
     if getattr(METHODS.get(str(method)), "agentic", False):
         if out.get("loop_retriever") is None and "retriever" in out:
             out["loop_retriever"] = out["retriever"]
@@ -515,6 +638,7 @@ def _settings(rec: Mapping[str, Any]) -> dict[str, Any]:
         out.pop("final", None)
     if not rec.get("reranker"):
         out.pop("rerank_k", None)
+        out.pop("rerank_cut", None)
         out["reranker"] = None
     if "sampling" in out:
         out["sampling"] = dict(out["sampling"] or {})
@@ -593,7 +717,8 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     expected_data = _ExpectedData(opts.data_dir)
     out = []
     for entry, scores in zip(grid.entries, grid.published):
-        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir)
+        mode = entry.generations_mode(opts.generations)
+        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, mode)
         rdir = cfg.result_dir()
         want = asdict(cfg)
         stale: dict[str, str] = {}
@@ -611,12 +736,13 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
             PlannedRun(
                 entry=entry,
                 published=scores,
-                command=entry.command(task_arg, opts.output_dir, opts.data_dir),
+                command=entry.command(task_arg, opts.output_dir, opts.data_dir, mode),
                 result_dir=rdir,
                 done=done,
                 pending=pending,
-                needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries),
+                needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries, generations=mode),
                 stale=stale,
+                generations=mode,
             )
         )
     return out
@@ -659,7 +785,8 @@ def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> 
     """Run one entry on ``tasks`` in-process through the runner (the one call to wire)."""
     from r2med_agent.runner import run_experiment
 
-    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir))
+    mode = entry.generations_mode(opts.generations)
+    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, mode))
 
 
 def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
@@ -692,9 +819,7 @@ def results_table(
     if not rows:
         raise ConfigError(f"no results of grid '{grid.name}' under {root} yet; run without --dry-run")
     tasks = [t for t in opts.tasks if any(t in r.tasks for r in rows)]
-    aliases = {
-        (e.method, e.llm or NO_LLM, e.retriever, e.reranker): e.published_key for e in grid.entries
-    }
+    aliases = {key: e.published_key for e in grid.entries for key in e.row_keys()}
     return build_table(
         rows, "ndcg_at_10", tasks=tasks, published=any(grid.published), published_aliases=aliases
     )

@@ -56,6 +56,14 @@ class RunConfig:
             result folder (``<retriever>__<precision>``) and is recorded with the results.
         reranker: reranker registry name, or None.
         rerank_k: how many top documents the reranker re-scores.
+        rerank_cut: keep only the ``rerank_k`` reranked documents per query (R2MED's reranker
+            runs: NV-Embed-v2's top 10 reranked and kept, scored at depth ``top_k`` all the same);
+            False keeps the rest of the list below them. The result folder gets ``__top<k>``.
+        first_pass: LameR's first-pass retriever, whose top 10 the prompt shows (``bm25``; the
+            paper's runs read the reference's gensim BM25, ``bm25-compat``).
+        generations: ``fresh`` (generate, through the cache) or ``r2med`` (R2MED's released
+            generations of ``method``/``llm``, see :mod:`r2med_agent.released`; no LLM is built,
+            and the result folder's LLM part is ``<llm>@r2med``).
         top_k: documents kept per query and the depth they are scored at (R2MED: 100). Any other
             depth gets its own result folder (``<retriever>__k<top_k>``), and metrics whose
             cut-off exceeds it are left out (see :func:`~r2med_agent.evaluation.metrics_within_depth`).
@@ -88,6 +96,9 @@ class RunConfig:
     precision: str | None = None
     reranker: str | None = None
     rerank_k: int = 100
+    rerank_cut: bool = False
+    first_pass: str = "bm25"
+    generations: str = "fresh"
     top_k: int = DEFAULT_TOP_K
     data_dir: Path | None = None
     allow_missing_qrels_docs: bool = False
@@ -112,6 +123,24 @@ class RunConfig:
                 "--final fuse ranks with the loop's own searches: --loop-retriever must be the same "
                 f"as --retriever (got {self.loop_retriever} and {self.retriever})"
             )
+        from r2med_agent.released import check_generations
+
+        check_generations(self.generations)
+        if self.generations == "r2med" and self.method == "none":
+            raise ConfigError("--generations r2med needs a --method that generates (hyde, query2doc, lamer, "
+                              "search-r1, search-o1)")
+        if self.generations == "r2med" and self.sampling:
+            raise ConfigError(f"sampling options ({', '.join(sorted(self.sampling))}) do not apply to R2MED's "
+                              "released generations; drop them or use --generations fresh")
+        if self.generations == "r2med" and self.final == "fuse":
+            raise ConfigError("--final fuse needs the loop's own searches, which released generations do "
+                              "not have; use --generations fresh")
+        if self.rerank_cut and not self.reranker:
+            raise ConfigError("--rerank-cut needs --reranker")
+        if self.first_pass != "bm25" and self.method != "lamer":
+            raise ConfigError(f"--first-pass is LameR's first-pass retriever; --method {self.method} has none")
+        if "+" in self.first_pass:
+            raise ConfigError(f"--first-pass takes one retriever (bm25, bm25-compat, an encoder), got '{self.first_pass}'")
         if self.top_k < 1 or self.rerank_k < 1:
             raise ConfigError("--top-k and --rerank-k must be at least 1")
         if self.chunk_size is not None and self.chunk_size < 0:
@@ -134,7 +163,14 @@ class RunConfig:
 
     @property
     def llm_label(self) -> str:
-        return self.llm if self.method != "none" and self.llm else "none"
+        """The LLM part of the result folder: its name, ``<name>@r2med`` for released generations."""
+        if self.method == "none" or not self.llm:
+            return "none"
+        if self.generations == "r2med":
+            from r2med_agent.released import released_label
+
+            return released_label(self.llm)
+        return self.llm
 
     @property
     def fusion_options(self) -> dict[str, Any]:
@@ -159,6 +195,8 @@ class RunConfig:
         if self.top_k != DEFAULT_TOP_K:
             label += f"__k{self.top_k}"
         if self.reranker:
+            if self.rerank_cut:
+                label += f"__top{self.rerank_k}"
             label += f"__{self.reranker}"
         return label
 
@@ -244,6 +282,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     # model is checked (tokenizer, config) but its weights load when reranking starts: loaded now,
     # they would hold GPU memory an in-process vLLM engine expects to have.
     spec = None
+    released = cfg.generations == "r2med"
     if cfg.method != "none":
         from r2med_agent.llm.registry import get_llm_spec
 
@@ -254,6 +293,18 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
 
         reranker = make_reranker(cfg.reranker, precision=cfg.precision)
         reranker.check()
+    released_gens: dict[str, list[Generation]] = {}
+    released_sources: dict[str, str] = {}
+    if released:
+        # Every task's file is found and checked before any index is built.
+        from r2med_agent.released import load_generations
+
+        for task in tasks:
+            released_gens[task.name], released_sources[task.name] = load_generations(
+                task, cfg.method, cfg.llm, spec.reasoning_format, cfg.data_dir  # type: ignore[arg-type, union-attr]
+            )
+        log.info("scoring R2MED's released %s generations of %s: no LLM is built", cfg.method, cfg.llm)
+
     _check_output_dir(out_dir)
     retrievers: dict[str, Any] = {}
     index_time: dict[str, float] = {}
@@ -266,7 +317,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         index_time[task.name] = time.perf_counter() - t0
 
     params = None
-    if spec is not None:
+    if spec is not None and not released:
         from r2med_agent.llm import default_sampling, make_llm
 
         params = _with_overrides(default_sampling(spec), cfg.sampling)
@@ -293,6 +344,15 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     if cfg.method == "none":
         for task in tasks:
             per_task_requests[task.name] = [SearchRequest(q.query_id, q.text) for q in task.queries]
+    elif released:
+        from r2med_agent.released import agentic_requests
+
+        for task in tasks:
+            gens = released_gens[task.name]
+            per_task_gens[task.name] = gens
+            per_task_requests[task.name] = (
+                agentic_requests(task, gens) if getattr(method, "agentic", False) else method.to_requests(task, gens)
+            )
     elif getattr(method, "agentic", False):
         loop_steps = _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests,
                                   per_task_traces, per_task_fused)
@@ -310,9 +370,15 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         if reranker is not None:
             corpus = {d.doc_id: d.text for d in task.corpus}
             run = reranker.rerank(requests, run, corpus, cfg.rerank_k)
+            if cfg.rerank_cut:
+                run = cut_run(run, cfg.rerank_k)
         retrieval_time = time.perf_counter() - t0
         ev = evaluate(run, task.qrels, cfg.scored_metrics, depth=cfg.top_k)
         stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), spec)
+        if released:
+            stats.update(generations=0, cache_hits=0, released_generations=len(per_task_gens[task.name]),
+                         llm_time_s=0.0, llm_time_new_s=0.0, cost_usd=None,
+                         released_source=released_sources[task.name])
         stats["retrieval_time_s"] = round(retrieval_time, 4)
         stats["index_time_s"] = round(index_time[task.name], 4)
         files = _write_task_files(cfg, out_dir, task, run, ev, stats, per_task_gens.get(task.name),
@@ -327,6 +393,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     summary = {
         "method": cfg.method,
         "llm": cfg.llm_label,
+        "generations": cfg.generations,
         "retriever": cfg.retriever_label,
         "tasks": [o.task for o in outcomes],
         "average": average,
@@ -421,13 +488,21 @@ def _encoder_options(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _bm25_first_pass(cfg: RunConfig, task: Task, retrievers: dict[str, Any]) -> Run:
-    """LameR's first pass: BM25 top-10 for every query (reuses the run's BM25 index if it is one)."""
+    """LameR's first pass: the top 10 of ``cfg.first_pass`` for every query (reuses the run's own
+    index when it is the same retriever)."""
     from r2med_agent.retrieval import make_retriever
 
-    bm25 = retrievers[task.name] if cfg.retriever == "bm25" else make_retriever(
-        "bm25", task, show_progress=cfg.show_progress
+    first = retrievers[task.name] if cfg.retriever == cfg.first_pass else make_retriever(
+        cfg.first_pass, task, show_progress=cfg.show_progress
     )
-    return bm25.search([SearchRequest(q.query_id, q.text) for q in task.queries], 10)
+    return first.search([SearchRequest(q.query_id, q.text) for q in task.queries], 10)
+
+
+def cut_run(run: Run, k: int) -> Run:
+    """Each query's ``k`` best documents (score order; equal scores keep the run's order)."""
+    return {
+        qid: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:k]) for qid, docs in run.items()
+    }
 
 
 def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, per_task_traces,
@@ -500,6 +575,7 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
         "dataset_name": task.name,
         "model_name": f"{cfg.method}/{cfg.llm_label}/{cfg.retriever_label}",
         "evaluation_time": _now(),
+        "generations": cfg.generations,
         "test": ev.mean,
         "depth": cfg.top_k,
         "num_queries": ev.num_queries,

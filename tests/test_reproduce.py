@@ -31,6 +31,12 @@ from tests.result_trees import QRELS, ranking, write_r2med_task, write_result
 RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
 
 
+def write_rerank_result(out: Path, task: str, reranker: str, config: dict | None = None) -> Path:
+    """A result of the rerank grid's setting: NV-Embed-v2's top 10 reranked and kept."""
+    return write_result(out, "none", "none", "nv__top10", task, RUN, QRELS, reranker=reranker,
+                        config={"retriever": "nv", "rerank_k": 10, "rerank_cut": True, **(config or {})})
+
+
 @pytest.fixture()
 def cli():
     from r2med_agent.cli.app import _register, app
@@ -100,7 +106,7 @@ def test_dry_run_lists_every_entry(cli, tmp_path):
         res = runner.invoke(cli, ["reproduce", "--table", table, "--dry-run", "--output-dir", str(out)])
         assert res.exit_code == 0, res.output
         for i, entry in enumerate(grid.entries):
-            cmd = entry.command("all", out)
+            cmd = entry.command("all", out, generations=entry.generations_mode())
             assert f"    {cmd}\n" in res.output
             assert f"[{i}] {entry.label}  (to run; paper nDCG@10 avg " in res.output
         n = len(grid.entries)
@@ -117,32 +123,63 @@ def test_dry_run_commands_and_needs(tmp_path):
         return next(p for p in plan(grids[table], opts) if p.entry.label == label)
 
     p = find("gar", "hyde/qwen-72b/bm25-compat")
+    # R2MED released these generations: scored from its files, no LLM, no GPU.
     assert p.command == (
+        f"r2med-agent run --method hyde --llm qwen-72b --generations r2med --retriever bm25-compat --task all "
+        f"--output-dir {tmp_path}"
+    )
+    assert p.generations == "r2med" and p.result_dir == tmp_path / "hyde" / "qwen-72b@r2med" / "bm25-compat"
+    assert p.needs.gpu == () and p.needs.setup[0].startswith(
+        "generations: released by R2MED (hyde/qwen-72b/query_with_hydoc.jsonl of each task")
+    fresh = next(x for x in plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, generations="fresh"))
+                 if x.entry.label == "hyde/qwen-72b/bm25-compat")
+    assert fresh.command == (
         f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25-compat --task all --output-dir {tmp_path}"
     )
+    assert fresh.needs.setup == ("generations: fresh with qwen-72b (--generations fresh)",)
     # 72.7e9 params * 2 bytes = 135.4 GiB; llms.yaml runs it on 4 GPUs: 33.9 GiB each.
     assert weights_gib(72.7) == pytest.approx(135.41, abs=0.01)
-    assert p.needs.gpu == ("LLM qwen-72b ≈135.4 GiB bf16 weights, tensor-parallel 4 -> ≈33.9 GiB/GPU + KV cache",)
+    assert fresh.needs.gpu == ("LLM qwen-72b ≈135.4 GiB bf16 weights, tensor-parallel 4 -> ≈33.9 GiB/GPU + KV cache",)
+    p = fresh
     assert p.needs.api_keys == ()
     assert p.needs.hub[0] == "Qwen/Qwen2.5-72B-Instruct (weights)"
     assert p.needs.hub[1].startswith("datasets R2MED/Biology, R2MED/Bioinformatics")
     assert p.published_average == pytest.approx(sum(p.published.values()) / 8)
 
     gpt = find("gar", "query2doc/gpt4/nv")
-    assert gpt.needs.api_keys == ("OPENAI_API_KEY",)
-    assert gpt.needs.gpu == ("encoder nv ≈14.6 GiB bf16 weights",)
+    assert gpt.needs.api_keys == () and find("gar", "query2doc/gpt4/nv").generations == "r2med"
+    assert gpt.needs.gpu == ("encoder nv ≈14.6 GiB fp16 weights",)
+    assert gpt.needs.setup[1] == (
+        "retriever nv: nvidia/NV-Embed-v2 in fp16; needs transformers==4.42.4, best in a separate environment "
+        "(the run stops with the pip command otherwise)"
+    )
     assert find("retrievers", "none/none/voyage").needs.api_keys == ("VOYAGE_API_KEY",)
     assert "GPU: none (CPU only)" in find("retrievers", "none/none/bm25-compat").needs.lines()
-    llama = find("gar", "hyde/llama-70b/bm25-compat")
-    assert "gated" in llama.needs.hub[0]
+    fresh_plan = {x.entry.label: x for x in plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, generations="fresh"))}
+    assert fresh_plan["query2doc/gpt4/nv"].needs.api_keys == ("OPENAI_API_KEY",)
+    assert "gated" in fresh_plan["hyde/llama-70b/bm25-compat"].needs.hub[0]
+    # LameR's first pass is the reference's BM25 when it generates; released rows need none.
+    lamer = fresh_plan["lamer/qwen-7b/bge"]
+    assert "--first-pass bm25-compat" in lamer.command and "LameR first pass: bm25-compat top 10" in lamer.needs.setup
+    assert "--first-pass" not in find("gar", "lamer/qwen-7b/bge").command
+    # Rerankers: NV-Embed-v2's top 10 reranked and kept, as the published files were made.
     rank = find("rerank", "none/none/nv/rankllama")
-    assert rank.command.endswith(f"--reranker rankllama --rerank-k 100 --task all --output-dir {tmp_path}")
+    assert rank.command.endswith(f"--reranker rankllama --rerank-k 10 --rerank-cut --task all --output-dir {tmp_path}")
+    assert rank.result_dir == tmp_path / "none" / "none" / "nv__top10__rankllama"
+    assert "reranker rankllama in fp16: re-scores the top 10 of nv and keeps only those 10" in rank.needs.setup
     assert "meta-llama/Llama-2-7b-hf" in rank.needs.hub[1]
+    # Agentic rows: Search-R1's released generations; Search-o1 with Qwen3 was not released.
+    agentic = {x.entry.label: x for x in plan(grids["agentic"], opts)}
+    assert agentic["search-r1/qwen-3b-ins/bge"].generations == "r2med"
+    assert agentic["search-o1/qwen3-32b/nv"].generations == "fresh"
+    assert "generations: fresh with qwen3-32b (R2MED released none for this row)" in agentic["search-o1/qwen3-32b/nv"].needs.setup
     # With a local copy no dataset comes from the hub; a smaller GPU flags what does not fit.
     local = plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, data_dir=tmp_path / "d", gpu_gib=24))
-    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/bm25-compat")
+    big = next(x for x in local if x.entry.label == "hyde/qwen-72b/nv")
     assert not any(h.startswith("datasets") for h in big.needs.hub)
-    assert big.needs.gpu[0].endswith("(does not fit one 24 GiB GPU)")
+    assert big.needs.gpu == ("encoder nv ≈14.6 GiB fp16 weights",)  # released generations: no LLM
+    nv = next(x for x in plan(grids["retrievers"], ReproduceOptions(output_dir=tmp_path, gpu_gib=16)) if x.entry.label == "none/none/nv")
+    assert nv.needs.gpu[0].endswith("(does not fit one 16 GiB GPU)")
     assert "--data-dir" in big.command
 
 
@@ -153,6 +190,8 @@ def test_dry_run_adds_up_an_llm_and_an_encoder_on_one_gpu(tmp_path):
     # qwen-7b: 7.6e9 * 2 B = 14.16 GiB; nv: 7.85e9 * 2 B = 14.62 GiB; with a fifth more: 34.5 GiB.
     # llms.yaml runs qwen-7b with gpu_memory_utilization 0.85: vLLM leaves 12.0 GiB of 80, less
     # than nv's 17.5; 0.78 of the GPU leaves it room.
+    assert entry.generations_mode() == "r2med" and entry_needs(entry, registries=registries, generations="r2med").gpu == (
+        "encoder nv ≈14.6 GiB fp16 weights",)
     needs = entry_needs(entry, registries=registries)
     assert needs.gpu[2] == (
         "together (estimate, if resident at once): ≈14.2 GiB LLM share + ≈14.6 GiB encoder/reranker "
@@ -172,8 +211,8 @@ def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch
     tasks = r2med_tasks()
     first, second, third = grid.entries
     for t in tasks:
-        write_result(out, "none", "none", "nv", t, RUN, QRELS, reranker=first.reranker)
-    write_result(out, "none", "none", "nv", "Biology", RUN, QRELS, reranker=second.reranker)
+        write_rerank_result(out, t, first.reranker)
+    write_rerank_result(out, "Biology", second.reranker)
     opts = ReproduceOptions(output_dir=out)
     listing = format_plan(plan(grid, opts))
     assert f"[0] {first.label}  (done;" in listing
@@ -186,7 +225,8 @@ def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch
     table = reproduce(grid, opts)
     assert calls == [(second.label, tasks[1:]), (third.label, tasks)]
     # The closing table: the grid's finished rows with the paper's numbers beside them.
-    assert [r.row.label for r in table.rows] == [first.label, second.label]
+    # (rows are named by their folders: nv__top10, NV-Embed-v2's top 10 kept)
+    assert [r.row.label for r in table.rows] == [f"none/none/nv__top10/{e.reranker}" for e in (first, second)]
     expected = csv_ndcg()[("none", "", "nv", "monobert")]
     assert table.rows[0].published == expected
     assert table.rows[1].missing_tasks == tasks[1:]
@@ -202,19 +242,19 @@ def _grid(tmp_path: Path, *entries: str) -> rep.Grid:
 def test_results_made_with_other_settings_are_stale_and_run_again(tmp_path, monkeypatch, cli):
     grid = load_grid("rerank")
     out = tmp_path / "results"
-    first = grid.entries[0]  # monobert over nv's top 100
+    first = grid.entries[0]  # monobert over nv's top 10, kept alone
     for t in r2med_tasks():
-        write_result(out, "none", "none", "nv", t, RUN, QRELS, reranker="monobert")
-    # Same folder, other settings: reranked only the top 10; scored at depth 50.
-    write_result(out, "none", "none", "nv", "Biology", RUN, QRELS, reranker="monobert", config={"rerank_k": 10})
-    write_result(out, "none", "none", "nv", "MedQA-Diag", RUN, QRELS, reranker="monobert", config={"top_k": 50})
+        write_rerank_result(out, t, "monobert")
+    # Same folder, other settings: reranked the top 100; scored at depth 50.
+    write_rerank_result(out, "Biology", "monobert", config={"rerank_k": 100})
+    write_rerank_result(out, "MedQA-Diag", "monobert", config={"top_k": 50})
     opts = ReproduceOptions(output_dir=out)
     p = plan(grid, opts)[0]
-    assert p.stale == {"Biology": "rerank_k 10, the entry 100", "MedQA-Diag": "top_k 50, the entry 100"}
+    assert p.stale == {"Biology": "rerank_k 100, the entry 10", "MedQA-Diag": "top_k 50, the entry 100"}
     assert p.pending == ("Biology", "MedQA-Diag")
     listing = format_plan(plan(grid, opts))
     assert f"[0] {first.label}  (stale;" in listing
-    assert "    stale Biology (runs again): rerank_k 10, the entry 100\n" in listing
+    assert "    stale Biology (runs again): rerank_k 100, the entry 10\n" in listing
     assert "3 configuration(s): 3 to run (1 with stale results), 0 already done" in listing
     res = CliRunner().invoke(cli, ["reproduce", "--table", "rerank", "--dry-run", "--output-dir", str(out)])
     assert res.exit_code == 0 and "(stale;" in res.output and "top_k 50, the entry 100" in res.output
@@ -235,10 +275,11 @@ def test_staleness_compares_only_the_settings_that_apply(tmp_path):
     assert plan(grid, opts)[0].stale == {"Biology": "sampling {'temperature': 0.0}, the entry {}"}
     # Agentic: an unset loop retriever is the final one, so these two records are the same run.
     agentic = _grid(tmp_path, "{method: search-r1, llm: qwen-3b-ins, retriever: bge, args: {loop_retriever: bge}}")
+    fresh = ReproduceOptions(output_dir=out, tasks=("Biology",), generations="fresh")
     write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": None})
-    assert plan(agentic, opts)[0].done == ("Biology",)
+    assert plan(agentic, fresh)[0].done == ("Biology",)
     write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": "bm25"})
-    assert plan(agentic, opts)[0].stale == {"Biology": "loop_retriever 'bm25', the entry 'bge'"}
+    assert plan(agentic, fresh)[0].stale == {"Biology": "loop_retriever 'bm25', the entry 'bge'"}
     # A result file without a recorded config is never taken as done.
     leaf = out / "none" / "none" / "bm25"
     rec = json.loads((leaf / "Biology.json").read_text())
@@ -249,6 +290,32 @@ def test_staleness_compares_only_the_settings_that_apply(tmp_path):
     (leaf / "Biology.json").write_bytes(b'{"test": {}, "note": "caf\xe9"}')
     reason = plan(grid, opts)[0].stale["Biology"]
     assert reason.startswith("unreadable result file (") and "Biology.json:1: not UTF-8 text" in reason
+
+
+def test_released_and_fresh_results_never_stand_for_each_other(tmp_path):
+    out = tmp_path / "results"
+    grid = _grid(tmp_path, "{method: lamer, llm: qwen-7b, retriever: bm25, args: {first_pass: bm25-compat}}")
+    released = ReproduceOptions(output_dir=out, tasks=("Biology",))
+    fresh = ReproduceOptions(output_dir=out, tasks=("Biology",), generations="fresh")
+    assert plan(grid, released)[0].result_dir == out / "lamer" / "qwen-7b@r2med" / "bm25"
+    # Released generations: LameR's first pass and sampling played no part in them.
+    write_result(out, "lamer", "qwen-7b@r2med", "bm25", "Biology", RUN,
+                 config={"llm": "qwen-7b", "generations": "r2med", "sampling": {"seed": 1}})
+    assert plan(grid, released)[0].done == ("Biology",)
+    # A file in that folder whose record says it generated is stale there.
+    write_result(out, "lamer", "qwen-7b@r2med", "bm25", "Biology", RUN,
+                 config={"llm": "qwen-7b", "first_pass": "bm25-compat"})
+    assert plan(grid, released)[0].stale == {"Biology": "generations 'fresh', the entry 'r2med'"}
+    # Fresh LameR: a record from before first_pass was recorded ran the Lucene-mode BM25.
+    write_result(out, "lamer", "qwen-7b", "bm25", "Biology", RUN)
+    rec_path = out / "lamer" / "qwen-7b" / "bm25" / "Biology.json"
+    rec = json.loads(rec_path.read_text())
+    for key in ("first_pass", "generations", "rerank_cut"):
+        del rec["config"][key]
+    rec_path.write_text(json.dumps(rec))
+    assert plan(grid, fresh)[0].stale == {"Biology": "first_pass 'bm25', the entry 'bm25-compat'"}
+    write_result(out, "lamer", "qwen-7b", "bm25", "Biology", RUN, config={"first_pass": "bm25-compat"})
+    assert plan(grid, fresh)[0].done == ("Biology",)
 
 
 def test_results_from_other_data_are_stale(tmp_path):
@@ -282,12 +349,15 @@ def test_grid_files_are_validated(tmp_path):
         path.write_text("title: t\nentries:\n" + body)
         return path
 
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, llm, method"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, generations, llm, method"):
         load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
     with pytest.raises(ConfigError, match="method hyde needs an llm"):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
-    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: loop_retriever, final, rerank_k, top_k"):
+    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: loop_retriever, final, rerank_k, rerank_cut, first_pass, top_k"):
         load_grid(grid("args", "  - {method: none, retriever: nv, reranker: monobert, args: {rerank_n: 10}}\n"))
+    with pytest.raises(ConfigError, match="generations must be auto or fresh, got 'r2med'"):
+        load_grid(grid("gen", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: r2med}\n"))
+    assert load_grid(grid("genf", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: fresh}\n")).entries[0].generations_mode() == "fresh"
     with pytest.raises(ConfigError, match=r"duplicate of entries\[0\]"):
         load_grid(grid("dup", "  - {method: none, retriever: bm25}\n  - {method: none, retriever: bm25}\n"))
     custom = grid("custom", "  - {method: none, retriever: minilm}\n")
@@ -390,3 +460,27 @@ def test_run_args_are_runner_fields_and_run_flags(cli):
     for arg in rep.RUN_ARGS:
         assert arg in fields
         assert f"--{arg.replace('_', '-')}" in flags
+
+
+def test_reproduce_scores_released_generations_without_an_llm(cli, tmp_path, monkeypatch):
+    # The demo's HyDE row: R2MED's released qwen-7b file ships with the packaged r2med-demo task.
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text("title: demo\nentries:\n  - {method: hyde, llm: qwen-7b, retriever: bm25}\n")
+    out = tmp_path / "results"
+    args = ["reproduce", "--grid", str(grid_file), "--tasks", "r2med-demo", "--output-dir", str(out)]
+    dry = CliRunner().invoke(cli, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "--llm qwen-7b --generations r2med --retriever bm25" in dry.output
+    assert "generations: released by R2MED (hyde/qwen-7b/query_with_hydoc.jsonl" in dry.output
+    assert "GPU: none (CPU only)" in dry.output
+    res = CliRunner().invoke(cli, [*args, "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    record = json.loads((out / "hyde" / "qwen-7b@r2med" / "bm25" / "r2med-demo.json").read_text())
+    assert record["generations"] == "r2med" and record["stats"]["generations"] == 0
+    assert "hyde,qwen-7b@r2med,bm25" in res.stdout
+    # --generations fresh plans the generating run in its own folder.
+    fresh = CliRunner().invoke(cli, [*args, "--dry-run", "--generations", "fresh"])
+    assert "--generations r2med" not in fresh.output and "(to run;" in fresh.output
+    bad = CliRunner().invoke(cli, [*args, "--dry-run", "--generations", "hub"])
+    assert bad.exit_code != 0

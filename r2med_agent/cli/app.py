@@ -20,7 +20,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so each module adds its commands to ``app`` (explicit list, no discovery magic).
-    from r2med_agent.cli import cache_cmd, compare_cmd, run_cmd, trace_cmd  # noqa: F401
+    from r2med_agent.cli import cache_cmd, compare_cmd, prompts_cmd, run_cmd, trace_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,6 +150,7 @@ def reproduce_command(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
     tasks: str = typer.Option("all", "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks) or a comma list."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
+    generations: str = typer.Option("r2med", "--generations", help="r2med (default): rows whose generations R2MED released (configs/reproduce/released.yaml) score those, with no LLM; the others generate. fresh: every LLM row generates."),
     fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
@@ -160,7 +161,8 @@ def reproduce_command(
         raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")
     grid = load_grid(table_name if table_name is not None else grid_file)  # type: ignore[arg-type]
     opts = ReproduceOptions(
-        output_dir=output_dir, data_dir=data_dir, tasks=tuple(task_names(tasks)), gpu_gib=gpu_gib
+        output_dir=output_dir, data_dir=data_dir, tasks=tuple(task_names(tasks)), gpu_gib=gpu_gib,
+        generations=generations,
     )
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")

@@ -77,6 +77,9 @@ def run_command(
     ),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
+    rerank_cut: bool = typer.Option(False, "--rerank-cut", help="Keep only the --rerank-k reranked documents per query, as R2MED's reranker runs did (NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same. Writes to <retriever>__top<k>__<reranker>/."),
+    first_pass: str = typer.Option("bm25", "--first-pass", help="LameR's first-pass retriever, whose top 10 the prompt shows: bm25 (default), bm25-compat (the reference's gensim BM25, what the paper's LameR rows read) or an encoder name. Recorded in the result JSON."),
+    generations: str = typer.Option("fresh", "--generations", help="fresh: generate with --llm (through the cache). r2med: score R2MED's released generations of --method/--llm (<Task>/<method>/<llm>/query_with_hydoc.jsonl from the hub at the task's pinned revision, from --data-dir, or from a packaged task); no LLM is built. Results go to <method>/<llm>@r2med/."),
     top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", "-d",
@@ -129,6 +132,9 @@ def run_command(
         precision=precision,
         reranker=reranker,
         rerank_k=rerank_k,
+        rerank_cut=rerank_cut,
+        first_pass=first_pass,
+        generations=generations,
         top_k=top_k,
         data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs,
@@ -197,8 +203,10 @@ def print_summary(result) -> None:
     console.print("empty = queries with no retrieved document (they score 0)", style="dim")
     gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
+    released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)
     if result.config.method != "none":
-        console.print(f"LLM generations: {gens} new, {hits} from cache")
+        console.print(f"LLM generations: {gens} new, {hits} from cache"
+                      + (f", {released} released by R2MED (no LLM built)" if result.config.generations == "r2med" else ""))
     console.print(f"results: {result.result_dir}", markup=False, highlight=False, soft_wrap=True)
 
 

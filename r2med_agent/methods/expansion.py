@@ -55,7 +55,8 @@ class Query2Doc(ExpansionMethod):
     """Query2Doc: HyDE's prompt with two worked in-domain examples before the real query.
 
     The examples come from ``prompts/query2doc/examples/<family>.yaml`` (per domain for the
-    Q&A tasks). BM25 searches with the query twice followed by the passage.
+    Q&A tasks; per task in files imported from R2MED's own examples with ``r2med-agent prompts
+    import-examples``). BM25 searches with the query twice followed by the passage.
     """
 
     name = "query2doc"
@@ -63,9 +64,21 @@ class Query2Doc(ExpansionMethod):
 
     def template_variables(self, task: Task, first_pass: Run | None) -> list[dict[str, Any]]:
         examples = prompts.load_examples(
-            self.name, task.family, task.domain, prompts_dir=self.prompts_dir
+            self.name, task.family, task.domain, prompts_dir=self.prompts_dir, task=_registry_base(task.name)
         )
         return [{**self._base_variables(task, q), "examples": examples} for q in task.queries]
+
+
+def _registry_base(name: str) -> str:
+    """The full R2MED task behind ``name`` (``nano-Biology``, ``r2med-demo`` -> ``Biology``), or
+    ``name`` itself for a task the registry does not know."""
+    from r2med_agent.data import base_task_name
+    from r2med_agent.errors import ConfigError
+
+    try:
+        return base_task_name(name)
+    except ConfigError:
+        return name
 
 
 class LameR(ExpansionMethod):
