@@ -51,7 +51,7 @@ from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
 
-TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank")
+TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano")
 """Grid names: ``configs/reproduce/<name>.yaml``."""
 
 GPU_GIB = 80.0
@@ -159,6 +159,8 @@ class _GridFile:
     title: str
     entries: tuple[GridEntry, ...]
     description: str = ""
+    tasks: str = "all"
+    """The tasks the grid's scores are for (a ``--task`` selection: ``all``, ``nano-all``, a list)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,8 @@ class Grid:
     entries: tuple[GridEntry, ...]
     published: tuple[dict[str, float], ...]
     """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for an unpublished entry)."""
+    tasks: tuple[str, ...] = ()
+    """The grid's tasks (its ``tasks:`` selection expanded; the 8 R2MED tasks by default)."""
 
 
 def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
@@ -180,8 +184,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
 
     Args:
         name_or_path: a name in TABLES or a YAML file in the same format.
-        strict: every entry must give ``ndcg_at_10`` for all 8 tasks, equal to the published CSV's
-            row of its published name (default: True for the package's grids, False for other files).
+        strict: every entry must give ``ndcg_at_10`` for each of the grid's tasks (``tasks:``,
+            default the 8 R2MED tasks), equal to the published CSV's row of its published name (default: True for the package's grids, False for other files).
 
     Raises:
         ConfigError: unknown table, malformed file, unknown keys, duplicate entries, scores that
@@ -208,7 +212,10 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     pub = published_results()
     scores: list[dict[str, float]] = []
     seen: dict[tuple[str, ...], int] = {}
-    all_tasks = set(r2med_tasks())
+    from r2med_agent.data import task_names
+
+    grid_tasks = tuple(task_names(spec.tasks))
+    all_tasks = set(grid_tasks)
     for i, entry in enumerate(spec.entries):
         where = f"{path}: entries[{i}] ({entry.label})"
         if entry.method != "none" and not entry.llm:
@@ -234,8 +241,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
             if set(entry.ndcg_at_10) != all_tasks:
                 missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
                 raise ConfigError(
-                    f"{where}: ndcg_at_10 must give the published score of each of the 8 tasks "
-                    f"({', '.join(r2med_tasks())}); wrong or missing: {', '.join(missing)}"
+                    f"{where}: ndcg_at_10 must give the published score of each of the grid's "
+                    f"{len(grid_tasks)} tasks ({', '.join(grid_tasks)}); wrong or missing: {', '.join(missing)}"
                 )
             differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]
             if differ:
@@ -244,7 +251,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
                     + ", ".join(f"{t} ({entry.ndcg_at_10[t]} vs {csv_scores[t]})" for t in differ)
                 )
         scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
-    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores))
+    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores), grid_tasks)
 
 
 @lru_cache(maxsize=1)
@@ -374,6 +381,7 @@ def entry_needs(
         registries: the registries (read here when not given).
     """
     from r2med_agent.retrieval import BM25_SPECS
+    from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
 
     reg = registries or Registries.load()
     gpu: list[str] = []
@@ -404,8 +412,10 @@ def entry_needs(
         else:
             problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
     for part in entry.retriever.split("+"):
-        if part in BM25_SPECS:
+        if part in BM25_SPECS or part in SHIPPED:
             continue
+        if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
+            part = DENSE_ENCODER
         enc = reg.encoders.get(part)
         if enc is None:
             problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
@@ -579,8 +589,13 @@ def stale_reason(path: Path, expected: Mapping[str, Any], data: tuple[str, str |
 
 
 def task_option(tasks: Sequence[str]) -> str:
-    """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, else a comma list."""
-    return "all" if tuple(tasks) == r2med_tasks() else ",".join(tasks)
+    """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, ``nano-all`` for the 8
+    NanoR2MED splits, else a comma list."""
+    from r2med_agent.data import task_names
+
+    if tuple(tasks) == r2med_tasks():
+        return "all"
+    return "nano-all" if tuple(tasks) == tuple(task_names("nano-all")) else ",".join(tasks)
 
 
 def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
