@@ -241,7 +241,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
             if set(entry.ndcg_at_10) != all_tasks:
                 missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
                 raise ConfigError(
-                    f"{where}: ndcg_at_10 must give the published score of each of the grid's "
+                    f"{where}: ndcg_at_10 must give the published score of each of the "
                     f"{len(grid_tasks)} tasks ({', '.join(grid_tasks)}); wrong or missing: {', '.join(missing)}"
                 )
             differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]

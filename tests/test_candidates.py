@@ -1,0 +1,268 @@
+"""NanoR2MED's candidate rankings (the card's BM25, dense and reranking-hybrid profiles) on a
+small split in NanoR2MED's layout: the shipped lists read and scored as the card scores them, the
+hybrid list rebuilt, the rank-101 safeguard, and the card's numbers beside ours in compare."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from r2med_agent import data
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.retrieval import make_retriever, retriever_names
+from r2med_agent.retrieval.candidates import (
+    HYBRID_TOP,
+    CandidateRetriever,
+    HybridRetriever,
+    hybrid_ranking,
+)
+from r2med_agent.types import SearchRequest
+
+pa = pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq  # noqa: E402
+
+SPLIT = "NanoR2MEDBiology"
+N_DOCS = 400
+N_QUERIES = 12
+SEED = 20260524  # HAKARI-Bench's reranking-hybrid builder default
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def reference_hybrid(bm25: list[str], dense: list[str], positives: set[str], qid: str) -> list[str]:
+    """The reranking_hybrid row as HAKARI-Bench's builder describes it, written out independently:
+    RRF k=100 over both lists, ties by best rank then id, top 100, then a seeded positive at 101
+    when the 100 hold none."""
+    rank_b = {d: i + 1 for i, d in enumerate(bm25)}
+    rank_d = {d: i + 1 for i, d in enumerate(dense)}
+    docs = set(rank_b) | set(rank_d)
+
+    def score(d: str) -> float:
+        return sum(1.0 / (100 + r[d]) for r in (rank_b, rank_d) if d in r)
+
+    def best(d: str) -> int:
+        return min(r[d] for r in (rank_b, rank_d) if d in r)
+
+    top = sorted(docs, key=lambda d: (-score(d), best(d), d))[:100]
+    if positives and not positives & set(top):
+        top.append(random.Random(f"{SEED}\0{SPLIT}\0{qid}\0positive_safeguard").choice(sorted(positives)))
+    return top
+
+
+def make_split(root: Path) -> dict:
+    """A NanoR2MED-layout folder with one split: task files plus the three candidate subsets.
+
+    Rankings are random permutations of the corpus (BM25 and dense top-150 each); query q0's
+    positives sit deep in both lists so the fused top 100 misses them (a safeguard row)."""
+    rng = random.Random(7)
+    doc_ids = [f"d{i:03d}" for i in range(N_DOCS)]
+    qids = [f"q{i}" for i in range(N_QUERIES)]
+    corpus = [{"_id": d, "text": f"passage {d} about cells"} for d in doc_ids]
+    queries = [{"_id": q, "text": f"question {q} about biology"} for q in qids]
+    qrels: dict[str, set[str]] = {}
+    bm25: dict[str, list[str]] = {}
+    dense: dict[str, list[str]] = {}
+    for q in qids:
+        b = rng.sample(doc_ids, 150)
+        d = rng.sample(doc_ids, 150)
+        if q == "q0":
+            deep = [x for x in doc_ids if x not in b[:120] and x not in d[:120]][:2]
+            qrels[q] = set(deep)
+        else:
+            qrels[q] = set(rng.sample(b[:30] + d[:30], 3))
+        bm25[q], dense[q] = b, d
+    hybrid = {q: reference_hybrid(bm25[q], dense[q], qrels[q], q) for q in qids}
+    _write(root / "corpus" / f"{SPLIT}.parquet", corpus)
+    _write(root / "queries" / f"{SPLIT}.parquet", queries)
+    _write(root / "qrels" / f"{SPLIT}.parquet",
+           [{"query-id": q, "corpus-id": d} for q in qids for d in sorted(qrels[q])])
+    for subset, lists in (("bm25", bm25), ("harrier_oss_v1_270m", dense), ("reranking_hybrid", hybrid)):
+        _write(root / subset / f"{SPLIT}-00000-of-00001.parquet",
+               [{"query-id": q, "corpus-ids": lists[q]} for q in qids])
+    return {"qrels": qrels, "bm25": bm25, "dense": dense, "hybrid": hybrid, "queries": queries}
+
+
+def card_ndcg10(lists: dict[str, list[str]], qrels: dict[str, set[str]]) -> float:
+    """nDCG@10 as the card computes it: binary gains of the list as ordered, mean over queries."""
+    vals = []
+    for q, pos in qrels.items():
+        dcg = sum(1 / math.log2(i + 2) for i, d in enumerate(lists[q][:10]) if d in pos)
+        idcg = sum(1 / math.log2(i + 2) for i in range(min(len(pos), 10)))
+        vals.append(dcg / idcg)
+    return sum(vals) / len(vals)
+
+
+@pytest.fixture()
+def split(tmp_path: Path):
+    root = tmp_path / "NanoR2MED"
+    made = make_split(root)
+    task = data.load_task("nano-Biology", data_dir=root)
+    return root, task, made
+
+
+def requests_of(task) -> list[SearchRequest]:
+    return [SearchRequest(q.query_id, q.text) for q in task.queries]
+
+
+def order(run_for_query: dict[str, float]) -> list[str]:
+    return [d for d, _ in sorted(run_for_query.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def test_the_fixture_has_a_safeguard_row(split) -> None:
+    _, _, made = split
+    assert len(made["hybrid"]["q0"]) == HYBRID_TOP + 1
+    assert made["hybrid"]["q0"][-1] in made["qrels"]["q0"]
+    assert all(len(made["hybrid"][q]) == HYBRID_TOP for q in made["hybrid"] if q != "q0")
+
+
+def test_read_nano_candidates_returns_each_list_in_order(split) -> None:
+    root, task, made = split
+    for subset, key in (("bm25", "bm25"), ("harrier_oss_v1_270m", "dense"), ("reranking_hybrid", "hybrid")):
+        lists, path = data.read_nano_candidates(task, subset)
+        assert lists == made[key]
+        assert path.parent.name == subset
+
+
+def test_shipped_lists_answer_in_their_order_and_the_safeguard_is_dropped(split) -> None:
+    _, task, made = split
+    reqs = requests_of(task)
+    for name, key in (("nano-bm25", "bm25"), ("nano-dense", "dense")):
+        run = make_retriever(name, task).search(reqs, 100)
+        assert {q: order(r) for q, r in run.items()} == {q: made[key][q][:100] for q in made[key]}
+    hybrid = make_retriever("nano-hybrid", task)
+    assert isinstance(hybrid, CandidateRetriever) and hybrid.safeguards == 1
+    run = hybrid.search(reqs, 200)  # deeper than the list: still no safeguard
+    assert len(run["q0"]) == HYBRID_TOP and not set(run["q0"]) & made["qrels"]["q0"]
+    kept = make_retriever("nano-hybrid-safeguard", task).search(reqs, 101)
+    assert order(kept["q0"]) == made["hybrid"]["q0"]
+    assert order(kept["q0"])[-1] in made["qrels"]["q0"]
+
+
+def test_rebuilt_hybrid_equals_the_shipped_list(split) -> None:
+    # hakari-hybrid's construction over the two shipped member lists gives the shipped
+    # reranking_hybrid rows, built independently above, with and without the safeguard.
+    _, task, made = split
+    reqs = requests_of(task)
+    bm25 = CandidateRetriever("nano-bm25", task)
+    dense = CandidateRetriever("nano-dense", task)
+    plain = HybridRetriever("hakari-hybrid", task, bm25, dense).search(reqs, 101)
+    guarded = HybridRetriever("hakari-hybrid-safeguard", task, bm25, dense, safeguard=True).search(reqs, 101)
+    for q, shipped in made["hybrid"].items():
+        assert order(plain[q]) == shipped[:HYBRID_TOP]
+        assert order(guarded[q]) == shipped
+    # Our '+' fusion (RRF k=60, ties by id, 100 deep) is another list: the profile needs its own.
+    fused = make_retriever("nano-bm25+nano-dense", task).search(reqs, 100)
+    assert any(order(fused[q]) != made["hybrid"][q][:100] for q in made["hybrid"])
+
+
+def test_hybrid_ties_go_to_the_better_rank_then_the_lower_id() -> None:
+    # a and b tie (ranks 1 and 2 in swapped lists); c and d tie (rank 3 in one list each).
+    assert hybrid_ranking(["a", "b", "c"], ["b", "a", "d"]) == ["a", "b", "c", "d"]
+    assert hybrid_ranking(["b", "a", "d"], ["a", "b", "c"]) == ["a", "b", "c", "d"]
+    assert hybrid_ranking(list("abc"), list("xyz"), top=2) == ["a", "x"]
+    # Equal sums from different ranks: "z" at rank 1 of one list (1/101) and "a" at rank 102 of
+    # both (2/202, the same float): the better single rank wins before the id.
+    fill_b = [f"b{i:03d}" for i in range(100)]
+    fill_d = [f"e{i:03d}" for i in range(101)]
+    got = hybrid_ranking(["z", *fill_b, "a"], [*fill_d, "a"], top=200)
+    assert 1 / 101 == 2 / 202 and got.index("z") < got.index("a")
+    assert got.index("a") == got.index("z") + 1
+
+
+def test_fixed_lists_refuse_text_they_were_not_made_for(split) -> None:
+    _, task, _ = split
+    q = task.queries[0]
+    for name in ("nano-bm25", "nano-hybrid"):
+        retriever = make_retriever(name, task)
+        with pytest.raises(ConfigError, match="--method none"):
+            retriever.search([SearchRequest(q.query_id, q.text, "a passage", "hyde")], 10)
+        with pytest.raises(ConfigError, match="fixed ranking"):
+            retriever.search([SearchRequest(q.query_id, "another query")], 10)
+
+
+def test_candidate_files_are_checked_with_file_and_row(split, tmp_path: Path) -> None:
+    root, task, made = split
+    path = root / "bm25" / f"{SPLIT}-00000-of-00001.parquet"
+    rows = [{"query-id": q, "corpus-ids": made["bm25"][q]} for q in made["bm25"]]
+    rows[2] = {"query-id": "q2", "corpus-ids": ["d001", "nope"]}
+    _write(path, rows)
+    with pytest.raises(DataError, match=r"-00000-of-00001\.parquet:3: candidate document 'nope'"):
+        data.read_nano_candidates(task, "bm25")
+    rows[2] = {"query-id": "q99", "corpus-ids": ["d001"]}
+    _write(path, rows)
+    with pytest.raises(DataError, match=r":3: candidate row names query 'q99'"):
+        data.read_nano_candidates(task, "bm25")
+    rows[2] = {"query-id": "q2", "corpus-ids": ["d001", "d001"]}
+    _write(path, rows)
+    with pytest.raises(DataError, match=r":3: a document is listed twice"):
+        data.read_nano_candidates(task, "bm25")
+    path.unlink()
+    with pytest.raises(DataError, match=r"missing bm25/NanoR2MEDBiology\.parquet"):
+        make_retriever("nano-bm25", task)
+    sample = data.load_task("sample")
+    with pytest.raises(ConfigError, match="NanoR2MED splits"):
+        make_retriever("nano-hybrid", sample)
+
+
+def test_candidate_names_are_retrievers() -> None:
+    names = retriever_names()
+    for name in ("nano-bm25", "nano-dense", "nano-hybrid", "nano-hybrid-safeguard", "hakari-hybrid",
+                 "harrier"):
+        assert name in names
+
+
+@pytest.fixture()
+def cli():
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    return app
+
+
+def test_runs_score_the_lists_as_the_card_does_and_compare_shows_the_card(split, tmp_path: Path, cli) -> None:
+    root, _, made = split
+    out = tmp_path / "results"
+    runner = CliRunner()
+    for name in ("nano-bm25", "nano-hybrid", "nano-hybrid-safeguard"):
+        res = runner.invoke(cli, ["run", "--method", "none", "--retriever", name, "--task", "nano-Biology",
+                                  "--data-dir", str(root), "--output-dir", str(out)])
+        assert res.exit_code == 0, res.output
+    rec = json.loads((out / "none/none/nano-bm25/nano-Biology.json").read_text())
+    assert rec["test"]["ndcg_at_10"] == pytest.approx(card_ndcg10(made["bm25"], made["qrels"]), abs=1e-4)
+    hyb = json.loads((out / "none/none/nano-hybrid/nano-Biology.json").read_text())
+    assert hyb["test"]["ndcg_at_10"] == pytest.approx(card_ndcg10(made["hybrid"], made["qrels"]), abs=1e-4)
+    # At the default depth of 100 the safeguard never counts.
+    guarded = json.loads((out / "none/none/nano-hybrid-safeguard/nano-Biology.json").read_text())
+    assert guarded["test"] == hyb["test"]
+
+    res = runner.invoke(cli, ["compare", str(out), "--published", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    import csv
+    import io
+
+    rows = {r["retriever"]: r for r in csv.DictReader(io.StringIO(res.output))}
+    assert float(rows["nano-bm25"]["nano-Biology_published"]) == 0.3455
+    assert float(rows["nano-hybrid"]["nano-Biology_published"]) == 0.4722
+    assert float(rows["nano-hybrid-safeguard"]["nano-Biology_published"]) == 0.4722
+
+
+def test_card_numbers_give_its_query_weighted_group_scores() -> None:
+    # The card's per-split nDCG@10 (packaged CSV) reproduce its group numbers, weighted by the
+    # registry's query counts (876 in all): BM25 0.2110, dense 0.2980.
+    from r2med_agent.compare import PublishedKey, published_results
+
+    pub = published_results()
+    for retriever, group in (("nano-bm25", 0.2110), ("harrier", 0.2980)):
+        scores = pub.scores(PublishedKey("none", "", retriever))
+        assert list(scores) == data.task_names("nano-all")
+        n = {t: data.get_task_spec(t).queries for t in scores}
+        assert sum(n.values()) == 876
+        assert sum(scores[t] * n[t] for t in scores) / 876 == pytest.approx(group, abs=5e-5)
