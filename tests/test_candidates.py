@@ -266,3 +266,27 @@ def test_card_numbers_give_its_query_weighted_group_scores() -> None:
         n = {t: data.get_task_spec(t).queries for t in scores}
         assert sum(n.values()) == 876
         assert sum(scores[t] * n[t] for t in scores) / 876 == pytest.approx(group, abs=5e-5)
+
+
+def test_hub_tasks_read_their_lists_from_the_commit_they_loaded(tmp_path: Path, monkeypatch) -> None:
+    # A task from the hub (NanoR2MED follows main) records the commit it came from; its candidate
+    # lists are fetched from that same commit, only the subset's files of the split.
+    from r2med_agent import hub
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = tmp_path / commit
+    made = make_split(root)
+    calls = []
+
+    def fake_fetch(repo: str, rev: str, patterns: list[str], *, hint: str) -> Path:
+        calls.append((repo, rev, patterns))
+        return root
+
+    monkeypatch.setattr(hub, "fetch_snapshot", fake_fetch)
+    monkeypatch.setattr(hub, "is_commit", lambda rev: len(rev) == 40)
+    task = data.load_task("nano-Biology")
+    assert task.source.endswith(f"(commit {commit})")
+    lists, _ = data.read_nano_candidates(task, "reranking_hybrid")
+    assert lists == made["hybrid"]
+    assert calls[-1] == ("hakari-bench/NanoR2MED", commit,
+                         [f"reranking_hybrid/{SPLIT}.*", f"reranking_hybrid/{SPLIT}-*"])
