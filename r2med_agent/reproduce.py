@@ -583,7 +583,9 @@ def stale_reason(path: Path, expected: Mapping[str, Any], data: tuple[str, str |
                 "no corpus fingerprint recorded" if not recorded
                 else f"corpus changed (fingerprint {str(recorded)[:12]}, now {fingerprint[:12]})"
             )
-    elif rec.get("source") != source:
+    elif rec.get("source") != source and not str(rec.get("source") or "").startswith(f"{source} (commit "):
+        # A task that follows a branch (NanoR2MED: main) records the commit it loaded after its
+        # source; any commit of that branch is the entry's data.
         diffs.append(f"data from {rec.get('source') or 'an unrecorded source'}, the entry loads {source}")
     return "; ".join(diffs) or None
 

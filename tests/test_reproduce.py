@@ -269,6 +269,14 @@ def test_results_from_other_data_are_stale(tmp_path):
     assert plan(grid, hub)[0].stale == {
         "Biology": f"data from /elsewhere/Biology, the entry loads {provenance}"
     }
+    # A task that follows a branch (NanoR2MED) records the commit it loaded: still its data.
+    nano = ReproduceOptions(output_dir=out, tasks=("nano-Biology",))
+    nano_source = get_task_spec("nano-Biology").provenance
+    assert nano_source == "hf://datasets/hakari-bench/NanoR2MED@main#NanoR2MEDBiology"
+    write_result(out, "none", "none", "bm25", "nano-Biology", RUN, source=f"{nano_source} (commit {'a' * 40})")
+    assert plan(grid, nano)[0].done == ("nano-Biology",)
+    write_result(out, "none", "none", "bm25", "nano-Biology", RUN, source=f"{nano_source}-other (commit {'a' * 40})")
+    assert plan(grid, nano)[0].stale["nano-Biology"].startswith(f"data from {nano_source}-other")
     # A local copy: the corpus fingerprint of what the entry would load decides.
     data = tmp_path / "data"
     write_r2med_task(data / "Biology")
