@@ -290,3 +290,71 @@ def test_hub_tasks_read_their_lists_from_the_commit_they_loaded(tmp_path: Path, 
     assert lists == made["hybrid"]
     assert calls[-1] == ("hakari-bench/NanoR2MED", commit,
                          [f"reranking_hybrid/{SPLIT}.*", f"reranking_hybrid/{SPLIT}-*"])
+
+
+def _tiny_harrier(folder: Path, texts: list[str]) -> None:
+    """A tiny random Gemma3TextModel (harrier's class) with a word tokenizer over ``texts``' words
+    that adds a BOS as Gemma's does."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import Gemma3TextConfig, Gemma3TextModel, PreTrainedTokenizerFast
+
+    words = sorted({w for t in texts for w in t.split()})
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<bos>", "<eos>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
+                                   bos_token="<bos>", eos_token="<eos>")
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
+                           pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    Gemma3TextModel(cfg).eval().save_pretrained(folder)
+
+
+def test_hakari_hybrid_run_fuses_the_shipped_bm25_with_harrier(split, tmp_path: Path, cli) -> None:
+    # `run --retriever hakari-hybrid` with the harrier entry pointed (by a user config, as a user
+    # would) at a tiny model of its class: the run's ranking is the reference hybrid of the shipped
+    # BM25 list and the dense ranking sentence-transformers computes with the web_search_query
+    # prompt (top-500, cosine), independently of the project's encoder and fusion.
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    root, task, made = split
+    prompt = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+    corpus = {d.doc_id: d.text for d in task.corpus}
+    # Distinct words per document so the random model separates them.
+    texts = [*corpus.values(), *(q.text for q in task.queries), prompt]
+    folder = tmp_path / "tiny-harrier"
+    _tiny_harrier(folder, texts)
+    user = tmp_path / "user.yaml"
+    user.write_text(
+        "encoders:\n  harrier:\n"
+        f"    model: {json.dumps(str(folder))}\n"
+        "    pooling: last-token\n    normalize: true\n    max_length: 64\n    batch_size: 8\n"
+        f"    query_prefix: {json.dumps(prompt)}\n"
+    )
+    out = tmp_path / "results"
+    res = CliRunner().invoke(cli, ["run", "--method", "none", "--retriever", "hakari-hybrid", "--task", "nano-Biology",
+                                   "--data-dir", str(root), "--output-dir", str(out), "--config", str(user)])
+    assert res.exit_code == 0, res.output
+
+    body = Transformer(str(folder), max_seq_length=64)
+    st = SentenceTransformer(modules=[body, Pooling(body.get_embedding_dimension(), pooling_mode="lasttoken"), Normalize()],
+                             prompts={"web_search_query": prompt}, device="cpu")
+    ids = list(corpus)
+    doc_emb = st.encode([corpus[d] for d in ids], batch_size=32)
+    q_emb = st.encode([q.text for q in task.queries], prompt_name="web_search_query", batch_size=32)
+    sims = q_emb @ doc_emb.T
+    run_lines = (out / "none/none/hakari-hybrid/nano-Biology.run").read_text().splitlines()
+    got: dict[str, list[str]] = {}
+    for line in run_lines:
+        qid, _, doc, rank, _, _ = line.split()
+        got.setdefault(qid, []).append(doc)
+    for i, q in enumerate(task.queries):
+        dense = [ids[j] for j in np.argsort(-sims[i], kind="stable")[:500]]
+        want = reference_hybrid(made["bm25"][q.query_id], dense, made["qrels"][q.query_id], q.query_id)
+        assert got[q.query_id] == want[:100], q.query_id
