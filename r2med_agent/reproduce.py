@@ -2,8 +2,9 @@
 
 In the spirit of pyserini's ``2cr/*.yaml``: ``configs/reproduce/<table>.yaml`` lists the run
 arguments of every configuration of one of the paper's tables beside the per-task nDCG@10 it must
-reproduce (``ndcg_at_10``). A package grid must give all 8 tasks, equal to the packaged published
-CSV (loading checks both; the comparison table reads the CSV). ``--dry-run`` prints each command
+reproduce (``ndcg_at_10``). A package grid must give all its tasks (``tasks:``, default ``all``, the
+8 R2MED tasks; ``nano.yaml``: ``nano-all``, the NanoR2MED card's numbers), equal to the packaged
+published CSV (loading checks both; the comparison table reads the CSV). ``--dry-run`` prints each command
 with its scores and what it needs: GPU memory (sizes from ``configs/reproduce/models.yaml``), API
 keys and hub access (from the LLM, encoder and reranker registries).
 
@@ -185,7 +186,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     Args:
         name_or_path: a name in TABLES or a YAML file in the same format.
         strict: every entry must give ``ndcg_at_10`` for each of the grid's tasks (``tasks:``,
-            default the 8 R2MED tasks), equal to the published CSV's row of its published name (default: True for the package's grids, False for other files).
+            default the 8 R2MED tasks), equal to the published CSV's row of its published name
+            (default: True for the package's grids, False for other files).
 
     Raises:
         ConfigError: unknown table, malformed file, unknown keys, duplicate entries, scores that
