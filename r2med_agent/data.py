@@ -688,7 +688,7 @@ def read_nano_candidates(task: Task, subset: str) -> tuple[dict[str, list[str]],
 
     The files sit beside the task's own: ``<subset>/<split>.parquet`` (or shards, or ``.jsonl``)
     in the folder the task was loaded from (``--data-dir``), else in the same hub snapshot (the
-    commit the task recorded in its source). Every row must name a query of the task and list
+    commit the task recorded in its source). Every query of the task must have one row, listing
     document ids of its corpus, each once.
 
     Raises:
@@ -745,6 +745,13 @@ def read_nano_candidates(task: Task, subset: str) -> tuple[dict[str, list[str]],
             if len(set(ranking)) != len(ranking):
                 raise DataError(f"a document is listed twice for query {qid!r}", path, row)
             out[qid] = ranking
+    missing = [q.query_id for q in task.queries if q.query_id not in out]
+    if missing:
+        raise DataError(
+            f"no candidate row for {len(missing)} of the task's {len(task.queries)} queries "
+            f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''})",
+            files[0],
+        )
     return out, files[0]
 
 

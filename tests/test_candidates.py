@@ -204,6 +204,9 @@ def test_candidate_files_are_checked_with_file_and_row(split, tmp_path: Path) ->
     _write(path, rows)
     with pytest.raises(DataError, match=r":3: a document is listed twice"):
         data.read_nano_candidates(task, "bm25")
+    _write(path, rows[:2] + rows[3:])
+    with pytest.raises(DataError, match=r"parquet: no candidate row for 1 of the task's 12 queries \(q2\)"):
+        data.read_nano_candidates(task, "bm25")
     path.unlink()
     with pytest.raises(DataError, match=r"missing bm25/NanoR2MEDBiology\.parquet"):
         make_retriever("nano-bm25", task)
