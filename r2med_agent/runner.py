@@ -110,6 +110,7 @@ class RunConfig:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         _check_sampling_values(self.sampling)
         _check_fusion(self)
+        _check_fixed_rankings(self)
 
     @property
     def llm_label(self) -> str:
@@ -348,6 +349,22 @@ def _check_fusion(cfg: RunConfig) -> None:
             f"got '{cfg.retriever}'"
         )
     check_fusion_options(n, cfg.fusion, cfg.rrf_k, cfg.fusion_weights)
+
+
+def _check_fixed_rankings(cfg: RunConfig) -> None:
+    """NanoR2MED's shipped candidate lists hold one ranking per task query: refuse, before any LLM
+    work, a method whose queries are an LLM's (``--method`` other than none, ``--loop-retriever``)."""
+    from r2med_agent.retrieval.candidates import candidate_names
+
+    fixed = set(candidate_names())
+    used = [("--retriever", cfg.retriever)] + ([("--loop-retriever", cfg.loop_retriever)] if cfg.loop_retriever else [])
+    for option, spec in used:
+        names = [p.strip() for p in spec.split("+") if p.strip() in fixed]
+        if names and cfg.method != "none":
+            raise ConfigError(
+                f"{option} {spec}: {', '.join(names)} answer the task's own queries from a fixed list "
+                f"and cannot search for what --method {cfg.method} generates; use --method none"
+            )
 
 
 def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:

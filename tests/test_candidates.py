@@ -361,3 +361,22 @@ def test_hakari_hybrid_run_fuses_the_shipped_bm25_with_harrier(split, tmp_path: 
         dense = [ids[j] for j in np.argsort(-sims[i], kind="stable")[:500]]
         want = reference_hybrid(made["bm25"][q.query_id], dense, made["qrels"][q.query_id], q.query_id)
         assert got[q.query_id] == want[:100], q.query_id
+
+
+def test_llm_methods_over_fixed_lists_stop_before_any_work(tmp_path: Path, capsys) -> None:
+    # Refused when the run is configured: no task loaded, no model started, one message, exit 2.
+    from r2med_agent.cli.app import main
+
+    cases = [
+        (["--method", "hyde", "--llm", "smollm2", "--retriever", "nano-hybrid"], "--retriever nano-hybrid"),
+        (["--method", "search-r1", "--llm", "smollm2", "--retriever", "bm25", "--loop-retriever", "nano-bm25"],
+         "--loop-retriever nano-bm25"),
+        (["--method", "lamer", "--llm", "smollm2", "--retriever", "bm25+nano-dense"], "--retriever bm25+nano-dense"),
+    ]
+    for args, option in cases:
+        code = main(["run", *args, "--task", "nano-Biology", "--output-dir", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert err.startswith(f"error: {option}:") and "use --method none" in err
+        assert "Traceback" not in err
+    assert not (tmp_path / "o").exists()
