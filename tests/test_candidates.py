@@ -323,8 +323,8 @@ def test_hakari_hybrid_run_fuses_the_shipped_bm25_with_harrier(split, tmp_path: 
     # BM25 list and the dense ranking sentence-transformers computes with the web_search_query
     # prompt (top-500, cosine), independently of the project's encoder and fusion.
     import numpy as np
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    from tests.st_reference import last_token_model
 
     root, task, made = split
     prompt = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
@@ -345,9 +345,7 @@ def test_hakari_hybrid_run_fuses_the_shipped_bm25_with_harrier(split, tmp_path: 
                                    "--data-dir", str(root), "--output-dir", str(out), "--config", str(user)])
     assert res.exit_code == 0, res.output
 
-    body = Transformer(str(folder), max_seq_length=64)
-    st = SentenceTransformer(modules=[body, Pooling(body.get_embedding_dimension(), pooling_mode="lasttoken"), Normalize()],
-                             prompts={"web_search_query": prompt}, device="cpu")
+    st = last_token_model(folder, {"web_search_query": prompt}, 64)
     ids = list(corpus)
     doc_emb = st.encode([corpus[d] for d in ids], batch_size=32)
     q_emb = st.encode([q.text for q in task.queries], prompt_name="web_search_query", batch_size=32)

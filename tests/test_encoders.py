@@ -481,14 +481,8 @@ def test_harrier_encodes_as_sentence_transformers_does_with_a_tiny_gemma3(tmp_pa
     for row, text in zip(got_d, docs):
         np.testing.assert_allclose(row, by_hand(text), atol=1e-5)
 
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from tests.st_reference import last_token_model
 
-    body = Transformer(str(folder), max_seq_length=64)
-    st = SentenceTransformer(
-        modules=[body, Pooling(body.get_embedding_dimension(), pooling_mode="lasttoken"), Normalize()],
-        prompts={"web_search_query": HARRIER_QUERY_PROMPT},
-        device="cpu",
-    )
+    st = last_token_model(folder, {"web_search_query": HARRIER_QUERY_PROMPT}, 64)
     np.testing.assert_allclose(got_q, st.encode(queries, prompt_name="web_search_query", batch_size=3), atol=1e-5)
     np.testing.assert_allclose(got_d, st.encode(docs, batch_size=3), atol=1e-5)
