@@ -322,10 +322,13 @@ class PublishedKey:
 
 
 class PublishedResults:
-    """The R2MED paper's scores, read from ``r2med_agent/resources/published_results.csv``.
+    """Published scores, read from ``r2med_agent/resources/published_results.csv``: the R2MED
+    paper's (kinds ``retrieval``, ``gar``, ``rerank``, ...) on the 8 R2MED tasks, and the
+    NanoR2MED card's three profiles (kind ``nano``: retrievers ``nano-bm25``, ``harrier``,
+    ``nano-hybrid``) on its 8 splits.
 
     Columns: ``kind, method, llm, retriever, reranker, task`` and one column per metric in
-    PUBLISHED_METRICS (empty where the paper has no number).
+    PUBLISHED_METRICS (empty where the source has no number).
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
@@ -380,10 +383,18 @@ def published_results() -> PublishedResults:
     return PublishedResults()
 
 
-PUBLISHED_RETRIEVERS: dict[str, str] = {"bm25-compat": "bm25"}
+PUBLISHED_RETRIEVERS: dict[str, str] = {
+    "bm25-compat": "bm25",
+    "nano-dense": "harrier",
+    "nano-hybrid-safeguard": "nano-hybrid",
+    "hakari-hybrid": "nano-hybrid",
+    "hakari-hybrid-safeguard": "nano-hybrid",
+}
 """Run retriever names -> the published CSV's name for the same retriever. ``bm25-compat`` is the
 reference's own BM25 (gensim ``LuceneBM25Model`` weights on query and documents), the scoring
-behind every BM25 number of the paper."""
+behind every BM25 number of the paper. On NanoR2MED, the card's dense profile is ``harrier``'s
+ranking (shipped as ``nano-dense``) and its hybrid profile the shipped ``nano-hybrid`` list, which
+``hakari-hybrid`` rebuilds; the safeguard positive (rank 101) changes no top-100 score."""
 
 RowAliases = Mapping[tuple[str, str, str, str], PublishedKey]
 """``(method, llm, retriever, reranker)`` of a result row -> its name in the published CSV."""
@@ -503,7 +514,8 @@ class ComparisonTable:
             )
         if self.with_published:
             notes.append(
-                "paper: R2MED's published score (arXiv 2505.14558); its average covers the same "
+                "paper: R2MED's published score (arXiv 2505.14558; on the nano- tasks, the "
+                "NanoR2MED card's, hakari-bench/NanoR2MED); its average covers the same "
                 f"tasks as ours and is {MISSING} when the paper lacks any of them"
             )
         return notes

@@ -2,8 +2,9 @@
 
 In the spirit of pyserini's ``2cr/*.yaml``: ``configs/reproduce/<table>.yaml`` lists the run
 arguments of every configuration of one of the paper's tables beside the per-task nDCG@10 it must
-reproduce (``ndcg_at_10``). A package grid must give all 8 tasks, equal to the packaged published
-CSV (loading checks both; the comparison table reads the CSV). ``--dry-run`` prints each command
+reproduce (``ndcg_at_10``). A package grid must give all its tasks (``tasks:``, default ``all``, the
+8 R2MED tasks; ``nano.yaml``: ``nano-all``, the NanoR2MED card's numbers), equal to the packaged
+published CSV (loading checks both; the comparison table reads the CSV). ``--dry-run`` prints each command
 with its scores and what it needs: GPU memory (sizes from ``configs/reproduce/models.yaml``), API
 keys and hub access (from the LLM, encoder and reranker registries).
 
@@ -51,7 +52,7 @@ from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
 
-TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank")
+TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano")
 """Grid names: ``configs/reproduce/<name>.yaml``."""
 
 GPU_GIB = 80.0
@@ -206,6 +207,8 @@ class _GridFile:
     title: str
     entries: tuple[GridEntry, ...]
     description: str = ""
+    tasks: str = "all"
+    """The tasks the grid's scores are for (a ``--task`` selection: ``all``, ``nano-all``, a list)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,8 @@ class Grid:
     entries: tuple[GridEntry, ...]
     published: tuple[dict[str, float], ...]
     """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for an unpublished entry)."""
+    tasks: tuple[str, ...] = ()
+    """The grid's tasks (its ``tasks:`` selection expanded; the 8 R2MED tasks by default)."""
 
 
 def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
@@ -227,8 +232,9 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
 
     Args:
         name_or_path: a name in TABLES or a YAML file in the same format.
-        strict: every entry must give ``ndcg_at_10`` for all 8 tasks, equal to the published CSV's
-            row of its published name (default: True for the package's grids, False for other files).
+        strict: every entry must give ``ndcg_at_10`` for each of the grid's tasks (``tasks:``,
+            default the 8 R2MED tasks), equal to the published CSV's row of its published name
+            (default: True for the package's grids, False for other files).
 
     Raises:
         ConfigError: unknown table, malformed file, unknown keys, duplicate entries, scores that
@@ -255,7 +261,10 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     pub = published_results()
     scores: list[dict[str, float]] = []
     seen: dict[tuple[str, ...], int] = {}
-    all_tasks = set(r2med_tasks())
+    from r2med_agent.data import task_names
+
+    grid_tasks = tuple(task_names(spec.tasks))
+    all_tasks = set(grid_tasks)
     for i, entry in enumerate(spec.entries):
         where = f"{path}: entries[{i}] ({entry.label})"
         if entry.method != "none" and not entry.llm:
@@ -283,8 +292,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
             if set(entry.ndcg_at_10) != all_tasks:
                 missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
                 raise ConfigError(
-                    f"{where}: ndcg_at_10 must give the published score of each of the 8 tasks "
-                    f"({', '.join(r2med_tasks())}); wrong or missing: {', '.join(missing)}"
+                    f"{where}: ndcg_at_10 must give the published score of each of the "
+                    f"{len(grid_tasks)} tasks ({', '.join(grid_tasks)}); wrong or missing: {', '.join(missing)}"
                 )
             differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]
             if differ:
@@ -293,7 +302,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
                     + ", ".join(f"{t} ({entry.ndcg_at_10[t]} vs {csv_scores[t]})" for t in differ)
                 )
         scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
-    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores))
+    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores), grid_tasks)
 
 
 @lru_cache(maxsize=1)
@@ -458,6 +467,7 @@ def entry_needs(
     """
     from r2med_agent.released import released_path
     from r2med_agent.retrieval import BM25_SPECS
+    from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
 
     reg = registries or Registries.load()
     gpu: list[str] = []
@@ -501,8 +511,10 @@ def entry_needs(
         else:
             problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
     for part in entry.retriever.split("+"):
-        if part in BM25_SPECS:
+        if part in BM25_SPECS or part in SHIPPED:
             continue
+        if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
+            part = DENSE_ENCODER
         enc = reg.encoders.get(part)
         if enc is None:
             problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
@@ -697,14 +709,21 @@ def stale_reason(path: Path, expected: Mapping[str, Any], data: tuple[str, str |
                 "no corpus fingerprint recorded" if not recorded
                 else f"corpus changed (fingerprint {str(recorded)[:12]}, now {fingerprint[:12]})"
             )
-    elif rec.get("source") != source:
+    elif rec.get("source") != source and not str(rec.get("source") or "").startswith(f"{source} (commit "):
+        # A task that follows a branch (NanoR2MED: main) records the commit it loaded after its
+        # source; any commit of that branch is the entry's data.
         diffs.append(f"data from {rec.get('source') or 'an unrecorded source'}, the entry loads {source}")
     return "; ".join(diffs) or None
 
 
 def task_option(tasks: Sequence[str]) -> str:
-    """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, else a comma list."""
-    return "all" if tuple(tasks) == r2med_tasks() else ",".join(tasks)
+    """``run --task`` for ``tasks``: ``all`` for the 8 R2MED tasks, ``nano-all`` for the 8
+    NanoR2MED splits, else a comma list."""
+    from r2med_agent.data import task_names
+
+    if tuple(tasks) == r2med_tasks():
+        return "all"
+    return "nano-all" if tuple(tasks) == tuple(task_names("nano-all")) else ",".join(tasks)
 
 
 def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:

@@ -160,6 +160,7 @@ class RunConfig:
             raise ConfigError(
                 f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{self.encoder_backend}'"
             )
+        _check_fixed_rankings(self)
 
     @property
     def llm_label(self) -> str:
@@ -444,6 +445,22 @@ def _check_fusion(cfg: RunConfig) -> None:
             f"got '{cfg.retriever}'"
         )
     check_fusion_options(n, cfg.fusion, cfg.rrf_k, cfg.fusion_weights)
+
+
+def _check_fixed_rankings(cfg: RunConfig) -> None:
+    """NanoR2MED's shipped candidate lists hold one ranking per task query: refuse, before any LLM
+    work, a method whose queries are an LLM's (``--method`` other than none, ``--loop-retriever``)."""
+    from r2med_agent.retrieval.candidates import candidate_names
+
+    fixed = set(candidate_names())
+    used = [("--retriever", cfg.retriever)] + ([("--loop-retriever", cfg.loop_retriever)] if cfg.loop_retriever else [])
+    for option, spec in used:
+        names = [p.strip() for p in spec.split("+") if p.strip() in fixed]
+        if names and cfg.method != "none":
+            raise ConfigError(
+                f"{option} {spec}: {', '.join(names)} answer the task's own queries from a fixed list "
+                f"and cannot search for what --method {cfg.method} generates; use --method none"
+            )
 
 
 def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:

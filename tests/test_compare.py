@@ -190,10 +190,15 @@ def test_bm25_compat_rows_get_the_papers_bm25_scores(tmp_path):
         assert by_label["hyde/qwen-7b/bm25-compat"].published == hyde
 
 
-def test_published_scores_load_all_568_rows():
+def test_published_scores_load_all_592_rows():
     pub = published_results()
-    assert len(pub.keys()) == 71
+    assert len(pub.keys()) == 74
     assert len(pub.keys("retrieval")) == 15 and len(pub.keys("rerank")) == 3
+    assert sum(len(pub.scores(k)) for k in pub.keys()) == 568 + 24
+    # The NanoR2MED card's three profiles, 8 splits each.
+    assert [k.retriever for k in pub.keys("nano")] == ["nano-bm25", "harrier", "nano-hybrid"]
+    assert pub.scores(PublishedKey("none", "", "nano-hybrid"))["nano-MedQA-Diag"] == 0.1406
+    assert pub.scores(PublishedKey("none", "", "harrier"), "recall_at_100")["nano-Biology"] == 0.8369
     assert pub.scores(PublishedKey("none", "", "bm25"))["Biology"] == 0.19188
     # MRR is blank for most rows: those tasks are left out, not read as 0.
     assert pub.scores(PublishedKey("none", "", "bge"), "mrr") == {}

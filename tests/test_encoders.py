@@ -410,3 +410,79 @@ def test_medcpt_queries_and_articles_go_through_their_own_encoders(tmp_path: Pat
     qvec = cls(folders["query"], "insulin and blood sugar")
     want = (dvec / np.linalg.norm(dvec, axis=1, keepdims=True)) @ (qvec / np.linalg.norm(qvec))
     np.testing.assert_allclose([run["q"][x] for x in ("d1", "d2")], want, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- harrier (NanoR2MED's dense profile)
+
+HARRIER_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+
+
+def test_harrier_entry_has_the_web_search_prompt_on_queries_only() -> None:
+    # HAKARI-Bench's NanoR2MED dense profile: sentence-transformers prompt `web_search_query` on
+    # every query, no document prompt, last-token pooling, L2-normalised, the full 32k context.
+    spec = get_encoder_spec("harrier")
+    assert spec.model == "microsoft/harrier-oss-v1-270m"
+    assert (spec.pooling, spec.normalize, spec.max_length, spec.append_eos) == ("last-token", True, 32768, False)
+    from r2med_agent import data
+    from r2med_agent.retrieval.encoders import instruction_prefixes
+
+    for name, _ in _registry_tasks():
+        ts = data.get_task_spec(name)
+        p = instruction_prefixes(spec, name, ts.family, ts.domain)
+        assert (p.query, p.doc, p.expansion) == (HARRIER_QUERY_PROMPT, "", ""), name
+    for name, family, domain in (("Mine", "case", ""), ("", "", "")):
+        p = instruction_prefixes(spec, name, family, domain)
+        assert (p.query, p.doc, p.expansion) == (HARRIER_QUERY_PROMPT, "", "")
+
+
+def test_harrier_encodes_as_sentence_transformers_does_with_a_tiny_gemma3(tmp_path: Path) -> None:
+    # The registry entry with its hub model replaced by a tiny random model of the same class
+    # (Gemma3TextModel, BOS-adding tokenizer): each vector must be the last token's state of
+    # prompt + text, L2-normalised, checked by hand, and equal to sentence-transformers' own
+    # Transformer -> Pooling(lasttoken) -> Normalize pipeline with the prompt named as HAKARI-Bench
+    # names it (which is what produced the card's dense numbers).
+    import numpy as np
+    import torch
+    from transformers import AutoModel, Gemma3TextConfig, Gemma3TextModel
+
+    folder = tmp_path / "tiny-harrier"
+    tok = _word_tokenizer("<bos> $A", {"bos_token": "<bos>", "eos_token": "<eos>"})
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
+                           pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = Gemma3TextModel(cfg).eval()
+    model.save_pretrained(folder)
+    assert type(AutoModel.from_pretrained(folder)).__name__ == "Gemma3TextModel"
+
+    from r2med_agent.retrieval.encoders import instruction_prefixes
+
+    spec = dataclasses.replace(get_encoder_spec("harrier"), model=str(folder), max_length=64, batch_size=4)
+    prefixes = instruction_prefixes(spec, "nano-Biology", "qa", "biology")
+    queries = ["cells divide by mitosis", "mitosis", "the biology post : cells"]  # lengths differ: padding
+    docs = ["cells divide", "biology post", "by mitosis the cells divide by mitosis"]
+    enc = HFEncoder(spec, device="cpu")
+    got_q = enc.encode(queries, side="query", prefix=prefixes.query)
+    got_d = enc.encode(docs, side="doc", prefix=prefixes.doc)
+
+    def by_hand(text: str) -> np.ndarray:
+        ids = torch.tensor([tok(text)["input_ids"]])
+        assert ids[0, 0].item() == tok.bos_token_id and ids[0, -1].item() != tok.eos_token_id
+        with torch.inference_mode():
+            last = model(input_ids=ids).last_hidden_state[0, -1]
+        return torch.nn.functional.normalize(last, dim=-1).numpy()
+
+    for row, text in zip(got_q, queries):
+        np.testing.assert_allclose(row, by_hand(HARRIER_QUERY_PROMPT + text), atol=1e-5)
+        assert np.linalg.norm(row) == pytest.approx(1.0, abs=1e-5)
+        # Mean pooling or a missing prompt would give another vector.
+        assert not np.allclose(row, by_hand(text), atol=1e-3)
+    for row, text in zip(got_d, docs):
+        np.testing.assert_allclose(row, by_hand(text), atol=1e-5)
+
+    from tests.st_reference import last_token_model
+
+    st = last_token_model(folder, {"web_search_query": HARRIER_QUERY_PROMPT}, 64)
+    np.testing.assert_allclose(got_q, st.encode(queries, prompt_name="web_search_query", batch_size=3), atol=1e-5)
+    np.testing.assert_allclose(got_d, st.encode(docs, batch_size=3), atol=1e-5)

@@ -56,11 +56,16 @@ def csv_ndcg() -> dict[tuple[str, str, str, str], dict[str, float]]:
 def test_grids_cover_every_published_configuration_exactly_once():
     grids = load_grids()
     assert set(grids) == set(TABLES)
-    assert {t: len(g.entries) for t, g in grids.items()} == {"retrievers": 15, "gar": 45, "agentic": 8, "rerank": 3}
-    keys = [e.published_key for g in grids.values() for e in g.entries]
+    assert {t: len(g.entries) for t, g in grids.items()} == {
+        "retrievers": 15, "gar": 45, "agentic": 8, "rerank": 3, "nano": 5
+    }
+    keys = [e.published_key for t, g in grids.items() if t != "nano" for e in g.entries]
     assert len(keys) == len(set(keys)) == 71
-    assert set(keys) == set(published_results().keys())
     kinds = published_results().kinds
+    # The nano grid holds each of the card's three profiles, computed and as shipped.
+    nano = {e.published_key for e in grids["nano"].entries}
+    assert {kinds[k] for k in nano} == {"nano"} and len(nano) == 3
+    assert set(keys) | nano == set(published_results().keys())
     assert {kinds[e.published_key] for e in grids["retrievers"].entries} == {"retrieval"}
     assert {kinds[e.published_key] for e in grids["rerank"].entries} == {"rerank"}
     assert {e.method for e in grids["agentic"].entries} == {"search-r1", "search-o1"}
@@ -82,9 +87,10 @@ def test_grid_scores_are_the_csv_scores():
             pub = e.get("published") or {}
             key = tuple(pub.get(k, e.get(k, "")) for k in ("method", "llm", "retriever", "reranker"))
             assert e["ndcg_at_10"] == expected[key], (table, key)
-            assert list(e["ndcg_at_10"]) == list(r2med_tasks())  # written in the paper's task order
+            # written in the task order of the grid's group (the paper's, or NanoR2MED's)
+            assert list(e["ndcg_at_10"]) == list(load_grid(table).tasks)
             n += 1
-    assert n == 71
+    assert n == 76
     # The loader hands the same numbers on.
     for grid in load_grids().values():
         for entry, scores in zip(grid.entries, grid.published):
@@ -106,7 +112,7 @@ def test_dry_run_lists_every_entry(cli, tmp_path):
         res = runner.invoke(cli, ["reproduce", "--table", table, "--dry-run", "--output-dir", str(out)])
         assert res.exit_code == 0, res.output
         for i, entry in enumerate(grid.entries):
-            cmd = entry.command("all", out, generations=entry.generations_mode())
+            cmd = entry.command(rep.task_option(grid.tasks), out, generations=entry.generations_mode())
             assert f"    {cmd}\n" in res.output
             assert f"[{i}] {entry.label}  (to run; paper nDCG@10 avg " in res.output
         n = len(grid.entries)
@@ -330,6 +336,14 @@ def test_results_from_other_data_are_stale(tmp_path):
     assert plan(grid, hub)[0].stale == {
         "Biology": f"data from /elsewhere/Biology, the entry loads {provenance}"
     }
+    # A task that follows a branch (NanoR2MED) records the commit it loaded: still its data.
+    nano = ReproduceOptions(output_dir=out, tasks=("nano-Biology",))
+    nano_source = get_task_spec("nano-Biology").provenance
+    assert nano_source == "hf://datasets/hakari-bench/NanoR2MED@main#NanoR2MEDBiology"
+    write_result(out, "none", "none", "bm25", "nano-Biology", RUN, source=f"{nano_source} (commit {'a' * 40})")
+    assert plan(grid, nano)[0].done == ("nano-Biology",)
+    write_result(out, "none", "none", "bm25", "nano-Biology", RUN, source=f"{nano_source}-other (commit {'a' * 40})")
+    assert plan(grid, nano)[0].stale["nano-Biology"].startswith(f"data from {nano_source}-other")
     # A local copy: the corpus fingerprint of what the entry would load decides.
     data = tmp_path / "data"
     write_r2med_task(data / "Biology")

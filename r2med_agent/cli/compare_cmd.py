@@ -143,12 +143,12 @@ def report_command(
 
 @app.command("reproduce")
 def reproduce_command(
-    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic or rerank (configs/reproduce/<table>.yaml)."),
+    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic, rerank or nano (configs/reproduce/<table>.yaml)."),
     grid_file: Optional[Path] = typer.Option(None, "--grid", help="A grid YAML of your own instead of --table (same format)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published scores, done/stale/pending tasks and what it needs (GPU memory, API keys, hub access); run nothing."),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; tasks whose result files exist and were made with the entry's settings and data are skipped, stale ones run again."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
-    tasks: str = typer.Option("all", "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks) or a comma list."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks), 'nano-all' or a comma list (default: the grid's tasks, the 8 R2MED tasks or, for nano, the 8 NanoR2MED splits)."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
     generations: str = typer.Option("r2med", "--generations", help="r2med (default): rows whose generations R2MED released (configs/reproduce/released.yaml) score those, with no LLM; the others generate. fresh: every LLM row generates."),
     fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
@@ -161,7 +161,10 @@ def reproduce_command(
         raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")
     grid = load_grid(table_name if table_name is not None else grid_file)  # type: ignore[arg-type]
     opts = ReproduceOptions(
-        output_dir=output_dir, data_dir=data_dir, tasks=tuple(task_names(tasks)), gpu_gib=gpu_gib,
+        output_dir=output_dir,
+        data_dir=data_dir,
+        tasks=tuple(task_names(tasks)) if tasks else (grid.tasks or tuple(task_names("all"))),
+        gpu_gib=gpu_gib,
         generations=generations,
     )
     if dry_run:

@@ -52,7 +52,7 @@ def run_command(
     ),
     retriever: str = typer.Option(
         "bm25", "--retriever", "-r",
-        help="bm25 | bm25-compat (R2MED's gensim scoring) | an encoder name (minilm, bge, nv, ...) | a '+'-joined fusion such as bm25+minilm.",
+        help="bm25 | bm25-compat (R2MED's gensim scoring) | an encoder name (minilm, bge, nv, harrier, ...) | a '+'-joined fusion such as bm25+minilm | on NanoR2MED splits, the candidate lists they ship: nano-bm25, nano-dense, nano-hybrid[-safeguard], or hakari-hybrid[-safeguard] (the hybrid list rebuilt from nano-bm25 and harrier).",
     ),
     loop_retriever: Optional[str] = typer.Option(
         None, "--loop-retriever",

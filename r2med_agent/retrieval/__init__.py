@@ -2,7 +2,8 @@
 
 ``make_retriever("bm25", task)``, ``make_retriever("minilm", task)`` or
 ``make_retriever("bm25+minilm", task)`` (reciprocal rank fusion of the parts);
-``make_reranker("bge-reranker")``.
+``make_reranker("bge-reranker")``. NanoR2MED's shipped candidate rankings and the hybrid list
+rebuilt from them are :mod:`r2med_agent.retrieval.candidates` (``nano-bm25``, ``hakari-hybrid``, ...).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ _FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
 
 
 def retriever_names() -> list[str]:
-    """Every single-retriever spec word: the BM25 variants and the encoder registry's names."""
+    """Every single-retriever spec word: the BM25 variants, the encoder registry's names and
+    NanoR2MED's candidate rankings."""
+    from r2med_agent.retrieval.candidates import candidate_names
     from r2med_agent.retrieval.encoders import encoder_registry
 
-    return [*BM25_SPECS, *sorted(encoder_registry())]
+    return [*BM25_SPECS, *sorted(encoder_registry()), *candidate_names()]
 
 
 def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
@@ -89,8 +92,11 @@ def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
 
         kw = {k: opts[k] for k in _BM25_OPTS if k in opts}
         return BM25Retriever.for_task(task, mode=BM25_SPECS[word], **kw)
+    from r2med_agent.retrieval.candidates import candidate_names, make_candidate_retriever
     from r2med_agent.retrieval.encoders import encoder_registry
 
+    if word in candidate_names():
+        return make_candidate_retriever(word, task, {k: opts[k] for k in _DENSE_OPTS if k in opts})
     if word in encoder_registry():
         from r2med_agent.retrieval.dense import DenseRetriever
 
