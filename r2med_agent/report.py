@@ -439,7 +439,14 @@ def write_report(
     if cost_axis not in COST_AXES:
         raise ConfigError(f"unknown cost axis '{cost_axis}'; allowed: {', '.join(COST_AXES)}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; the report needs a folder (it writes "
+                          "report.html and two PNG plots into it)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the report folder ({e.strerror}); "
+                          "choose another path") from None
     plots = {
         f"{table.metric} per task": plot_per_task(table, out / "per_task.png"),
         "quality against cost": plot_quality_vs_cost(table, out / "quality_vs_cost.png", cost_axis),

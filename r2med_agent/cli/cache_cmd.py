@@ -108,7 +108,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 @cache_app.command("export")
 def export_command(
     model: str = typer.Option(..., "--model", help="LLM registry name (e.g. qwen-7b) or the model id stored in the cache."),
-    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically; a symlink is written through, '-' is standard output), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name the generations were made for (needed when the cache holds several)."),
     method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (hyde, query2doc, lamer, ...; needed when the cache holds several)."),
     fmt: str = typer.Option("r2med", "--format", help="Output layout; 'r2med' writes query_with_hydoc.jsonl rows: id, text, hy_doc, doc_id."),
@@ -132,7 +132,7 @@ def export_command(
     groups and stops; pick one with --settings or the sampling filters.
     """
     from r2med_agent.config import set_user_config
-    from r2med_agent.io import atomic_write_text
+    from r2med_agent.io import write_output
     from r2med_agent.llm.cache_io import export_r2med
 
     if fmt != "r2med":
@@ -153,8 +153,8 @@ def export_command(
             temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed
         ),
     )
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    typer.echo(f"wrote {len(rows)} rows to {out}")
+    write_output(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    typer.echo(f"wrote {len(rows)} rows to {'standard output' if str(out) == '-' else out}", err=True)
 
 
 def _sampling_overrides(**values: Any) -> dict[str, Any]:

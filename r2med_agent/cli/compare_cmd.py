@@ -54,7 +54,7 @@ def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
     from r2med_agent.compare import FORMATS
 
     if fmt is None:
-        if out is None:
+        if out is None or str(out) == "-":
             return "rich"
         return "csv" if out.suffix.lower() == ".csv" else "md"
     if fmt not in FORMATS:
@@ -64,11 +64,13 @@ def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
 
 def _emit(table, fmt: str, out: Optional[Path]) -> None:
     from r2med_agent.compare import print_rich, render
-    from r2med_agent.io import atomic_write_text
+    from r2med_agent.io import write_output
 
-    if out is not None:
-        atomic_write_text(out, render(table, fmt))
+    if out is not None and str(out) != "-":
+        write_output(out, render(table, fmt))
         typer.echo(f"wrote {out}", err=True)
+    elif out is not None:
+        write_output(out, render(table, "md" if fmt == "rich" else fmt))
     elif fmt == "rich":
         print_rich(table)
     else:
@@ -88,7 +90,7 @@ def compare_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
     cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks."),
     fmt: Optional[str] = typer.Option(None, "--format", help="rich (terminal), md or csv. Default: rich, or from --out's suffix (.csv -> csv, else md)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal (atomically; a symlink is written through; '-' is standard output)."),
 ) -> None:
     """One table of results: tasks as columns, one row per configuration (method, llm, retriever, reranker), and the average."""
     fmt = _format_for(fmt, out)
