@@ -37,9 +37,31 @@ def main(argv: list[str] | None = None) -> int:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         return e.exit_code
     except KeyboardInterrupt:
-        typer.secho("interrupted; finished work is cached and a re-run resumes", err=True)
-        return 130
+        return _interrupted()
     except SystemExit as e:
+        # typer turns Ctrl-C into Exit(130) raised from the KeyboardInterrupt, then sys.exit
+        if _caused_by_interrupt(e):
+            return _interrupted()
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _interrupted() -> int:
+    typer.secho("interrupted; finished work is cached and a re-run resumes", err=True)
+    return 130
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in ``exc``'s chain of causes and contexts."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+    return False
