@@ -261,10 +261,13 @@ def load_registry(section: str, cls: type[T]) -> dict[str, T]:
 
 def lookup(section: str, cls: type[T], name: str) -> T:
     """One registry entry by name; an unknown name lists the known ones."""
+    from r2med_agent.errors import did_you_mean
+
     reg = load_registry(section, cls)
     if name not in reg:
         raise ConfigError(
-            f"unknown {section[:-1] if section.endswith('s') else section} '{name}'; known: "
+            f"unknown {section[:-1] if section.endswith('s') else section} '{name}'"
+            f"{did_you_mean(name, reg)}; known: "
             f"{', '.join(sorted(reg))} (add your own under '{section}:' in a user config file)"
         )
     return reg[name]

@@ -285,8 +285,11 @@ def _known_tasks_text(registry: dict[str, TaskSpec]) -> str:
 
 
 def _unknown_task_message(name: str, registry: dict[str, TaskSpec]) -> str:
+    from r2med_agent.errors import did_you_mean
+
     return (
-        f"unknown task '{name}'; {_known_tasks_text(registry)} "
+        f"unknown task '{name}'{did_you_mean(name, _name_index(registry).values())}; "
+        f"{_known_tasks_text(registry)} "
         "(add your own under 'tasks:' in a user config file)"
     )
 

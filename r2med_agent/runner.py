@@ -95,6 +95,15 @@ class RunConfig:
     show_progress: bool = True
 
     def __post_init__(self) -> None:
+        from r2med_agent.methods import get_method, method_name
+
+        get_method(self.method)  # an unknown name fails here, before any work
+        object.__setattr__(self, "method", method_name(self.method))  # HyDE -> hyde
+        if self.method == "none" and self.llm:
+            raise ConfigError(
+                f"--llm {self.llm} is only used by a method; add --method (hyde, query2doc, "
+                "lamer, search-r1, search-o1), or leave --llm out for plain retrieval"
+            )
         if self.method != "none" and not self.llm:
             raise ConfigError(f"--method {self.method} needs --llm (see `r2med-agent llms`)")
         if self.final not in FINAL_MODES:

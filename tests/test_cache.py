@@ -798,7 +798,7 @@ def test_cli_import_stats_export_roundtrip(tmp_path, capsys):
     assert main(["cache", "stats", "--json", *args]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["models"][0]["model_id"] == "Qwen/Qwen2.5-7B-Instruct" and stats["models"][0]["rows"] == 2
-    assert stats["uses"] == [{"model_id": "Qwen/Qwen2.5-7B-Instruct", "task": "Biology", "method": "hyde", "queries": 2}]
+    assert stats["uses"] == [{"model_id": "Qwen/Qwen2.5-7B-Instruct", "task": "Biology", "method": "hyde", "queries": 2, "generations": 2}]
     assert main(["cache", "stats", *args]) == 0
     assert "Qwen" in capsys.readouterr().out
 

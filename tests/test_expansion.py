@@ -240,7 +240,7 @@ def test_registry():
         assert cls.name == name and issubclass(cls, ExpansionMethod)
         assert not cls.agentic
     assert get_method("lamer").needs_first_pass and not get_method("hyde").needs_first_pass
-    with pytest.raises(ConfigError, match="unknown method 'hide'; allowed: none, hyde, query2doc, lamer"):
+    with pytest.raises(ConfigError, match=r"unknown method 'hide' \(did you mean 'hyde'\?\); allowed: none, hyde, query2doc, lamer"):
         get_method("hide")
 
 

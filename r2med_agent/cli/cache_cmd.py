@@ -51,10 +51,13 @@ def stats_command(
     """Rows, tokens and model seconds per model, the tasks/methods they serve, and the size on disk."""
     cache = _open_cache(cache_path, must_exist=True)
     per_model = cache.stats()
-    per_use: dict[tuple[str, str, str], int] = {}
+    # One query can be served by several generations (samples, settings, loop steps): count
+    # distinct queries and the generations apart, as the columns say.
+    per_use: dict[tuple[str, str, str], tuple[set[str], set[str]]] = {}
     for use, rec in cache.uses():
-        k = (rec.model_id, use.task, use.method)
-        per_use[k] = per_use.get(k, 0) + 1
+        queries, keys = per_use.setdefault((rec.model_id, use.task, use.method), (set(), set()))
+        queries.add(use.query_id)
+        keys.add(use.key)
     if as_json:
         out = {
             "path": str(cache.path),
@@ -69,7 +72,8 @@ def stats_command(
                 }
                 for s in per_model
             ],
-            "uses": [{"model_id": m, "task": t, "method": me, "queries": n} for (m, t, me), n in sorted(per_use.items())],
+            "uses": [{"model_id": m, "task": t, "method": me, "queries": len(q), "generations": len(g)}
+                     for (m, t, me), (q, g) in sorted(per_use.items())],
         }
         typer.echo(json.dumps(out, indent=2))
         return
@@ -81,10 +85,11 @@ def stats_command(
     console.print(table)
     if per_use:
         uses = Table(title="queries served, by task and method")
-        for col in ("model", "task", "method", "queries"):
-            uses.add_column(col, justify="right" if col == "queries" else "left", overflow="fold")
-        for (m, t, me), n in sorted(per_use.items()):
-            uses.add_row(m, t or "-", me or "-", str(n))
+        for col in ("model", "task", "method", "queries", "generations"):
+            uses.add_column(col, justify="right" if col in ("queries", "generations") else "left",
+                            overflow="fold")
+        for (m, t, me), (q, g) in sorted(per_use.items()):
+            uses.add_row(m, t or "-", me or "-", str(len(q)), str(len(g)))
         console.print(uses)
 
 

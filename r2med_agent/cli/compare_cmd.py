@@ -80,7 +80,7 @@ def _emit(table, fmt: str, out: Optional[Path]) -> None:
 @app.command("compare")
 def compare_command(
     results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
-    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric key of the result files (ndcg_at_10, recall_at_100, mrr, ...)."),
+    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric: ndcg_at_10, recall_at_100, mrr, ... or as trec_eval, pyserini and BEIR write them (ndcg_cut_10, ndcg@10, NDCG@10, P_10, recip_rank)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these task columns: a comma list, 'all' or 'nano-all' (default: every task found)."),
     published: bool = typer.Option(False, "--published", help="Add R2MED's published score beside ours, and the difference ('—' where the paper has none)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row to test the others against: its index, or method/llm/retriever (plus /reranker if it has one). Marks ▲/▼ where p < --alpha and adds W/T/L and p."),
@@ -102,7 +102,7 @@ def compare_command(
 def report_command(
     results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
     out: Path = typer.Option(..., "--out", help="Folder for report.html, per_task.png and quality_vs_cost.png."),
-    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots."),
+    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots (ndcg_at_10, ndcg@10, ndcg_cut_10, ... as for compare)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all' or 'nano-all' (default: every task found)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down. Default: the package/hub copy."),
     allow_missing_qrels_docs: bool = typer.Option(

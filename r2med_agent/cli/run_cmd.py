@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -44,7 +45,7 @@ def run_command(
     ),
     method: str = typer.Option(
         "none", "--method", "-m",
-        help="none | hyde | query2doc | lamer | search-r1 | search-o1.",
+        help="none | hyde | query2doc | lamer | search-r1 | search-o1 (any case: HyDE works).",
     ),
     llm: Optional[str] = typer.Option(
         None, "--llm", "-l",
@@ -92,7 +93,7 @@ def run_command(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the sampling seed."),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars).", show_default=False),
 ) -> None:
     """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
     from r2med_agent.config import set_user_config
@@ -130,7 +131,7 @@ def run_command(
         chunk_size=chunk_size,
         final=final,
         sampling=sampling,
-        show_progress=progress,
+        show_progress=progress if progress is not None else sys.stderr.isatty(),
     )
     result = run_experiment(cfg)
     print_summary(result)

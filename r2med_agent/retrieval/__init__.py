@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from r2med_agent.errors import ConfigError
+from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.retrieval.base import Retriever
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,8 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
     for word in parts:
         if word not in known:
             raise ConfigError(
-                f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
+                f"unknown retriever '{word}'{did_you_mean(word, retriever_names())}; "
+                f"allowed: {', '.join(retriever_names())}, "
                 "or several joined by '+'"
             )
     if len(parts) == 1:
@@ -94,7 +95,8 @@ def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
         kw = {k: opts[k] for k in _DENSE_OPTS if k in opts}
         return DenseRetriever.for_task(task, encoder=word, **kw)
     raise ConfigError(
-        f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
+        f"unknown retriever '{word}'{did_you_mean(word, retriever_names())}; "
+                f"allowed: {', '.join(retriever_names())}, "
         "or several joined by '+'"
     )
 
