@@ -22,7 +22,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.types import Qrels, Run
 
 CUTOFFS: tuple[int, ...] = (1, 10, 25, 50, 100)
-"""Cut-offs of PROTOCOL.md: nDCG, MAP, Recall and P at 1/10/25/50/100."""
+"""Cut-offs of docs/protocol.md: nDCG, MAP, Recall and P at 1/10/25/50/100."""
 
 _FAMILIES = {"ndcg": "ndcg_cut", "map": "map_cut", "recall": "recall", "precision": "P"}
 
