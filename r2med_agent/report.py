@@ -349,7 +349,7 @@ def drilldown_data(
             continue
         texts = {d.doc_id: d for d in task.corpus if d.doc_id in shown_docs[t]}
         out_tasks[t]["docs"] = {
-            d: _cut((doc.title + "\n" if doc.title else "") + doc.text, doc_chars) for d, doc in texts.items()
+            d: _cut(doc.full_text, doc_chars) for d, doc in texts.items()
         }
     for t, info in out_tasks.items():
         if not info["order"]:

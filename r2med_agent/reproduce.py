@@ -123,7 +123,8 @@ class GridEntry:
             reranker=p.reranker if p.reranker is not None else self.reranker,
         )
 
-    def run_config(self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None):
+    def run_config(self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None,
+                   allow_count_mismatch: bool = False):
         """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``)."""
         from r2med_agent.runner import RunConfig
 
@@ -135,6 +136,7 @@ class GridEntry:
             reranker=self.reranker or None,
             output_dir=Path(output_dir),
             data_dir=data_dir,
+            allow_count_mismatch=allow_count_mismatch,
             **self.args,
         )
 
@@ -463,12 +465,15 @@ class ReproduceOptions:
         data_dir: local data (None: the hub).
         tasks: tasks to run (default: the 8 R2MED tasks).
         gpu_gib: memory of one GPU for the estimates.
+        allow_count_mismatch: use ``data_dir`` copies whose query or document counts differ
+            from the registry's (as ``run --allow-count-mismatch``).
     """
 
     output_dir: Path = Path("results")
     data_dir: Path | None = None
     tasks: tuple[str, ...] = field(default_factory=r2med_tasks)
     gpu_gib: float = GPU_GIB
+    allow_count_mismatch: bool = False
 
 
 @dataclass(frozen=True)
@@ -525,8 +530,9 @@ class _ExpectedData:
     """Per task, where the entry's data comes from and (local and package data) its corpus
     fingerprint; tasks are read at most once per plan, and only those with result files."""
 
-    def __init__(self, data_dir: Path | None) -> None:
+    def __init__(self, data_dir: Path | None, allow_count_mismatch: bool = False) -> None:
         self.data_dir = data_dir
+        self.allow_count_mismatch = allow_count_mismatch
         self._known: dict[str, tuple[str, str | None]] = {}
 
     def __call__(self, task: str) -> tuple[str, str | None]:
@@ -538,7 +544,8 @@ class _ExpectedData:
                 # Hub data at the registry's pinned revision: the source names the content.
                 self._known[task] = (spec.provenance, None)
             else:
-                loaded = load_task(task, self.data_dir)
+                loaded = load_task(task, self.data_dir,
+                                   allow_count_mismatch=self.allow_count_mismatch)
                 self._known[task] = (loaded.source, loaded.fingerprint)
         return self._known[task]
 
@@ -590,10 +597,10 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     registries = Registries.load()
     repos: dict[tuple[str, ...], list[str]] = {}
     task_arg = task_option(opts.tasks)
-    expected_data = _ExpectedData(opts.data_dir)
+    expected_data = _ExpectedData(opts.data_dir, opts.allow_count_mismatch)
     out = []
     for entry, scores in zip(grid.entries, grid.published):
-        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir)
+        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, opts.allow_count_mismatch)
         rdir = cfg.result_dir()
         want = asdict(cfg)
         stale: dict[str, str] = {}
@@ -659,7 +666,7 @@ def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> 
     """Run one entry on ``tasks`` in-process through the runner (the one call to wire)."""
     from r2med_agent.runner import run_experiment
 
-    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir))
+    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, opts.allow_count_mismatch))
 
 
 def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:

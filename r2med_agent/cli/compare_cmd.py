@@ -109,6 +109,10 @@ def report_command(
         False, "--allow-missing-qrels-docs",
         help="Load tasks whose qrels name documents missing from the corpus (as `run --allow-missing-qrels-docs`).",
     ),
+    allow_count_mismatch: bool = typer.Option(
+        False, "--allow-count-mismatch",
+        help="Load --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`).",
+    ),
     texts: bool = typer.Option(True, "--texts/--no-texts", help="Load the tasks for texts and qrels; --no-texts shows ids only (query text and positives from the generations file where there is one)."),
     published: bool = typer.Option(False, "--published", help="Add R2MED's published scores to the table."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row index, or method/llm/retriever (plus /reranker), to test the others against."),
@@ -131,7 +135,8 @@ def report_command(
 
         for name in table.tasks:
             try:
-                loaded[name] = load_task(name, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs)
+                loaded[name] = load_task(name, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs,
+                                         allow_count_mismatch=allow_count_mismatch)
             except R2MedError as e:
                 err = R2MedError(
                     f"{e}\n(the report loads task '{name}' for its texts; pass --data-dir DIR, "
@@ -152,6 +157,7 @@ def reproduce_command(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
     tasks: str = typer.Option("all", "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks) or a comma list."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
+    allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="Use --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`)."),
     fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
@@ -162,7 +168,8 @@ def reproduce_command(
         raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")
     grid = load_grid(table_name if table_name is not None else grid_file)  # type: ignore[arg-type]
     opts = ReproduceOptions(
-        output_dir=output_dir, data_dir=data_dir, tasks=tuple(task_names(tasks)), gpu_gib=gpu_gib
+        output_dir=output_dir, data_dir=data_dir, tasks=tuple(task_names(tasks)), gpu_gib=gpu_gib,
+        allow_count_mismatch=allow_count_mismatch,
     )
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")

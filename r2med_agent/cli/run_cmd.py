@@ -39,9 +39,10 @@ _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 @app.command("run")
 def run_command(
-    task: str = typer.Option(
-        "sample", "--task", "-t",
-        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted.",
+    task: Optional[str] = typer.Option(
+        None, "--task", "-t",
+        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
+        show_default=False,
     ),
     method: str = typer.Option(
         "none", "--method", "-m",
@@ -83,6 +84,10 @@ def run_command(
         False, "--allow-missing-qrels-docs",
         help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1.",
     ),
+    allow_count_mismatch: bool = typer.Option(
+        False, "--allow-count-mismatch",
+        help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results.",
+    ),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<retriever>/<Task>.json|.run."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
     refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
@@ -97,7 +102,7 @@ def run_command(
 ) -> None:
     """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
     from r2med_agent.config import set_user_config
-    from r2med_agent.data import task_names
+    from r2med_agent.data import local_task_names, task_names
     from r2med_agent.runner import RunConfig, run_experiment
 
     if config is not None:
@@ -105,13 +110,17 @@ def run_command(
     if task == "list":
         tasks_command()
         return
+    if task is None:
+        names = local_task_names(data_dir) if data_dir is not None else ["sample"]
+    else:
+        names = task_names(task, data_dir)
     sampling = {
         k: v
         for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}.items()
         if v is not None
     }
     cfg = RunConfig(
-        tasks=tuple(task_names(task)),
+        tasks=tuple(names),
         method=method,
         llm=llm,
         retriever=retriever,
@@ -124,6 +133,7 @@ def run_command(
         top_k=top_k,
         data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs,
+        allow_count_mismatch=allow_count_mismatch,
         output_dir=output_dir,
         use_cache=not no_cache,
         refresh_cache=refresh_cache,

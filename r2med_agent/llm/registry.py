@@ -18,12 +18,13 @@ from r2med_agent.llm.base import LLM
 from r2med_agent.llm.parsing import ReasoningFormat
 from r2med_agent.types import SamplingParams
 
-Backend = Literal["vllm", "openai", "local"]
+Backend = Literal["vllm", "openai", "local", "python"]
 
 BACKENDS: dict[str, str] = {
     "vllm": "r2med_agent.llm.vllm_backend:VLLMBackend",
     "openai": "r2med_agent.llm.openai_compat:OpenAICompatBackend",
     "local": "r2med_agent.llm.local:LlamaCppBackend",
+    "python": "r2med_agent.api:PythonLLM",  # a function registered with r2med_agent.api
 }
 """Backend name -> ``module:class``; the class takes the spec as its only argument."""
 

@@ -1,4 +1,4 @@
-"""Search-R1 and Search-o1: reasoning-search loops over a task's corpus (PROTOCOL.md).
+"""Search-R1 and Search-o1: reasoning-search loops over a task's corpus (docs/protocol.md).
 
 Both run on the batched engine of :mod:`r2med_agent.methods.loop` and return, per task, an
 :class:`~r2med_agent.methods.loop.AgenticResult`: the final SearchRequests (``combine="reasoning"``,
@@ -243,7 +243,7 @@ class SearchO1(ReasoningLoop):
         # The running text plus this step's body, which ends with the query just issued.
         reasoning = traj.text + body
         documents = "".join(
-            f"**Document {i}** (id: {d.doc_id})\n{cut_words(d.text, self.max_doc_words)}\n\n"
+            f"**Document {i}** (id: {d.doc_id})\n{cut_words(d.full_text, self.max_doc_words)}\n\n"
             for i, d in enumerate(docs, start=1)
         ).strip()
         text = render(

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from r2med_agent.errors import ConfigError, did_you_mean
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from r2med_agent.retrieval.rerank import Reranker
     from r2med_agent.types import Task
 
-__all__ = ["Retriever", "make_retriever", "make_reranker", "retriever_names"]
+__all__ = ["Retriever", "make_retriever", "make_reranker", "register_retriever", "retriever_names"]
 
 BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
 """Spec word -> BM25Retriever mode."""
@@ -26,11 +27,29 @@ _DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", 
 _FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
 
 
-def retriever_names() -> list[str]:
-    """Every single-retriever spec word: the BM25 variants and the encoder registry's names."""
+_REGISTERED: dict[str, Callable[[Task], Retriever]] = {}
+"""Retrievers registered from Python (:func:`register_retriever`): name -> factory over a task."""
+
+
+def register_retriever(name: str, factory: Callable[[Task], Retriever]) -> None:
+    """Make ``name`` a retriever spec word in this process: ``factory(task)`` builds it for a
+    task (the Python API's own encoders and retrievers go through this). A name of the
+    registries (bm25, an encoder) cannot be taken."""
     from r2med_agent.retrieval.encoders import encoder_registry
 
-    return [*BM25_SPECS, *sorted(encoder_registry())]
+    if not name or "+" in name or "/" in name:
+        raise ConfigError(f"retriever name {name!r} must be non-empty, without '+' or '/'")
+    if name in BM25_SPECS or name in encoder_registry():
+        raise ConfigError(f"retriever name '{name}' is taken by the registry; choose another")
+    _REGISTERED[name] = factory
+
+
+def retriever_names() -> list[str]:
+    """Every single-retriever spec word: the BM25 variants, the encoder registry's names and
+    the retrievers registered from Python."""
+    from r2med_agent.retrieval.encoders import encoder_registry
+
+    return [*BM25_SPECS, *sorted(encoder_registry()), *sorted(_REGISTERED)]
 
 
 def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
@@ -82,6 +101,8 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
 
 
 def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
+    if word in _REGISTERED:
+        return _REGISTERED[word](task)
     if word in BM25_SPECS:
         from r2med_agent.retrieval.bm25 import BM25Retriever
 
