@@ -174,6 +174,7 @@ def import_command(
     llm: str = typer.Option(..., "--llm", "-l", help="LLM registry name the rows stand for (e.g. qwen-7b); a later run with this --llm and --method finds them."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as for `run`); default: the Hugging Face hub."),
     allow_missing_qrels_docs: bool = typer.Option(False, "--allow-missing-qrels-docs", help="As in `run`: keep qrels naming documents missing from the corpus, with a warning."),
+    allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="As in `run`: use a --data-dir copy whose query or document counts differ from the registry's (e.g. R2MED's 2-query demo as Biology)."),
     sample: int = typer.Option(0, "--sample", help="Sample index to store the rows under."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="As in `run`: the sampling override the matching run will use."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="As in `run`."),
@@ -196,6 +197,7 @@ def import_command(
     report = import_for_method(
         cache, file, task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
         sampling_overrides=overrides, allow_missing_qrels_docs=allow_missing_qrels_docs,
+        allow_count_mismatch=allow_count_mismatch,
     )
     typer.echo(
         f"imported {report.imported} generations into {cache.path}"
@@ -215,6 +217,7 @@ def import_for_method(
     sample_index: int = 0,
     sampling_overrides: dict[str, Any] | None = None,
     allow_missing_qrels_docs: bool = False,
+    allow_count_mismatch: bool = False,
 ):
     """Rebuild the requests ``method`` sends for ``task`` with ``llm`` and import ``file`` under them.
 
@@ -237,7 +240,8 @@ def import_for_method(
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         params = replace(params, **sampling_overrides)
-    the_task = load_task(task, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs)
+    the_task = load_task(task, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs,
+                         allow_count_mismatch=allow_count_mismatch)
     m = get_method(method)()
     if getattr(m, "agentic", False) or not getattr(m, "uses_llm", True):
         raise ConfigError(f"--method {method}: only single-shot expansion methods (hyde, query2doc, lamer) can be imported")
