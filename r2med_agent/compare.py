@@ -603,6 +603,9 @@ def build_table(
         raise ConfigError(f"unknown significance test '{test}'; allowed: {', '.join(TESTS)}")
     if not 0 < alpha < 1:
         raise ConfigError(f"--alpha must be between 0 and 1, got {alpha}")
+    from r2med_agent.evaluation import metric_key
+
+    metric = metric_key(metric)  # ndcg@10, NDCG@10, ndcg_cut_10 -> ndcg_at_10
     known = {m for r in rows for t in r.tasks.values() for m in t.scores}
     if metric not in known:
         raise ConfigError(f"no result file has metric '{metric}'; available: {', '.join(sorted(known))}")

@@ -134,6 +134,18 @@ def _check_user_sections(path: Path, doc: Mapping[str, Any]) -> None:
         )
 
 
+_PYTHON_ENTRIES: dict[str, dict[str, dict[str, Any]]] = {}
+"""Entries registered from Python (:func:`register_entry`): section -> name -> fields."""
+_PYTHON_SOURCE = Path("<registered from Python>")
+
+
+def register_entry(section: str, name: str, fields: Mapping[str, Any]) -> None:
+    """Add or replace one registry entry for this process, above the package and user layers
+    (the Python API registers a user's own LLM this way)."""
+    _PYTHON_ENTRIES.setdefault(section, {})[name] = dict(fields)
+    _registry_cache.clear()
+
+
 def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
     """All raw entries of a registry section, package layer first, then the user file.
 
@@ -161,6 +173,8 @@ def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
             if not isinstance(fields, Mapping):
                 raise ConfigError(f"{path}: entry '{section}.{name}' must be a mapping")
             out[str(name)] = (dict(fields), path)
+    for name, fields in _PYTHON_ENTRIES.get(section, {}).items():
+        out[name] = (dict(fields), _PYTHON_SOURCE)
     return out
 
 
@@ -261,10 +275,13 @@ def load_registry(section: str, cls: type[T]) -> dict[str, T]:
 
 def lookup(section: str, cls: type[T], name: str) -> T:
     """One registry entry by name; an unknown name lists the known ones."""
+    from r2med_agent.errors import did_you_mean
+
     reg = load_registry(section, cls)
     if name not in reg:
         raise ConfigError(
-            f"unknown {section[:-1] if section.endswith('s') else section} '{name}'; known: "
+            f"unknown {section[:-1] if section.endswith('s') else section} '{name}'"
+            f"{did_you_mean(name, reg)}; known: "
             f"{', '.join(sorted(reg))} (add your own under '{section}:' in a user config file)"
         )
     return reg[name]

@@ -26,6 +26,7 @@ Only qrels with a positive grade are kept (trec_eval counts ``rel <= 0`` as non-
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -52,6 +53,8 @@ __all__ = [
     "corpus_fingerprint",
     "get_task_spec",
     "list_tasks",
+    "local_task_names",
+    "local_task_spec",
     "load_task",
     "load_task_dir",
     "read_nano_candidates",
@@ -98,18 +101,21 @@ class TaskSpec:
         family: prompt family: ``qa``, ``exam``, ``treatment`` or ``case``.
         domain: subject used by Q&A prompts ("biology", "medical sciences", ...).
         source: where the data lives without ``--data-dir``: ``hub`` (an R2MED-layout dataset repo),
-            ``nano`` (one split of a Nano-layout repo) or ``package`` (inside r2med_agent/resources).
+            ``nano`` (one split of a Nano-layout repo), ``package`` (inside r2med_agent/resources)
+            or ``local`` (a folder of your own: ``path``, or ``--data-dir``; no hub repo needed).
         group: ``r2med`` or ``nano`` puts the task in ``all`` / ``nano-all``; empty for none.
         repo: hub dataset repo id (``source`` hub or nano).
         revision: hub revision to download: a 40-hex commit (immutable, cached copy used offline) or a
             branch/tag (resolved online; the cached copy is used when the hub is unreachable).
         split: the task's split in a Nano repo (``NanoR2MEDBiology``).
-        path: folder under the package's resources (``source`` package).
+        path: folder under the package's resources (``source`` package), or the task's own
+            folder (``source`` local; optional: without it the task needs ``--data-dir``).
         base: the full R2MED task a Nano task is drawn from.
         aliases: more names accepted for this task (the reference code's keys in
             :data:`REFERENCE_NAMES` are accepted without being listed here).
-        queries: number of queries, where known (for listings; not enforced).
-        docs: number of corpus documents, where known (for listings; not enforced).
+        queries: number of queries, where known. A local copy (``--data-dir``) with another
+            number is refused unless ``allow_count_mismatch`` is given.
+        docs: number of corpus documents, where known; checked as ``queries``.
         allow_missing_qrels_docs: accept qrels naming documents absent from the corpus (logged as a
             warning). Only for releases known to ship such qrels (R2MED's demo).
         description: one line for listings.
@@ -118,7 +124,7 @@ class TaskSpec:
     name: str
     family: Family
     domain: str
-    source: Literal["hub", "nano", "package"]
+    source: Literal["hub", "nano", "package", "local"]
     group: str = ""
     repo: str = ""
     revision: str = "main"
@@ -146,6 +152,8 @@ class TaskSpec:
         """Where the data comes from when no ``data_dir`` is given."""
         if self.source == "package":
             return f"package:{self.path}"
+        if self.source == "local":
+            return f"local:{self.path}" if self.path else "local"
         ref = f"hf://datasets/{self.repo}@{self.revision}"
         return f"{ref}#{self.split}" if self.source == "nano" else ref
 
@@ -206,6 +214,52 @@ def reference_name(name: str) -> str:
     return next((old for old, new in REFERENCE_NAMES.items() if new == base), base)
 
 
+LOCAL_FAMILY: Family = "qa"
+LOCAL_DOMAIN = "medical"
+"""Family and domain of a task of your own that no registry entry describes: the generic Q&A
+prompts ("... the following medical post"), and no encoder instruction unless one is configured
+for the task's name (see :func:`local_task_spec`)."""
+
+
+def local_task_spec(name: str) -> TaskSpec:
+    """The entry of a task of your own that the registry does not know (a ``--data-dir`` folder
+    named after itself): family ``qa``, domain ``medical``, no counts to check."""
+    clean = name.strip()
+    if not clean or clean.lower() in GROUPS or clean.lower() == "list" or "/" in clean or clean in (".", ".."):
+        raise ConfigError(f"'{name}' cannot name a task; pass --task NAME")
+    return TaskSpec(name=clean, family=LOCAL_FAMILY, domain=LOCAL_DOMAIN, source="local",
+                    description="a local task")
+
+
+def local_task_names(data_dir: str | Path) -> list[str]:
+    """The tasks a ``--data-dir`` folder holds when no ``--task`` is given: the folder itself
+    when it holds task files (named by the registry task of that name, else by the folder), or
+    every sub-folder that does (sorted by name).
+
+    Raises:
+        DataError: not a folder, or no task files in it or its sub-folders.
+    """
+    folder = Path(data_dir).expanduser()
+    if not folder.is_dir():
+        raise DataError("--data-dir is not a directory", folder)
+    index = _name_index(task_registry())
+
+    def named(p: Path) -> str:
+        return index.get(p.resolve().name.lower(), p.resolve().name)
+
+    if _detect_layout(folder, None) is not None:
+        return [named(folder)]
+    children = sorted(p for p in folder.iterdir() if p.is_dir() and _detect_layout(p, None) is not None)
+    if not children:
+        raise DataError(
+            "no task files here or in its sub-folders: expected query.jsonl, corpus.jsonl and "
+            "qrels.jsonl or qrels.txt (R2MED layout), or queries.jsonl, corpus.jsonl and "
+            "qrels/test.tsv (BEIR layout)",
+            folder,
+        )
+    return [named(p) for p in children]
+
+
 def get_task_spec(name: str) -> TaskSpec:
     """The registry entry for a task name, alias or Nano split name (case-insensitive).
 
@@ -225,13 +279,16 @@ def base_task_name(name: str) -> str:
     return spec.base or spec.name
 
 
-def task_names(spec: str) -> list[str]:
+def task_names(spec: str, data_dir: str | Path | None = None) -> list[str]:
     """Expand a task selection into canonical task names, in order, without duplicates.
 
     ``spec`` is one or more items separated by commas and/or whitespace; each item is ``all`` (the 8
     R2MED tasks), ``nano-all`` (their NanoR2MED splits), a task name, an old reference-code name
     (``Stack-Biology``, ``PMC-Treat``, ``PMCPatients``, ...), or a Nano split name
     (``NanoR2MEDBiology``). Matching ignores case.
+
+    With ``data_dir``, a name the registry does not know is a task of your own, loaded from
+    that folder (see :func:`local_task_spec`).
 
     Raises:
         ConfigError: an empty selection or an unknown name (the message lists the known ones).
@@ -250,6 +307,8 @@ def task_names(spec: str) -> list[str]:
                 raise ConfigError(f"task group '{low}' is empty; {_known_tasks_text(registry)}")
         elif low in index:
             names = [index[low]]
+        elif data_dir is not None:
+            names = [local_task_spec(item).name]
         else:
             raise ConfigError(_unknown_task_message(item, registry))
         out.extend(n for n in names if n not in out)
@@ -293,8 +352,11 @@ def _known_tasks_text(registry: dict[str, TaskSpec]) -> str:
 
 
 def _unknown_task_message(name: str, registry: dict[str, TaskSpec]) -> str:
+    from r2med_agent.errors import did_you_mean
+
     return (
-        f"unknown task '{name}'; {_known_tasks_text(registry)} "
+        f"unknown task '{name}'{did_you_mean(name, _name_index(registry).values())}; "
+        f"{_known_tasks_text(registry)} "
         "(add your own under 'tasks:' in a user config file)"
     )
 
@@ -305,7 +367,11 @@ def _unknown_task_message(name: str, registry: dict[str, TaskSpec]) -> str:
 
 
 def load_task(
-    name: str, data_dir: str | Path | None = None, *, allow_missing_qrels_docs: bool = False
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    allow_missing_qrels_docs: bool = False,
+    allow_count_mismatch: bool = False,
 ) -> Task:
     """Load and validate one task.
 
@@ -319,16 +385,33 @@ def load_task(
             warning giving their number) instead of failing; they stay relevant documents, so
             they count in the ideal DCG as pytrec_eval scores them. Registry entries known to
             ship such qrels (``r2med-demo``) set it themselves.
+        allow_count_mismatch: load a ``data_dir`` copy of a registered task whose numbers of
+            queries or documents differ from the registry's (refused otherwise: a 12-query
+            folder labelled Biology would be compared with the paper's 103-query scores). The
+            difference is recorded in the task's ``source``.
 
     Raises:
-        ConfigError: unknown task name.
-        DataError: missing or malformed files (the message names file and line).
+        ConfigError: unknown task name (without ``data_dir``; with it, an unknown name is a
+            task of your own).
+        DataError: missing or malformed files (the message names file and line); a copy whose
+            counts contradict the registry's.
         HubUnavailableError: no ``data_dir`` and the hub cannot be reached (fails within seconds).
         MissingExtraError: parquet files but no pyarrow.
     """
-    spec = get_task_spec(name)
+    try:
+        spec = get_task_spec(name)
+    except ConfigError:
+        if data_dir is None:
+            raise
+        spec = local_task_spec(name)
     if data_dir is not None:
         folder = _locate(Path(data_dir).expanduser(), spec)
+        source = str(folder.resolve())
+    elif spec.source == "local":
+        if not spec.path:
+            raise ConfigError(f"task {spec.name} is a local task: pass --data-dir FOLDER "
+                              "(or give its entry a 'path:')")
+        folder = Path(spec.path).expanduser()
         source = str(folder.resolve())
     elif spec.source == "package":
         folder = resources_dir() / spec.path
@@ -356,7 +439,7 @@ def load_task(
             # A branch (NanoR2MED follows main): record the commit the files came from, so a
             # result says which data it was computed on. (Snapshot folders are named by commit.)
             source += f" (commit {folder.name})"
-    return load_task_dir(
+    task = load_task_dir(
         folder,
         name=spec.name,
         family=spec.family,
@@ -365,6 +448,32 @@ def load_task(
         source=source,
         allow_missing_qrels_docs=allow_missing_qrels_docs or spec.allow_missing_qrels_docs,
     )
+    if data_dir is not None or spec.source == "local":
+        task = _check_counts(task, spec, folder, allow_count_mismatch)
+    return task
+
+
+def _check_counts(task: Task, spec: TaskSpec, folder: Path, allow: bool) -> Task:
+    """Refuse a local copy whose numbers of queries or documents contradict the registry's."""
+    diffs = [
+        f"{have} {what} where the registry's {spec.name} has {want}"
+        for what, have, want in (("queries", len(task.queries), spec.queries),
+                                 ("documents", len(task.corpus), spec.docs))
+        if want is not None and have != want
+    ]
+    if not diffs:
+        return task
+    text = "; ".join(diffs)
+    if not allow:
+        raise DataError(
+            f"this copy of {spec.name} has {text}: scores on it are not comparable with "
+            f"{spec.name}'s. Name it as your own task (--task MYNAME, or a folder of another "
+            "name), or pass --allow-count-mismatch to use it under this name anyway (recorded "
+            "in the results)",
+            folder,
+        )
+    logger.warning("%s: %s (--allow-count-mismatch)", spec.name, text)
+    return dataclasses.replace(task, source=f"{task.source} (counts differ: {text})")
 
 
 def load_task_dir(
@@ -703,7 +812,8 @@ def read_nano_candidates(task: Task, subset: str) -> tuple[dict[str, list[str]],
             f"task {task.name} ships no candidate rankings: they come with the NanoR2MED splits "
             "(task group nano-all) only"
         )
-    local = Path(task.source)
+    # A copy used despite other counts carries " (counts differ: ...)" after its folder.
+    local = Path(task.source.split(" (counts differ: ", 1)[0])
     if not task.source.startswith("hf://") and local.is_dir():
         folder = local
     else:

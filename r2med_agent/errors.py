@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the closest of ``choices`` to a misspelt ``name`` (case
+    ignored), or an empty string when none is close."""
+    import difflib
+
+    by_low: dict[str, str] = {}
+    for c in choices:
+        by_low.setdefault(c.lower(), c)
+    close = difflib.get_close_matches(name.strip().lower(), list(by_low), n=1, cutoff=0.6)
+    return f" (did you mean '{by_low[close[0]]}'?)" if close else ""
+
 
 class R2MedError(Exception):
     """Base class: a problem the user can fix; the message says what and how."""

@@ -14,6 +14,7 @@ Pure functions over Run and Qrels. Two pitfalls of the usual wrappers are fixed 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.types import Qrels, Run
 
 CUTOFFS: tuple[int, ...] = (1, 10, 25, 50, 100)
-"""Cut-offs of PROTOCOL.md: nDCG, MAP, Recall and P at 1/10/25/50/100."""
+"""Cut-offs of docs/protocol.md: nDCG, MAP, Recall and P at 1/10/25/50/100."""
 
 _FAMILIES = {"ndcg": "ndcg_cut", "map": "map_cut", "recall": "recall", "precision": "P"}
 
@@ -31,9 +32,36 @@ DEFAULT_METRICS: tuple[str, ...] = tuple(
 """Metric keys as R2MED's result JSON names them (``ndcg_at_10``, ..., ``mrr``)."""
 
 
+_METRIC_NAME = re.compile(
+    r"(ndcg|map|recall|p|precision)(?:@|_at_|_cut_|_cut\.|_|\.)(\d+)", re.IGNORECASE
+)
+_FAMILY_KEYS = {"ndcg": "ndcg", "map": "map", "recall": "recall", "p": "precision",
+                "precision": "precision"}
+_MRR_NAMES = {"mrr", "recip_rank", "mrr@100", "mrr_at_100", "rr"}
+
+
+def metric_key(name: str) -> str:
+    """The result files' key for a metric as trec_eval, pyserini, BEIR or MTEB users type it.
+
+    ``ndcg@10``, ``NDCG@10``, ``ndcg_cut_10``, ``ndcg_cut.10`` and ``ndcg_at_10`` are all
+    ``ndcg_at_10``; ``P_10``/``P@10`` -> ``precision_at_10``; ``recall_100``/``recall.100``/
+    ``R@100``-style names with the family spelt out -> ``recall_at_100``; ``map_cut_10`` ->
+    ``map_at_10``; ``recip_rank``/``MRR`` -> ``mrr``. A name none of these match comes back
+    unchanged (the caller then says which names exist).
+    """
+    text = name.strip()
+    if text.lower() in _MRR_NAMES:
+        return "mrr"
+    m = _METRIC_NAME.fullmatch(text)
+    if m is None:
+        return text
+    return f"{_FAMILY_KEYS[m.group(1).lower()]}_at_{int(m.group(2))}"
+
+
 def _trec_measure(metric: str) -> tuple[str, str]:
     """Map ``ndcg_at_10`` -> (``ndcg_cut``, ``ndcg_cut_10``): the pytrec_eval measure to request
-    and the key it reports."""
+    and the key it reports (other spellings go through :func:`metric_key` first)."""
+    metric = metric_key(metric)
     if metric == "mrr":
         return "recip_rank", "recip_rank"
     fam, sep, k = metric.partition("_at_")

@@ -9,6 +9,7 @@ hub answers, so an unreachable hub costs a couple of seconds, not minutes of ret
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -43,6 +44,29 @@ def hub_endpoint() -> str:
 def hub_offline() -> bool:
     """True when ``HF_HUB_OFFLINE`` asks for no network traffic."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+@functools.lru_cache(maxsize=None)
+def _endpoint_unreachable(endpoint: str) -> str | None:
+    import httpx
+
+    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    try:
+        httpx.head(endpoint, timeout=timeout)
+    except httpx.TimeoutException:
+        return f"no answer from {endpoint} within {CONNECT_TIMEOUT_S:g} s"
+    except httpx.HTTPError as e:
+        return f"{endpoint}: {_one_line(e) or type(e).__name__}"
+    return None  # any HTTP answer: the hub is there
+
+
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be reached (one quick request per process and endpoint, remembered),
+    or None when it answers or ``HF_HUB_OFFLINE`` is set (huggingface_hub then stays offline
+    by itself). Model loaders use it to go ``local_files_only`` at once instead of retrying."""
+    if hub_offline():
+        return None
+    return _endpoint_unreachable(hub_endpoint())
 
 
 def is_commit(revision: str) -> bool:

@@ -4,33 +4,69 @@ RecursionError from a deeply nested line)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from r2med_agent.errors import DataError
+from r2med_agent.errors import ConfigError, DataError
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` so that a killed process never leaves a half-written file.
+
+    A regular file (or a new one) is written through a temporary file in the same folder and
+    ``os.replace``. A symlink is followed: its target is written the same way, the link stays. A
+    path that exists but is no regular file (a device such as ``/dev/stdout``, a FIFO) cannot be
+    replaced atomically and must not be replaced at all: it is opened and written in place.
+    Nothing but the named path (or its link target) and its temporary file is touched.
+
+    Returns:
+        the path as given.
+    """
+    given = Path(path)
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    if target.exists() and not target.is_file():
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(given))
+        with open(target, "w", encoding="utf-8") as f:  # a device or FIFO: written in place
+            f.write(text)
+        return given
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         set_default_mode(tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return given
+
+
+def write_output(path: str | os.PathLike[str], text: str, option: str = "--out") -> None:
+    """Write a user-named output: ``-`` is standard output, anything else goes through
+    :func:`atomic_write_text`. A path that cannot be written (its parent is a file, no
+    permission, a folder) raises ConfigError naming the option and the reason, not a traceback."""
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if isinstance(e, (FileExistsError, NotADirectoryError)):
+            reason = "a part of its folder path is a file, not a folder"
+        raise ConfigError(f"{option} {path}: cannot write there ({reason}); choose another path") from None
 
 
 def _umask() -> int:

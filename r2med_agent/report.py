@@ -349,7 +349,7 @@ def drilldown_data(
             continue
         texts = {d.doc_id: d for d in task.corpus if d.doc_id in shown_docs[t]}
         out_tasks[t]["docs"] = {
-            d: _cut((doc.title + "\n" if doc.title else "") + doc.text, doc_chars) for d, doc in texts.items()
+            d: _cut(doc.full_text, doc_chars) for d, doc in texts.items()
         }
     for t, info in out_tasks.items():
         if not info["order"]:
@@ -439,7 +439,14 @@ def write_report(
     if cost_axis not in COST_AXES:
         raise ConfigError(f"unknown cost axis '{cost_axis}'; allowed: {', '.join(COST_AXES)}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; the report needs a folder (it writes "
+                          "report.html and two PNG plots into it)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create the report folder ({e.strerror}); "
+                          "choose another path") from None
     plots = {
         f"{table.metric} per task": plot_per_task(table, out / "per_task.png"),
         "quality against cost": plot_quality_vs_cost(table, out / "quality_vs_cost.png", cost_axis),

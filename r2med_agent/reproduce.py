@@ -139,7 +139,8 @@ class GridEntry:
         )
 
     def run_config(
-        self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None, generations: str = "fresh"
+        self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None, generations: str = "fresh",
+        allow_count_mismatch: bool = False,
     ):
         """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``); ``generations``
         is the entry's resolved mode (:meth:`generations_mode`)."""
@@ -154,6 +155,7 @@ class GridEntry:
             output_dir=Path(output_dir),
             data_dir=data_dir,
             generations=generations,
+            allow_count_mismatch=allow_count_mismatch,
             **self.args,
         )
 
@@ -585,6 +587,8 @@ class ReproduceOptions:
         gpu_gib: memory of one GPU for the estimates.
         generations: ``r2med``: R2MED's released generations for every entry that has them
             (:meth:`GridEntry.generations_mode`); ``fresh``: generate every LLM row.
+        allow_count_mismatch: use ``data_dir`` copies whose query or document counts differ
+            from the registry's (as ``run --allow-count-mismatch``).
     """
 
     output_dir: Path = Path("results")
@@ -592,6 +596,7 @@ class ReproduceOptions:
     tasks: tuple[str, ...] = field(default_factory=r2med_tasks)
     gpu_gib: float = GPU_GIB
     generations: str = "r2med"
+    allow_count_mismatch: bool = False
 
     def __post_init__(self) -> None:
         from r2med_agent.released import check_generations
@@ -661,8 +666,9 @@ class _ExpectedData:
     """Per task, where the entry's data comes from and (local and package data) its corpus
     fingerprint; tasks are read at most once per plan, and only those with result files."""
 
-    def __init__(self, data_dir: Path | None) -> None:
+    def __init__(self, data_dir: Path | None, allow_count_mismatch: bool = False) -> None:
         self.data_dir = data_dir
+        self.allow_count_mismatch = allow_count_mismatch
         self._known: dict[str, tuple[str, str | None]] = {}
 
     def __call__(self, task: str) -> tuple[str, str | None]:
@@ -674,7 +680,8 @@ class _ExpectedData:
                 # Hub data at the registry's pinned revision: the source names the content.
                 self._known[task] = (spec.provenance, None)
             else:
-                loaded = load_task(task, self.data_dir)
+                loaded = load_task(task, self.data_dir,
+                                   allow_count_mismatch=self.allow_count_mismatch)
                 self._known[task] = (loaded.source, loaded.fingerprint)
         return self._known[task]
 
@@ -733,11 +740,11 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     registries = Registries.load()
     repos: dict[tuple[str, ...], list[str]] = {}
     task_arg = task_option(opts.tasks)
-    expected_data = _ExpectedData(opts.data_dir)
+    expected_data = _ExpectedData(opts.data_dir, opts.allow_count_mismatch)
     out = []
     for entry, scores in zip(grid.entries, grid.published):
         mode = entry.generations_mode(opts.generations)
-        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, mode)
+        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch)
         rdir = cfg.result_dir()
         want = asdict(cfg)
         stale: dict[str, str] = {}
@@ -805,7 +812,7 @@ def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> 
     from r2med_agent.runner import run_experiment
 
     mode = entry.generations_mode(opts.generations)
-    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, mode))
+    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch))
 
 
 def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:

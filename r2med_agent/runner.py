@@ -70,6 +70,8 @@ class RunConfig:
         data_dir: local copy of the data (R2MED or BEIR layout); None loads from the hub.
         allow_missing_qrels_docs: keep qrels naming documents absent from the corpus (warned)
             instead of failing (see :func:`r2med_agent.data.load_task`).
+        allow_count_mismatch: use a ``data_dir`` copy of a registered task whose query or
+            document count differs from the registry's (recorded in each task's ``source``).
         output_dir: root of the result tree.
         use_cache: read and write the generation cache.
         refresh_cache: regenerate and overwrite cached generations.
@@ -102,6 +104,7 @@ class RunConfig:
     top_k: int = DEFAULT_TOP_K
     data_dir: Path | None = None
     allow_missing_qrels_docs: bool = False
+    allow_count_mismatch: bool = False
     output_dir: Path = Path("results")
     use_cache: bool = True
     refresh_cache: bool = False
@@ -114,6 +117,15 @@ class RunConfig:
     encoder_backend: str | None = None
 
     def __post_init__(self) -> None:
+        from r2med_agent.methods import get_method, method_name
+
+        get_method(self.method)  # an unknown name fails here, before any work
+        object.__setattr__(self, "method", method_name(self.method))  # HyDE -> hyde
+        if self.method == "none" and self.llm:
+            raise ConfigError(
+                f"--llm {self.llm} is only used by a method; add --method (hyde, query2doc, "
+                "lamer, search-r1, search-o1), or leave --llm out for plain retrieval"
+            )
         if self.method != "none" and not self.llm:
             raise ConfigError(f"--method {self.method} needs --llm (see `r2med-agent llms`)")
         if self.final not in FINAL_MODES:
@@ -270,7 +282,8 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     from r2med_agent.retrieval import make_retriever
 
     method_cls = get_method(cfg.method)
-    tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs)
+    tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
+                       allow_count_mismatch=cfg.allow_count_mismatch)
              for name in cfg.tasks]
     out_dir = cfg.result_dir()
     beyond = [m for m in cfg.metrics if m not in cfg.scored_metrics]
@@ -369,12 +382,14 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         else:
             run = retrievers[task.name].search(requests, max(cfg.top_k, cfg.rerank_k if reranker else 0))
         if reranker is not None:
-            corpus = {d.doc_id: d.text for d in task.corpus}
+            corpus = {d.doc_id: d.full_text for d in task.corpus}
             run = reranker.rerank(requests, run, corpus, cfg.rerank_k)
             if cfg.rerank_cut:
                 run = cut_run(run, cfg.rerank_k)
         retrieval_time = time.perf_counter() - t0
         ev = evaluate(run, task.qrels, cfg.scored_metrics, depth=cfg.top_k)
+        # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
+        evaluation_s = index_time[task.name] + (time.perf_counter() - t0)
         stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), spec)
         if released:
             stats.update(generations=0, cache_hits=0, released_generations=len(per_task_gens[task.name]),
@@ -383,7 +398,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
         stats["retrieval_time_s"] = round(retrieval_time, 4)
         stats["index_time_s"] = round(index_time[task.name], 4)
         files = _write_task_files(cfg, out_dir, task, run, ev, stats, per_task_gens.get(task.name),
-                                  per_task_traces.get(task.name), requests)
+                                  per_task_traces.get(task.name), requests, evaluation_s)
         outcomes.append(TaskOutcome(task.name, ev, files, stats))
         if ev.missing:
             log.warning("%s: %d of %d queries have no results and score 0", task.name,
@@ -391,23 +406,50 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
 
     average = average_over_tasks([o.evaluation.mean for o in outcomes])
     llm_stats = asdict(llm.stats) if llm is not None and hasattr(llm, "stats") else {}
+    # The folder's summary covers every task result in it (a second --task run adds to it);
+    # the "run" block is this run's own.
+    folder_scores = _folder_scores(out_dir, {o.task: o.evaluation.mean for o in outcomes})
     summary = {
         "method": cfg.method,
         "llm": cfg.llm_label,
         "generations": cfg.generations,
         "retriever": cfg.retriever_label,
-        "tasks": [o.task for o in outcomes],
-        "average": average,
+        "tasks": list(folder_scores),
+        "average": average_over_tasks(list(folder_scores.values())),
         "depth": cfg.top_k,
-        "per_task": {o.task: o.evaluation.mean for o in outcomes},
+        "per_task": folder_scores,
+        "run": {"tasks": [o.task for o in outcomes], "average": average},
         "llm_stats": llm_stats,
         **({"loop_steps": loop_steps} if loop_steps is not None else {}),
         "config": _config_record(cfg),
         "precision": model_precisions(cfg),
-        "evaluation_time": _now(),
+        "evaluated_at": _now(),
     }
     atomic_write_json(out_dir / "summary.json", summary)
     return ExperimentResult(cfg, outcomes, average, out_dir, llm_stats)
+
+
+def _folder_scores(out_dir: Path, this_run: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Mean scores of every ``<Task>.json`` in ``out_dir`` (this run's own where it made one),
+    sorted by task name; files that cannot be read are skipped with a warning."""
+    from r2med_agent.errors import DataError
+    from r2med_agent.io import read_json
+
+    scores: dict[str, dict[str, float]] = {}
+    for path in sorted(out_dir.glob("*.json")):
+        task = path.stem
+        if path.name == "summary.json" or path.name.startswith(".") or task in this_run:
+            continue
+        try:
+            rec = read_json(path, "result file")
+        except DataError as e:
+            log.warning("summary.json leaves out %s: %s", path.name, e)
+            continue
+        test = rec.get("test") if isinstance(rec, dict) else None
+        if isinstance(test, dict) and rec.get("dataset_name") == task:
+            scores[task] = {k: float(v) for k, v in test.items() if isinstance(v, (int, float))}
+    scores.update(this_run)
+    return dict(sorted(scores.items()))
 
 
 def _check_output_dir(out_dir: Path) -> None:
@@ -583,7 +625,8 @@ def _task_stats(gens, traces, spec: Any) -> dict[str, Any]:
             "llm_time_s": 0.0, "llm_time_new_s": 0.0, "cost_usd": None}
 
 
-def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests) -> list[Path]:
+def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests,
+                      evaluation_s: float) -> list[Path]:
     from r2med_agent.evaluation import write_trec_run
 
     tag = f"r2med-agent.{cfg.method}.{cfg.llm_label}.{cfg.retriever_label}"
@@ -591,7 +634,8 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
     record = {
         "dataset_name": task.name,
         "model_name": f"{cfg.method}/{cfg.llm_label}/{cfg.retriever_label}",
-        "evaluation_time": _now(),
+        "evaluation_time": round(evaluation_s, 4),  # a duration in seconds, as R2MED's
+        "evaluated_at": _now(),
         "generations": cfg.generations,
         "test": ev.mean,
         "depth": cfg.top_k,

@@ -18,7 +18,7 @@ Qrels = dict[str, dict[str, int]]
 """Graded relevance judgements: ``{query_id: {doc_id: grade}}``."""
 
 Family = Literal["qa", "exam", "treatment", "case"]
-"""Task families, which decide the prompt wording (PROTOCOL.md, "Prompt structure")."""
+"""Task families, which decide the prompt wording (docs/protocol.md, "Prompts")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,13 @@ class Doc:
     doc_id: str
     text: str
     title: str = ""
+
+    @property
+    def full_text(self) -> str:
+        """The text every stage sees (BM25, dense encoders, rerankers, prompts, the report):
+        ``title + " " + text`` as BEIR and MTEB build it, or the text alone when there is no
+        title. (Encoders that take the pair, such as MedCPT's, get title and text apart.)"""
+        return f"{self.title} {self.text}".strip() if self.title else self.text
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,15 +151,16 @@ class Task:
 
 
 Combine = Literal["none", "hyde", "query2doc", "lamer", "reasoning"]
-"""How a retriever turns (query, generated text) into its query; see PROTOCOL.md's table."""
+"""How a retriever turns (query, generated text) into its query; see the table of docs/protocol.md."""
 
 
 @dataclass(frozen=True, slots=True)
 class SearchRequest:
     """What a method hands a retriever for one query.
 
-    ``combine`` names the rule of PROTOCOL.md's table ("How the generated text becomes the
-    retrieval query"); each retriever implements it for its own kind (BM25 text, dense embeddings).
+    ``combine`` names the rule of the table of docs/protocol.md
+    ("How generated text becomes the query"); each retriever implements it for its own kind
+    (BM25 text, dense embeddings).
     With ``combine="none"`` only ``query`` is used.
     """
 

@@ -86,7 +86,8 @@ def write_result(
     record = {
         "dataset_name": task,
         "model_name": f"{method}/{llm}/{leaf.name}",
-        "evaluation_time": "2025-01-01T00:00:00+00:00",
+        "evaluation_time": 1.25,
+        "evaluated_at": "2025-01-01T00:00:00+00:00",
         "test": ev.mean,
         "num_queries": ev.num_queries,
         "missing_queries": len(ev.missing),

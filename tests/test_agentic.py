@@ -212,7 +212,7 @@ def test_search_r1_invalid_turn_gets_corrective_message():
 
 
 def test_search_r1_protocol_defaults():
-    """Search-R1 at evaluation (PROTOCOL.md): 4 turns that search, top-3 documents, greedy
+    """Search-R1 at evaluation (docs/protocol.md): 4 turns that search, top-3 documents, greedy
     decoding, stop at </search> (and </answer>); then the final rollout."""
     loop = SearchR1()
     assert (loop.max_turns, loop.max_searches, loop.final_turn, loop.docs_per_search) == (4, None, True, 3)
@@ -355,7 +355,7 @@ LIMIT_NOTICE = f"\n<|begin_search_result|>\n{SEARCH_LIMIT}\n<|end_search_result|
 
 
 def test_search_o1_protocol_defaults():
-    """Search-o1 (PROTOCOL.md): at most 10 searches and 15 turns, the top-10 documents of each
+    """Search-o1 (docs/protocol.md): at most 10 searches and 15 turns, the top-10 documents of each
     search given to Reason-in-Documents, sampling 0.7 / 0.8 / top_k 20, stop at the end token."""
     loop = SearchO1()
     assert (loop.max_turns, loop.max_searches, loop.docs_per_search) == (15, 10, 10)

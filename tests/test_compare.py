@@ -75,7 +75,7 @@ def test_rows_and_table_values_equal_the_result_files(two_trees):
     assert [r.label for r in rows] == ["none/none/bm25", "hyde/smollm2/bm25", "none/none/minilm"]
     assert [r.source for r in rows] == [str(a), str(a), str(b)]
     table = build_table(rows, "ndcg_at_10")
-    # R2MED tasks first, in PROTOCOL order, then the others.
+    # R2MED tasks first, in the order of docs/protocol.md, then the others.
     assert table.tasks == ("Biology", "sample")
     assert table.show_source
     for tr in table.rows:

@@ -256,9 +256,9 @@ def test_qrels_naming_missing_documents_are_kept_only_on_request(
              {"q_id": "q2", "p_id": "gone-2", "score": 1}]
     make_r2med_dir(tmp_path / "Biology", qrels=qrels)
     with pytest.raises(DataError, match=r"qrels\.jsonl:4: .*'gone-1'.*--allow-missing-qrels-docs"):
-        data.load_task("Biology", data_dir=tmp_path)
+        data.load_task("Biology", data_dir=tmp_path, allow_count_mismatch=True)
     with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
-        task = data.load_task("Biology", data_dir=tmp_path, allow_missing_qrels_docs=True)
+        task = data.load_task("Biology", data_dir=tmp_path, allow_missing_qrels_docs=True, allow_count_mismatch=True)
     # they stay in the qrels (relevant documents no retriever can find), and their count is logged
     assert task.qrels == {"q1": {"d1": 1, "gone-1": 2}, "q2": {"d2": 2, "gone-2": 1}}
     assert any("2 qrels documents are not in corpus.jsonl" in r.getMessage() for r in caplog.records)
@@ -286,11 +286,11 @@ def test_r2med_layout_loads_and_keeps_positive_grades(tmp_path: Path) -> None:
 def test_data_dir_may_be_the_task_folder_or_its_parent(tmp_path: Path, folder_name: str) -> None:
     make_r2med_dir(tmp_path / "root" / folder_name)
     make_r2med_dir(tmp_path / "root" / "PMC-Clinical", corpus=CORPUS[:2] + [{"id": "d3", "text": "other"}])
-    via_parent = data.load_task("Biology", data_dir=tmp_path / "root")
-    via_folder = data.load_task("Stack-Biology", data_dir=tmp_path / "root" / folder_name)
+    via_parent = data.load_task("Biology", data_dir=tmp_path / "root", allow_count_mismatch=True)
+    via_folder = data.load_task("Stack-Biology", data_dir=tmp_path / "root" / folder_name, allow_count_mismatch=True)
     assert via_parent.name == via_folder.name == "Biology"
     assert via_parent.fingerprint == via_folder.fingerprint
-    assert via_parent.fingerprint != data.load_task("PMC-Clinical", tmp_path / "root").fingerprint
+    assert via_parent.fingerprint != data.load_task("PMC-Clinical", tmp_path / "root", allow_count_mismatch=True).fingerprint
 
 
 def test_task_folder_with_another_name_loads_with_a_warning(
@@ -298,7 +298,7 @@ def test_task_folder_with_another_name_loads_with_a_warning(
 ) -> None:
     folder = make_r2med_dir(tmp_path / "my_copy")
     with caplog.at_level(logging.WARNING, logger="r2med_agent.data"):
-        task = data.load_task("PMC-Clinical", data_dir=folder)
+        task = data.load_task("PMC-Clinical", data_dir=folder, allow_count_mismatch=True)
     assert task.name == "PMC-Clinical" and len(task.corpus) == 3
     assert any("folder name is not the task's" in r.getMessage() for r in caplog.records)
 
@@ -306,7 +306,7 @@ def test_task_folder_with_another_name_loads_with_a_warning(
 def test_data_dir_without_the_task_is_a_data_error(tmp_path: Path) -> None:
     make_r2med_dir(tmp_path / "root" / "Biology")
     with pytest.raises(DataError, match=r"no data for task PMC-Clinical: expected .*PMC-Clinical/"):
-        data.load_task("PMC-Clinical", data_dir=tmp_path / "root")
+        data.load_task("PMC-Clinical", data_dir=tmp_path / "root", allow_count_mismatch=True)
     with pytest.raises(DataError, match="not a directory"):
         data.load_task("Biology", data_dir=tmp_path / "missing")
 
@@ -337,7 +337,7 @@ def test_beir_layout_loads(tmp_path: Path) -> None:
     )
     (folder / "qrels").mkdir()
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\t10\t1\n", encoding="utf-8")
-    task = data.load_task("Biology", data_dir=folder)
+    task = data.load_task("Biology", data_dir=folder, allow_count_mismatch=True)
     assert task.corpus == (Doc("10", "passage a", "Title A"), Doc("11", "", "Only a title"))
     assert task.qrels == {"1": {"10": 1}}
 
@@ -710,13 +710,13 @@ def test_nano_hub_path_reads_its_parquet_split(tmp_path: Path, monkeypatch: pyte
 
 def test_nano_layout_as_data_dir_with_jsonl(tmp_path: Path) -> None:
     root = make_nano_snapshot(tmp_path / "NanoR2MED", "NanoR2MEDBiology", "jsonl")
-    task = data.load_task("nano-Biology", data_dir=root)
+    task = data.load_task("nano-Biology", data_dir=root, allow_count_mismatch=True)
     assert len(task.corpus) == 4 and task.qrels["1"] == {"NanoR2MEDBiology-d2": 1, "NanoR2MEDBiology-d3": 1}
     with pytest.raises(DataError, match="NanoR2MEDBioinformatics"):
-        data.load_task("nano-Bioinformatics", data_dir=root)
+        data.load_task("nano-Bioinformatics", data_dir=root, allow_count_mismatch=True)
     (root / "qrels" / "NanoR2MEDBiology.jsonl").write_text('{"query-id": "0"}\n')
     with pytest.raises(DataError, match=r"NanoR2MEDBiology\.jsonl:1: missing field 'p_id'"):
-        data.load_task("nano-Biology", data_dir=root)
+        data.load_task("nano-Biology", data_dir=root, allow_count_mismatch=True)
 
 
 def test_parquet_without_pyarrow_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -727,7 +727,7 @@ def test_parquet_without_pyarrow_names_the_package(tmp_path: Path, monkeypatch: 
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
     monkeypatch.setitem(__import__("sys").modules, "pyarrow.parquet", None)
     with pytest.raises(MissingExtraError, match="pyarrow"):
-        data.load_task("nano-Biology", data_dir=root)
+        data.load_task("nano-Biology", data_dir=root, allow_count_mismatch=True)
 
 
 def test_cached_commit_snapshot_is_used_without_network(tmp_path: Path) -> None:

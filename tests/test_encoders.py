@@ -213,11 +213,19 @@ def test_every_registry_task_gets_instructors_paper_instructions() -> None:
     assert "medical sciences" not in nano.query and "Medical Science post" in nano.query
 
 
-def test_names_outside_the_registry_use_the_family_template() -> None:
+def test_names_outside_the_registry_get_no_instruction_unless_configured() -> None:
+    """A task of one's own is not an R2MED Q&A task: no family instruction guessed for it; a
+    registry entry (with its family) or an instruction under its name gives it one."""
+    import dataclasses
+
     from r2med_agent.retrieval.encoders import instruction_prefixes
 
-    got = instruction_prefixes(get_encoder_spec("e5"), "my-local-cardiology", "qa", "cardiology")
-    assert "Given a cardiology post" in got.query
+    spec = get_encoder_spec("e5")
+    got = instruction_prefixes(spec, "my-local-cardiology", "qa", "cardiology")
+    assert got.query == spec.query_prefix
+    named = dataclasses.replace(spec, query_instructions={**spec.query_instructions,
+                                                          "my-local-cardiology": "Find {domain} notes"})
+    assert "Find cardiology notes" in instruction_prefixes(named, "my-local-cardiology", "qa", "cardiology").query
 
 
 # --------------------------------------------------------------------------- models that cannot load

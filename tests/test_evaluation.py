@@ -67,7 +67,7 @@ def _random_run_and_qrels(seed: int) -> tuple[dict, dict]:
     return run, qrels
 
 
-# every metric of PROTOCOL.md -> the key pytrec_eval reports it under (written out, not derived)
+# every metric of docs/protocol.md -> the key pytrec_eval reports it under (written out, not derived)
 _TREC_KEYS = {
     **{f"ndcg_at_{k}": f"ndcg_cut_{k}" for k in (1, 10, 25, 50, 100)},
     **{f"map_at_{k}": f"map_cut_{k}" for k in (1, 10, 25, 50, 100)},

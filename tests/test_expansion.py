@@ -176,7 +176,7 @@ def test_to_requests_uses_final_and_combine_rule(cls, combine):
 
 
 def test_requests_follow_the_protocol_table_for_bm25():
-    """PROTOCOL.md: HyDE -> passage only; Query2Doc -> query twice then passage; LameR -> query + passage."""
+    """docs/protocol.md: HyDE -> passage only; Query2Doc -> query twice then passage; LameR -> query + passage."""
     from r2med_agent.retrieval.bm25 import bm25_query_text
 
     task = make_task("qa")
@@ -240,7 +240,7 @@ def test_registry():
         assert cls.name == name and issubclass(cls, ExpansionMethod)
         assert not cls.agentic
     assert get_method("lamer").needs_first_pass and not get_method("hyde").needs_first_pass
-    with pytest.raises(ConfigError, match="unknown method 'hide'; allowed: none, hyde, query2doc, lamer"):
+    with pytest.raises(ConfigError, match=r"unknown method 'hide' \(did you mean 'hyde'\?\); allowed: none, hyde, query2doc, lamer"):
         get_method("hide")
 
 

@@ -1,4 +1,4 @@
-"""Reasoning-output parsing (PROTOCOL.md, "Extracting the final response of a reasoning model")."""
+"""Reasoning-output parsing (docs/protocol.md, "Reasoning output")."""
 
 from __future__ import annotations
 

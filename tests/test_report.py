@@ -277,7 +277,8 @@ def test_cli_report_loads_task_texts_from_data_dir(cli, tree: Path, tmp_path: Pa
     data_dir = tmp_path / "data"
     write_r2med_task(data_dir / "sample")
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli, ["report", str(tree), "--out", str(out), "--data-dir", str(data_dir), "--published"])
+    res = CliRunner().invoke(cli, ["report", str(tree), "--out", str(out), "--data-dir", str(data_dir), "--published",
+                                   "--allow-count-mismatch"])
     assert res.exit_code == 0, res.output
     page = (out / "report.html").read_text(encoding="utf-8")
     data = embedded_data(page)
@@ -293,9 +294,11 @@ def test_cli_report_takes_tasks_whose_qrels_name_missing_documents(cli, tree: Pa
     with (data_dir / "sample" / "qrels.jsonl").open("a") as f:
         f.write(json.dumps({"q_id": "q1", "p_id": "not-in-corpus", "score": 1}) + "\n")
     runner = CliRunner()
-    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "a"), "--data-dir", str(data_dir)])
+    res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "a"), "--data-dir", str(data_dir),
+                              "--allow-count-mismatch"])
     assert res.exit_code != 0 and "--allow-missing-qrels-docs" in str(res.exception)
     res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "b"), "--data-dir", str(data_dir),
+                              "--allow-count-mismatch",
                               "--allow-missing-qrels-docs"])
     assert res.exit_code == 0, res.output
     data = embedded_data((tmp_path / "b" / "report.html").read_text(encoding="utf-8"))

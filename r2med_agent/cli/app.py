@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperOption
 
 from r2med_agent.errors import R2MedError
 
@@ -16,6 +18,33 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from r2med_agent import __version__
+
+        typer.echo(f"r2med-agent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Reasoning-augmented medical retrieval on R2MED: query expansion and search agents over BM25 and dense indexes, scored with trec_eval."""
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """No type column for on/off flags (typer shows ``<bool>`` beside ``--no-cache``, which takes
+    no value); every other option keeps its ``<int>``, ``<path>``, ... tag."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+_option_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
 def _register() -> None:
@@ -37,9 +66,31 @@ def main(argv: list[str] | None = None) -> int:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         return e.exit_code
     except KeyboardInterrupt:
-        typer.secho("interrupted; finished work is cached and a re-run resumes", err=True)
-        return 130
+        return _interrupted()
     except SystemExit as e:
+        # typer turns Ctrl-C into Exit(130) raised from the KeyboardInterrupt, then sys.exit
+        if _caused_by_interrupt(e):
+            return _interrupted()
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _interrupted() -> int:
+    typer.secho("interrupted; finished work is cached and a re-run resumes", err=True)
+    return 130
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in ``exc``'s chain of causes and contexts."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+    return False

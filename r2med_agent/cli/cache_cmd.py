@@ -51,10 +51,13 @@ def stats_command(
     """Rows, tokens and model seconds per model, the tasks/methods they serve, and the size on disk."""
     cache = _open_cache(cache_path, must_exist=True)
     per_model = cache.stats()
-    per_use: dict[tuple[str, str, str], int] = {}
+    # One query can be served by several generations (samples, settings, loop steps): count
+    # distinct queries and the generations apart, as the columns say.
+    per_use: dict[tuple[str, str, str], tuple[set[str], set[str]]] = {}
     for use, rec in cache.uses():
-        k = (rec.model_id, use.task, use.method)
-        per_use[k] = per_use.get(k, 0) + 1
+        queries, keys = per_use.setdefault((rec.model_id, use.task, use.method), (set(), set()))
+        queries.add(use.query_id)
+        keys.add(use.key)
     if as_json:
         out = {
             "path": str(cache.path),
@@ -69,7 +72,8 @@ def stats_command(
                 }
                 for s in per_model
             ],
-            "uses": [{"model_id": m, "task": t, "method": me, "queries": n} for (m, t, me), n in sorted(per_use.items())],
+            "uses": [{"model_id": m, "task": t, "method": me, "queries": len(q), "generations": len(g)}
+                     for (m, t, me), (q, g) in sorted(per_use.items())],
         }
         typer.echo(json.dumps(out, indent=2))
         return
@@ -81,10 +85,11 @@ def stats_command(
     console.print(table)
     if per_use:
         uses = Table(title="queries served, by task and method")
-        for col in ("model", "task", "method", "queries"):
-            uses.add_column(col, justify="right" if col == "queries" else "left", overflow="fold")
-        for (m, t, me), n in sorted(per_use.items()):
-            uses.add_row(m, t or "-", me or "-", str(n))
+        for col in ("model", "task", "method", "queries", "generations"):
+            uses.add_column(col, justify="right" if col in ("queries", "generations") else "left",
+                            overflow="fold")
+        for (m, t, me), (q, g) in sorted(per_use.items()):
+            uses.add_row(m, t or "-", me or "-", str(len(q)), str(len(g)))
         console.print(uses)
 
 
@@ -108,7 +113,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 @cache_app.command("export")
 def export_command(
     model: str = typer.Option(..., "--model", help="LLM registry name (e.g. qwen-7b) or the model id stored in the cache."),
-    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically; a symlink is written through, '-' is standard output), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name the generations were made for (needed when the cache holds several)."),
     method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (hyde, query2doc, lamer, ...; needed when the cache holds several)."),
     fmt: str = typer.Option("r2med", "--format", help="Output layout; 'r2med' writes query_with_hydoc.jsonl rows: id, text, hy_doc, doc_id."),
@@ -132,7 +137,7 @@ def export_command(
     groups and stops; pick one with --settings or the sampling filters.
     """
     from r2med_agent.config import set_user_config
-    from r2med_agent.io import atomic_write_text
+    from r2med_agent.io import write_output
     from r2med_agent.llm.cache_io import export_r2med
 
     if fmt != "r2med":
@@ -153,8 +158,8 @@ def export_command(
             temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed
         ),
     )
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    typer.echo(f"wrote {len(rows)} rows to {out}")
+    write_output(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    typer.echo(f"wrote {len(rows)} rows to {'standard output' if str(out) == '-' else out}", err=True)
 
 
 def _sampling_overrides(**values: Any) -> dict[str, Any]:
@@ -169,6 +174,7 @@ def import_command(
     llm: str = typer.Option(..., "--llm", "-l", help="LLM registry name the rows stand for (e.g. qwen-7b); a later run with this --llm and --method finds them."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as for `run`); default: the Hugging Face hub."),
     allow_missing_qrels_docs: bool = typer.Option(False, "--allow-missing-qrels-docs", help="As in `run`: keep qrels naming documents missing from the corpus, with a warning."),
+    allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="As in `run`: use a --data-dir copy whose query or document counts differ from the registry's (e.g. R2MED's 2-query demo as Biology)."),
     sample: int = typer.Option(0, "--sample", help="Sample index to store the rows under."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="As in `run`: the sampling override the matching run will use."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="As in `run`."),
@@ -191,6 +197,7 @@ def import_command(
     report = import_for_method(
         cache, file, task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
         sampling_overrides=overrides, allow_missing_qrels_docs=allow_missing_qrels_docs,
+        allow_count_mismatch=allow_count_mismatch,
     )
     typer.echo(
         f"imported {report.imported} generations into {cache.path}"
@@ -210,6 +217,7 @@ def import_for_method(
     sample_index: int = 0,
     sampling_overrides: dict[str, Any] | None = None,
     allow_missing_qrels_docs: bool = False,
+    allow_count_mismatch: bool = False,
 ):
     """Rebuild the requests ``method`` sends for ``task`` with ``llm`` and import ``file`` under them.
 
@@ -232,7 +240,8 @@ def import_for_method(
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         params = replace(params, **sampling_overrides)
-    the_task = load_task(task, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs)
+    the_task = load_task(task, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs,
+                         allow_count_mismatch=allow_count_mismatch)
     m = get_method(method)()
     if getattr(m, "agentic", False) or not getattr(m, "uses_llm", True):
         raise ConfigError(f"--method {method}: only single-shot expansion methods (hyde, query2doc, lamer) can be imported")

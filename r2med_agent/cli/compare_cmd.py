@@ -54,7 +54,7 @@ def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
     from r2med_agent.compare import FORMATS
 
     if fmt is None:
-        if out is None:
+        if out is None or str(out) == "-":
             return "rich"
         return "csv" if out.suffix.lower() == ".csv" else "md"
     if fmt not in FORMATS:
@@ -64,11 +64,13 @@ def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
 
 def _emit(table, fmt: str, out: Optional[Path]) -> None:
     from r2med_agent.compare import print_rich, render
-    from r2med_agent.io import atomic_write_text
+    from r2med_agent.io import write_output
 
-    if out is not None:
-        atomic_write_text(out, render(table, fmt))
+    if out is not None and str(out) != "-":
+        write_output(out, render(table, fmt))
         typer.echo(f"wrote {out}", err=True)
+    elif out is not None:
+        write_output(out, render(table, "md" if fmt == "rich" else fmt))
     elif fmt == "rich":
         print_rich(table)
     else:
@@ -78,7 +80,7 @@ def _emit(table, fmt: str, out: Optional[Path]) -> None:
 @app.command("compare")
 def compare_command(
     results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
-    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric key of the result files (ndcg_at_10, recall_at_100, mrr, ...)."),
+    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric: ndcg_at_10, recall_at_100, mrr, ... or as trec_eval, pyserini and BEIR write them (ndcg_cut_10, ndcg@10, NDCG@10, P_10, recip_rank)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these task columns: a comma list, 'all' or 'nano-all' (default: every task found)."),
     published: bool = typer.Option(False, "--published", help="Add R2MED's published score beside ours, and the difference ('—' where the paper has none)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row to test the others against: its index, or method/llm/retriever (plus /reranker if it has one). Marks ▲/▼ where p < --alpha and adds W/T/L and p."),
@@ -88,7 +90,7 @@ def compare_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
     cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks."),
     fmt: Optional[str] = typer.Option(None, "--format", help="rich (terminal), md or csv. Default: rich, or from --out's suffix (.csv -> csv, else md)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal (atomically; a symlink is written through; '-' is standard output)."),
 ) -> None:
     """One table of results: tasks as columns, one row per configuration (method, llm, retriever, reranker), and the average."""
     fmt = _format_for(fmt, out)
@@ -100,12 +102,16 @@ def compare_command(
 def report_command(
     results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
     out: Path = typer.Option(..., "--out", help="Folder for report.html, per_task.png and quality_vs_cost.png."),
-    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots."),
+    metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots (ndcg_at_10, ndcg@10, ndcg_cut_10, ... as for compare)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all' or 'nano-all' (default: every task found)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down. Default: the package/hub copy."),
     allow_missing_qrels_docs: bool = typer.Option(
         False, "--allow-missing-qrels-docs",
         help="Load tasks whose qrels name documents missing from the corpus (as `run --allow-missing-qrels-docs`).",
+    ),
+    allow_count_mismatch: bool = typer.Option(
+        False, "--allow-count-mismatch",
+        help="Load --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`).",
     ),
     texts: bool = typer.Option(True, "--texts/--no-texts", help="Load the tasks for texts and qrels; --no-texts shows ids only (query text and positives from the generations file where there is one)."),
     published: bool = typer.Option(False, "--published", help="Add R2MED's published scores to the table."),
@@ -129,7 +135,8 @@ def report_command(
 
         for name in table.tasks:
             try:
-                loaded[name] = load_task(name, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs)
+                loaded[name] = load_task(name, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs,
+                                         allow_count_mismatch=allow_count_mismatch)
             except R2MedError as e:
                 err = R2MedError(
                     f"{e}\n(the report loads task '{name}' for its texts; pass --data-dir DIR, "
@@ -151,6 +158,7 @@ def reproduce_command(
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks), 'nano-all' or a comma list (default: the grid's tasks, the 8 R2MED tasks or, for nano, the 8 NanoR2MED splits)."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
     generations: str = typer.Option("r2med", "--generations", help="r2med (default): rows whose generations R2MED released (configs/reproduce/released.yaml) score those, with no LLM; the others generate. fresh: every LLM row generates."),
+    allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="Use --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`)."),
     fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
@@ -166,6 +174,7 @@ def reproduce_command(
         tasks=tuple(task_names(tasks)) if tasks else (grid.tasks or tuple(task_names("all"))),
         gpu_gib=gpu_gib,
         generations=generations,
+        allow_count_mismatch=allow_count_mismatch,
     )
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -38,13 +39,14 @@ _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 @app.command("run")
 def run_command(
-    task: str = typer.Option(
-        "sample", "--task", "-t",
-        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted.",
+    task: Optional[str] = typer.Option(
+        None, "--task", "-t",
+        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
+        show_default=False,
     ),
     method: str = typer.Option(
         "none", "--method", "-m",
-        help="none | hyde | query2doc | lamer | search-r1 | search-o1.",
+        help="none | hyde | query2doc | lamer | search-r1 | search-o1 (any case: HyDE works).",
     ),
     llm: Optional[str] = typer.Option(
         None, "--llm", "-l",
@@ -89,6 +91,10 @@ def run_command(
         False, "--allow-missing-qrels-docs",
         help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1.",
     ),
+    allow_count_mismatch: bool = typer.Option(
+        False, "--allow-count-mismatch",
+        help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results.",
+    ),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<retriever>/<Task>.json|.run."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
     refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
@@ -103,11 +109,11 @@ def run_command(
         help="Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | auto (vLLM when installed with a GPU and the encoder's pooling is supported, else transformers). Default: each encoder entry's 'backend'.",
     ),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars).", show_default=False),
 ) -> None:
     """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
     from r2med_agent.config import set_user_config
-    from r2med_agent.data import task_names
+    from r2med_agent.data import local_task_names, task_names
     from r2med_agent.runner import RunConfig, run_experiment
 
     if config is not None:
@@ -115,13 +121,17 @@ def run_command(
     if task == "list":
         tasks_command()
         return
+    if task is None:
+        names = local_task_names(data_dir) if data_dir is not None else ["sample"]
+    else:
+        names = task_names(task, data_dir)
     sampling = {
         k: v
         for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}.items()
         if v is not None
     }
     cfg = RunConfig(
-        tasks=tuple(task_names(task)),
+        tasks=tuple(names),
         method=method,
         llm=llm,
         retriever=retriever,
@@ -138,6 +148,7 @@ def run_command(
         top_k=top_k,
         data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs,
+        allow_count_mismatch=allow_count_mismatch,
         output_dir=output_dir,
         use_cache=not no_cache,
         refresh_cache=refresh_cache,
@@ -145,7 +156,7 @@ def run_command(
         chunk_size=chunk_size,
         final=final,
         sampling=sampling,
-        show_progress=progress,
+        show_progress=progress if progress is not None else sys.stderr.isatty(),
         encoder_backend=encoder_backend,
     )
     result = run_experiment(cfg)

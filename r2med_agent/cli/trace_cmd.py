@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,12 @@ app.add_typer(trace_app, name="trace")
 
 CUT = 600
 """Characters of each text shown without ``--full``."""
+
+
+def natural_key(text: str) -> list[Any]:
+    """Sort key that orders digit runs by their value: ``q2`` before ``q10``, ``9`` before ``10``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", text) if part]
 
 
 def _cut(text: str, full: bool, limit: int = CUT) -> str:
@@ -48,7 +55,8 @@ def show(
         known = {t.query_id for t in traces}
         unknown = sorted(wanted - known)
         if unknown:
-            sample = ", ".join(sorted(known)[:10]) + (" ..." if len(known) > 10 else "")
+            ordered = sorted(known, key=natural_key)
+            sample = ", ".join(ordered[:10]) + (" ..." if len(known) > 10 else "")
             raise ConfigError(f"{file}: no trace for query id(s) {', '.join(unknown)}; ids in the file: {sample}")
         traces = [t for t in traces if t.query_id in wanted]
     console = Console(highlight=False)

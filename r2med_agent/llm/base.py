@@ -36,6 +36,11 @@ class AuthError(LLMError):
     way, so a batch stops at once instead of sending the rest."""
 
 
+class UnreachableError(LLMError):
+    """The endpoint's host name does not resolve or its port refuses connections: not a
+    transient fault, so a batch stops at once instead of retrying every request."""
+
+
 class PartialBatchError(LLMError):
     """Some requests of a batch failed for good; the others produced generations.
 

@@ -48,6 +48,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -55,7 +56,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError
-from r2med_agent.llm.base import AuthError, PartialBatchError
+from r2med_agent.llm.base import AuthError, PartialBatchError, UnreachableError
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.types import Generation, Message, SamplingParams
 
@@ -148,6 +149,32 @@ def _is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
     return False
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True when a connection error is a host name that does not resolve or a refused port:
+    failures that retrying in a few seconds does not fix (no network, a wrong URL, no server)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (socket.gaierror, ConnectionRefusedError)):
+            return True
+        text = str(e)
+        if any(s in text for s in _UNREACHABLE_TEXTS):
+            return True
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
+_UNREACHABLE_TEXTS = (
+    "Name or service not known", "nodename nor servname", "Temporary failure in name resolution",
+    "No address associated with hostname", "getaddrinfo failed", "Connection refused",
+)
+"""What httpx/httpcore say for the same failures when the OS error itself is not chained."""
 
 
 def _server_message(exc: BaseException) -> str:
@@ -255,6 +282,7 @@ class OpenAICompatBackend:
         self.attempts = 0
         self._noted_new_turn = False
         self._pool = _UrlPool(spec.base_urls, spec.backoff_initial_s, spec.backoff_max_s)
+        self._retry_lines: set[tuple[int, str]] = set()
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -293,6 +321,7 @@ class OpenAICompatBackend:
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
+        self._retry_lines: set[tuple[int, str]] = set()
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort))
@@ -301,7 +330,8 @@ class OpenAICompatBackend:
             pending: set[asyncio.Future[Generation]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-                if any(isinstance(t.exception(), AuthError) for t in done if not t.cancelled()):
+                if any(isinstance(t.exception(), (AuthError, UnreachableError))
+                       for t in done if not t.cancelled()):
                     # Every other request would be refused the same way: stop now.
                     for t in pending:
                         t.cancel()
@@ -385,10 +415,22 @@ class OpenAICompatBackend:
         abort: asyncio.Event,
     ) -> Generation:
         import openai
-        from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt
+        from tenacity import (
+            AsyncRetrying,
+            RetryError,
+            retry_if_exception,
+            stop_after_attempt,
+            stop_after_delay,
+        )
         from tenacity.wait import wait_exponential_jitter
 
         spec = self.spec
+        single_url = len(spec.base_urls) == 1
+
+        def retryable(exc: BaseException) -> bool:
+            # With one URL, an unresolvable name or a refused port fails at once; with several,
+            # the retry goes to another URL (the failing one cools off).
+            return _is_retryable(exc) and not (single_url and _unreachable(exc))
         request = self._request(messages, params)
         backoff = wait_exponential_jitter(
             initial=spec.backoff_initial_s, max=spec.backoff_max_s, jitter=spec.backoff_initial_s
@@ -403,6 +445,11 @@ class OpenAICompatBackend:
 
         def before_sleep(state: Any) -> None:
             exc = state.outcome.exception()
+            # One line per attempt and error, not one per prompt of the batch.
+            seen = (state.attempt_number, self._describe(exc, key))
+            if seen in self._retry_lines:
+                return
+            self._retry_lines.add(seen)
             logger.warning(
                 "llm %s: attempt %d failed (%s); retrying in %.2fs",
                 spec.name,
@@ -418,9 +465,9 @@ class OpenAICompatBackend:
             start = time.perf_counter()
             try:
                 async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(spec.max_retries + 1),
+                    stop=stop_after_attempt(spec.max_retries + 1) | stop_after_delay(spec.max_retry_s),
                     wait=wait,
-                    retry=retry_if_exception(_is_retryable),
+                    retry=retry_if_exception(retryable),
                     before_sleep=before_sleep,
                     reraise=False,
                 ):
@@ -441,13 +488,24 @@ class OpenAICompatBackend:
                 exc = e.last_attempt.exception()
                 raise LLMError(
                     f"llm '{spec.name}': request to {last_url} failed after "
-                    f"{spec.max_retries + 1} attempts: {self._describe(exc, key)}"
+                    f"{e.last_attempt.attempt_number} attempts: {self._describe(exc, key)}"
                 ) from None
             except openai.APIStatusError as e:
                 error = self._fatal(e, last_url, key)
                 if isinstance(error, AuthError):
                     abort.set()
                 raise error from None
+            except openai.APIConnectionError as e:
+                if _unreachable(e):
+                    abort.set()  # every other request would fail the same way
+                    raise UnreachableError(
+                        f"llm '{spec.name}': {last_url} is not reachable "
+                        f"({self._describe(e, key)}); check the entry's base_url and the "
+                        "network, or start the server"
+                    ) from None
+                raise LLMError(
+                    f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"
+                ) from None
             except openai.OpenAIError as e:
                 raise LLMError(
                     f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"

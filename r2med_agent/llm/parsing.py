@@ -1,7 +1,6 @@
 """Reasoning-output parsing: split a raw generation into (reasoning, final response).
 
-The final response is what becomes the retrieval query (PROTOCOL.md, "Extracting the final
-response of a reasoning model"). Each format mirrors the R2MED reference's extraction:
+The final response is what becomes the retrieval query (docs/protocol.md, "Reasoning output"). Each format mirrors the R2MED reference's extraction:
 
 ``plain``
     Non-reasoning models: the whole text is the final response.

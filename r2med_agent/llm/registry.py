@@ -18,12 +18,13 @@ from r2med_agent.llm.base import LLM
 from r2med_agent.llm.parsing import ReasoningFormat
 from r2med_agent.types import SamplingParams
 
-Backend = Literal["vllm", "openai", "local"]
+Backend = Literal["vllm", "openai", "local", "python"]
 
 BACKENDS: dict[str, str] = {
     "vllm": "r2med_agent.llm.vllm_backend:VLLMBackend",
     "openai": "r2med_agent.llm.openai_compat:OpenAICompatBackend",
     "local": "r2med_agent.llm.local:LlamaCppBackend",
+    "python": "r2med_agent.api:PythonLLM",  # a function registered with r2med_agent.api
 }
 """Backend name -> ``module:class``; the class takes the spec as its only argument."""
 
@@ -148,6 +149,10 @@ class LLMSpec:
     backoff_max_s: float = 60.0
     """openai backend: longest single wait between attempts (also caps Retry-After)."""
 
+    max_retry_s: float = 300.0
+    """openai backend: the most seconds one request spends retrying, whatever ``max_retries``
+    allows (a name that does not resolve or a refused port is not retried at all with one URL)."""
+
     tensor_parallel_size: int = 1
     """vllm backend: GPUs per model replica."""
 
@@ -193,6 +198,8 @@ class LLMSpec:
             problems.append(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_retries < 0:
             problems.append(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_retry_s < 0:
+            problems.append(f"max_retry_s must be >= 0, got {self.max_retry_s}")
         if self.timeout_s <= 0:
             problems.append(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.backoff_initial_s < 0 or self.backoff_max_s < self.backoff_initial_s:

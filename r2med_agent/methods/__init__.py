@@ -39,9 +39,18 @@ def get_method(name: str) -> type[Any]:
     Raises:
         ConfigError: unknown name; the message lists the allowed names.
     """
+    from r2med_agent.errors import did_you_mean
+
     try:
-        return METHODS[name]
+        return METHODS[method_name(name)]
     except KeyError:
         raise ConfigError(
-            f"unknown method '{name}'; allowed: {', '.join(METHODS)}"
+            f"unknown method '{name}'{did_you_mean(name, METHODS)}; allowed: {', '.join(METHODS)}"
         ) from None
+
+
+def method_name(name: str) -> str:
+    """The registered spelling of a method name typed in any case (``HyDE`` -> ``hyde``,
+    ``Search_R1`` -> ``search-r1``); an unknown name comes back unchanged."""
+    low = name.strip().lower().replace("_", "-")
+    return low if low in METHODS else name

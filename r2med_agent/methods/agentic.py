@@ -1,4 +1,4 @@
-"""Search-R1 and Search-o1: reasoning-search loops over a task's corpus (PROTOCOL.md).
+"""Search-R1 and Search-o1: reasoning-search loops over a task's corpus (docs/protocol.md).
 
 Both run on the batched engine of :mod:`r2med_agent.methods.loop` and return, per task, an
 :class:`~r2med_agent.methods.loop.AgenticResult`: the final SearchRequests (``combine="reasoning"``,

@@ -3,7 +3,7 @@
 An expansion method is split in two halves around the LLM so that the runner can send the prompts
 of every task in ONE ``llm.generate`` call: ``build_prompts`` renders one conversation per query,
 ``to_requests`` turns the generations back into :class:`SearchRequest` records whose ``combine``
-rule tells the retriever how to mix the query and the generated text (PROTOCOL.md's table).
+rule tells the retriever how to mix the query and the generated text (the table of docs/protocol.md).
 Methods never call the LLM or a retriever themselves and never write files.
 """
 

@@ -1,6 +1,6 @@
 """HyDE, Query2Doc and LameR: one LLM call per query, whose output expands the query.
 
-The prompts live in ``prompts/<method>/<family>.j2``; PROTOCOL.md ("Prompt structure") gives
+The prompts live in ``prompts/<method>/<family>.j2``; docs/protocol.md ("Prompts") gives
 what each must contain, and its table how the generated text becomes the retrieval query (the
 ``combine`` rule each class sets).
 """
@@ -96,7 +96,7 @@ class LameR(ExpansionMethod):
     def template_variables(self, task: Task, first_pass: Run | None) -> list[dict[str, Any]]:
         if first_pass is None:
             raise ValueError("LameR needs a first-pass run")
-        texts = {doc.doc_id: doc.text for doc in task.corpus}
+        texts = {doc.doc_id: doc.full_text for doc in task.corpus}
         out: list[dict[str, Any]] = []
         for q in task.queries:
             if q.query_id not in first_pass:

@@ -8,16 +8,17 @@ rebuilt from them are :mod:`r2med_agent.retrieval.candidates` (``nano-bm25``, ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from r2med_agent.errors import ConfigError
+from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.retrieval.base import Retriever
 
 if TYPE_CHECKING:  # pragma: no cover
     from r2med_agent.retrieval.rerank import Reranker
     from r2med_agent.types import Task
 
-__all__ = ["Retriever", "make_retriever", "make_reranker", "retriever_names"]
+__all__ = ["Retriever", "make_retriever", "make_reranker", "register_retriever", "retriever_names"]
 
 BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
 """Spec word -> BM25Retriever mode."""
@@ -28,13 +29,30 @@ _DENSE_OPTS = {"device", "show_progress", "use_cache", "shard_size", "use_gpu", 
 _FUSION_OPTS = {"fusion", "rrf_k", "weights", "depth"}
 
 
+_REGISTERED: dict[str, Callable[[Task], Retriever]] = {}
+"""Retrievers registered from Python (:func:`register_retriever`): name -> factory over a task."""
+
+
+def register_retriever(name: str, factory: Callable[[Task], Retriever]) -> None:
+    """Make ``name`` a retriever spec word in this process: ``factory(task)`` builds it for a
+    task (the Python API's own encoders and retrievers go through this). A name of the
+    registries (bm25, an encoder) cannot be taken."""
+    from r2med_agent.retrieval.encoders import encoder_registry
+
+    if not name or "+" in name or "/" in name:
+        raise ConfigError(f"retriever name {name!r} must be non-empty, without '+' or '/'")
+    if name in BM25_SPECS or name in encoder_registry():
+        raise ConfigError(f"retriever name '{name}' is taken by the registry; choose another")
+    _REGISTERED[name] = factory
+
+
 def retriever_names() -> list[str]:
     """Every single-retriever spec word: the BM25 variants, the encoder registry's names and
-    NanoR2MED's candidate rankings."""
+    NanoR2MED's candidate rankings and the retrievers registered from Python."""
     from r2med_agent.retrieval.candidates import candidate_names
     from r2med_agent.retrieval.encoders import encoder_registry
 
-    return [*BM25_SPECS, *sorted(encoder_registry()), *candidate_names()]
+    return [*BM25_SPECS, *sorted(encoder_registry()), *candidate_names(), *sorted(_REGISTERED)]
 
 
 def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
@@ -66,7 +84,8 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
     for word in parts:
         if word not in known:
             raise ConfigError(
-                f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
+                f"unknown retriever '{word}'{did_you_mean(word, retriever_names())}; "
+        f"allowed: {', '.join(retriever_names())}, "
                 "or several joined by '+'"
             )
     if len(parts) == 1:
@@ -87,6 +106,8 @@ def make_retriever(spec: str, task: Task, **opts: Any) -> Retriever:
 
 
 def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
+    if word in _REGISTERED:
+        return _REGISTERED[word](task)
     if word in BM25_SPECS:
         from r2med_agent.retrieval.bm25 import BM25Retriever
 
@@ -103,7 +124,8 @@ def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
         kw = {k: opts[k] for k in _DENSE_OPTS if k in opts and opts[k] is not None}
         return DenseRetriever.for_task(task, encoder=word, **kw)
     raise ConfigError(
-        f"unknown retriever '{word}'; allowed: {', '.join(retriever_names())}, "
+        f"unknown retriever '{word}'{did_you_mean(word, retriever_names())}; "
+        f"allowed: {', '.join(retriever_names())}, "
         "or several joined by '+'"
     )
 

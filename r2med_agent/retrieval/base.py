@@ -14,7 +14,7 @@ class Retriever(Protocol):
 
     ``search`` takes all queries of a task at once and returns a Run holding every requested
     query id (an empty dict where nothing matched), each with at most ``k`` documents.
-    Requests are turned into backend queries by their ``combine`` rule (PROTOCOL.md's table).
+    Requests are turned into backend queries by their ``combine`` rule (the table of docs/protocol.md).
     """
 
     name: str

@@ -103,7 +103,7 @@ _COMBINE_RULES = ("none", "hyde", "query2doc", "lamer", "reasoning")
 
 
 def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
-    """The BM25 query text of a request, by its ``combine`` rule.
+    """The BM25 query text of a request, by its ``combine`` rule (the table of docs/protocol.md).
 
     ``none``: the query; ``hyde``: the expansion; ``query2doc``: query, query and expansion joined
     by spaces; ``lamer``: query + " " + expansion; ``reasoning``: the expansion (the final
@@ -691,7 +691,7 @@ class BM25Retriever:
         built = index is None
         if index is None:
             t0 = time.perf_counter()
-            texts = [f"{d.title} {d.text}" if d.title else d.text for d in task.corpus]
+            texts = [d.full_text for d in task.corpus]
             docs, vocab = analyzer.fit(texts, show_progress=show_progress)
             if not vocab:
                 raise DataError(

@@ -6,7 +6,7 @@ shards of ``shard_size`` documents, each atomically, so a killed run resumes fro
 the shards are then merged into one float32 ``embeddings.npy`` (memory-mapped when reused) and a
 ``meta.json``, both written atomically.
 
-Queries follow ``SearchRequest.combine`` (PROTOCOL.md's table, dense column):
+Queries follow ``SearchRequest.combine`` (docs/protocol.md, dense column of its query table):
 
 =========== ======================================================================
 none        emb(prefix + query)
@@ -57,7 +57,8 @@ logger = logging.getLogger(__name__)
 SEP = "[SEP]"
 """Joins query and passage for Query2Doc (as R2MED's reference code does)."""
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+"""2: documents are encoded as ``Doc.full_text`` (title + " " + text), no longer the text alone."""
 DEFAULT_SHARD_SIZE = 8192
 
 # Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
@@ -305,8 +306,10 @@ def encode_corpus(
 
     def encode_chunk(start: int, end: int) -> np.ndarray:
         chunk = docs[start:end]
-        titles = [d.title for d in chunk] if spec.doc_title_pair else None
-        return encoder.encode([d.text for d in chunk], side="doc", prefix=doc_prefix, titles=titles)
+        if spec.doc_title_pair:  # MedCPT-style: title and text as a pair
+            return encoder.encode([d.text for d in chunk], side="doc", prefix=doc_prefix,
+                                  titles=[d.title for d in chunk])
+        return encoder.encode([d.full_text for d in chunk], side="doc", prefix=doc_prefix)
 
     if not docs:
         return np.zeros((0, 0), dtype=np.float32)

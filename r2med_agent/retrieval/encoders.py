@@ -239,6 +239,16 @@ def _task_keys(task_name: str) -> tuple[str, ...]:
     return (task_name,) if base == task_name else (task_name, base)
 
 
+def _registered(task_name: str) -> bool:
+    from r2med_agent.data import get_task_spec
+
+    try:
+        get_task_spec(task_name)
+    except ConfigError:
+        return False
+    return True
+
+
 def _prefix_from(fmt: str, instruction: str) -> str:
     # fmt ends with "{text}" (validated), so everything before it is the prefix.
     head = fmt[: -len("{text}")]
@@ -271,6 +281,8 @@ def instruction_prefixes(
     ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
     """
     keys = _task_keys(task_name)
+    if task_name and not _registered(task_name):
+        family = ""  # a task of your own: only an instruction configured for its name applies
     q_instr = _lookup_instruction(spec.query_instructions, keys, family, domain)
     query = (
         _prefix_from(spec.instruction_format, q_instr) if q_instr is not None else spec.query_prefix
@@ -444,11 +456,25 @@ def model_load_error(kind: str, name: str, model: str, err: BaseException) -> Co
 
 
 def load_pretrained(loader: Any, path: str, *, kind: str, name: str, model: str, **kwargs: Any) -> Any:
-    """``loader(path, **kwargs)`` (a ``from_pretrained``) with load failures as a ConfigError."""
+    """``loader(path, **kwargs)`` (a ``from_pretrained``) with load failures as a ConfigError.
+
+    A hub id (not a local folder) is loaded from the hub cache only when the hub cannot be
+    reached (checked once per process), so a model that is not downloaded fails in seconds
+    instead of after huggingface_hub's retries."""
+    unreachable = None
+    if isinstance(path, str) and not Path(path).exists() and "local_files_only" not in kwargs:
+        from r2med_agent.hub import hub_unreachable
+
+        unreachable = hub_unreachable()
+        if unreachable is not None:
+            kwargs["local_files_only"] = True
     try:
         return loader(path, **kwargs)
     except _LOAD_ERRORS as e:
-        raise model_load_error(kind, name, model, e) from e
+        err = model_load_error(kind, name, model, e)
+        if unreachable is not None:
+            err = ConfigError(f"{err} (the hub is unreachable: {unreachable})")
+        raise err from e
 
 
 def dtype_kwarg(dtype: Any) -> dict[str, Any]:

@@ -1,0 +1,172 @@
+"""Everyday command-line habits: Ctrl-C, --version, names as users type them, help text."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def test_ctrl_c_prints_the_resume_message_and_exits_130(tmp_path, smollm2_gguf):
+    """A real SIGINT sent to a run while it generates: one line saying what is kept, no traceback."""
+    env = {**os.environ, "R2MED_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "r2med_agent", "run", "--task", "sample", "--method", "hyde",
+         "--llm", "smollm2", "--max-tokens", "64", "--no-progress", "-o", str(tmp_path / "out")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    seen = []
+    deadline = time.monotonic() + 300
+    assert proc.stderr is not None
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "generating" in line:
+            break
+    assert proc.poll() is None, "".join(seen)
+    time.sleep(1.0)  # inside the model's generation
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err
+    assert "interrupted; finished work is cached and a re-run resumes" in err
+    assert "Traceback" not in err and "Aborted" not in err
+
+
+def _main(*args: str) -> int:
+    from r2med_agent.cli import main
+
+    return main(list(args))
+
+
+def test_version(capsys):
+    from r2med_agent import __version__
+
+    assert _main("--version") == 0
+    assert capsys.readouterr().out.strip() == f"r2med-agent {__version__}"
+
+
+def test_llm_without_method_is_an_error_not_a_silent_bm25_run(tmp_path, capsys):
+    assert _main("run", "--llm", "smollm2", "--task", "sample", "-o", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "--llm smollm2 is only used by a method; add --method" in err
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("typed", ["HyDE", "HYDE", "hyde", " Search_R1 "])
+def test_method_names_ignore_case(typed):
+    from r2med_agent.runner import RunConfig
+
+    cfg = RunConfig(tasks=("sample",), method=typed, llm="smollm2")
+    assert cfg.method == ("search-r1" if "R1" in typed else "hyde")
+    assert cfg.result_dir().parts[-3] == cfg.method
+
+
+@pytest.mark.parametrize(
+    ("typed", "key"),
+    [("ndcg@10", "ndcg_at_10"), ("NDCG@10", "ndcg_at_10"), ("ndcg_cut_10", "ndcg_at_10"),
+     ("ndcg_cut.10", "ndcg_at_10"), ("nDCG@10", "ndcg_at_10"), ("ndcg_at_10", "ndcg_at_10"),
+     ("recall_100", "recall_at_100"), ("recall.100", "recall_at_100"), ("Recall@100", "recall_at_100"),
+     ("P_10", "precision_at_10"), ("P@1", "precision_at_1"), ("map_cut_25", "map_at_25"),
+     ("MAP@10", "map_at_10"), ("recip_rank", "mrr"), ("MRR", "mrr"), ("bogus", "bogus")],
+)
+def test_metric_names_as_users_type_them(typed, key):
+    from r2med_agent.evaluation import metric_key
+
+    assert metric_key(typed) == key
+
+
+def test_compare_accepts_trec_eval_and_beir_metric_names(tmp_path, capsys):
+    from tests.result_trees import MIXED, write_result
+
+    write_result(tmp_path, "none", "none", "bm25", "sample", MIXED)
+    outputs = []
+    for name in ("ndcg_at_10", "ndcg@10", "NDCG@10", "ndcg_cut_10"):
+        assert _main("compare", str(tmp_path), "--metric", name, "--format", "csv") == 0
+        outputs.append(capsys.readouterr().out)
+    assert len(set(outputs)) == 1
+
+
+def test_evaluation_takes_metric_names_in_any_spelling():
+    from r2med_agent.evaluation import evaluate
+
+    run = {"q1": {"d1": 2.0, "d2": 1.0}}
+    qrels = {"q1": {"d2": 1}}
+    a = evaluate(run, qrels, ("ndcg_at_10", "mrr"))
+    b = evaluate(run, qrels, ("ndcg@10", "recip_rank"))
+    assert list(a.mean.values()) == list(b.mean.values())
+
+
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [(["run", "--task", "Biolgy"], "did you mean 'Biology'?"),
+     (["run", "--method", "hydee", "--llm", "smollm2"], "did you mean 'hyde'?"),
+     (["run", "--retriever", "bm52"], "did you mean 'bm25'?"),
+     (["run", "--method", "hyde", "--llm", "smolm2"], "did you mean 'smollm2'?")],
+)
+def test_did_you_mean_for_misspelt_names(tmp_path, capsys, args, suggestion):
+    assert _main(*args, "-o", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert suggestion in err and "Traceback" not in err
+
+
+def test_flags_have_no_bool_tag_in_help():
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "--no-cache" in out and "--progress" in out and "<bool>" not in out
+    assert "<int>" in out  # options that take a value keep their type
+
+
+def test_piped_run_prints_no_progress_bars(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "r2med_agent", "run", "--task", "sample", "-o", str(tmp_path / "o")],
+        env={**os.environ, "R2MED_CACHE_DIR": str(tmp_path / "cache")},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "%|" not in proc.stderr and "it/s" not in proc.stderr, proc.stderr
+
+
+def test_trace_show_lists_ids_in_natural_order(tmp_path, capsys):
+    from r2med_agent.methods.loop import traces_to_jsonl
+    from r2med_agent.types import Trace
+
+    traces = [Trace(qid, "search-r1", (), "x", "answer") for qid in ("q10", "q2", "q1", "q9")]
+    path = tmp_path / "T.traces.jsonl"
+    path.write_text(traces_to_jsonl(traces), encoding="utf-8")
+    assert _main("trace", "show", str(path), "--query", "q3") == 2
+    assert "ids in the file: q1, q2, q9, q10" in capsys.readouterr().err
+
+
+def test_cache_stats_counts_queries_and_generations_apart(tmp_path, capsys):
+    import json
+
+    from r2med_agent.llm.cache import CacheRecord, GenerationCache, Use, build_request
+    from r2med_agent.types import Generation
+
+    cache = GenerationCache(tmp_path / "g.sqlite")
+    records, uses = [], []
+    for sample in (0, 1, 2):  # three generations (samples) for one query, one for another
+        req = build_request("m", [{"role": "user", "content": "q1"}], {"temperature": 0.7},
+                            sample_index=sample)
+        key = f"k{sample}"
+        records.append(CacheRecord.from_generation(key, req, Generation(text="t", final="t")))
+        uses.append(Use(key, "Biology", "q1", "hyde"))
+    req = build_request("m", [{"role": "user", "content": "q2"}], {"temperature": 0.7})
+    records.append(CacheRecord.from_generation("k9", req, Generation(text="t", final="t")))
+    uses.append(Use("k9", "Biology", "q2", "hyde"))
+    cache.put_many(records, uses)
+    assert _main("cache", "stats", "--cache-path", str(tmp_path / "g.sqlite"), "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["uses"] == [{"model_id": "m", "task": "Biology", "method": "hyde", "queries": 2,
+                            "generations": 4}]

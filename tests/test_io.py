@@ -1,0 +1,112 @@
+"""Output safety: atomic replacement is for regular files only; symlinks are written through,
+FIFOs and devices in place, ``-`` is standard output, and bad output paths are one message."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.io import atomic_write_text, write_output
+from tests.result_trees import MIXED, write_result
+
+
+def test_regular_file_is_replaced_atomically(tmp_path):
+    path = tmp_path / "a" / "out.txt"
+    atomic_write_text(path, "one\n")
+    atomic_write_text(path, "two\n")
+    assert path.read_text() == "two\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["out.txt"]  # no temp file left
+
+
+def test_symlink_is_written_through_and_stays_a_link(tmp_path):
+    target = tmp_path / "real" / "table.md"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "link.md"
+    link.symlink_to(target)
+    atomic_write_text(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.md", "real"]
+
+
+def test_dangling_symlink_creates_its_target(tmp_path):
+    target = tmp_path / "made.txt"
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    atomic_write_text(link, "x\n")
+    assert link.is_symlink() and target.read_text() == "x\n"
+
+
+def test_fifo_is_written_in_place_not_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    atomic_write_text(fifo, "through the pipe\n")
+    reader.join(timeout=10)
+    assert got == ["through the pipe\n"]
+    assert fifo.is_fifo()  # still a FIFO, not a regular file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_dash_is_standard_output(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_output("-", "to stdout\n")
+    assert capsys.readouterr().out == "to stdout\n"
+    assert not (tmp_path / "-").exists()
+
+
+def test_parent_that_is_a_file_is_one_message(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match=r"--out .*file/table.md: cannot write there"):
+        write_output(blocker / "table.md", "x")
+
+
+def _tree(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    write_result(root, "none", "none", "bm25", "sample", MIXED)
+    return root
+
+
+def test_cli_compare_out_dash_symlink_and_bad_parent(tmp_path, capsys):
+    from r2med_agent.cli import main
+
+    root = _tree(tmp_path)
+    assert main(["compare", str(root), "--out", "-", "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("index,method,") and "bm25" in out
+    assert not Path("-").exists()
+
+    target = tmp_path / "kept" / "table.md"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "table.md"
+    link.symlink_to(target)
+    assert main(["compare", str(root), "--out", str(link)]) == 0
+    assert link.is_symlink() and "bm25" in target.read_text()
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    assert main(["compare", str(root), "--out", str(blocker / "t.md")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write there" in err and "Traceback" not in err
+    assert blocker.read_text() == "x"
+
+
+def test_cli_report_out_existing_file_is_one_message(tmp_path, capsys):
+    from r2med_agent.cli import main
+
+    root = _tree(tmp_path)
+    existing = tmp_path / "report.txt"
+    existing.write_text("mine")
+    assert main(["report", str(root), "--out", str(existing), "--no-texts"]) == 2
+    err = capsys.readouterr().err
+    assert "is a file; the report needs a folder" in err and "Traceback" not in err
+    assert existing.read_text() == "mine"
