@@ -90,7 +90,7 @@ def run_command(
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Override the sampling seed."),
+    seed: Optional[str] = typer.Option(None, "--seed", help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; the loops too)."),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -106,9 +106,11 @@ def run_command(
         return
     sampling = {
         k: v
-        for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}.items()
+        for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
         if v is not None
     }
+    if seed is not None:
+        sampling["seed"] = parse_seed(seed)
     cfg = RunConfig(
         tasks=tuple(task_names(task)),
         method=method,
@@ -255,3 +257,16 @@ def llms_command(
     rows = [[name, spec.backend, spec.model, spec.reasoning_format]
             for name, spec in sorted(load_registry("llms", LLMSpec).items())]
     print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)
+
+
+def parse_seed(value: str) -> int | None:
+    """``--seed``: an integer, or ``none``/``null`` for no seed; anything else exits with code 2."""
+    from r2med_agent.errors import ConfigError
+
+    text = value.strip().lower()
+    if text in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--seed must be an integer or 'none', got {value!r}") from None
