@@ -363,3 +363,25 @@ def test_loops_send_the_entry_seed_or_the_cli_one(monkeypatch, tmp_path, method,
     run_experiment(cfg, llm=CachedLLM(fake, "scripted", cache=None))
     assert seeds and set(seeds) == {sent}
 
+
+
+# -- split environments ---------------------------------------------------------------------
+def test_dry_run_flags_rows_whose_llm_and_retriever_need_separate_environments() -> None:
+    from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+
+    def flagged(table: str) -> tuple[int, int, list[Any]]:
+        runs = plan(load_grid(table), ReproduceOptions(tasks=("Biology",)))
+        hit = [p for p in runs if p.needs.split]
+        return len(hit), len(runs), hit
+
+    n, total, hit = flagged("gar")
+    assert (n, total) == (12, 45)  # vLLM LLMs with NV-Embed-v2 (transformers 4.42.4)
+    assert all(p.entry.retriever.split("+").count("nv") or p.entry.retriever == "grit" for p in hit)
+    assert all(any("or generate first in env 1" in line for line in p.needs.split) for p in hit)
+    n, total, hit = flagged("agentic")
+    assert (n, total) == (4, 8)
+    lines = hit[0].needs.split
+    assert lines[0].startswith("SPLIT ENVIRONMENTS: vLLM needs transformers >= 5.16, 'nv' needs transformers==4.42.4")
+    assert "python -m vllm.entrypoints.openai.api_server --model" in lines[1]
+    assert "backend: openai, server: vllm" in lines[2] and f"--llm {hit[0].entry.llm}-served" in lines[2]
+    assert not any("generate first" in line for line in lines)  # loops go over HTTP
