@@ -385,3 +385,14 @@ def test_dry_run_flags_rows_whose_llm_and_retriever_need_separate_environments()
     assert "python -m vllm.entrypoints.openai.api_server --model" in lines[1]
     assert "backend: openai, server: vllm" in lines[2] and f"--llm {hit[0].entry.llm}-served" in lines[2]
     assert not any("generate first" in line for line in lines)  # loops go over HTTP
+
+
+@pytest.mark.slow
+def test_local_engine_feeds_progress_per_prompt_with_tokens(smollm2_llm) -> None:
+    from r2med_agent.progress import tracking
+
+    prompts = [[{"role": "user", "content": f"Say {w}."}] for w in ("one", "two", "three")]
+    with tracking(3, "local", stream=io.StringIO(), show=True, interval_s=0.0) as p:
+        gens = smollm2_llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4))
+    assert p.n == 3 and p.tokens == sum(g.completion_tokens for g in gens) > 0
+    assert p.lines[0].startswith("local: 1/3 generations") and "output tok/s" in p.lines[0]

@@ -62,6 +62,7 @@ from urllib.parse import urlparse
 from r2med_agent.errors import ConfigError, LLMError
 from r2med_agent.llm.base import AuthError, PartialBatchError
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
+from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -300,11 +301,14 @@ class OpenAICompatBackend:
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
+        progress = for_backend(len(prompts), f"{self.spec.name}")
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort))
                 for m in prompts
             ]
+            for t in tasks:
+                t.add_done_callback(lambda t: progress.update(1, _completion_tokens(t)))
             pending: set[asyncio.Future[Generation]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -315,6 +319,7 @@ class OpenAICompatBackend:
                     await asyncio.gather(*pending, return_exceptions=True)
                     break
         finally:
+            progress.close()
             for client in clients.values():
                 await client.close()
         results: list[Generation | None] = []
@@ -567,6 +572,13 @@ class OpenAICompatBackend:
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             latency_s=latency,
         )
+
+
+def _completion_tokens(task: asyncio.Future[Generation]) -> int:
+    """Output tokens of a finished request (0 when it failed or was cancelled)."""
+    if task.cancelled() or task.exception() is not None:
+        return 0
+    return task.result().completion_tokens
 
 
 def load_chat_tokenizer(spec: LLMSpec) -> Any:
