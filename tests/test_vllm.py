@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 R1_REGEX = r"<search> [a-z]{3,10}( [a-z]{3,10})?</search>"
 O1_REGEX = r"<\|begin_search_query\|>[a-z]{3,10}( [a-z]{3,10})?<\|end_search_query\|>"
-QUERIES = 3
-MAX_TOKENS = 24
+QUERIES = 2
+MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")

@@ -229,6 +229,8 @@ class VLLMBackend:
                 )
             for i, output in zip(indices, outputs):
                 out[i] = from_request_output(output, share)
+            # Output tokens are known per call (vLLM's own bar shows its running rate).
+            progress.update(0, sum(out[i].completion_tokens for i in indices))  # type: ignore[union-attr]
         progress.close()
         return [g for g in out if g is not None]
 
