@@ -2,7 +2,7 @@
 
 One engine at a time (a small shared machine): the offline engine serves the first tests and is
 shut down (:func:`close_engines`, as the runner does) before the OpenAI server starts; the CLI
-test starts its own engine in a subprocess after that. The model folder carries a chat template
+test, first, starts its own engine in a subprocess before any of them. The model folder carries a chat template
 that behaves like a reasoning model's (:data:`tests.vllm_server.REASONING_TEMPLATE`), so the
 continuation path is the one QwQ and the R1 distills need.
 
@@ -16,6 +16,7 @@ are not comparable, and on CPU a seeded sampled request can kill the engine (a v
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.paths import resources_dir
 from r2med_agent.llm.registry import LLMSpec, make_backend
 from r2med_agent.types import SamplingParams
 from tests.vllm_server import ENGINE_SETTINGS, VLLMServer, reasoning_model, set_cpu_env
@@ -79,8 +81,8 @@ def loops(llm_for: Any, task: Any) -> dict[str, list[Any]]:
 
     retriever = make_retriever("bm25", task, show_progress=False)
     out = {}
-    for method, regex in ((SearchR1(max_turns=2, max_tokens=MAX_TOKENS), R1_REGEX),
-                          (SearchO1(max_turns=2, max_searches=2, max_tokens=MAX_TOKENS,
+    for method, regex in ((SearchR1(max_turns=1, max_tokens=MAX_TOKENS), R1_REGEX),
+                          (SearchO1(max_turns=1, max_searches=1, max_tokens=MAX_TOKENS,
                                     temperature=0.0, seed=None), O1_REGEX)):
         llm = llm_for({"structured_outputs": {"regex": regex}})
         result = method.run([(task, retriever)], llm)[task.name]
@@ -109,6 +111,51 @@ class _Counting:
                 return attr(prompts, *a, **k)
             return counted
         return attr
+
+
+def test_cli_run_on_vllm_exits_by_itself(vllm_model_dir: Path, tmp_path: Path) -> None:
+    # First in the module: no other engine of this module is alive yet (one at a time).
+    set_cpu_env()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "llms:\n  smol-vllm:\n    backend: vllm\n"
+        f"    model: {vllm_model_dir}\n    max_tokens: 16\n    seed: null\n"
+        f"    gpu_memory_utilization: {ENGINE_SETTINGS['gpu_memory_utilization']}\n"
+        f"    max_model_len: {ENGINE_SETTINGS['max_model_len']}\n"
+        "    engine_kwargs: {enforce_eager: true}\n",
+        encoding="utf-8",
+    )
+    data = tmp_path / "data" / "sample"  # the sample task's first queries (a short run)
+    data.mkdir(parents=True)
+    src = resources_dir() / "sample"
+    for name in ("query.jsonl", "qrels.jsonl"):
+        lines = src.joinpath(name).read_text(encoding="utf-8").splitlines()
+        keep = [ln for ln in lines if json.loads(ln).get("id", json.loads(ln).get("q_id")) in ("0", "1")]
+        data.joinpath(name).write_text("\n".join(keep) + "\n", encoding="utf-8")
+    data.joinpath("corpus.jsonl").write_bytes(src.joinpath("corpus.jsonl").read_bytes())
+    env = {**os.environ, "R2MED_CONFIG": str(config), "R2MED_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "r2med_agent", "run", "--method", "hyde", "--llm", "smol-vllm",
+           "--task", "sample", "--data-dir", str(tmp_path / "data"), "--no-progress",
+           "-o", str(tmp_path / "results")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    done_at = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # "results: <folder>" is the last line printed
+            if line.startswith("results:"):
+                done_at = time.monotonic()
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        pytest.fail("r2med-agent run did not exit within 120 s after printing its results")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == 0
+    assert done_at is not None
+    assert time.monotonic() - done_at < 60, "the process lingered after its results"
+    assert (tmp_path / "results" / "hyde" / "smol-vllm" / "bm25" / "sample.json").is_file()
 
 
 @pytest.fixture(scope="module")
@@ -188,41 +235,3 @@ def test_server_gives_the_offline_engine_outputs(
     served = loops(llm_for, task)
     for name in ("search-r1", "search-o1"):
         assert shape(served[name]) == shape(offline_results["loops"][name]), name
-
-
-def test_cli_run_on_vllm_exits_by_itself(
-    server: VLLMServer, vllm_model_dir: Path, tmp_path: Path
-) -> None:
-    # After the server is gone: one engine at a time.
-    server.stop()
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "llms:\n  smol-vllm:\n    backend: vllm\n"
-        f"    model: {vllm_model_dir}\n    max_tokens: 16\n    seed: null\n"
-        f"    gpu_memory_utilization: {ENGINE_SETTINGS['gpu_memory_utilization']}\n"
-        f"    max_model_len: {ENGINE_SETTINGS['max_model_len']}\n"
-        "    engine_kwargs: {enforce_eager: true}\n",
-        encoding="utf-8",
-    )
-    env = {**os.environ, "R2MED_CONFIG": str(config), "R2MED_CACHE_DIR": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "r2med_agent", "run", "--method", "hyde", "--llm", "smol-vllm",
-           "--task", "sample", "--no-progress", "-o", str(tmp_path / "results")]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
-    done_at = None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # the score table is the last thing printed
-            if "ndcg" in line.lower() or "nDCG" in line:
-                done_at = time.monotonic()
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        pytest.fail("r2med-agent run did not exit within 120 s after printing its results")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-    assert proc.returncode == 0
-    assert done_at is not None
-    assert time.monotonic() - done_at < 60, "the process lingered after its results"
-    assert (tmp_path / "results" / "hyde" / "smol-vllm" / "bm25" / "sample.json").is_file()
