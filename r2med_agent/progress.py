@@ -128,6 +128,12 @@ class GenerationProgress:
     def elapsed(self) -> float:
         return self._clock() - self._start
 
+    def ready(self) -> None:
+        """The engine is loaded: restart the clock if nothing is done yet, so loading a model
+        (minutes for a large one) does not count in the rate and the ETA."""
+        if self.n == 0 and self.tokens == 0:
+            self._start = self._last_line = self._clock()
+
     def update(self, n: int = 1, tokens: int = 0) -> None:
         """``n`` more generations done, with ``tokens`` output tokens between them."""
         self.n += n

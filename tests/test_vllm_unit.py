@@ -396,3 +396,15 @@ def test_local_engine_feeds_progress_per_prompt_with_tokens(smollm2_llm) -> None
         gens = smollm2_llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4))
     assert p.n == 3 and p.tokens == sum(g.completion_tokens for g in gens) > 0
     assert p.lines[0].startswith("local: 1/3 generations") and "output tok/s" in p.lines[0]
+
+
+def test_model_loading_does_not_count_in_rate_and_eta() -> None:
+    clock = _Clock()
+    p = GenerationProgress(4, "v", stream=io.StringIO(), interval_s=0.0, show=True, clock=clock)
+    clock.t = 300.0  # five minutes loading the engine
+    p.ready()
+    clock.t = 310.0
+    p.update(2)
+    assert p.lines == ["v: 2/4 generations (50%), 0.20/s, ETA 0:00:10"]
+    p.ready()  # once work is done, the clock is kept
+    assert p.elapsed == 10.0

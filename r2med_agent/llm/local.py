@@ -217,6 +217,7 @@ class LlamaCppBackend:
         loaded = self._model()
         out: list[Generation] = []
         progress = for_backend(len(prompts), f"llama.cpp {self.spec.name}")
+        progress.ready()
         with loaded.lock:
             for messages in prompts:
                 out.append(self._one(loaded, list(messages), params))

@@ -197,6 +197,7 @@ class VLLMBackend:
         conversations = [with_system_prompt(list(p), self.spec.system_prompt) for p in prompts]
         sampling = to_vllm_sampling(vllm, params, self.spec.extra_body)
         progress = for_backend(len(conversations), f"vLLM {self.spec.name}")
+        progress.ready()
         bar = progress.vllm_bar
         base_kwargs: dict[str, Any] = {"use_tqdm": bar}
         if self.spec.chat_template_kwargs:
