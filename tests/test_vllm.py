@@ -82,7 +82,7 @@ def loops(llm_for: Any, task: Any) -> dict[str, list[Any]]:
     retriever = make_retriever("bm25", task, show_progress=False)
     out = {}
     for method, regex in ((SearchR1(max_turns=1, max_tokens=MAX_TOKENS), R1_REGEX),
-                          (SearchO1(max_turns=2, max_searches=1, max_tokens=MAX_TOKENS,
+                          (SearchO1(max_turns=2, max_searches=1, max_tokens=48,
                                     temperature=0.0, seed=None), O1_REGEX)):
         llm = llm_for({"structured_outputs": {"regex": regex}})
         result = method.run([(task, retriever)], llm)[task.name]
