@@ -197,13 +197,16 @@ def test_hyde_offline_is_one_chat_call_for_all_prompts(offline_results: dict[str
 def test_loops_offline_search_insert_and_reason_in_documents(offline_results: dict[str, Any]) -> None:
     r1, o1 = offline_results["loops"]["search-r1"], offline_results["loops"]["search-o1"]
     assert len(r1) == len(o1) == QUERIES
-    for traces, tag in ((r1, "<information>"), (o1, "<|begin_search_result|>")):
-        ran = [s for t in traces for s in t.steps if s.doc_ids]  # a query issued in the
-        assert ran, "structured outputs forced no search"     # final turn is not run
-        assert all(s.search_query and tag in s.inserted for s in ran)
-    # Search-o1 inserts Reason-in-Documents' output (one condense per search that ran).
+    ran = {}
+    for name, traces, tag in (("r1", r1, "<information>"), ("o1", o1, "<|begin_search_result|>")):
+        # Searches that ran got their results inserted (a query issued in the final turn is
+        # not run; a query matching no document still gets its result block).
+        ran[name] = [s for t in traces for s in t.steps if s.search_query and tag in s.inserted]
+        assert ran[name], "structured outputs forced no search"
+        assert any(s.doc_ids for s in ran[name]), "no search found a document"
+    # Search-o1 inserts Reason-in-Documents' output: one condense call per search that ran.
     condensed = [c for t in o1 for c in t.extra.get("condensed", ())]
-    assert len(condensed) == sum(1 for t in o1 for s in t.steps if s.doc_ids)
+    assert len(condensed) == len(ran["o1"])
     assert all(c["completion_tokens"] > 0 for c in condensed)
 
 
