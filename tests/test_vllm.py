@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.methods.agentic import SEARCH_LIMIT, SEARCH_REPEATED
 from r2med_agent.paths import resources_dir
 from r2med_agent.llm.registry import LLMSpec, make_backend
 from r2med_agent.types import SamplingParams
@@ -199,9 +200,11 @@ def test_loops_offline_search_insert_and_reason_in_documents(offline_results: di
     assert len(r1) == len(o1) == QUERIES
     ran = {}
     for name, traces, tag in (("r1", r1, "<information>"), ("o1", o1, "<|begin_search_result|>")):
-        # Searches that ran got their results inserted (a query issued in the final turn is
-        # not run; a query matching no document still gets its result block).
-        ran[name] = [s for t in traces for s in t.steps if s.search_query and tag in s.inserted]
+        # Searches that ran got their results inserted (a query over the search limit or issued
+        # in the final turn gets a notice instead; one matching no document still gets its
+        # result block).
+        ran[name] = [s for t in traces for s in t.steps if s.search_query and tag in s.inserted
+                     and SEARCH_LIMIT not in s.inserted and SEARCH_REPEATED not in s.inserted]
         assert ran[name], "structured outputs forced no search"
         assert any(s.doc_ids for s in ran[name]), "no search found a document"
     # Search-o1 inserts Reason-in-Documents' output: one condense call per search that ran.
