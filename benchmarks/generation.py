@@ -19,7 +19,8 @@ write + reasoning parsing) as a fraction of model time, plus the same overhead m
 NanoR2MED scale (876 prompts) with a zero-cost backend. The engine's state cache is emptied before
 each timed pass so that no pass reuses another's prompt states.
 
-Run: ``python benchmarks/generation.py [--n 16] [--max-tokens 64] [--skip-http]``
+Run: ``python benchmarks/generation.py [--n 16] [--max-tokens 64] [--skip-http] [--vllm DIR]``
+(``--vllm`` first runs ``generation_vllm.py`` on a real vLLM engine with that model folder)
 (needs ``pip install 'r2med-agent[local]'``; the default run takes 2-4 minutes on 2 cores).
 """
 
@@ -177,7 +178,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16, help="prompts")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--skip-http", action="store_true", help="skip the one-at-a-time HTTP peer")
+    ap.add_argument("--vllm", metavar="DIR", help="also run benchmarks/generation_vllm.py on this "
+                    "model folder (a real vLLM engine: one call vs 32-prompt chunks vs the server)")
     args = ap.parse_args()
+    if args.vllm:
+        cmd = [sys.executable, str(Path(__file__).with_name("generation_vllm.py")), "--model", args.vllm,
+               "--n", str(max(args.n, 32))]
+        if args.skip_http:
+            cmd.append("--skip-server")
+        subprocess.run(cmd, check=True)
 
     spec = resolve_spec(args.llm, {"max_tokens": args.max_tokens})
     params = default_sampling(spec)

@@ -375,6 +375,9 @@ class Needs:
     setup: tuple[str, ...] = ()
     """How the row runs: where its generations come from, each model's precision and the
     environment it needs, the reranking depth, LameR's first pass."""
+    split: tuple[str, ...] = ()
+    """The recipe, line by line, when the LLM and a retriever or reranker need transformers
+    versions no single environment has (:func:`split_recipe`)."""
 
     def lines(self) -> list[str]:
         out = list(self.setup)
@@ -382,7 +385,57 @@ class Needs:
         out.append(f"API keys: {', '.join(self.api_keys) if self.api_keys else 'none'}")
         out.append(f"hub access: {'; '.join(self.hub) if self.hub else 'none'}")
         out += [f"PROBLEM: {p}" for p in self.problems]
+        out += self.split
         return out
+
+
+VLLM_TRANSFORMERS = "5.16"
+"""The oldest transformers the vLLM releases this project is tested with accept (vLLM 0.32
+pins >= 5.16.1); an encoder or reranker whose ``transformers`` specifier excludes it cannot
+share an environment with the vLLM engine."""
+
+
+def split_recipe(entry: GridEntry, llm_spec: Any, pins: Mapping[str, str]) -> tuple[str, ...]:
+    """How to run ``entry`` when its vLLM LLM and the models in ``pins`` (name -> transformers
+    specifier, each excluding vLLM's) need separate environments: vLLM serves the model in its
+    own environment, r2med-agent runs beside NV-Embed/GritLM in another and reaches it over
+    HTTP (loops included: turns are continued as raw text rendered by the model's own chat
+    template). Expansion methods can instead generate in the vLLM environment first: the
+    generation cache then serves every text to the second environment, which never loads vLLM."""
+    which = ", ".join(f"'{n}' needs transformers{spec}" for n, spec in pins.items())
+    served = f"{entry.llm}-served"
+    tp = getattr(llm_spec, "tensor_parallel_size", 1)
+    lines = [
+        f"SPLIT ENVIRONMENTS: vLLM needs transformers >= {VLLM_TRANSFORMERS}, {which}; one "
+        f"environment cannot hold both:",
+        f"  env 1 (pip install vllm): python -m vllm.entrypoints.openai.api_server --model "
+        f"{llm_spec.model} --tensor-parallel-size {tp} --host 127.0.0.1 --port 8000",
+        f"  env 2 (r2med-agent with those pins): a user-config entry {served}: {{backend: openai, "
+        f"server: vllm, model: {llm_spec.model}, base_urls: [http://127.0.0.1:8000/v1]}} plus "
+        f"{entry.llm}'s reasoning_format, system_prompt and sampling fields, then this command "
+        f"with --llm {served}",
+    ]
+    if entry.method not in AGENTIC_METHODS:
+        lines.append(
+            f"  or generate first in env 1 (r2med-agent + vllm): the same command with "
+            f"--retriever bm25 fills the generation cache; this command in env 2 (same "
+            f"R2MED_CACHE_DIR) then makes no LLM call and never loads vLLM"
+        )
+    return tuple(lines)
+
+
+AGENTIC_METHODS = frozenset({"search-r1", "search-o1"})
+
+
+def _excludes_vllm(spec: str) -> bool:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not spec:
+        return False
+    try:
+        return not SpecifierSet(spec).contains(f"{VLLM_TRANSFORMERS}.1", prereleases=True)
+    except InvalidSpecifier:
+        return False
 
 
 _GATED = " [gated: accept its licence on the hub, set HF_TOKEN]"
@@ -549,7 +602,19 @@ def entry_needs(
         gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
     if datasets:
         hub.append(f"datasets {', '.join(datasets)}")
-    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup))
+    split: tuple[str, ...] = ()
+    if llm_spec is not None and llm_spec.backend == "vllm":
+        pins = {}
+        for part in entry.retriever.split("+"):
+            enc = reg.encoders.get(part)
+            if enc is not None and _excludes_vllm(getattr(enc, "transformers", "")):
+                pins[part] = enc.transformers
+        rr = reg.rerankers.get(entry.reranker) if entry.reranker else None
+        if rr is not None and _excludes_vllm(getattr(rr, "transformers", "")):
+            pins[entry.reranker] = rr.transformers
+        if pins:
+            split = split_recipe(entry, llm_spec, pins)
+    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup), split)
 
 
 def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:

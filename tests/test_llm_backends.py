@@ -9,11 +9,13 @@ module that records what the backend asks of it: that is the only fake in this f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import sys
 import time
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from r2med_agent.llm import registry
 from r2med_agent.llm.base import LLM
 from r2med_agent.llm.registry import LLMSpec, get_llm_spec, load_llm_specs, make_backend
 from r2med_agent.types import SamplingParams
-from tests.llm_server import FaultProxy, openai_spec
+from tests.llm_server import SMOLLM2_GGUF, FaultProxy, openai_spec
 
 PAPER_LLMS = {
     "qwen-7b": ("vllm", "Qwen/Qwen2.5-7B-Instruct", "plain"),
@@ -431,7 +433,7 @@ def test_vllm_backend_maps_params_and_outputs(monkeypatch) -> None:
     ]
     assert first["messages"][1] == prompts[1]  # an existing system message is kept
     assert first["chat_template_kwargs"] == {"enable_thinking": True}
-    assert first["use_tqdm"] is False
+    assert callable(first["use_tqdm"])  # our progress (r2med_agent.progress) fed by vLLM
     # New turns only: vLLM's defaults (generation prompt on, no continuation) are left alone.
     assert "continue_final_message" not in first and "add_generation_prompt" not in first
     assert first["params"].kwargs == {
@@ -487,7 +489,7 @@ def test_vllm_backend_continues_from_the_generation_prompt_rendered_once(monkeyp
     assert [m[-1]["content"] for m in fake.chats[0]["messages"]] == ["q0", "q2", "q4 again"]
     assert "continue_final_message" not in fake.chats[0] and "add_generation_prompt" not in fake.chats[0]
     assert fake.generates[0]["prompts"] == [expected[1], expected[3]]
-    assert fake.generates[0]["use_tqdm"] is False
+    assert fake.generates[0]["use_tqdm"] is fake.chats[0]["use_tqdm"]  # one progress for both calls
     assert fake.generates[0]["params"] is fake.chats[0]["params"]  # the same sampling for both
     assert [e["add_special_tokens"] for e in fake.tokenizer.encoded] == [False, False]
     # Outputs come back in input order, with the prompt length of the token prompt.
@@ -990,22 +992,54 @@ def test_http_stop_strings_server_side_and_over_the_openai_limit(fault_proxy: Fa
     assert "3" not in cut.text and cut.stop_reason == "3" and cut.finish_reason == "stop"
 
 
+@pytest.fixture(scope="module")
+def smollm2_tokenizer_dir(tmp_path_factory) -> Path:
+    """SmolLM2's tokenizer files (chat template included), read from the shipped GGUF."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    package, name = SMOLLM2_GGUF.split(":")
+    folder = Path(list(importlib.util.find_spec(package).submodule_search_locations)[0])
+    out = tmp_path_factory.mktemp("smollm2-tokenizer")
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    return out
+
+
 @pytest.mark.slow
-def test_http_asks_vllm_servers_to_continue_a_final_assistant_message(
-    fault_proxy: FaultProxy, caplog
+def test_http_continues_a_final_assistant_message_as_raw_text_on_vllm_servers(
+    fault_proxy: FaultProxy, smollm2_tokenizer_dir: Path, caplog
 ) -> None:
     open_turn = [*COUNT, {"role": "assistant", "content": "1\n2\n"}]
     # top_k is set because llama.cpp's server (standing in for vLLM here) rejects vLLM's -1.
     params = SamplingParams(temperature=0.0, max_tokens=3, top_k=40)
-    vllm_like = make_backend(openai_spec([fault_proxy.base_url], server="vllm"))
+    spec = dataclasses.replace(openai_spec([fault_proxy.base_url], server="vllm"),
+                               tokenizer=str(smollm2_tokenizer_dir))
+    vllm_like = make_backend(spec)
     gens = vllm_like.generate([open_turn, COUNT], params)
     assert all(g.completion_tokens > 0 for g in gens)
-    sent = {e.json()["messages"][-1]["role"]: e.json() for e in fault_proxy.events_for()}
-    assert sent["assistant"]["messages"][-1] == {"role": "assistant", "content": "1\n2\n"}
-    assert sent["assistant"]["continue_final_message"] is True
-    assert sent["assistant"]["add_generation_prompt"] is False
-    assert "continue_final_message" not in sent["user"]
-    assert "add_generation_prompt" not in sent["user"]
+    # The new turn goes to the chat endpoint, the continuation to the completions endpoint as
+    # the prompt rendered here: generation prompt once, then the running text as it is.
+    (chat,) = fault_proxy.events_for("/chat/completions")
+    (completion,) = fault_proxy.events_for("/v1/completions")
+    assert chat.json()["messages"] == [{"role": "system", "content": spec.system_prompt}, *COUNT]
+    body = completion.json()
+    assert "messages" not in body and "continue_final_message" not in body
+    assert body["add_special_tokens"] is False
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    head = tok.apply_chat_template([{"role": "system", "content": spec.system_prompt}, *COUNT],
+                                   tokenize=False, add_generation_prompt=True)
+    assert body["prompt"] == head + "1\n2\n"
+    assert gens[0].text and gens[0].finish_reason in ("stop", "length")
+
+    # A tokenizer that cannot be loaded is one message saying what to set.
+    bad = make_backend(dataclasses.replace(spec, tokenizer=str(smollm2_tokenizer_dir / "nope")))
+    with pytest.raises(ConfigError, match="set tokenizer:"):
+        bad.generate([open_turn], params)
 
     # llama-cpp-python's server and the OpenAI API have no such option: the messages go as they
     # are (the model answers in a new turn), which is logged once per backend at debug level.

@@ -103,7 +103,7 @@ def run_command(
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Override the sampling seed."),
+    seed: Optional[str] = typer.Option(None, "--seed", help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; the loops too)."),
     encoder_backend: Optional[str] = typer.Option(
         None, "--encoder-backend",
         help="Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | auto (vLLM when installed with a GPU and the encoder's pooling is supported, else transformers). Default: each encoder entry's 'backend'.",
@@ -127,9 +127,11 @@ def run_command(
         names = task_names(task, data_dir)
     sampling = {
         k: v
-        for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}.items()
+        for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
         if v is not None
     }
+    if seed is not None:
+        sampling["seed"] = parse_seed(seed)
     cfg = RunConfig(
         tasks=tuple(names),
         method=method,
@@ -306,3 +308,16 @@ def encoders_command(
         reason = vllm_unsupported_reason(spec)
         rows.append([name, spec.backend, model, spec.pooling, "yes" if reason is None else "no", reason or ""])
     print_listing("encoders", ["name", "backend", "model", "pooling", "vLLM", "why not"], rows)
+
+
+def parse_seed(value: str) -> int | None:
+    """``--seed``: an integer, or ``none``/``null`` for no seed; anything else exits with code 2."""
+    from r2med_agent.errors import ConfigError
+
+    text = value.strip().lower()
+    if text in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--seed must be an integer or 'none', got {value!r}") from None

@@ -20,6 +20,7 @@ small chunks cost no throughput).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -40,6 +41,7 @@ from r2med_agent.llm.cache import (
 from r2med_agent.llm.openai_compat import key_params, resolve_server
 from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.progress import tracking
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -115,6 +117,19 @@ class LazyBackend:
 
     def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
         return self.get().generate(prompts, params)
+
+    def close(self) -> None:
+        """Close the real backend if it was built (a vLLM engine shuts down); a later
+        ``generate`` builds a new one."""
+        backend, self._backend = self._backend, None
+        close_backend(backend)
+
+
+def close_backend(backend: Any) -> None:
+    """Call ``backend.close()`` when it has one (backends holding engines or processes do)."""
+    close = getattr(backend, "close", None)
+    if callable(close):
+        close()
 
 
 @dataclass(frozen=True)
@@ -264,6 +279,11 @@ class CachedLLM:
     def reasoning_format(self) -> str:
         return self.builder.reasoning_format
 
+    def close(self) -> None:
+        """Release the backend's engine or processes (vLLM: its engine shuts down). The runner
+        calls it when a run ends; a later ``generate`` starts the backend again."""
+        close_backend(self.backend)
+
     def request(
         self,
         messages: Sequence[Message],
@@ -345,54 +365,67 @@ class CachedLLM:
         made: dict[str, Generation] = {}
         model_time = 0.0
         step = self.chunk_size or max(len(misses), 1)
-        for start in range(0, len(misses), step):
-            chunk = misses[start : start + step]
-            t0 = time.perf_counter()
-            failure: PartialBatchError | None = None
-            try:
-                outs: Sequence[Generation | None] = self.backend.generate(
-                    [messages_of[k] for k in chunk], params
-                )
-            except PartialBatchError as e:
-                failure, outs = e, e.generations
-            dt = time.perf_counter() - t0
-            model_time += dt
-            self.stats.backend_calls += 1
-            if len(outs) != len(chunk):
-                raise LLMError(
-                    f"backend {self.model_id!r} returned {len(outs)} generations for {len(chunk)} prompts"
-                )
-            records, kept = [], []
-            for key, out in zip(chunk, outs):
-                if out is None:
-                    continue
-                reasoning, final = self.builder.finish(out.text, out.reasoning)
-                gen = replace(out, final=final, reasoning=reasoning, cached=False)
-                made[key] = gen
-                self.stats.generations += 1
-                self.stats.prompt_tokens += gen.prompt_tokens
-                self.stats.completion_tokens += gen.completion_tokens
-                if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
-                    records.append(
-                        CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning)
-                    )
-                    kept.append(key)
-            if self.cache is not None:
-                self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())])
-            logger.debug(
-                "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
+        if misses:
+            calls = -(-len(misses) // step)
+            logger.info(
+                "%s: generating %d of %d texts (%d from the cache) in %d backend call%s",
+                self.model_id, len(misses), len(requests), len(hits), calls, "" if calls == 1 else "s",
             )
-            if failure is not None:
-                self.stats.model_time_s += model_time
-                self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
-                if self.cache is not None:
-                    note = (
-                        f"{len(records)} generations of that batch were saved to the generation "
-                        "cache, so a re-run generates only the failed ones"
+        progress = contextlib.ExitStack()
+        bar = None
+        if misses:
+            bar = progress.enter_context(tracking(len(misses), f"generating ({self.model_id})"))
+        with progress:
+            for start in range(0, len(misses), step):
+                chunk = misses[start : start + step]
+                t0 = time.perf_counter()
+                failure: PartialBatchError | None = None
+                try:
+                    outs: Sequence[Generation | None] = self.backend.generate(
+                        [messages_of[k] for k in chunk], params
                     )
-                else:
-                    note = "the generations that succeeded are not kept (the cache is off)"
-                raise type(failure.first)(f"{failure}; {note}") from None
+                except PartialBatchError as e:
+                    failure, outs = e, e.generations
+                dt = time.perf_counter() - t0
+                model_time += dt
+                self.stats.backend_calls += 1
+                if len(outs) != len(chunk):
+                    raise LLMError(
+                        f"backend {self.model_id!r} returned {len(outs)} generations for {len(chunk)} prompts"
+                    )
+                records, kept = [], []
+                for key, out in zip(chunk, outs):
+                    if out is None:
+                        continue
+                    reasoning, final = self.builder.finish(out.text, out.reasoning)
+                    gen = replace(out, final=final, reasoning=reasoning, cached=False)
+                    made[key] = gen
+                    self.stats.generations += 1
+                    self.stats.prompt_tokens += gen.prompt_tokens
+                    self.stats.completion_tokens += gen.completion_tokens
+                    if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
+                        records.append(
+                            CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning)
+                        )
+                        kept.append(key)
+                if self.cache is not None:
+                    self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())])
+                if bar is not None and bar.n < start + len(chunk):
+                    bar.update(start + len(chunk) - bar.n)  # a backend that reports nothing itself
+                logger.debug(
+                    "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
+                )
+                if failure is not None:
+                    self.stats.model_time_s += model_time
+                    self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
+                    if self.cache is not None:
+                        note = (
+                            f"{len(records)} generations of that batch were saved to the generation "
+                            "cache, so a re-run generates only the failed ones"
+                        )
+                    else:
+                        note = "the generations that succeeded are not kept (the cache is off)"
+                    raise type(failure.first)(f"{failure}; {note}") from None
 
         out_list: list[Generation] = []
         seen: set[str] = set()
@@ -432,13 +465,47 @@ def generation_options(spec: Any) -> dict[str, Any]:
         options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
     backend = getattr(spec, "backend", None)
     if backend == "vllm":
-        # The offline engine renders the generation prompt once and appends the running text
-        # (not continue_final_message): with reasoning templates its prompts differ from the
-        # server's, so its continuations never share keys with older or server-made ones.
+        engine = engine_options(spec)
+        if engine:
+            options["engine"] = engine
+        # The generation prompt is rendered once and the running text appended (never
+        # continue_final_message, whose prompts differ under reasoning templates): such
+        # continuations never share keys with ones made the other way.
         options[_CONTINUES] = "append"
-    elif backend == "local" or (backend == "openai" and resolve_server(spec) == "vllm"):
+    elif backend == "openai" and resolve_server(spec) == "vllm":
+        # Rendered on the client the same way and sent to the completions endpoint; the
+        # tokenizer whose template renders it is part of the key.
+        tokenizer = getattr(spec, "tokenizer", None)
+        options[_CONTINUES] = f"append (tokenizer {tokenizer})" if tokenizer else "append"
+    elif backend == "local":
         options[_CONTINUES] = "continue"
     return options
+
+
+def engine_options(spec: Any) -> dict[str, Any]:
+    """The vLLM engine settings that change outputs, for the key: every ``engine_kwargs`` entry
+    (``enforce_eager``: compiled and eager engines decode differently; ``dtype``,
+    ``quantization``, ...) and ``max_model_len``. Empty when none is set, so entries without
+    them keep their keys. Memory and parallelism settings are left out."""
+    out: dict[str, Any] = {}
+    kwargs = getattr(spec, "engine_kwargs", None) or {}
+    if kwargs:
+        out["engine_kwargs"] = json_safe(dict(kwargs))
+    max_len = getattr(spec, "max_model_len", None)
+    if max_len is not None:
+        out["max_model_len"] = max_len
+    return out
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with anything JSON cannot hold as its ``repr`` (keys stay comparable)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
 
 
 def wire_settings(spec: Any) -> dict[str, Any] | None:

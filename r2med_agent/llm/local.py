@@ -32,6 +32,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
 from r2med_agent.llm.openai_compat import continues_final_message, truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
+from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -215,9 +216,13 @@ class LlamaCppBackend:
             return []
         loaded = self._model()
         out: list[Generation] = []
+        progress = for_backend(len(prompts), f"llama.cpp {self.spec.name}")
+        progress.ready()
         with loaded.lock:
             for messages in prompts:
                 out.append(self._one(loaded, list(messages), params))
+                progress.update(1, out[-1].completion_tokens)
+        progress.close()
         return out
 
     # ------------------------------------------------------------------ internals

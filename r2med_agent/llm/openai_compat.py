@@ -25,9 +25,14 @@ A conversation whose last message is an assistant message asks the model to CONT
 (the reasoning-search loops re-submit a trajectory's running text that way). What happens
 depends on the ``server`` of the registry entry:
 
-- ``vllm`` (vLLM, SGLang): the request carries ``continue_final_message: true`` and
-  ``add_generation_prompt: false``, so the server renders the chat template without closing the
-  final message and the model continues it.
+- ``vllm`` (vLLM, SGLang): the prompt is rendered HERE, as the offline vLLM backend and the
+  original Search-o1 do it: the messages before the final one through the model's own chat
+  template (a ``transformers`` tokenizer of ``tokenizer``, default ``model``: its files only, no
+  weights) with the generation prompt, then the running text appended as it is; that text goes
+  to the server's completions endpoint (``/v1/completions``, ``add_special_tokens: false``, as
+  the template holds them). Letting the server re-render the text as an assistant message
+  (``continue_final_message``) breaks reasoning models: QwQ and the R1 distills lose the
+  ``<think>`` their generation prompt opened, Qwen3 gets an empty think block in front.
 - ``llamacpp``: the messages are sent as they are. llama.cpp's own ``llama-server`` continues a
   final assistant message by default (its "assistant prefill"; off with
   ``--no-prefill-assistant``). llama-cpp-python's ``python -m llama_cpp.server`` has no such
@@ -58,6 +63,7 @@ from urllib.parse import urlparse
 from r2med_agent.errors import ConfigError, LLMError
 from r2med_agent.llm.base import AuthError, PartialBatchError, UnreachableError
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
+from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -281,6 +287,8 @@ class OpenAICompatBackend:
         self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
         self.attempts = 0
         self._noted_new_turn = False
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
         self._pool = _UrlPool(spec.base_urls, spec.backoff_initial_s, spec.backoff_max_s)
         self._retry_lines: set[tuple[int, str]] = set()
 
@@ -322,11 +330,14 @@ class OpenAICompatBackend:
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
         self._retry_lines: set[tuple[int, str]] = set()
+        progress = for_backend(len(prompts), f"{self.spec.name}")
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort))
                 for m in prompts
             ]
+            for t in tasks:
+                t.add_done_callback(lambda t: progress.update(1, _completion_tokens(t)))
             pending: set[asyncio.Future[Generation]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -338,6 +349,7 @@ class OpenAICompatBackend:
                     await asyncio.gather(*pending, return_exceptions=True)
                     break
         finally:
+            progress.close()
             for client in clients.values():
                 await client.close()
         results: list[Generation | None] = []
@@ -361,6 +373,21 @@ class OpenAICompatBackend:
                 raise failures[min(failures)]  # nothing to keep: the plain error
             raise PartialBatchError(results, failures)
         return results  # type: ignore[return-value]
+
+    def continuation_text(self, messages: Sequence[Message]) -> str:
+        """The raw prompt that continues ``messages``' final assistant message, rendered with
+        the chat template of the entry's ``tokenizer`` (default: ``model``)."""
+        from r2med_agent.llm.vllm_backend import continuation_prompt
+
+        conversation = with_system_prompt(list(messages), self.spec.system_prompt)
+        return continuation_prompt(self._chat_tokenizer(), conversation,
+                                   dict(self.spec.chat_template_kwargs) or None)
+
+    def _chat_tokenizer(self) -> Any:
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = load_chat_tokenizer(self.spec)
+            return self._tokenizer
 
     # ------------------------------------------------------------------ internals
     def _api_key(self) -> str:
@@ -394,8 +421,11 @@ class OpenAICompatBackend:
             extra["chat_template_kwargs"] = dict(spec.chat_template_kwargs)
         if continues_final_message(messages):
             if self.server == "vllm":
-                extra["continue_final_message"] = True
-                extra["add_generation_prompt"] = False
+                # A raw-text completion of the prompt rendered here (module docstring).
+                del req["messages"]
+                req["prompt"] = self.continuation_text(messages)
+                extra.pop("chat_template_kwargs", None)
+                extra["add_special_tokens"] = False
             elif not self._noted_new_turn:
                 self._noted_new_turn = True
                 logger.debug("llm %s: %s", spec.name, _NEW_TURN_NOTES[self.server])
@@ -478,7 +508,10 @@ class OpenAICompatBackend:
                         self.requests_per_url[last_url] += 1
                         failure: BaseException | None = None
                         try:
-                            response = await clients[last_url].chat.completions.create(**request)
+                            client = clients[last_url]
+                            create = (client.completions.create if "prompt" in request
+                                      else client.chat.completions.create)
+                            response = await create(**request)
                         except BaseException as e:
                             failure = e
                             raise
@@ -568,11 +601,14 @@ class OpenAICompatBackend:
         parsers and DeepSeek's API send it, or ``reasoning``) goes to ``reasoning`` whatever the
         entry's reasoning format, so it never becomes part of the final response."""
         choice = response.choices[0]
-        message = choice.message
-        text = message.content or ""
-        reasoning = getattr(message, "reasoning_content", None) or getattr(
-            message, "reasoning", None
-        )
+        message = getattr(choice, "message", None)
+        if message is None:  # a completions-endpoint choice (continued text)
+            text, reasoning = getattr(choice, "text", None) or "", None
+        else:
+            text = message.content or ""
+            reasoning = getattr(message, "reasoning_content", None) or getattr(
+                message, "reasoning", None
+            )
         if not isinstance(reasoning, str):
             reasoning = ""
         finish_reason = choice.finish_reason or "stop"
@@ -594,6 +630,47 @@ class OpenAICompatBackend:
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             latency_s=latency,
         )
+
+
+def _completion_tokens(task: asyncio.Future[Generation]) -> int:
+    """Output tokens of a finished request (0 when it failed or was cancelled)."""
+    if task.cancelled() or task.exception() is not None:
+        return 0
+    return task.result().completion_tokens
+
+
+def load_chat_tokenizer(spec: LLMSpec) -> Any:
+    """The ``transformers`` tokenizer (files only) whose chat template renders continuation
+    prompts for a ``server: vllm`` entry: ``spec.tokenizer``, else ``spec.model``.
+
+    Raises:
+        MissingExtraError: transformers is not installed.
+        ConfigError: it cannot be loaded, or has no chat template.
+    """
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        from r2med_agent.errors import MissingExtraError
+
+        raise MissingExtraError(
+            "transformers", "dense", "needed to continue turns over a vLLM server"
+        ) from None
+    source = spec.tokenizer or spec.model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as e:  # noqa: BLE001 - hub, file and format errors alike
+        raise ConfigError(
+            f"llm '{spec.name}': continuing a turn over a vLLM server renders the prompt with "
+            f"the model's chat template, but the tokenizer '{source}' could not be loaded "
+            f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); set tokenizer: to the "
+            f"model's Hugging Face id or a local folder with its tokenizer files"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"llm '{spec.name}': the tokenizer '{source}' has no chat template; set tokenizer: "
+            f"to the served model's Hugging Face id or folder"
+        )
+    return tokenizer
 
 
 def wire_sampling(

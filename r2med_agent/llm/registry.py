@@ -118,6 +118,12 @@ class LLMSpec:
     ``repeat_penalty``) and chat_template_kwargs in the request body. ``auto``: ``openai`` when
     the first base URL's host is ``api.openai.com``, else ``vllm``."""
 
+    tokenizer: str | None = None
+    """openai backend with ``server: vllm``: the Hugging Face id or local folder whose chat
+    template renders the prompt that continues a turn (the loops), sent as raw text to the
+    server's completions endpoint; null = ``model`` (right when the server was started with the
+    model's id or folder). Only tokenizer files are read, never weights."""
+
     drop_params: tuple[str, ...] = ()
     """openai backend: sampling parameters the endpoint rejects (o3-mini rejects temperature,
     top_p and stop); they are not sent, and dropped stop strings are applied client-side."""
@@ -131,7 +137,10 @@ class LLMSpec:
     when null."""
 
     extra_body: dict[str, Any] = field(default_factory=dict)
-    """openai backend: extra JSON fields added to every request body."""
+    """openai backend: extra JSON fields added to every request body. vllm backend: extra
+    ``vllm.SamplingParams`` fields, the ones a vLLM server takes in the extra body
+    (``structured_outputs: {regex: ...}`` included), so one setting does the same offline and
+    over HTTP."""
 
     max_concurrency: int = 16
     """openai backend: most requests in flight at once (over all base URLs)."""

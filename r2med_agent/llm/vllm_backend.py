@@ -19,25 +19,40 @@ empty think block in front of the last assistant message. :func:`continuation_pr
 prompt. The ``[vllm]`` extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
 A batch that mixes new turns and continuations is sent as two engine calls
 (``LLM.chat``, then ``LLM.generate``), and the outputs are put back into input order.
+
+Engines live until :func:`close_engines` (or :meth:`VLLMBackend.close`) shuts them down; the
+runner calls it when a run ends, errors included, and an ``atexit`` hook registered when the
+first engine starts does it for library users. Without it the process never exits: vLLM stops
+its engine process only from a ``weakref.finalize`` hook, and once another library (numba,
+through bm25s) has registered weakref's exit hook before multiprocessing's, multiprocessing
+joins the still-running engine process first and waits forever.
+
+The entry's ``extra_body`` holds extra ``vllm.SamplingParams`` fields, the same ones a vLLM
+server takes in a request's extra body: ``{structured_outputs: {regex: ...}}`` becomes
+``StructuredOutputsParams``, so one entry forces the same output offline and over HTTP.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from r2med_agent.errors import ConfigError, MissingExtraError
+from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
 from r2med_agent.llm.openai_compat import continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
+from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _ENGINES: dict[tuple[Any, ...], Any] = {}
 _ENGINES_LOCK = threading.Lock()
+_ATEXIT_REGISTERED = False
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "error"}
 
@@ -66,10 +81,18 @@ def engine_kwargs(spec: LLMSpec) -> dict[str, Any]:
     return kwargs
 
 
-def to_vllm_sampling(vllm: Any, params: SamplingParams) -> Any:
+def to_vllm_sampling(vllm: Any, params: SamplingParams, extra: dict[str, Any] | None = None) -> Any:
     """Our SamplingParams as ``vllm.SamplingParams``: one sample, stop strings left out of the
-    output text."""
+    output text; ``extra`` (the entry's ``extra_body``) adds SamplingParams fields, with a
+    ``structured_outputs`` mapping turned into ``StructuredOutputsParams``."""
+    fields = dict(extra or {})
+    structured = fields.get("structured_outputs")
+    if isinstance(structured, dict):
+        from vllm.sampling_params import StructuredOutputsParams
+
+        fields["structured_outputs"] = StructuredOutputsParams(**structured)
     return vllm.SamplingParams(
+        **fields,
         n=1,
         temperature=params.temperature,
         top_p=params.top_p,
@@ -124,16 +147,40 @@ class VLLMBackend:
             raise ConfigError(f"llm '{spec.name}': VLLMBackend needs backend 'vllm'")
         self.spec = spec
         self.model_id = spec.model
+        self._key: tuple[Any, ...] | None = None
 
     def _engine(self) -> Any:
+        global _ATEXIT_REGISTERED
         vllm = _import_vllm()
         kwargs = engine_kwargs(self.spec)
         key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
         with _ENGINES_LOCK:
             if key not in _ENGINES:
+                check_engine_settings(self.spec)
                 logger.info("loading %s into vLLM (%s)", self.spec.model, kwargs)
-                _ENGINES[key] = vllm.LLM(**kwargs)
+                if not _ATEXIT_REGISTERED:
+                    # Registered before the engine starts, so it runs before multiprocessing's
+                    # own exit hook (atexit runs hooks last-registered first).
+                    atexit.register(close_engines)
+                    _ATEXIT_REGISTERED = True
+                try:
+                    _ENGINES[key] = vllm.LLM(**kwargs)
+                except Exception as e:  # noqa: BLE001 - vLLM raises plain errors on start-up
+                    raise startup_error(self.spec, e) from None
+            self._key = key
             return _ENGINES[key]
+
+    def close(self) -> None:
+        """Shut down this backend's engine (its worker processes exit); a later ``generate``
+        starts a new one."""
+        key = getattr(self, "_key", None)
+        if key is None:
+            return
+        with _ENGINES_LOCK:
+            engine = _ENGINES.pop(key, None)
+        self._key = None
+        if engine is not None:
+            shutdown_engine(engine)
 
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams
@@ -148,8 +195,11 @@ class VLLMBackend:
         vllm = _import_vllm()
         engine = self._engine()
         conversations = [with_system_prompt(list(p), self.spec.system_prompt) for p in prompts]
-        sampling = to_vllm_sampling(vllm, params)
-        base_kwargs: dict[str, Any] = {"use_tqdm": False}
+        sampling = to_vllm_sampling(vllm, params, self.spec.extra_body)
+        progress = for_backend(len(conversations), f"vLLM {self.spec.name}")
+        progress.ready()
+        bar = progress.vllm_bar
+        base_kwargs: dict[str, Any] = {"use_tqdm": bar}
         if self.spec.chat_template_kwargs:
             base_kwargs["chat_template_kwargs"] = dict(self.spec.chat_template_kwargs)
         groups: dict[bool, list[int]] = {False: [], True: []}
@@ -170,7 +220,7 @@ class VLLMBackend:
                     )}
                     for c in batch
                 ]
-                outputs = engine.generate(token_prompts, sampling, use_tqdm=False)
+                outputs = engine.generate(token_prompts, sampling, use_tqdm=bar)
             else:
                 outputs = engine.chat(batch, sampling, **base_kwargs)
             share = (time.perf_counter() - start) / len(batch)
@@ -180,4 +230,123 @@ class VLLMBackend:
                 )
             for i, output in zip(indices, outputs):
                 out[i] = from_request_output(output, share)
+            # Output tokens are known per call (vLLM's own bar shows its running rate).
+            progress.update(0, sum(out[i].completion_tokens for i in indices))  # type: ignore[union-attr]
+        progress.close()
         return [g for g in out if g is not None]
+
+
+def shutdown_engine(engine: Any) -> None:
+    """Stop a ``vllm.LLM``'s engine processes now (vLLM 0.32: its engine-core client's
+    ``shutdown``; ``LLM.shutdown`` where a version has it)."""
+    try:
+        if callable(getattr(engine, "shutdown", None)):
+            engine.shutdown()
+            return
+        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+    except Exception as e:  # noqa: BLE001 - shutting down must never mask the run's own error
+        logger.warning("vLLM engine shutdown failed: %s", e)
+
+
+def close_engines() -> None:
+    """Shut down every engine this process started (the runner calls it when a run ends; an
+    ``atexit`` hook calls it too)."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.values())
+        _ENGINES.clear()
+    for engine in engines:
+        shutdown_engine(engine)
+
+
+def _vllm_on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _memory_bytes() -> tuple[int, int] | None:
+    """(total, available) RAM from /proc/meminfo, or None where it cannot be read."""
+    try:
+        info = {}
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                info[name] = int(rest.split()[0]) * 1024
+        return info["MemTotal"], info["MemAvailable"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _gpu_count() -> int | None:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def check_engine_settings(spec: LLMSpec, *, on_cpu: bool | None = None,
+                          memory: tuple[int, int] | None = None,
+                          gpus: int | None = None) -> None:
+    """Refuse settings an engine cannot start with, before starting it (which takes minutes and
+    ends in a traceback from another process).
+
+    Raises:
+        ConfigError: on a CPU build, ``gpu_memory_utilization`` (there the share of RAM vLLM
+            reserves) asks for more than the RAM now available; on GPUs, ``tensor_parallel_size``
+            is larger than the GPUs visible.
+    """
+    on_cpu = _vllm_on_cpu() if on_cpu is None else on_cpu
+    if on_cpu:
+        memory = _memory_bytes() if memory is None else memory
+        if memory is not None:
+            total, available = memory
+            wanted = spec.gpu_memory_utilization * total
+            if wanted > available:
+                fits = max(0.01, int(available / total * 0.8 * 100) / 100)
+                raise ConfigError(
+                    f"llm '{spec.name}': gpu_memory_utilization {spec.gpu_memory_utilization:g} "
+                    f"asks vLLM's CPU build for {wanted / 2**30:.1f} GiB of RAM (on CPU it is the "
+                    f"share of RAM), but {available / 2**30:.1f} GiB of {total / 2**30:.1f} GiB is "
+                    f"available: set gpu_memory_utilization: {fits:g} or lower in the entry (a "
+                    f"user config), and size the KV cache with VLLM_CPU_KVCACHE_SPACE (GiB)"
+                )
+        return
+    gpus = _gpu_count() if gpus is None else gpus
+    if gpus and spec.tensor_parallel_size > gpus:
+        raise ConfigError(
+            f"llm '{spec.name}': tensor_parallel_size {spec.tensor_parallel_size} needs "
+            f"{spec.tensor_parallel_size} GPUs, but {gpus} are visible: set "
+            f"tensor_parallel_size: {gpus} or lower in the entry (a user config), run on a "
+            f"machine with more GPUs, or serve the model with vLLM elsewhere and use an "
+            f"'openai' entry"
+        )
+
+
+def startup_error(spec: LLMSpec, exc: BaseException) -> LLMError:
+    """One message for an engine that failed to start: what vLLM said, and what to set."""
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    if len(said) > 400:
+        said = said[:400] + "..."
+    context = spec.max_model_len if spec.max_model_len is not None else "the model's own"
+    hints = [
+        "gpu_memory_utilization (now "
+        f"{spec.gpu_memory_utilization:g}; on a CPU build it is the share of RAM, and "
+        "VLLM_CPU_KVCACHE_SPACE sets the KV cache in GiB)",
+        f"max_model_len (now {context}; a shorter context "
+        "needs less KV cache)",
+        f"tensor_parallel_size (now {spec.tensor_parallel_size}; at most the GPUs available)",
+    ]
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        hints.append("CUDA_VISIBLE_DEVICES is empty: no GPU is visible")
+    return LLMError(
+        f"vLLM could not start llm '{spec.name}' ({spec.model}): {type(exc).__name__}: {said}. "
+        f"The engine's log above names the cause; the settings that usually fix it, in the "
+        f"entry (a user config): " + "; ".join(hints)
+    )
