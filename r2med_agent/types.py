@@ -174,6 +174,9 @@ class SamplingParams:
         seed: random seed, passed to backends that honour it.
         stop: strings that end generation; the matched stop string is not part of the output text.
         repetition_penalty: multiplicative penalty (1.0 disables it), vLLM/llama.cpp only.
+        logprobs: how many most likely tokens to return, with their log-probabilities, at each
+            generated position (0: none). Part of the key only when set, so keys made before
+            the field existed stay valid. The local llama.cpp backend returns none.
     """
 
     temperature: float = 0.7
@@ -183,9 +186,10 @@ class SamplingParams:
     seed: int | None = 42
     stop: tuple[str, ...] = ()
     repetition_penalty: float = 1.0
+    logprobs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
@@ -194,6 +198,9 @@ class SamplingParams:
             "stop": list(self.stop),
             "repetition_penalty": self.repetition_penalty,
         }
+        if self.logprobs:
+            out["logprobs"] = self.logprobs
+        return out
 
 
 Message = dict[str, str]
@@ -215,6 +222,9 @@ class Generation:
         completion_tokens: output tokens.
         latency_s: wall time the backend spent on this item (a batch's time shared evenly).
         cached: True when this came from the generation cache.
+        logprobs: when asked for (``SamplingParams.logprobs``) and the backend returns them, one
+            entry per generated token: its most likely tokens as ``(token text, log-probability)``
+            pairs, most likely first; None otherwise.
     """
 
     text: str
@@ -226,6 +236,7 @@ class Generation:
     completion_tokens: int = 0
     latency_s: float = 0.0
     cached: bool = False
+    logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,7 +219,7 @@ def test_version_1_file_is_upgraded_in_place(tmp_path):
     cache.put_many([CacheRecord.from_generation("new", old.request, Generation(text="x"), api_reasoning="why")])
     assert cache.get("new").api_reasoning == "why"
     with sqlite3.connect(path) as raw:
-        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "2"
+        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "3"
 
 
 def test_cache_not_a_database(tmp_path):
