@@ -66,9 +66,9 @@ MISSING = "—"
 VARIANTS: tuple[str, ...] = ("fuse",)
 """Leaf-folder suffixes that belong to the retriever part (``bm25__fuse``: an agentic run whose
 final ranking fuses every search), not to a reranker. ``k<N>`` (a run scored at depth N instead
-of 100, ``bm25__k10``) is one too."""
+of 100, ``bm25__k10``) is one too, and so is ``n<N>`` (N samples per query, ``bm25__n8``)."""
 
-_DEPTH_VARIANT = re.compile(r"k[0-9]+")
+_DEPTH_VARIANT = re.compile(r"[kn][0-9]+")
 
 
 def split_leaf(name: str) -> tuple[str, str]:
@@ -141,6 +141,11 @@ class TaskResult:
     def traces_path(self) -> Path:
         """``<Task>.traces.jsonl`` (agentic methods)."""
         return self._sibling(".traces.jsonl")
+
+    @property
+    def rerank_traces_path(self) -> Path:
+        """``<Task>.rerank.jsonl`` (LLM rerankers: permutations or judgments per query)."""
+        return self._sibling(".rerank.jsonl")
 
 
 @dataclass

