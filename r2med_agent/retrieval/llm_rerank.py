@@ -274,8 +274,13 @@ class LLMReranker:
 
     def sampling(self) -> SamplingParams:
         """The LLM's default sampling with the entry's temperature and token limit."""
-        llm_spec = getattr(self.llm, "spec", None) or self.llm_spec()
-        params = llm_spec.sampling_params(temperature=self.spec.temperature)
+        llm_spec = getattr(self.llm, "spec", None)
+        if llm_spec is None and self._llm is None:
+            llm_spec = self.llm_spec()
+        if llm_spec is None:  # an LLM given without a registry entry: the defaults
+            params = SamplingParams(temperature=self.spec.temperature)
+        else:
+            params = llm_spec.sampling_params(temperature=self.spec.temperature)
         if self.spec.max_tokens:
             params = replace(params, max_tokens=self.spec.max_tokens)
         return params
