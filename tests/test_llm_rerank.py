@@ -245,3 +245,20 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
         assert any(q.get("rerank") for per in dd["results"].values() for q in per["Tiny"].values())
     finally:
         set_user_config(None)
+
+
+def test_openai_wire_asks_for_top_logprobs_only_when_set_and_reads_them() -> None:
+    from types import SimpleNamespace as NS
+
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend, key_params
+
+    assert "logprobs" not in key_params(SamplingParams(), server="vllm")
+    sent = key_params(SamplingParams(logprobs=20), server="vllm")
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 20
+    pos = NS(token=" yes", logprob=-0.1, top_logprobs=[NS(token=" no", logprob=-2.5), NS(token=" yes", logprob=-0.1)])
+    choice = NS(message=NS(content=" yes"), finish_reason="length", logprobs=NS(content=[pos]))
+    response = NS(choices=[choice], usage=NS(prompt_tokens=5, completion_tokens=1))
+    gen = OpenAICompatBackend._to_generation(response, SamplingParams(logprobs=20, max_tokens=1), 0.0)
+    assert gen.logprobs == (((" yes", -0.1), (" no", -2.5)),)
+    assert yes_probability(gen.logprobs[0]) == pytest.approx(math.exp(-0.1) / (math.exp(-0.1) + math.exp(-2.5)))
+    assert OpenAICompatBackend._to_generation(response, SamplingParams(), 0.0).logprobs is None
