@@ -200,15 +200,16 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
 
     from typer.testing import CliRunner
 
-    from r2med_agent.cli import app
+    import r2med_agent.cli.trace_cmd  # noqa: F401  (registers the command)
+    from r2med_agent.cli.app import app
     from r2med_agent.compare import build_table, load_results
     from r2med_agent.config import set_user_config
     from r2med_agent.methods.loop import read_traces
     from r2med_agent.report import drilldown_data
     from r2med_agent.runner import RunConfig, run_experiment
 
-    data = tmp_path / "Tiny"
-    data.mkdir()
+    data = tmp_path / "data" / "Biology"  # a tiny stand-in in R2MED layout
+    data.mkdir(parents=True)
     (data / "query.jsonl").write_text(
         json.dumps({"id": "q1", "text": "What enzyme digests starch in saliva?"}) + "\n"
         + json.dumps({"id": "q2", "text": "Which organ makes insulin?"}) + "\n")
@@ -225,24 +226,27 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
     try:
         results = {}
         for name in ("tiny-lw", "tiny-pw"):
-            cfg = RunConfig(tasks=("Tiny",), reranker=name, rerank_k=3, data_dir=data, output_dir=tmp_path / "res",
+            cfg = RunConfig(tasks=("Biology",), reranker=name, rerank_k=3, data_dir=data.parent, output_dir=tmp_path / "res",
                             cache_path=tmp_path / "gen.sqlite", show_progress=False)
             results[name] = run_experiment(cfg)
             again = run_experiment(cfg)
             assert again.outcomes[0].stats["rerank"]["generations"] == 0  # all from the cache
             assert again.average == results[name].average
-        lw = json.loads((tmp_path / "res/none/none/bm25__tiny-lw/Tiny.json").read_text())["stats"]
+        lw = json.loads((tmp_path / "res/none/none/bm25__tiny-lw/Biology.json").read_text())["stats"]
         assert lw["rerank"]["windows"] == 2 * 1 and lw["prompt_tokens"] > 0  # 3 candidates: one window each
-        pw = json.loads((tmp_path / "res/none/none/bm25__tiny-pw/Tiny.json").read_text())["stats"]
-        assert pw["rerank"]["pairs"] == 6 and pw["rerank"]["scored_by_logprobs"] == 0  # llama.cpp: parsed
-        traces = read_traces(tmp_path / "res/none/none/bm25__tiny-pw/Tiny.rerank.jsonl")
+        pw = json.loads((tmp_path / "res/none/none/bm25__tiny-pw/Biology.json").read_text())["stats"]
+        traces = read_traces(tmp_path / "res/none/none/bm25__tiny-pw/Biology.rerank.jsonl")
         assert [t.query_id for t in traces] == ["q1", "q2"] and len(traces[0].steps) == 3
-        shown = CliRunner().invoke(app, ["trace", "show", str(tmp_path / "res/none/none/bm25__tiny-lw/Tiny.rerank.jsonl")])
+        # One judgment per candidate BM25 found (q2's words match two documents only).
+        assert pw["rerank"]["pairs"] == sum(len(t.steps) for t in traces) == 5
+        assert pw["rerank"]["scored_by_logprobs"] == 0  # llama.cpp: the parsed judgment
+        shown = CliRunner().invoke(app, ["trace", "show", str(tmp_path / "res/none/none/bm25__tiny-lw/Biology.rerank.jsonl")],
+                                env={"COLUMNS": "200"})
         assert shown.exit_code == 0 and "rerank-listwise" in shown.output and "ranks 1-3" in shown.output
-        table = build_table(load_results([tmp_path / "res"]), tasks=["Tiny"])
+        table = build_table(load_results([tmp_path / "res"]), tasks=["Biology"])
         assert {r.row.reranker for r in table.rows} == {"tiny-lw", "tiny-pw"}
         dd = drilldown_data(table)
-        assert any(q.get("rerank") for per in dd["results"].values() for q in per["Tiny"].values())
+        assert any(q.get("rerank") for per in dd["results"].values() for q in per["Biology"].values())
     finally:
         set_user_config(None)
 
