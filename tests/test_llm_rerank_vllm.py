@@ -121,3 +121,37 @@ def test_samples_on_vllm_use_n_and_one_key_per_sample(vllm_spec, tmp_path) -> No
     assert llm.stats.backend_calls == 1
     # Sample 0 is what a single generation of the same request reads from the cache.
     assert llm.generate(prompts, params)[0].text == out[0][0].text
+
+
+def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_dir, tmp_path) -> None:
+    """``run`` as a user runs it: HyDE with 2 samples per query on the embedded sample, then the
+    pointwise reasoning reranker, both on the same vLLM entry of a user config."""
+    import json
+
+    from r2med_agent.config import set_user_config
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    user = tmp_path / "config.yaml"
+    user.write_text(
+        "llms:\n"
+        f"  smol-vllm: {{backend: vllm, model: '{vllm_model_dir}', max_tokens: 16, seed: null,\n"
+        "              gpu_memory_utilization: 0.05, max_model_len: 2048, engine_kwargs: {enforce_eager: true}}\n"
+        "rerankers:\n"
+        "  smol-pw: {kind: pointwise-reasoning, llm: smol-vllm, max_doc_words: 30, max_tokens: 16}\n"
+    )
+    set_user_config(user)
+    try:
+        cfg = RunConfig(tasks=("sample",), method="hyde", llm="smol-vllm", samples=2, reranker="smol-pw",
+                        rerank_k=2, output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite",
+                        sampling={"temperature": 1.0}, show_progress=False)
+        result = run_experiment(cfg)
+    finally:
+        set_user_config(None)
+    assert result.result_dir.name == "bm25__n2__smol-pw"
+    stats = result.outcomes[0].stats
+    assert stats["samples"] == 2 and stats["rerank"]["pairs"] == 24
+    assert stats["rerank"]["scored_by_logprobs"] == 24  # vLLM returns log-probabilities
+    assert result.llm_stats["backend_calls"] == 3  # the samples (n=2), the reasonings, the judgments
+    row = json.loads((result.result_dir / "sample.generations.jsonl").read_text().splitlines()[0])
+    assert len(row["samples"]) == 2
