@@ -113,3 +113,27 @@ def test_run_with_samples_records_n_and_writes_every_sample(tmp_path, monkeypatc
         RunConfig(tasks=("sample",), method="search-r1", llm="x", samples=2)
     with pytest.raises(ConfigError, match="at least 1"):
         RunConfig(tasks=("sample",), method="hyde", llm="x", samples=0)
+
+
+@pytest.mark.slow
+def test_samples_end_to_end_with_the_local_model(tmp_path, smollm2_spec) -> None:
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    data = tmp_path / "data" / "Biology"
+    data.mkdir(parents=True)
+    (data / "query.jsonl").write_text(json.dumps({"id": "q1", "text": "What enzyme digests starch?"}) + "\n"
+                                      + json.dumps({"id": "q2", "text": "Which organ makes insulin?"}) + "\n")
+    docs = ["Salivary amylase digests starch.", "The pancreas makes insulin.", "Starch is made of glucose."]
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
+    (data / "qrels.jsonl").write_text(json.dumps({"q_id": "q1", "p_id": "d0", "score": 1}) + "\n"
+                                      + json.dumps({"q_id": "q2", "p_id": "d1", "score": 1}) + "\n")
+    cfg = RunConfig(tasks=("Biology",), method="hyde", llm="smollm2", samples=2, data_dir=data.parent,
+                    output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 12},
+                    show_progress=False)
+    first = run_experiment(cfg)
+    assert first.result_dir.name == "bm25__n2" and first.outcomes[0].stats["generations"] == 4
+    rows = [json.loads(r) for r in (first.result_dir / "Biology.generations.jsonl").read_text().splitlines()]
+    assert all(len(r["samples"]) == 2 for r in rows)
+    assert any(r["samples"][0] != r["samples"][1] for r in rows)  # seeds 42 and 43 draw differently
+    again = run_experiment(cfg)
+    assert again.outcomes[0].stats["cache_hits"] == 4 and again.average == first.average
