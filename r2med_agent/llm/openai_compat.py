@@ -288,7 +288,15 @@ class OpenAICompatBackend:
         if not prompts:
             return []
         batch = [list(p) for p in prompts]
-        return asyncio.run(self.agenerate(batch, params, n=n))  # type: ignore[arg-type]
+        try:
+            asyncio.get_running_loop()
+            in_loop = True
+        except RuntimeError:
+            in_loop = False
+        if not in_loop:
+            return asyncio.run(self.agenerate(batch, params, n=n))  # type: ignore[arg-type]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self.agenerate(batch, params, n=n)).result()  # type: ignore[arg-type]
 
     async def agenerate(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int = 1
