@@ -155,3 +155,62 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     assert result.llm_stats["backend_calls"] == 3  # the samples (n=2), the reasonings, the judgments
     row = json.loads((result.result_dir / "sample.generations.jsonl").read_text().splitlines()[0])
     assert len(row["samples"]) == 2
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_model_dir, tmp_path_factory):  # noqa: ANN001, ANN201 - base URL
+    """``vllm.entrypoints.openai.api_server`` on loopback over the test checkpoint."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("vllm-server") / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir),
+         "--served-model-name", "smol", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+         "--gpu-memory-utilization", "0.05", "--max-model-len", "2048"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                urllib.request.urlopen(url + "/models", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the vLLM server did not start (exit {proc.poll()}); see {log.name}")
+                time.sleep(2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_vllm_server_n_samples_and_pointwise_logprobs(vllm_server, sample_jobs, tmp_path) -> None:
+    """Over HTTP: ``n`` draws the samples in one request each, and the pointwise reranker reads
+    P(yes) from ``top_logprobs`` after continuing the answer (``continue_final_message``)."""
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend
+
+    spec = build(LLMSpec, {"name": "smol-http", "backend": "openai", "model": "smol", "server": "vllm",
+                           "base_urls": [vllm_server], "max_tokens": 16, "seed": None}, "test")
+    backend = OpenAICompatBackend(spec)
+    llm = CachedLLM(backend, spec, cache=GenerationCache(tmp_path / "gen.sqlite"))
+    prompts = [[{"role": "user", "content": "Write one sentence about the kidney."}]]
+    samples = llm.generate_samples(prompts, SamplingParams(temperature=1.0, max_tokens=12, seed=None), 3)
+    assert backend.attempts == 1 and len(samples[0]) == 3 and len({g.text for g in samples[0]}) > 1
+
+    task, requests, run, corpus = sample_jobs
+    rr = RerankerSpec(name="pw", kind="pointwise-reasoning", llm="smol-http", max_doc_words=30, max_tokens=16)
+    out = LLMReranker(rr, llm=llm).rerank_tasks([RerankJob(task, requests[:2], run, corpus)], 2)[0]
+    assert out.stats["pairs"] == 4 and out.stats["scored_by_logprobs"] == 4
