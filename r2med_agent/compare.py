@@ -67,9 +67,9 @@ VARIANTS: tuple[str, ...] = ("fuse",)
 """Leaf-folder suffixes that belong to the retriever part (``bm25__fuse``: an agentic run whose
 final ranking fuses every search), not to a reranker. ``k<N>`` (a run scored at depth N instead
 of 100, ``bm25__k10``) is one too, and so is ``top<N>`` (a reranker run that keeps only the
-reranked top N, ``nv__top10__bge-reranker``)."""
+reranked top N, ``nv__top10__bge-reranker``), and ``n<N>`` (N samples per query, ``bm25__n8``)."""
 
-_DEPTH_VARIANT = re.compile(r"(?:k|top)[0-9]+")
+_DEPTH_VARIANT = re.compile(r"(?:k|top|n)[0-9]+")
 
 
 def split_leaf(name: str) -> tuple[str, str]:
@@ -142,6 +142,11 @@ class TaskResult:
     def traces_path(self) -> Path:
         """``<Task>.traces.jsonl`` (agentic methods)."""
         return self._sibling(".traces.jsonl")
+
+    @property
+    def rerank_traces_path(self) -> Path:
+        """``<Task>.rerank.jsonl`` (LLM rerankers: permutations or judgments per query)."""
+        return self._sibling(".rerank.jsonl")
 
 
 @dataclass

@@ -307,7 +307,8 @@ def drilldown_data(
             run = read_trec_run(result.run_path) if result.run_path.exists() else {}
             gens = _by_query(result.generations_path, ("id", "query_id"))
             traces = _by_query(result.traces_path, ("query_id", "id"))
-            loaded[(r.index, t)] = (result, run, gens, traces)
+            reranks = _by_query(result.rerank_traces_path, ("query_id", "id"))
+            loaded[(r.index, t)] = (result, run, gens, (traces, reranks))
             info = out_tasks[t]
             for qid, g in gens.items():
                 if qid not in info["queries"] and g.get("text"):
@@ -316,7 +317,7 @@ def drilldown_data(
                     info["qrels"][qid] = {str(d): 1 for d in g["doc_id"]}
                     info["qrels_source"] = "generations"
     keep = list(dict.fromkeys([table.metric, *DRILL_METRICS]))
-    for (index, t), (result, run, gens, traces) in loaded.items():
+    for (index, t), (result, run, gens, (traces, reranks)) in loaded.items():
         qrels = out_tasks[t]["qrels"]
         per_task: dict[str, Any] = {}
         for qid in dict.fromkeys([*result.per_query, *run, *gens, *traces]):
@@ -332,6 +333,7 @@ def drilldown_data(
                 "run_length": len(ranked),
                 "generation": None,
                 "trace": None,
+                "rerank": None,
             }
             if qid in gens:
                 g = gens[qid]
@@ -342,6 +344,8 @@ def drilldown_data(
                 }
             if qid in traces:
                 entry["trace"] = _trace_view(traces[qid], text_chars)
+            if qid in reranks:
+                entry["rerank"] = _trace_view(reranks[qid], text_chars)
             per_task[qid] = entry
         results.setdefault(str(index), {})[t] = per_task
     for t, task in tasks.items():

@@ -52,7 +52,7 @@ from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
 
-TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano")
+TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano", "beyond")
 """Grid names: ``configs/reproduce/<name>.yaml``."""
 
 GPU_GIB = 80.0
@@ -76,7 +76,7 @@ bm25, ``rerank_cut`` false), which is what such runs did."""
 RECORD_DEFAULTS: dict[str, Any] = {"generations": "fresh", "first_pass": "bm25", "rerank_cut": False}
 """Settings recorded only by later versions, with the behaviour of the versions before them."""
 
-RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "rerank_cut", "first_pass", "top_k")
+RUN_ARGS: tuple[str, ...] = ("loop_retriever", "final", "rerank_k", "rerank_cut", "first_pass", "top_k", "samples")
 """Run options a grid entry may set in ``args``: RunConfig fields that are also ``run`` flags
 (``rerank_k`` -> ``--rerank-k``; a true boolean is the bare flag, ``--rerank-cut``)."""
 
@@ -378,10 +378,13 @@ class Needs:
     split: tuple[str, ...] = ()
     """The recipe, line by line, when the LLM and a retriever or reranker need transformers
     versions no single environment has (:func:`split_recipe`)."""
+    tokens: tuple[str, ...] = ()
+    """LLM calls and tokens of the LLM stages (:func:`token_estimate`), where an entry has them."""
 
     def lines(self) -> list[str]:
         out = list(self.setup)
         out.append(f"GPU: {'; '.join(self.gpu) if self.gpu else 'none (CPU only)'}")
+        out += [f"tokens: {t}" for t in self.tokens]
         out.append(f"API keys: {', '.join(self.api_keys) if self.api_keys else 'none'}")
         out.append(f"hub access: {'; '.join(self.hub) if self.hub else 'none'}")
         out += [f"PROBLEM: {p}" for p in self.problems]
@@ -506,6 +509,7 @@ def entry_needs(
     gpu_gib: float = GPU_GIB,
     registries: Registries | None = None,
     generations: str = "fresh",
+    n_queries: int = 0,
 ) -> Needs:
     """How an entry runs and the GPU memory, API keys and hub access it needs.
 
@@ -519,6 +523,7 @@ def entry_needs(
         gpu_gib: memory of one GPU.
         registries: the registries (read here when not given).
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
+        n_queries: queries of the planned tasks, for the token estimate (0: none).
     """
     from r2med_agent.released import released_path
     from r2med_agent.retrieval import BM25_SPECS
@@ -589,6 +594,16 @@ def entry_needs(
         rr = reg.rerankers.get(entry.reranker)
         if rr is None:
             problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
+        elif rr.kind != "cross-encoder":
+            rspec = reg.llms.get(rr.llm)
+            if rspec is None:
+                problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
+            elif rspec.backend == "openai":
+                if rspec.api_key_env:
+                    keys.append(rspec.api_key_env)
+            elif rspec.backend == "vllm" and rr.llm != entry.llm:
+                # Loaded after the method's LLM is done with (the same engine when it is the same).
+                weights("reranker LLM", rr.llm, [rspec.model], rspec.tensor_parallel_size)
         else:
             precision = model_precision(rr)
             k = entry.args.get("rerank_k", 100)
@@ -597,7 +612,7 @@ def entry_needs(
                          f"{entry.retriever} and {kept}")
             weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m], precision=precision)
     llm_spec = reg.llms.get(entry.llm) if entry.llm else None
-    others = sum(v for role, v in per_gpu.items() if role != "LLM")
+    others = sum(v for role, v in per_gpu.items() if role not in ("LLM", "reranker LLM"))
     if "LLM" in per_gpu and others > 0 and llm_spec is not None:
         gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
     if datasets:
@@ -614,7 +629,55 @@ def entry_needs(
             pins[entry.reranker] = rr.transformers
         if pins:
             split = split_recipe(entry, llm_spec, pins)
-    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup), split)
+    tokens = tuple(token_estimate(entry, n_queries, reg, released=generations == "r2med")) if n_queries else ()
+    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup), split, tokens)
+
+
+TOKENS_PER_WORD = 1.4
+"""English and medical text: about 1.3-1.5 subword tokens per whitespace-separated word."""
+
+EXPANSION_PROMPT_TOKENS = 300
+"""A HyDE/Query2Doc/LameR prompt, roughly (LameR's ten documents: about 4,000 more)."""
+
+
+def token_estimate(entry: GridEntry, n_queries: int, registries: Registries, released: bool = False) -> list[str]:
+    """Upper-bound LLM calls and tokens of an entry's LLM stages over ``n_queries`` queries:
+    prompts from the reranker's document cut (``max_doc_words`` x TOKENS_PER_WORD), outputs at
+    the entries' ``max_tokens`` (reasoning models often use far fewer). Dollars where the LLM
+    entry has prices."""
+    out: list[str] = []
+    samples = int(entry.args.get("samples", 1))
+    if entry.method in ("hyde", "query2doc", "lamer") and entry.llm in registries.llms and not released:
+        spec = registries.llms[entry.llm]
+        calls = n_queries * samples
+        p_in = calls * (EXPANSION_PROMPT_TOKENS + (4000 if entry.method == "lamer" else 0))
+        out.append(_token_line(f"{entry.method} {entry.llm} x{samples}", spec, calls, p_in, calls * spec.max_tokens))
+    rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
+    if rr is not None and rr.kind != "cross-encoder" and rr.llm in registries.llms:
+        from r2med_agent.retrieval.llm_rerank import window_positions
+
+        spec = registries.llms[rr.llm]
+        k = int(entry.args.get("rerank_k", 100))
+        doc = rr.max_doc_words * TOKENS_PER_WORD
+        answer = rr.max_tokens or spec.max_tokens
+        if rr.kind == "listwise":
+            windows = window_positions(k, rr.window, rr.step)
+            calls = n_queries * len(windows)
+            p_in = int(sum(end - start for start, end in windows) * doc * n_queries + calls * 200)
+            label = f"{rr.name} ({len(windows)} windows of {rr.window} per query)"
+        else:
+            calls = n_queries * k
+            p_in = int(calls * (doc + 300))
+            label = f"{rr.name} ({k} pairs per query, + 1-token judgments)"
+        out.append(_token_line(label, spec, calls, p_in, calls * answer))
+    return out
+
+
+def _token_line(label: str, spec: Any, calls: int, p_in: int, p_out: int) -> str:
+    line = f"{label}: {calls:,} calls, ≈{p_in / 1e6:.1f}M prompt tokens, ≤{p_out / 1e6:.1f}M output tokens"
+    if spec.price_in_per_mtok or spec.price_out_per_mtok:
+        line += f", ≤${spec.cost_usd(p_in, p_out):,.0f}"
+    return line
 
 
 def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:
@@ -831,12 +894,22 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 result_dir=rdir,
                 done=done,
                 pending=pending,
-                needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries, generations=mode),
+                needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries, generations=mode,
+                                  n_queries=_queries(needed)),
                 stale=stale,
                 generations=mode,
             )
         )
     return out
+
+
+def _queries(tasks: Sequence[str]) -> int:
+    """Queries of the tasks, from the task registry's counts (0 when one is unknown)."""
+    from r2med_agent.data import task_registry
+
+    registry = task_registry()
+    counts = [getattr(registry.get(t), "queries", None) for t in tasks]
+    return 0 if any(not c for c in counts) else sum(counts)  # type: ignore[misc]
 
 
 def format_plan(planned: Sequence[PlannedRun]) -> str:

@@ -81,6 +81,10 @@ class RunConfig:
         final: agentic final ranking: ``default`` (final response as the query, as R2MED does)
             or ``fuse`` (RRF of every search of the trajectory plus the final query).
         sampling: overrides of the LLM's default sampling (temperature, max_tokens, seed, ...).
+        samples: generations per query of HyDE, Query2Doc and LameR (vLLM's and OpenAI's ``n``):
+            dense retrieval searches with the mean of the query's embedding and the samples',
+            BM25 with the samples joined (see :class:`~r2med_agent.types.SearchRequest`). Other
+            than 1, the result folder says it (``bm25__n8``).
         metrics: metric keys to compute.
         show_progress: progress bars.
         encoder_backend: engine of the local dense encoders (``auto``, ``transformers``,
@@ -112,6 +116,7 @@ class RunConfig:
     chunk_size: int | None = None
     final: str = "default"
     sampling: dict[str, Any] = field(default_factory=dict)
+    samples: int = 1
     metrics: tuple[str, ...] = DEFAULT_METRICS
     show_progress: bool = True
     encoder_backend: str | None = None
@@ -155,6 +160,10 @@ class RunConfig:
             raise ConfigError(f"--first-pass takes one retriever (bm25, bm25-compat, an encoder), got '{self.first_pass}'")
         if self.top_k < 1 or self.rerank_k < 1:
             raise ConfigError("--top-k and --rerank-k must be at least 1")
+        if self.samples < 1:
+            raise ConfigError(f"--samples must be at least 1, got {self.samples}")
+        if self.samples > 1 and self.method not in ("hyde", "query2doc", "lamer"):
+            raise ConfigError(f"--samples applies to hyde, query2doc and lamer, not --method {self.method}")
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         _check_sampling_values(self.sampling)
@@ -207,6 +216,8 @@ class RunConfig:
             label += f"__{self.precision}"
         if self.top_k != DEFAULT_TOP_K:
             label += f"__k{self.top_k}"
+        if self.samples > 1:
+            label += f"__n{self.samples}"
         if self.reranker:
             if self.rerank_cut:
                 label += f"__top{self.rerank_k}"
@@ -325,7 +336,10 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     if cfg.reranker:
         from r2med_agent.retrieval import make_reranker
 
-        reranker = make_reranker(cfg.reranker, precision=cfg.precision)
+        reranker = make_reranker(
+            cfg.reranker, precision=cfg.precision, cache_path=cfg.cache_path, use_cache=cfg.use_cache,
+            refresh=cfg.refresh_cache, chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
+        )
         reranker.check()
     released_gens: dict[str, list[Generation]] = {}
     released_sources: dict[str, str] = {}
@@ -371,6 +385,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
 
     per_task_requests: dict[str, list[SearchRequest]] = {}
     per_task_gens: dict[str, list[Generation]] = {}
+    per_task_samples: dict[str, list[list[Generation]]] = {}  # --samples N > 1: all samples per query
     per_task_traces: dict[str, list[Any]] = {}
     per_task_fused: dict[str, Run] = {}
     method = method_cls()
@@ -392,9 +407,11 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
         loop_steps = _run_agentic(cfg, method, llm, spec, tasks, retrievers, per_task_requests,
                                   per_task_traces, per_task_fused)
     else:
-        _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens)
+        _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens,
+                       per_task_samples)
 
-    outcomes: list[TaskOutcome] = []
+    runs: dict[str, Run] = {}
+    retrieval_time: dict[str, float] = {}
     for task in tasks:
         t0 = time.perf_counter()
         requests = per_task_requests[task.name]
@@ -402,24 +419,49 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
             run = per_task_fused[task.name]
         else:
             run = retrievers[task.name].search(requests, max(cfg.top_k, cfg.rerank_k if reranker else 0))
-        if reranker is not None:
+        if reranker is not None and not hasattr(reranker, "rerank_tasks"):
             corpus = {d.doc_id: d.full_text for d in task.corpus}
             run = reranker.rerank(requests, run, corpus, cfg.rerank_k)
-            if cfg.rerank_cut:
-                run = cut_run(run, cfg.rerank_k)
-        retrieval_time = time.perf_counter() - t0
+        runs[task.name] = run
+        retrieval_time[task.name] = time.perf_counter() - t0
+    rerank_out: dict[str, Any] = {}
+    if reranker is not None and hasattr(reranker, "rerank_tasks"):
+        t0 = time.perf_counter()
+        rerank_out = _llm_rerank(cfg, reranker, tasks, per_task_requests, runs, llm)
+        share = (time.perf_counter() - t0) / max(len(tasks), 1)
+        for task in tasks:
+            retrieval_time[task.name] += share
+
+    outcomes: list[TaskOutcome] = []
+    for task in tasks:
+        t0 = time.perf_counter()
+        requests = per_task_requests[task.name]
+        run = rerank_out[task.name].run if task.name in rerank_out else runs[task.name]
+        if reranker is not None and cfg.rerank_cut:
+            run = cut_run(run, cfg.rerank_k)
         ev = evaluate(run, task.qrels, cfg.scored_metrics, depth=cfg.top_k)
         # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
-        evaluation_s = index_time[task.name] + (time.perf_counter() - t0)
-        stats = _task_stats(per_task_gens.get(task.name), per_task_traces.get(task.name), spec)
+        evaluation_s = index_time[task.name] + retrieval_time[task.name] + (time.perf_counter() - t0)
+        every = per_task_samples.get(task.name)
+        gens_for_stats = [g for s in every for g in s] if every else per_task_gens.get(task.name)
+        stats = _task_stats(gens_for_stats, per_task_traces.get(task.name), spec)
         if released:
             stats.update(generations=0, cache_hits=0, released_generations=len(per_task_gens[task.name]),
                          llm_time_s=0.0, llm_time_new_s=0.0, cost_usd=None,
                          released_source=released_sources[task.name])
-        stats["retrieval_time_s"] = round(retrieval_time, 4)
+        if cfg.samples > 1:
+            stats["samples"] = cfg.samples
+        stats["retrieval_time_s"] = round(retrieval_time[task.name], 4)
         stats["index_time_s"] = round(index_time[task.name], 4)
+        if task.name in rerank_out:
+            _add_rerank_stats(stats, rerank_out[task.name].stats)
         files = _write_task_files(cfg, out_dir, task, run, ev, stats, per_task_gens.get(task.name),
-                                  per_task_traces.get(task.name), requests, evaluation_s)
+                                  per_task_traces.get(task.name), requests, evaluation_s, every)
+        if task.name in rerank_out:
+            from r2med_agent.methods.loop import traces_to_jsonl
+
+            files.append(atomic_write_text(out_dir / f"{task.name}.rerank.jsonl",
+                                           traces_to_jsonl(rerank_out[task.name].traces)))
         outcomes.append(TaskOutcome(task.name, ev, files, stats))
         if ev.missing:
             log.warning("%s: %d of %d queries have no results and score 0", task.name,
@@ -430,6 +472,9 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     # The folder's summary covers every task result in it (a second --task run adds to it);
     # the "run" block is this run's own.
     folder_scores = _folder_scores(out_dir, {o.task: o.evaluation.mean for o in outcomes})
+    rerank_llm = getattr(reranker, "built_llm", None)
+    if rerank_llm is not None and rerank_llm is not llm and hasattr(rerank_llm, "stats"):
+        llm_stats = {**llm_stats, "reranker": asdict(rerank_llm.stats)}
     summary = {
         "method": cfg.method,
         "llm": cfg.llm_label,
@@ -471,6 +516,40 @@ def _folder_scores(out_dir: Path, this_run: dict[str, dict[str, float]]) -> dict
             scores[task] = {k: float(v) for k, v in test.items() if isinstance(v, (int, float))}
     scores.update(this_run)
     return dict(sorted(scores.items()))
+
+
+def _llm_rerank(cfg: RunConfig, reranker: Any, tasks: Sequence[Task], per_task_requests: dict[str, list[SearchRequest]],
+                runs: dict[str, Run], llm: Any) -> dict[str, Any]:
+    """An LLM reranker over every task at once (one generate call per window position, or one
+    for all pairs); the run's own LLM is reused when it is the reranker's."""
+    from r2med_agent.retrieval.llm_rerank import RerankJob
+
+    if llm is not None and cfg.llm == reranker.spec.llm:
+        reranker.share_llm(llm)
+    jobs = [
+        RerankJob(task, per_task_requests[task.name], runs[task.name], {d.doc_id: d.full_text for d in task.corpus})
+        for task in tasks
+    ]
+    t0 = time.perf_counter()
+    outputs = reranker.rerank_tasks(jobs, cfg.rerank_k)
+    log.info("%s reranked %d tasks in %.1f s", reranker.name, len(tasks), time.perf_counter() - t0)
+    return {task.name: out for task, out in zip(tasks, outputs)}
+
+
+def _add_rerank_stats(stats: dict[str, Any], rerank: dict[str, Any]) -> None:
+    """An LLM reranker's tokens, time and cost join the task's totals (what ``compare --cost``
+    sums); its own numbers stay apart under ``rerank``."""
+    from r2med_agent.llm.registry import get_llm_spec
+
+    rerank = dict(rerank)
+    rerank["cost_usd"] = _cost_usd(get_llm_spec(rerank["llm"]), rerank["prompt_tokens"], rerank["completion_tokens"])
+    for key in ("generations", "cache_hits", "prompt_tokens", "completion_tokens"):
+        stats[key] = stats.get(key, 0) + rerank[key]
+    for key in ("llm_time_s", "llm_time_new_s"):
+        stats[key] = round(stats.get(key, 0.0) + rerank[key], 4)
+    if rerank["cost_usd"] is not None:
+        stats["cost_usd"] = round((stats.get("cost_usd") or 0.0) + rerank["cost_usd"], 6)
+    stats["rerank"] = rerank
 
 
 def _check_output_dir(out_dir: Path) -> None:
@@ -535,7 +614,8 @@ def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> Sampli
     return replace(params, **overrides)
 
 
-def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens) -> None:
+def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_requests, per_task_gens,
+                   per_task_samples) -> None:
     """Single-shot methods: render every task's prompts, ONE generate call, then requests."""
     prompts: list[list[dict[str, str]]] = []
     metas: list[dict[str, Any]] = []
@@ -554,11 +634,24 @@ def _run_expansion(cfg, method, llm, params, tasks, retrievers, per_task_request
             for q in task.queries
         )
         hashes.extend([method.template_hash(task)] * len(task_prompts))
-    gens = llm.generate(prompts, params, meta=metas, template_hash=hashes)
+    if cfg.samples > 1:
+        samples = llm.generate_samples(prompts, params, cfg.samples, meta=metas, template_hash=hashes)
+        gens = [s[0] for s in samples]
+    else:
+        gens = llm.generate(prompts, params, meta=metas, template_hash=hashes)
+        samples = [[g] for g in gens]
     for task in tasks:
         a, b = spans[task.name]
         per_task_gens[task.name] = gens[a:b]
-        per_task_requests[task.name] = method.to_requests(task, gens[a:b])
+        requests = method.to_requests(task, gens[a:b])
+        if cfg.samples > 1:
+            # Samples 2..N join the first; a blank first sample leaves the plain query as is.
+            requests = [
+                replace(r, more_expansions=tuple(g.final.strip() for g in s[1:])) if r.combine != "none" else r
+                for r, s in zip(requests, samples[a:b])
+            ]
+            per_task_samples[task.name] = samples[a:b]
+        per_task_requests[task.name] = requests
 
 
 def _encoder_options(cfg: RunConfig) -> dict[str, Any]:
@@ -650,7 +743,7 @@ def _task_stats(gens, traces, spec: Any) -> dict[str, Any]:
 
 
 def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests,
-                      evaluation_s: float) -> list[Path]:
+                      evaluation_s: float, samples=None) -> list[Path]:
     from r2med_agent.evaluation import write_trec_run
 
     tag = f"r2med-agent.{cfg.method}.{cfg.llm_label}.{cfg.retriever_label}"
@@ -679,7 +772,8 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
 
         by_id = {r.query_id: r for r in requests}
         lines = []
-        for q, g in zip(task.queries, gens):
+        for n, (q, g) in enumerate(zip(task.queries, gens)):
+            more = {"samples": [s.final for s in samples[n]]} if samples else {}
             lines.append(json.dumps({
                 "id": q.query_id,
                 "text": q.text,
@@ -689,6 +783,7 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
                 "reasoning": g.reasoning,
                 "finish_reason": g.finish_reason,
                 "query_used": by_id[q.query_id].combine if q.query_id in by_id else "none",
+                **more,
             }, ensure_ascii=False))
         files.append(atomic_write_text(out_dir / f"{task.name}.generations.jsonl", "\n".join(lines) + "\n"))
     if traces is not None:

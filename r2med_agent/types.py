@@ -168,6 +168,16 @@ class SearchRequest:
     query: str
     expansion: str = ""
     combine: Combine = "none"
+    more_expansions: tuple[str, ...] = ()
+    """Further samples of the generated text (``run --samples N``: samples 2..N). BM25 searches
+    with all samples joined by spaces where the rule uses the expansion; dense retrieval with the
+    mean of the query's embedding and every sample's (HyDE's way), or for ``query2doc`` the mean
+    of each sample's ``query[SEP]passage`` embedding."""
+
+    @property
+    def expansions(self) -> tuple[str, ...]:
+        """Every non-blank sample of the generated text, the first one first."""
+        return tuple(x for x in (self.expansion, *self.more_expansions) if x.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +192,9 @@ class SamplingParams:
         seed: random seed, passed to backends that honour it.
         stop: strings that end generation; the matched stop string is not part of the output text.
         repetition_penalty: multiplicative penalty (1.0 disables it), vLLM/llama.cpp only.
+        logprobs: how many most likely tokens to return, with their log-probabilities, at each
+            generated position (0: none). Part of the key only when set, so keys made before
+            the field existed stay valid. The local llama.cpp backend returns none.
     """
 
     temperature: float = 0.7
@@ -191,9 +204,10 @@ class SamplingParams:
     seed: int | None = 42
     stop: tuple[str, ...] = ()
     repetition_penalty: float = 1.0
+    logprobs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
@@ -202,6 +216,9 @@ class SamplingParams:
             "stop": list(self.stop),
             "repetition_penalty": self.repetition_penalty,
         }
+        if self.logprobs:
+            out["logprobs"] = self.logprobs
+        return out
 
 
 Message = dict[str, str]
@@ -223,6 +240,9 @@ class Generation:
         completion_tokens: output tokens.
         latency_s: wall time the backend spent on this item (a batch's time shared evenly).
         cached: True when this came from the generation cache.
+        logprobs: when asked for (``SamplingParams.logprobs``) and the backend returns them, one
+            entry per generated token: its most likely tokens as ``(token text, log-probability)``
+            pairs, most likely first; None otherwise.
     """
 
     text: str
@@ -234,6 +254,7 @@ class Generation:
     completion_tokens: int = 0
     latency_s: float = 0.0
     cached: bool = False
+    logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

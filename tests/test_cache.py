@@ -219,7 +219,7 @@ def test_version_1_file_is_upgraded_in_place(tmp_path):
     cache.put_many([CacheRecord.from_generation("new", old.request, Generation(text="x"), api_reasoning="why")])
     assert cache.get("new").api_reasoning == "why"
     with sqlite3.connect(path) as raw:
-        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "2"
+        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "3"
 
 
 def test_cache_not_a_database(tmp_path):
@@ -1118,3 +1118,30 @@ def test_vllm_engine_settings_that_change_outputs_are_part_of_the_key():
     assert key(engine_kwargs={"enforce_eager": True}) == eager  # stable
     # Memory and parallelism do not change outputs: same key, so the cache carries over.
     assert key(gpu_memory_utilization=0.5) == plain == key(tensor_parallel_size=2)
+
+
+def test_version_2_file_gains_logprobs_and_old_rows_read_as_before(tmp_path):
+    path = tmp_path / "g.sqlite"
+    v2_columns = (
+        "key TEXT PRIMARY KEY, model_id TEXT NOT NULL, sample_index INTEGER NOT NULL, "
+        "text TEXT NOT NULL, reasoning TEXT NOT NULL, final TEXT NOT NULL, "
+        "finish_reason TEXT NOT NULL, stop_reason TEXT, prompt_tokens INTEGER NOT NULL, "
+        "completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, created REAL NOT NULL, "
+        "request TEXT NOT NULL, api_reasoning TEXT NOT NULL DEFAULT ''"
+    )
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"CREATE TABLE generations ({v2_columns})")
+        raw.execute("CREATE TABLE info (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        raw.execute("INSERT INTO info VALUES ('schema_version', '2')")
+        raw.execute(
+            "INSERT INTO generations VALUES ('old', 'm', 0, 'T', '', 'T', 'stop', NULL, 1, 2, 0.5, 1.0, ?, 'why')",
+            (canonical_json(build_request("m", msgs("q"), {})),),
+        )
+    cache = GenerationCache(path)
+    old = cache.get("old")
+    assert (old.text, old.api_reasoning, old.logprobs) == ("T", "why", None)
+    top = (((" yes", -0.25), (" no", -1.5)),)
+    cache.put_many([CacheRecord.from_generation("new", old.request, Generation(text=" yes", logprobs=top))])
+    assert cache.get("new").logprobs == top and cache.get("new").to_generation().logprobs == top
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "3"

@@ -54,8 +54,9 @@ def csv_ndcg() -> dict[tuple[str, str, str, str], dict[str, float]]:
 
 
 def test_grids_cover_every_published_configuration_exactly_once():
-    grids = load_grids()
+    grids = dict(load_grids())
     assert set(grids) == set(TABLES)
+    grids.pop("beyond")  # not a reproduction: unpublished configurations beside the best row
     assert {t: len(g.entries) for t, g in grids.items()} == {
         "retrievers": 15, "gar": 45, "agentic": 8, "rerank": 3, "nano": 5
     }
@@ -90,7 +91,7 @@ def test_grid_scores_are_the_csv_scores():
             # written in the task order of the grid's group (the paper's, or NanoR2MED's)
             assert list(e["ndcg_at_10"]) == list(load_grid(table).tasks)
             n += 1
-    assert n == 76
+    assert n == 71 + 5 + 5  # the reproduction grids, nano, and the beyond grid beside the best row
     # The loader hands the same numbers on.
     for grid in load_grids().values():
         for entry, scores in zip(grid.entries, grid.published):
@@ -498,3 +499,22 @@ def test_reproduce_scores_released_generations_without_an_llm(cli, tmp_path, mon
     assert "--generations r2med" not in fresh.output and "(to run;" in fresh.output
     bad = CliRunner().invoke(cli, [*args, "--dry-run", "--generations", "hub"])
     assert bad.exit_code != 0
+
+
+def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path):
+    from r2med_agent.reproduce import ReproduceOptions, format_plan, plan
+
+    pub = csv_ndcg()
+    averages = {k: sum(v.values()) / len(v) for k, v in pub.items() if len(v) == 8}
+    best = max(averages, key=averages.get)
+    assert best == ("query2doc", "gpt4", "nv", "") and round(100 * averages[best], 2) == 41.65
+    grid = load_grids()["beyond"]
+    for entry, scores in zip(grid.entries, grid.published):
+        key = entry.published_key
+        assert (key.method, key.llm, key.retriever, key.reranker) == best and scores == pub[best]
+        # None is published (the first differs from the published HyDE row by its 4 samples).
+        assert (entry.method, entry.llm, entry.retriever, entry.reranker) not in pub or entry.args.get("samples", 1) > 1
+    planned = plan(grid, ReproduceOptions(output_dir=tmp_path))
+    text = format_plan(planned)
+    assert "tokens: qwen3-32b-listwise (9 windows of 20 per query): 7,884 calls" in text  # 876 queries x 9
+    assert "--samples 4" in text and "reranker LLM qwen3-32b" in text and "PROBLEM" not in text

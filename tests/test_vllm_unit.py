@@ -94,10 +94,12 @@ def test_cached_llm_shows_one_progress_over_all_chunks_and_says_what_is_cached(c
     llm = CachedLLM(Reporting(lambda m, p: "t " + m[-1]["content"]), "scripted", cache=cache, chunk_size=2)
     prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(5)]
     llm.generate(prompts[:2], SamplingParams())
+    caplog.clear()  # only the second call's lines (an earlier CLI test may have set INFO already)
     with caplog.at_level("INFO", logger="r2med_agent.llm.cached"):
         llm.generate(prompts, SamplingParams())
     assert seen[-2:] == [(2, 3), (3, 3)]  # one count over the 3 misses, in 2 chunks
-    (msg,) = [r.getMessage() for r in caplog.records if "generating" in r.getMessage()]
+    (msg,) = [r.getMessage() for r in caplog.records
+              if r.name == "r2med_agent.llm.cached" and "generating" in r.getMessage()]
     assert msg == "scripted: generating 3 of 5 texts (2 from the cache) in 2 backend calls"
     caplog.clear()
     with caplog.at_level("INFO", logger="r2med_agent.llm.cached"):

@@ -77,7 +77,7 @@ def run_command(
         None, "--precision",
         help="Numeric precision of the run's encoders and reranker on a GPU: float32, float16, bfloat16, autocast-float16 (float32 weights, fp16 autocast) or auto (bf16 where supported, else fp16; the fastest). Default: each model's registry precision, the one R2MED's reference ran it at. Another precision writes to <retriever>__<precision>/; results record it. On a CPU everything runs in float32.",
     ),
-    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name (e.g. bge-reranker, monobert, rankllama)."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name: a cross-encoder (bge-reranker, monobert, rankllama) or an LLM reranker (kind listwise or pointwise-reasoning, e.g. qwen3-32b-listwise, r1-qwen-32b-pointwise, smollm2-listwise); see configs/rerankers.yaml."),
     rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
     rerank_cut: bool = typer.Option(False, "--rerank-cut", help="Keep only the --rerank-k reranked documents per query, as R2MED's reranker runs did (NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same. Writes to <retriever>__top<k>__<reranker>/."),
     first_pass: str = typer.Option("bm25", "--first-pass", help="LameR's first-pass retriever, whose top 10 the prompt shows: bm25 (default), bm25-compat (the reference's gensim BM25, what the paper's LameR rows read) or an encoder name. Recorded in the result JSON."),
@@ -100,6 +100,7 @@ def run_command(
     refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
     cache_path: Optional[Path] = typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
     chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    samples: int = typer.Option(1, "--samples", help="Generations per query for hyde, query2doc and lamer (vLLM/OpenAI n): dense retrieval searches with the mean of the query's and the samples' embeddings, BM25 with the samples joined. Other than 1, results go to <retriever>__n<N>/."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
@@ -160,6 +161,7 @@ def run_command(
         sampling=sampling,
         show_progress=progress if progress is not None else sys.stderr.isatty(),
         encoder_backend=encoder_backend,
+        samples=samples,
     )
     result = run_experiment(cfg)
     print_summary(result)

@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 KEY_VERSION = 1
 """Bumped when the key's layout changes (old rows then simply stop matching)."""
 
-SCHEMA_VERSION = 2
-"""2 added ``api_reasoning``; a version-1 file is upgraded in place when opened."""
+SCHEMA_VERSION = 3
+"""2 added ``api_reasoning``, 3 ``logprobs``; older files are upgraded in place when opened (their
+rows read as before, with no log-probabilities)."""
 
 _SQL_BATCH = 500  # parameters per IN (...) query; below SQLite's oldest limit of 999
 
@@ -57,7 +58,8 @@ CREATE TABLE IF NOT EXISTS generations (
     latency_s REAL NOT NULL,
     created REAL NOT NULL,
     request TEXT NOT NULL,
-    api_reasoning TEXT NOT NULL DEFAULT ''
+    api_reasoning TEXT NOT NULL DEFAULT '',
+    logprobs TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS generations_model ON generations (model_id);
 CREATE TABLE IF NOT EXISTS uses (
@@ -75,7 +77,7 @@ CREATE TABLE IF NOT EXISTS info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 _COLUMNS = (
     "key, model_id, sample_index, text, reasoning, final, finish_reason, stop_reason, "
-    "prompt_tokens, completion_tokens, latency_s, created, request, api_reasoning"
+    "prompt_tokens, completion_tokens, latency_s, created, request, api_reasoning, logprobs"
 )
 
 
@@ -145,6 +147,7 @@ class CacheRecord:
         request: the ``build_request`` record (messages, params, ...), for export and inspection.
         api_reasoning: reasoning the API returned apart from the text (``reasoning_content``);
             kept on its own because no reasoning format can find it in ``text``.
+        logprobs: ``Generation.logprobs`` (None when not asked for or not returned).
     """
 
     key: str
@@ -161,6 +164,7 @@ class CacheRecord:
     created: float
     request: dict[str, Any] = field(repr=False)
     api_reasoning: str = ""
+    logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = field(default=None, repr=False)
 
     @classmethod
     def from_generation(
@@ -186,6 +190,7 @@ class CacheRecord:
             created=time.time() if created is None else created,
             request=dict(request),
             api_reasoning=api_reasoning,
+            logprobs=gen.logprobs,
         )
 
     def to_generation(self) -> Generation:
@@ -200,6 +205,7 @@ class CacheRecord:
             completion_tokens=self.completion_tokens,
             latency_s=self.latency_s,
             cached=True,
+            logprobs=self.logprobs,
         )
 
 
@@ -283,11 +289,13 @@ class GenerationCache:
                 conn.execute(
                     "INSERT INTO info (name, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
-            elif int(row[0]) == 1:
-                # Version 1 lacked api_reasoning: add it (empty for the old rows), in place.
-                conn.execute(
-                    "ALTER TABLE generations ADD COLUMN api_reasoning TEXT NOT NULL DEFAULT ''"
-                )
+            elif int(row[0]) in (1, 2):
+                # Version 1 lacked api_reasoning, 2 logprobs: add them (empty for the old rows).
+                if int(row[0]) == 1:
+                    conn.execute(
+                        "ALTER TABLE generations ADD COLUMN api_reasoning TEXT NOT NULL DEFAULT ''"
+                    )
+                conn.execute("ALTER TABLE generations ADD COLUMN logprobs TEXT NOT NULL DEFAULT ''")
                 conn.execute(
                     "UPDATE info SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),)
                 )
@@ -422,7 +430,7 @@ class GenerationCache:
             (
                 r.key, r.model_id, r.sample_index, r.text, r.reasoning, r.final, r.finish_reason,
                 r.stop_reason, r.prompt_tokens, r.completion_tokens, r.latency_s, r.created,
-                canonical_json(r.request), r.api_reasoning,
+                canonical_json(r.request), r.api_reasoning, _logprobs_json(r.logprobs),
             )
             for r in records
         ]
@@ -436,7 +444,7 @@ class GenerationCache:
             try:
                 conn.executemany(
                     f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     grows,
                 )
                 conn.executemany(
@@ -470,4 +478,17 @@ def _record(row: Sequence[Any]) -> CacheRecord:
         created=row[11],
         request=json.loads(row[12]),
         api_reasoning=row[13],
+        logprobs=_logprobs_from_json(row[14]),
     )
+
+
+def _logprobs_json(logprobs: Sequence[Sequence[tuple[str, float]]] | None) -> str:
+    if logprobs is None:
+        return ""
+    return json.dumps([[[t, lp] for t, lp in pos] for pos in logprobs], ensure_ascii=False)
+
+
+def _logprobs_from_json(text: str) -> tuple[tuple[tuple[str, float], ...], ...] | None:
+    if not text:
+        return None
+    return tuple(tuple((str(t), float(lp)) for t, lp in pos) for pos in json.loads(text))

@@ -118,6 +118,11 @@ class LazyBackend:
     def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
         return self.get().generate(prompts, params)
 
+    def generate_samples(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+    ) -> list[list[Generation]]:
+        return self.get().generate_samples(prompts, params, n)  # type: ignore[attr-defined]
+
     def close(self) -> None:
         """Close the real backend if it was built (a vLLM engine shuts down); a later
         ``generate`` builds a new one."""
@@ -448,6 +453,125 @@ class CachedLLM:
                 self.model_id, len(keys), sum(1 for k in keys if k in hits), len(made), model_time,
             )
         return out_list
+
+    def generate_samples(
+        self,
+        prompts: Sequence[list[Message]],
+        params: SamplingParams,
+        n: int,
+        *,
+        template_hash: str | Sequence[str] = "",
+        meta: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[list[Generation]]:
+        """``n`` samples of each prompt: ``out[i][s]`` is sample ``s`` of prompt ``i``.
+
+        Sample ``s`` is cached under the prompt's request with ``sample_index=s``, so sample 0 is
+        the generation :meth:`generate` makes, and asking for more samples later makes only the
+        new ones. A backend that draws several samples per request (vLLM, and the ``openai`` and
+        ``vllm`` server kinds, through ``n``) gets every prompt missing a sample once, with ``n``,
+        and the missing samples are kept. Another backend (llama.cpp) gets one ``generate`` call
+        per sample index, sample ``s`` drawn with the seed plus ``s`` (and keyed so).
+        """
+        if n < 1:
+            raise ConfigError(f"the number of samples must be at least 1, got {n}")
+        hashes = [template_hash] * len(prompts) if isinstance(template_hash, str) else list(template_hash)
+        if len(hashes) != len(prompts):
+            raise ValueError(f"template_hash has {len(hashes)} entries for {len(prompts)} prompts")
+
+        def meta_of(s: int) -> list[Mapping[str, Any] | None] | None:
+            if meta is None:
+                return None
+            return [None if m is None else {**m, "sample": s} for m in meta]
+
+        if n == 1 or not self._draws_n():
+            per = [
+                self.generate(prompts, _sample_seed(params, s), sample_index=s, template_hash=hashes,
+                              meta=meta_of(s))
+                for s in range(n)
+            ]
+            return [[per[s][i] for s in range(n)] for i in range(len(prompts))]
+
+        t_start = time.perf_counter()
+        self.stats.calls += 1
+        reqs = [
+            [self.request(p, params, sample_index=s, template_hash=h) for s in range(n)]
+            for p, h in zip(prompts, hashes)
+        ]
+        keys = [[request_key(r) for r in row] for row in reqs]
+        hits: dict[str, CacheRecord] = {}
+        if self.cache is not None and not self.refresh:
+            hits = self.cache.get_many([k for row in keys for k in row])
+        todo: dict[str, int] = {}  # first key of a prompt missing a sample -> its prompt index
+        for i, row in enumerate(keys):
+            if any(k not in hits for k in row):
+                todo.setdefault(row[0], i)
+        made: dict[str, Generation] = {}
+        model_time = 0.0
+        pending = list(todo.values())
+        step = self.chunk_size or max(len(pending), 1)
+        for start in range(0, len(pending), step):
+            chunk = pending[start : start + step]
+            t0 = time.perf_counter()
+            outs = self.backend.generate_samples(  # type: ignore[attr-defined]
+                [reqs[i][0]["messages"] for i in chunk], params, n
+            )
+            model_time += time.perf_counter() - t0
+            self.stats.backend_calls += 1
+            if len(outs) != len(chunk) or any(len(o) != n for o in outs):
+                raise LLMError(f"backend {self.model_id!r} did not return {n} samples for each of {len(chunk)} prompts")
+            records = []
+            for i, samples in zip(chunk, outs):
+                for s, out in enumerate(samples):
+                    key = keys[i][s]
+                    if key in hits:
+                        continue
+                    reasoning, final = self.builder.finish(out.text, out.reasoning)
+                    gen = replace(out, final=final, reasoning=reasoning, cached=False)
+                    made[key] = gen
+                    self.stats.generations += 1
+                    self.stats.prompt_tokens += gen.prompt_tokens
+                    self.stats.completion_tokens += gen.completion_tokens
+                    if gen.finish_reason != "error":
+                        records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning))
+            if self.cache is not None:
+                self.cache.put_many(records)
+        uses = []
+        out_list: list[list[Generation]] = []
+        for i, row in enumerate(keys):
+            samples = []
+            for s, key in enumerate(row):
+                if key in made:
+                    samples.append(made[key])
+                else:
+                    rec = hits[key]
+                    reasoning, final = self.builder.finish(rec.text, rec.api_reasoning)
+                    samples.append(replace(rec.to_generation(), reasoning=reasoning, final=final))
+                    self.stats.cache_hits += 1
+                if meta is not None and meta[i]:
+                    uses.append(Use.from_meta(key, {**meta[i], "sample": s}))
+            out_list.append(samples)
+        if self.cache is not None and uses:
+            self.cache.add_uses(uses)
+        self.stats.model_time_s += model_time
+        self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
+        return out_list
+
+    def _draws_n(self) -> bool:
+        """Whether the backend draws several samples in one request (without building it)."""
+        spec = self.spec
+        if spec is not None and getattr(spec, "backend", None) in ("vllm", "openai", "local"):
+            return spec.backend == "vllm" or (
+                spec.backend == "openai" and resolve_server(spec) in ("openai", "vllm")
+            )
+        return callable(getattr(self.backend, "generate_samples", None))
+
+
+def _sample_seed(params: SamplingParams, index: int) -> SamplingParams:
+    """Sample ``index`` of a backend without ``n``: drawn alone, with the seed moved by the
+    index (the same seed would draw the same text again)."""
+    if index == 0 or params.seed is None:
+        return params
+    return replace(params, seed=params.seed + index)
 
 
 def generation_options(spec: Any) -> dict[str, Any]:

@@ -57,6 +57,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -314,10 +315,30 @@ class OpenAICompatBackend:
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(asyncio.run, self.agenerate(batch, params)).result()
 
+    def generate_samples(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+    ) -> list[list[Generation]]:
+        """``n`` samples of each prompt, one request each with the API's ``n`` (OpenAI, vLLM
+        servers). The response's prompt tokens are counted on sample 0 and its completion tokens
+        shared evenly over the samples; a request that fails fails the batch."""
+        if not prompts:
+            return []
+        batch = [list(p) for p in prompts]
+        try:
+            asyncio.get_running_loop()
+            in_loop = True
+        except RuntimeError:
+            in_loop = False
+        if not in_loop:
+            return asyncio.run(self.agenerate(batch, params, n=n))  # type: ignore[arg-type]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self.agenerate(batch, params, n=n)).result()  # type: ignore[arg-type]
+
     async def agenerate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int = 1
     ) -> list[Generation]:
-        """Async form of :meth:`generate` (must run on one event loop from start to end)."""
+        """Async form of :meth:`generate` (must run on one event loop from start to end); with
+        ``n`` > 1, a list of ``n`` samples per prompt."""
         import openai
 
         key = self._api_key()
@@ -333,7 +354,7 @@ class OpenAICompatBackend:
         progress = for_backend(len(prompts), f"{self.spec.name}")
         try:
             tasks = [
-                asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort))
+                asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort, n))
                 for m in prompts
             ]
             for t in tasks:
@@ -424,6 +445,8 @@ class OpenAICompatBackend:
                 # A raw-text completion of the prompt rendered here (module docstring).
                 del req["messages"]
                 req["prompt"] = self.continuation_text(messages)
+                if req.pop("logprobs", None):  # the completions API takes the number itself
+                    req["logprobs"] = req.pop("top_logprobs")
                 extra.pop("chat_template_kwargs", None)
                 extra["add_special_tokens"] = False
             elif not self._noted_new_turn:
@@ -443,7 +466,8 @@ class OpenAICompatBackend:
         limit: asyncio.Semaphore,
         key: str,
         abort: asyncio.Event,
-    ) -> Generation:
+        n: int = 1,
+    ) -> Generation | list[Generation]:
         import openai
         from tenacity import (
             AsyncRetrying,
@@ -462,6 +486,8 @@ class OpenAICompatBackend:
             # the retry goes to another URL (the failing one cools off).
             return _is_retryable(exc) and not (single_url and _unreachable(exc))
         request = self._request(messages, params)
+        if n > 1:
+            request["n"] = n
         backoff = wait_exponential_jitter(
             initial=spec.backoff_initial_s, max=spec.backoff_max_s, jitter=spec.backoff_initial_s
         )
@@ -544,7 +570,22 @@ class OpenAICompatBackend:
                     f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"
                 ) from None
             latency = time.perf_counter() - start
-        return self._to_generation(response, params, latency)
+        if n == 1:
+            return self._to_generation(response, params, latency)
+        if len(response.choices) != n:
+            raise LLMError(
+                f"llm '{spec.name}': asked {last_url} for {n} samples (n), got {len(response.choices)}; "
+                "the server does not support n"
+            )
+        usage = getattr(response, "usage", None)
+        p_in = int(getattr(usage, "prompt_tokens", 0) or 0)
+        p_out = int(getattr(usage, "completion_tokens", 0) or 0)
+        out = []
+        for j in range(n):
+            g = self._to_generation(response, params, latency / n, index=j)
+            share = p_out // n + (1 if j < p_out % n else 0)
+            out.append(replace(g, prompt_tokens=p_in if j == 0 else 0, completion_tokens=share))
+        return out
 
     def _describe(self, exc: BaseException | None, key: str) -> str:
         import openai
@@ -595,12 +636,12 @@ class OpenAICompatBackend:
         )
 
     @staticmethod
-    def _to_generation(response: Any, params: SamplingParams, latency: float) -> Generation:
+    def _to_generation(response: Any, params: SamplingParams, latency: float, index: int = 0) -> Generation:
         """The response as a Generation: ``text`` is the message content as returned, and
         reasoning the API returns apart from it (``reasoning_content``, as vLLM's reasoning
         parsers and DeepSeek's API send it, or ``reasoning``) goes to ``reasoning`` whatever the
         entry's reasoning format, so it never becomes part of the final response."""
-        choice = response.choices[0]
+        choice = response.choices[index]
         message = getattr(choice, "message", None)
         if message is None:  # a completions-endpoint choice (continued text)
             text, reasoning = getattr(choice, "text", None) or "", None
@@ -629,6 +670,11 @@ class OpenAICompatBackend:
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             latency_s=latency,
+            logprobs=(
+                None if not params.logprobs
+                else _chat_logprobs(getattr(choice, "logprobs", None)) if message is not None
+                else _completion_logprobs(getattr(choice, "logprobs", None))
+            ),
         )
 
 
@@ -673,6 +719,34 @@ def load_chat_tokenizer(spec: LLMSpec) -> Any:
     return tokenizer
 
 
+def _chat_logprobs(logprobs: Any) -> tuple[tuple[tuple[str, float], ...], ...] | None:
+    """A chat completion choice's ``logprobs.content`` as ``(token, logprob)`` pairs per
+    position, most likely first (None when the server sent none)."""
+    content = getattr(logprobs, "content", None) if logprobs is not None else None
+    if not content:
+        return None
+    out = []
+    for pos in content:
+        top = getattr(pos, "top_logprobs", None) or []
+        pairs = [(str(t.token), float(t.logprob)) for t in top]
+        if not pairs:
+            pairs = [(str(pos.token), float(pos.logprob))]
+        out.append(tuple(sorted(pairs, key=lambda p: -p[1])))
+    return tuple(out)
+
+
+def _completion_logprobs(logprobs: Any) -> tuple[tuple[tuple[str, float], ...], ...] | None:
+    """A completions-endpoint choice's ``logprobs.top_logprobs`` (one ``{token: logprob}`` per
+    position) as ``(token, logprob)`` pairs per position, most likely first (None when absent)."""
+    top = getattr(logprobs, "top_logprobs", None) if logprobs is not None else None
+    if not top:
+        return None
+    return tuple(
+        tuple(sorted(((str(t), float(v)) for t, v in (pos or {}).items()), key=lambda p: -p[1]))
+        for pos in top
+    )
+
+
 def wire_sampling(
     params: SamplingParams,
     *,
@@ -697,6 +771,9 @@ def wire_sampling(
         fields["top_p"] = params.top_p
     if params.seed is not None and "seed" not in drop:
         fields["seed"] = params.seed
+    if params.logprobs:
+        fields["logprobs"] = True
+        fields["top_logprobs"] = params.logprobs
     client_stops: list[str] = []
     if params.stop:
         if "stop" in drop:

@@ -81,19 +81,24 @@ def engine_kwargs(spec: LLMSpec) -> dict[str, Any]:
     return kwargs
 
 
-def to_vllm_sampling(vllm: Any, params: SamplingParams, extra: dict[str, Any] | None = None) -> Any:
-    """Our SamplingParams as ``vllm.SamplingParams``: one sample, stop strings left out of the
-    output text; ``extra`` (the entry's ``extra_body``) adds SamplingParams fields, with a
-    ``structured_outputs`` mapping turned into ``StructuredOutputsParams``."""
+def to_vllm_sampling(
+    vllm: Any, params: SamplingParams, extra: dict[str, Any] | None = None, n: int = 1
+) -> Any:
+    """Our SamplingParams as ``vllm.SamplingParams``: ``n`` samples (one by default), stop strings
+    left out of the output text, the top ``logprobs`` tokens per position when asked; ``extra``
+    (the entry's ``extra_body``) adds SamplingParams fields, with a ``structured_outputs``
+    mapping turned into ``StructuredOutputsParams``."""
     fields = dict(extra or {})
     structured = fields.get("structured_outputs")
     if isinstance(structured, dict):
         from vllm.sampling_params import StructuredOutputsParams
 
         fields["structured_outputs"] = StructuredOutputsParams(**structured)
+    if params.logprobs:
+        fields["logprobs"] = params.logprobs
     return vllm.SamplingParams(
         **fields,
-        n=1,
+        n=n,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
@@ -118,9 +123,10 @@ def continuation_prompt(
     return str(rendered) + str(conversation[-1].get("content") or "")
 
 
-def from_request_output(output: Any, latency_s: float) -> Generation:
-    """One ``vllm.RequestOutput`` as a Generation (text, finish/stop reason, token counts)."""
-    completion = output.outputs[0]
+def from_request_output(output: Any, latency_s: float, index: int = 0) -> Generation:
+    """Completion ``index`` of a ``vllm.RequestOutput`` as a Generation (text, finish/stop
+    reason, token counts, and the top log-probabilities per position when they were asked for)."""
+    completion = output.outputs[index]
     stop_reason = completion.stop_reason
     finish = completion.finish_reason or "stop"
     return Generation(
@@ -131,7 +137,20 @@ def from_request_output(output: Any, latency_s: float) -> Generation:
         prompt_tokens=len(output.prompt_token_ids or ()),
         completion_tokens=len(completion.token_ids or ()),
         latency_s=latency_s,
+        logprobs=_top_logprobs(getattr(completion, "logprobs", None)),
     )
+
+
+def _top_logprobs(positions: Any) -> tuple[tuple[tuple[str, float], ...], ...] | None:
+    """vLLM's per-position ``{token_id: Logprob}`` as ``(token text, logprob)`` pairs by rank
+    (vLLM adds the sampled token to the top ones; it is kept where it ranks)."""
+    if positions is None:
+        return None
+    out = []
+    for pos in positions:
+        items = sorted(pos.values(), key=lambda lp: (lp.rank if lp.rank is not None else 1 << 30, -lp.logprob))
+        out.append(tuple((str(lp.decoded_token or ""), float(lp.logprob)) for lp in items))
+    return tuple(out)
 
 
 class VLLMBackend:
@@ -190,12 +209,18 @@ class VLLMBackend:
 
         ``latency_s`` of each item is its call's wall time shared evenly over that call.
         """
+        return [samples[0] for samples in self.generate_samples(prompts, params, 1)]
+
+    def generate_samples(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+    ) -> list[list[Generation]]:
+        """``n`` samples of each prompt (vLLM's ``n``), in the engine calls of :meth:`generate`."""
         if not prompts:
             return []
         vllm = _import_vllm()
         engine = self._engine()
         conversations = [with_system_prompt(list(p), self.spec.system_prompt) for p in prompts]
-        sampling = to_vllm_sampling(vllm, params, self.spec.extra_body)
+        sampling = to_vllm_sampling(vllm, params, self.spec.extra_body, n)
         progress = for_backend(len(conversations), f"vLLM {self.spec.name}")
         progress.ready()
         bar = progress.vllm_bar
@@ -205,7 +230,7 @@ class VLLMBackend:
         groups: dict[bool, list[int]] = {False: [], True: []}
         for i, conversation in enumerate(conversations):
             groups[continues_final_message(conversation)].append(i)
-        out: list[Generation | None] = [None] * len(conversations)
+        out: list[list[Generation] | None] = [None] * len(conversations)
         for continuation, indices in groups.items():
             if not indices:
                 continue
@@ -223,15 +248,15 @@ class VLLMBackend:
                 outputs = engine.generate(token_prompts, sampling, use_tqdm=bar)
             else:
                 outputs = engine.chat(batch, sampling, **base_kwargs)
-            share = (time.perf_counter() - start) / len(batch)
+            share = (time.perf_counter() - start) / (len(batch) * n)
             if len(outputs) != len(batch):
                 raise RuntimeError(
                     f"vLLM returned {len(outputs)} outputs for {len(batch)} prompts"
                 )
             for i, output in zip(indices, outputs):
-                out[i] = from_request_output(output, share)
+                out[i] = [from_request_output(output, share, j) for j in range(n)]
             # Output tokens are known per call (vLLM's own bar shows its running rate).
-            progress.update(0, sum(out[i].completion_tokens for i in indices))  # type: ignore[union-attr]
+            progress.update(0, sum(g.completion_tokens for i in indices for g in out[i]))  # type: ignore[union-attr]
         progress.close()
         return [g for g in out if g is not None]
 

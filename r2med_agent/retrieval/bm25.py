@@ -108,7 +108,8 @@ def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
     ``none``: the query; ``hyde``: the expansion; ``query2doc``: query, query and expansion joined
     by spaces; ``lamer``: query + " " + expansion; ``reasoning``: the expansion (the final
     response). A rule that uses the expansion falls back to the query when the expansion is blank
-    (the caller logs that); see :meth:`BM25Retriever.search`.
+    (the caller logs that); see :meth:`BM25Retriever.search`. Several samples
+    (``more_expansions``) are joined by spaces into the expansion.
 
     ``compat`` (the ``bm25-compat`` retriever) builds Query2Doc's query as R2MED's BM25 script
     does: the query repeated with nothing between the two copies, then a space and the passage
@@ -121,7 +122,7 @@ def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
             f"unknown combine rule '{rule}' for query {request.query_id}; "
             f"allowed: {', '.join(_COMBINE_RULES)}"
         )
-    q, x = request.query, request.expansion
+    q, x = request.query, " ".join(request.expansions) if request.more_expansions else request.expansion
     if rule == "none" or not x.strip():
         return q
     if rule in ("hyde", "reasoning"):

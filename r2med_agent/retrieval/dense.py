@@ -14,6 +14,8 @@ hyde        mean(emb(prefix + query), emb(expansion_prefix + expansion))
 query2doc   emb(prefix + query + "[SEP]" + expansion)
 lamer       mean(emb(prefix + query), emb(expansion_prefix + expansion))
 reasoning   same as lamer (the expansion is the reasoning model's final response)
+N samples   (``run --samples N``) mean of emb(query) and the N expansions' embeddings (HyDE's way);
+            query2doc: mean of the N emb(prefix + query + "[SEP]" + sample)
 =========== ======================================================================
 
 ``expansion_prefix`` is the query instruction for encoders that put it on both halves
@@ -351,19 +353,24 @@ def query_embeddings(
     primary: list[str] = []
     mean_rows: list[int] = []
     expansions: list[str] = []
+    q2d_rows: list[int] = []  # further samples of query2doc requests: query[SEP]sample
+    q2d_texts: list[str] = []
     fallback = 0
     for i, r in enumerate(requests):
+        samples = r.expansions if r.more_expansions else ((r.expansion,) if r.expansion.strip() else ())
         if r.combine == "query2doc":
-            if r.expansion.strip():
-                primary.append(r.query + SEP + r.expansion)
+            if samples:
+                primary.append(r.query + SEP + samples[0])
+                q2d_rows.extend([i] * (len(samples) - 1))
+                q2d_texts.extend(r.query + SEP + x for x in samples[1:])
             else:
                 primary.append(r.query)
                 fallback += 1
         elif r.combine in ("hyde", "lamer", "reasoning"):
             primary.append(r.query)
-            if r.expansion.strip():
-                mean_rows.append(i)
-                expansions.append(r.expansion)
+            if samples:
+                mean_rows.extend([i] * len(samples))
+                expansions.extend(samples)
             else:
                 fallback += 1
         elif r.combine == "none":
@@ -378,12 +385,21 @@ def query_embeddings(
     if not primary:
         return np.zeros((0, 0), dtype=np.float32)
     base = np.asarray(encoder.encode(primary, side="query", prefix=prefixes.query), dtype=np.float32)
+    counts = np.ones(len(primary), dtype=np.float32)
+    if expansions or q2d_texts:
+        base = base.copy()
     if expansions:
         ext = np.asarray(
             encoder.encode(expansions, side="query", prefix=prefixes.expansion), dtype=np.float32
         )
-        base = base.copy()
-        base[mean_rows] = (base[mean_rows] + ext) / 2.0
+        np.add.at(base, mean_rows, ext)
+        np.add.at(counts, mean_rows, 1.0)
+    if q2d_texts:
+        more = np.asarray(encoder.encode(q2d_texts, side="query", prefix=prefixes.query), dtype=np.float32)
+        np.add.at(base, q2d_rows, more)
+        np.add.at(counts, q2d_rows, 1.0)
+    if expansions or q2d_texts:
+        base /= counts[:, None]
     return l2_normalize(base)
 
 

@@ -55,9 +55,25 @@ class RerankerSpec:
 
     name: str
     """Registry key; also the reranker's name in result paths."""
-    model: str
+    model: str = ""
     """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
-    adapter when ``base_model`` is set."""
+    adapter when ``base_model`` is set (empty for the LLM kinds)."""
+    kind: Literal["cross-encoder", "listwise", "pointwise-reasoning"] = "cross-encoder"
+    """``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
+    orders sliding windows of candidates; ``pointwise-reasoning``: an LLM reasons about each
+    (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.llm_rerank`)."""
+    llm: str = ""
+    """The LLM registry name of the LLM kinds."""
+    window: int = 20
+    """Listwise: candidates the model orders at a time (RankGPT: 20)."""
+    step: int = 10
+    """Listwise: how far each window moves up the list (RankGPT: 10)."""
+    max_doc_words: int = 300
+    """LLM kinds: each candidate is cut to its first this many whitespace-separated words."""
+    max_tokens: int = 0
+    """LLM kinds: most tokens per answer (0: the LLM entry's ``max_tokens``)."""
+    temperature: float = 0.0
+    """LLM kinds: sampling temperature of the answers (0: greedy)."""
     base_model: str | None = None
     """The model a LoRA adapter applies to (RankLLaMA: ``meta-llama/Llama-2-7b-hf``)."""
     max_length: int = 512
@@ -88,6 +104,18 @@ class RerankerSpec:
         return weights_dtype_name(self.precision)
 
     def __post_init__(self) -> None:
+        if self.kind != "cross-encoder":
+            if not self.llm or self.model:
+                raise ValueError(f"kind {self.kind} needs 'llm' (an LLM registry name) and no 'model'")
+            if self.window < 2 or self.step < 1 or self.step >= self.window:
+                raise ValueError("window must be >= 2 and step between 1 and window - 1")
+            if self.max_doc_words < 1 or self.max_tokens < 0 or self.temperature < 0:
+                raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
+            return
+        if not self.model:
+            raise ValueError("a cross-encoder needs 'model'")
+        if self.llm:
+            raise ValueError("'llm' is for kind listwise or pointwise-reasoning")
         if "{query}" not in self.query_template or "{text}" not in self.doc_template:
             raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
         if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
@@ -446,10 +474,19 @@ def _vllm_usable() -> bool:
 def make_reranker(
     name: str, *, device: str | None = None, backend: str | None = None, show_progress: bool = False,
     precision: str | None = None,
+    **llm_options: Any,
 ) -> Reranker:
     """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use.
-    ``precision`` overrides the entry's (None: the entry's, the reference's)."""
+    ``precision`` overrides the entry's (None: the entry's, the reference's).
+
+    ``llm_options`` go to :class:`~r2med_agent.retrieval.llm_rerank.LLMReranker` for the LLM
+    kinds (``llm``, ``cache_path``, ``use_cache``, ``refresh``, ``chunk_size``) and are ignored by
+    cross-encoders."""
     spec = get_reranker_spec(name)
+    if spec.kind != "cross-encoder":
+        from r2med_agent.retrieval.llm_rerank import LLMReranker
+
+        return LLMReranker(spec, **llm_options)  # type: ignore[return-value]
     if precision is not None:
         spec = dataclasses.replace(spec, precision=precision)
     return PairwiseReranker(spec, device=device, backend=backend, show_progress=show_progress)
