@@ -127,7 +127,7 @@ def test_samples_end_to_end_with_the_local_model(tmp_path, smollm2_spec) -> None
     (data / "corpus.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
     (data / "qrels.jsonl").write_text(json.dumps({"q_id": "q1", "p_id": "d0", "score": 1}) + "\n"
                                       + json.dumps({"q_id": "q2", "p_id": "d1", "score": 1}) + "\n")
-    cfg = RunConfig(tasks=("Biology",), method="hyde", llm="smollm2", samples=2, data_dir=data.parent,
+    cfg = RunConfig(tasks=("Biology",), method="hyde", llm="smollm2", samples=2, data_dir=data.parent, allow_count_mismatch=True,
                     output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 12},
                     show_progress=False)
     first = run_experiment(cfg)
