@@ -218,7 +218,9 @@ def test_vllm_server_n_samples_and_pointwise_logprobs(vllm_server, sample_jobs, 
     from r2med_agent.llm.openai_compat import OpenAICompatBackend
 
     spec = build(LLMSpec, {"name": "smol-http", "backend": "openai", "model": "smol", "server": "vllm",
-                           "base_urls": [vllm_server], "max_tokens": 16, "seed": None}, "test")
+                           "base_urls": [vllm_server], "max_tokens": 16, "seed": None,
+                           # the served name is not a tokenizer: continuations render with this one
+                           "tokenizer": str(vllm_model_dir)}, "test")
     backend = OpenAICompatBackend(spec)
     llm = CachedLLM(backend, spec, cache=GenerationCache(tmp_path / "gen.sqlite"))
     prompts = [[{"role": "user", "content": "Write one sentence about the kidney."}]]

@@ -682,7 +682,8 @@ def _completion_tokens(task: asyncio.Future[Generation]) -> int:
     """Output tokens of a finished request (0 when it failed or was cancelled)."""
     if task.cancelled() or task.exception() is not None:
         return 0
-    return task.result().completion_tokens
+    result = task.result()  # one Generation, or a list of them when n samples were drawn
+    return sum(g.completion_tokens for g in (result if isinstance(result, list) else [result]))
 
 
 def load_chat_tokenizer(spec: LLMSpec) -> Any:
