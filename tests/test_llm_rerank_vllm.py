@@ -212,7 +212,7 @@ def vllm_server(vllm_model_dir, tmp_path_factory):  # noqa: ANN001, ANN201 - bas
         log.close()
 
 
-def test_vllm_server_n_samples_and_pointwise_logprobs(vllm_server, sample_jobs, tmp_path) -> None:
+def test_vllm_server_n_samples_and_pointwise_logprobs(vllm_server, vllm_model_dir, sample_jobs, tmp_path) -> None:
     """Over HTTP: ``n`` draws the samples in one request each, and the pointwise reranker reads
     P(yes) from ``top_logprobs`` after continuing the answer (``continue_final_message``)."""
     from r2med_agent.llm.openai_compat import OpenAICompatBackend
