@@ -26,12 +26,7 @@ def _shut_engines_down():  # noqa: ANN202
     yield
     from r2med_agent.llm import vllm_backend
 
-    engines = list(vllm_backend._ENGINES.values())
-    vllm_backend._ENGINES.clear()
-    for engine in engines:
-        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-        if callable(getattr(core, "shutdown", None)):
-            core.shutdown()
+    vllm_backend.close_engines()
 
 
 @pytest.fixture(scope="module")

@@ -252,6 +252,31 @@ def test_vllm_close_shuts_the_engine_core_down_and_atexit_guard_is_registered(mo
     assert registered == [vllm_backend.close_engines]  # registered once
 
 
+def test_shutdown_engine_waits_for_and_kills_an_engine_process_that_outlives_shutdown() -> None:
+    """vLLM's shutdown can return while its SIGKILLed core is still listed; closing an engine
+    must leave no engine process behind (a real process that ignores the client's shutdown)."""
+    import multiprocessing
+    import time
+
+    from r2med_agent.llm import vllm_backend
+
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(120,), name="EngineCore")
+    proc.start()
+    try:
+        core = _Core()
+        core.resources = types.SimpleNamespace(engine_manager=types.SimpleNamespace(processes=[proc]))
+        engine = types.SimpleNamespace(llm_engine=types.SimpleNamespace(engine_core=core))
+        t0 = time.monotonic()
+        vllm_backend.shutdown_engine(engine, wait_s=0.5)
+        assert core.shutdowns == 1
+        assert not proc.is_alive() and proc.exitcode is not None
+        assert time.monotonic() - t0 < 30
+        assert [p for p in multiprocessing.active_children() if p.name == "EngineCore"] == []
+    finally:
+        if proc.is_alive():
+            proc.kill()
+
+
 # -- start-up failures ----------------------------------------------------------------------
 GiB = 2**30
 

@@ -261,18 +261,39 @@ class VLLMBackend:
         return [g for g in out if g is not None]
 
 
-def shutdown_engine(engine: Any) -> None:
-    """Stop a ``vllm.LLM``'s engine processes now (vLLM 0.32: its engine-core client's
-    ``shutdown``; ``LLM.shutdown`` where a version has it)."""
+def _engine_processes(engine: Any) -> list[Any]:
+    """The engine-core processes behind a ``vllm.LLM`` (vLLM 0.32's process manager), or []."""
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    return list(getattr(manager, "processes", None) or [])
+
+
+def shutdown_engine(engine: Any, wait_s: float = 30.0) -> None:
+    """Stop a ``vllm.LLM``'s engine processes and wait until they are gone (vLLM 0.32: its
+    engine-core client's ``shutdown``; ``LLM.shutdown`` where a version has it).
+
+    vLLM's own shutdown sends SIGTERM, waits a few seconds, then SIGKILLs a core that is still
+    running (a CPU engine usually is) and returns without reaping it, so a process could still
+    be listed, holding its memory, when the next engine or server starts. Waiting here makes
+    "closed" mean "gone"."""
+    procs = _engine_processes(engine)
     try:
         if callable(getattr(engine, "shutdown", None)):
             engine.shutdown()
-            return
-        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-        if core is not None and callable(getattr(core, "shutdown", None)):
-            core.shutdown()
+        else:
+            core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+            if core is not None and callable(getattr(core, "shutdown", None)):
+                core.shutdown()
     except Exception as e:  # noqa: BLE001 - shutting down must never mask the run's own error
         logger.warning("vLLM engine shutdown failed: %s", e)
+    for proc in procs:
+        try:
+            proc.join(wait_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("vLLM engine process %s did not stop: %s", getattr(proc, "pid", "?"), e)
 
 
 def close_engines() -> None:

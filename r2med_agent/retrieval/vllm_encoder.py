@@ -296,10 +296,10 @@ class VLLMEncoder:
         with _ENGINES_LOCK:
             engines = list(_ENGINES.values())
             _ENGINES.clear()
+        from r2med_agent.llm.vllm_backend import shutdown_engine
+
         for llm in engines:
-            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-            if core is not None and hasattr(core, "shutdown"):
-                core.shutdown()
+            shutdown_engine(llm)
 
     # -- encoding ----------------------------------------------------------------------
     def token_ids(self, texts: Sequence[str], *, side: Side, prefix: str = "") -> list[list[int]]:
