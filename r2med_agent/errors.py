@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
@@ -15,6 +15,19 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
         by_low.setdefault(c.lower(), c)
     close = difflib.get_close_matches(name.strip().lower(), list(by_low), n=1, cutoff=0.6)
     return f" (did you mean '{by_low[close[0]]}'?)" if close else ""
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception in its chain of causes and contexts, each once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
 
 
 class R2MedError(Exception):

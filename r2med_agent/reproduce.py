@@ -179,7 +179,8 @@ class GridEntry:
         return "r2med" if self.llm in released_llms().get(self.method, ()) else "fresh"
 
     def command(
-        self, task: str, output_dir: Path, data_dir: Path | None = None, generations: str = "fresh"
+        self, task: str, output_dir: Path, data_dir: Path | None = None, generations: str = "fresh",
+        allow_count_mismatch: bool = False,
     ) -> str:
         """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value)."""
         parts = ["r2med-agent", "run", "--method", self.method]
@@ -201,6 +202,8 @@ class GridEntry:
         parts += ["--task", task, "--output-dir", str(output_dir)]
         if data_dir is not None:
             parts += ["--data-dir", str(data_dir)]
+        if allow_count_mismatch:
+            parts += ["--allow-count-mismatch"]
         return " ".join(parts)
 
 
@@ -890,7 +893,7 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
             PlannedRun(
                 entry=entry,
                 published=scores,
-                command=entry.command(task_arg, opts.output_dir, opts.data_dir, mode),
+                command=entry.command(task_arg, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch),
                 result_dir=rdir,
                 done=done,
                 pending=pending,

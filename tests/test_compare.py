@@ -430,3 +430,19 @@ def test_cli_main_prints_user_errors_without_traceback(two_trees, capsys):
     assert main(["compare", str(a), "--metric", "bogus"]) == 2
     err = capsys.readouterr().err
     assert "no result file has metric 'bogus'" in err and "Traceback" not in err
+
+
+def test_cli_compare_tasks_takes_the_names_of_tasks_of_your_own(cli, tmp_path):
+    """A task run from ``--data-dir`` is not in the registry; ``--tasks`` selects it by the name
+    the results hold (any case), beside registry names, and an unknown name lists both."""
+    root = tmp_path / "res"
+    for task in ("MyClinic", "Biology", "sample"):
+        write_result(root, "none", "none", "bm25", task, MIXED)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["compare", str(root), "--tasks", "myclinic,biology", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    header = next(csv.reader(io.StringIO(res.output)))
+    assert "MyClinic" in header and "Biology" in header and "sample" not in header
+    res = runner.invoke(cli, ["compare", str(root), "--tasks", "OtherClinic", "--format", "csv"])
+    assert isinstance(res.exception, ConfigError)
+    assert "OtherClinic" in str(res.exception) and "the results hold: Biology, MyClinic, sample" in str(res.exception)

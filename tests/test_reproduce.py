@@ -352,6 +352,9 @@ def test_results_from_other_data_are_stale(tmp_path):
     task = load_task("Biology", data, allow_count_mismatch=True)
     write_result(out, "none", "none", "bm25", "Biology", RUN, source=task.source, fingerprint=task.fingerprint)
     assert plan(grid, local)[0].done == ("Biology",)
+    # The printed command runs what the plan checked: the same copy, with the same permission.
+    assert plan(grid, local)[0].command.endswith(f"--data-dir {data} --allow-count-mismatch")
+    assert "--allow-count-mismatch" not in plan(grid, hub)[0].command
     with (data / "Biology" / "corpus.jsonl").open("a") as f:
         f.write(json.dumps({"id": "d99", "text": "a new document"}) + "\n")
     reason = plan(grid, local)[0].stale["Biology"]

@@ -83,14 +83,6 @@ def _interrupted() -> int:
 
 def _caused_by_interrupt(exc: BaseException) -> bool:
     """Whether a KeyboardInterrupt is in ``exc``'s chain of causes and contexts."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        todo += [e.__cause__, e.__context__]
-    return False
+    from r2med_agent.errors import exception_chain
+
+    return any(isinstance(e, KeyboardInterrupt) for e in exception_chain(exc))

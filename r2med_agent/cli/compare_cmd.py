@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -13,12 +14,29 @@ from r2med_agent.errors import ConfigError
 _RESULTS_HELP = "Result directories (the runner's --output-dir, or any folder inside it). Default: results."
 
 
-def _tasks_option(spec: Optional[str]) -> list[str] | None:
+def _tasks_option(spec: Optional[str], found: Sequence[str] = ()) -> list[str] | None:
+    """The tasks of ``--tasks``: registry names, groups and aliases as ``run`` takes them, and
+    the names of tasks of your own (``run --data-dir``) that the loaded results hold."""
     if not spec:
         return None
+    import re
+
     from r2med_agent.data import task_names
 
-    return task_names(spec)
+    by_low = {name.lower(): name for name in found}
+    out: list[str] = []
+    for item in (i for i in re.split(r"[,\s]+", spec.strip()) if i):
+        try:
+            names = task_names(item)
+        except ConfigError as e:
+            if item.lower() not in by_low:
+                have = f"; the results hold: {', '.join(sorted(found))}" if found else ""
+                raise ConfigError(f"--tasks: {e}{have}") from None
+            names = [by_low[item.lower()]]
+        out.extend(n for n in names if n not in out)
+    if not out:
+        raise ConfigError(f"--tasks: empty task selection {spec!r}")
+    return out
 
 
 def _load_table(
@@ -36,10 +54,11 @@ def _load_table(
     from r2med_agent.compare import build_table, load_results
 
     rows = load_results(results or [Path("results")])
+    found = sorted({name for row in rows for name in row.tasks})
     return build_table(
         rows,
         metric,
-        tasks=_tasks_option(tasks),
+        tasks=_tasks_option(tasks, found),
         published=published,
         baseline=baseline,
         alpha=alpha,

@@ -304,6 +304,16 @@ class CachedLLM:
         """``(reasoning, final)`` of a raw text under this model's reasoning format."""
         return self.builder.parse(text)
 
+    def _finished(self, out: Generation) -> Generation:
+        """A backend's new generation with its reasoning and final answer parsed, counted in
+        :attr:`stats`."""
+        reasoning, final = self.builder.finish(out.text, out.reasoning)
+        gen = replace(out, final=final, reasoning=reasoning, cached=False)
+        self.stats.generations += 1
+        self.stats.prompt_tokens += gen.prompt_tokens
+        self.stats.completion_tokens += gen.completion_tokens
+        return gen
+
     def generate(
         self,
         prompts: Sequence[list[Message]],
@@ -402,12 +412,7 @@ class CachedLLM:
                 for key, out in zip(chunk, outs):
                     if out is None:
                         continue
-                    reasoning, final = self.builder.finish(out.text, out.reasoning)
-                    gen = replace(out, final=final, reasoning=reasoning, cached=False)
-                    made[key] = gen
-                    self.stats.generations += 1
-                    self.stats.prompt_tokens += gen.prompt_tokens
-                    self.stats.completion_tokens += gen.completion_tokens
+                    gen = made[key] = self._finished(out)
                     if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
                         records.append(
                             CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning)
@@ -525,12 +530,7 @@ class CachedLLM:
                     key = keys[i][s]
                     if key in hits:
                         continue
-                    reasoning, final = self.builder.finish(out.text, out.reasoning)
-                    gen = replace(out, final=final, reasoning=reasoning, cached=False)
-                    made[key] = gen
-                    self.stats.generations += 1
-                    self.stats.prompt_tokens += gen.prompt_tokens
-                    self.stats.completion_tokens += gen.completion_tokens
+                    gen = made[key] = self._finished(out)
                     if gen.finish_reason != "error":
                         records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning))
             if self.cache is not None:

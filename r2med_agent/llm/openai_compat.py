@@ -56,18 +56,19 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.errors import ConfigError, LLMError, exception_chain
 from r2med_agent.llm.base import AuthError, PartialBatchError, UnreachableError
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OPENAI_MAX_STOP = 4
 """The OpenAI API accepts at most this many stop strings; more are applied client-side."""
@@ -158,23 +159,28 @@ def _is_retryable(exc: BaseException) -> bool:
     return False
 
 
+def _run_coroutine(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run the coroutine ``make()`` to its end from synchronous code: on a new event loop, or,
+    when called from inside a running loop (a notebook, an async app), on its own loop in a
+    worker thread."""
+    try:
+        asyncio.get_running_loop()
+        in_loop = True
+    except RuntimeError:
+        in_loop = False
+    if not in_loop:  # (outside the except block: errors then carry no loop-lookup context)
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def _unreachable(exc: BaseException) -> bool:
     """True when a connection error is a host name that does not resolve or a refused port:
     failures that retrying in a few seconds does not fix (no network, a wrong URL, no server)."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, (socket.gaierror, ConnectionRefusedError)):
-            return True
-        text = str(e)
-        if any(s in text for s in _UNREACHABLE_TEXTS):
-            return True
-        todo += [e.__cause__, e.__context__]
-    return False
+    return any(
+        isinstance(e, (socket.gaierror, ConnectionRefusedError)) or any(s in str(e) for s in _UNREACHABLE_TEXTS)
+        for e in exception_chain(exc)
+    )
 
 
 _UNREACHABLE_TEXTS = (
@@ -304,16 +310,7 @@ class OpenAICompatBackend:
         """
         if not prompts:
             return []
-        batch = [list(p) for p in prompts]
-        try:
-            asyncio.get_running_loop()
-            in_loop = True
-        except RuntimeError:
-            in_loop = False
-        if not in_loop:  # (outside the except block: errors then carry no loop-lookup context)
-            return asyncio.run(self.agenerate(batch, params))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, self.agenerate(batch, params)).result()
+        return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params))
 
     def generate_samples(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
@@ -323,16 +320,7 @@ class OpenAICompatBackend:
         shared evenly over the samples; a request that fails fails the batch."""
         if not prompts:
             return []
-        batch = [list(p) for p in prompts]
-        try:
-            asyncio.get_running_loop()
-            in_loop = True
-        except RuntimeError:
-            in_loop = False
-        if not in_loop:
-            return asyncio.run(self.agenerate(batch, params, n=n))  # type: ignore[arg-type]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, self.agenerate(batch, params, n=n)).result()  # type: ignore[arg-type]
+        return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params, n=n))  # type: ignore[return-value]
 
     async def agenerate(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int = 1

@@ -660,6 +660,41 @@ class _Loaded:
     uses_token_types: bool
 
 
+def encoder_token_ids(
+    spec: EncoderSpec,
+    tokenizer: Any,
+    texts: Sequence[str],
+    max_length: int,
+    *,
+    titles: Sequence[str] | None = None,
+    token_types: bool = False,
+    eos_id: int | None = None,
+) -> tuple[list[list[int]], list[list[int]] | None]:
+    """The token ids an encoder embeds, unpadded: each text (or (title, text) pair) cut on the
+    right to ``max_length``, or to ``max_length - 1`` plus EOS with ``append_eos``; with
+    ``token_types``, the segment ids of the pairs too. Both backends (transformers, vLLM) embed
+    exactly these tokens."""
+    limit = max_length - 1 if spec.append_eos else max_length
+    kwargs: dict[str, Any] = dict(
+        truncation=True if titles is None else "longest_first",
+        max_length=limit,
+        padding=False,
+        return_attention_mask=False,
+        return_token_type_ids=titles is not None and token_types,
+    )
+    enc = tokenizer(list(titles), list(texts), **kwargs) if titles is not None else tokenizer(list(texts), **kwargs)
+    ids: list[list[int]] = enc["input_ids"]
+    types: list[list[int]] | None = enc.get("token_type_ids") if titles is not None else None
+    if spec.append_eos:
+        eos = tokenizer.eos_token_id if eos_id is None else eos_id
+        if eos is None:
+            raise ConfigError(f"encoder '{spec.name}': append_eos set but the tokenizer has no EOS")
+        ids = [x + [eos] for x in ids]
+        if types is not None:
+            types = [t + [t[-1] if t else 0] for t in types]
+    return ids, types
+
+
 def _batches_by_budget(sorted_lengths: Sequence[int], batch_size: int, max_length: int) -> list[tuple[int, int]]:
     """Cut a length-sorted (longest first) sequence into ``[start, end)`` batches whose padded
     size stays within ``batch_size * max_length`` tokens (at most ``8 * batch_size`` texts)."""
@@ -801,28 +836,10 @@ class HFEncoder:
         self, lo: _Loaded, texts: list[str], titles: Sequence[str] | None, max_length: int
     ) -> tuple[list[list[int]], list[list[int]] | None]:
         """Token ids per text, unpadded (plus segment ids for (title, text) pairs)."""
-        spec = self.spec
-        limit = max_length - 1 if spec.append_eos else max_length
-        kwargs: dict[str, Any] = dict(
-            truncation=True if titles is None else "longest_first",
-            max_length=limit,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=titles is not None and lo.uses_token_types,
+        return encoder_token_ids(
+            self.spec, lo.tokenizer, texts, max_length, titles=titles, token_types=lo.uses_token_types,
+            eos_id=lo.eos_id,
         )
-        if titles is not None:
-            enc = lo.tokenizer(list(titles), texts, **kwargs)
-        else:
-            enc = lo.tokenizer(texts, **kwargs)
-        ids: list[list[int]] = enc["input_ids"]
-        types: list[list[int]] | None = enc.get("token_type_ids") if titles is not None else None
-        if spec.append_eos:
-            if lo.eos_id is None:
-                raise ConfigError(f"encoder '{self.name}': append_eos set but the tokenizer has no EOS")
-            ids = [x + [lo.eos_id] for x in ids]
-            if types is not None:
-                types = [t + [t[-1] if t else 0] for t in types]
-        return ids, types
 
     def _prefix_token_count(self, lo: _Loaded, prefix: str) -> int:
         if not prefix or not self.spec.pool_exclude_prefix:

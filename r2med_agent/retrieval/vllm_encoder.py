@@ -305,19 +305,11 @@ class VLLMEncoder:
     def token_ids(self, texts: Sequence[str], *, side: Side, prefix: str = "") -> list[list[int]]:
         """The token ids the model embeds: ``prefix + text`` cut on the right to ``max_length``
         (``max_length - 1`` plus EOS with ``append_eos``), as the transformers path makes them."""
+        from r2med_agent.retrieval.encoders import encoder_token_ids
+
         spec = self.spec
-        tokenizer = self._tokenizer(spec.model_for(side))
-        max_length = spec.max_length_for(side)
-        limit = max_length - 1 if spec.append_eos else max_length
         full = [prefix + t for t in texts] if prefix else list(texts)
-        ids: list[list[int]] = tokenizer(
-            full, truncation=True, max_length=limit, padding=False, return_attention_mask=False
-        )["input_ids"]
-        if spec.append_eos:
-            if tokenizer.eos_token_id is None:
-                raise ConfigError(f"encoder '{self.name}': append_eos set but the tokenizer has no EOS")
-            ids = [x + [tokenizer.eos_token_id] for x in ids]
-        return ids
+        return encoder_token_ids(spec, self._tokenizer(spec.model_for(side)), full, spec.max_length_for(side))[0]
 
     def encode(
         self,
