@@ -1140,3 +1140,36 @@ def test_vllm_runs_a_whole_r2med_run_in_one_engine_call(monkeypatch, tmp_path) -
 
 def test_backend_registry_names_match_spec_backends() -> None:
     assert set(registry.BACKENDS) == {"vllm", "openai", "local", "python"}
+
+
+def test_a_ctrl_c_dropped_by_a_ctypes_callback_is_raised_again(monkeypatch) -> None:
+    """llama.cpp calls Python back through ctypes (its log callback while a model loads); a
+    KeyboardInterrupt raised there is printed and dropped by ctypes. keep_interrupts raises it
+    again (at ``check()`` or the block's end), without the dropped traceback."""
+    import ctypes
+    import signal
+
+    from r2med_agent.llm.local import keep_interrupts
+
+    dropped: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)  # where ctypes reports it
+    callback = ctypes.CFUNCTYPE(None)(lambda: signal.raise_signal(signal.SIGINT))
+    callback()  # without the guard the interrupt is lost: the test carries on
+    assert [d.exc_type for d in dropped] == [KeyboardInterrupt]
+    after: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        with keep_interrupts():
+            callback()
+            after.append("ran on")  # ctypes dropped it here
+    assert after == ["ran on"]
+    with pytest.raises(KeyboardInterrupt):
+        with keep_interrupts() as interrupts:
+            callback()
+            interrupts.check()
+            after.append("not reached")
+    assert after == ["ran on"]
+    assert len(dropped) == 1  # the guarded ones were not reported as dropped
+    assert sys.unraisablehook == dropped.append
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with keep_interrupts() as interrupts:  # nothing pressed: nothing raised
+        interrupts.check()

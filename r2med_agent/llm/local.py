@@ -22,9 +22,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import signal
+import sys
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,60 @@ from r2med_agent.types import Generation, Message, SamplingParams
 logger = logging.getLogger(__name__)
 
 _MODELS: dict[tuple[Any, ...], _Loaded] = {}
+
+
+class _Interrupts:
+    """What :func:`keep_interrupts` saw: ``check()`` raises the Ctrl-C that a callback swallowed."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def check(self) -> None:
+        if self.hit:
+            self.hit = False
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def keep_interrupts() -> Iterator[_Interrupts]:
+    """Make sure a Ctrl-C during llama.cpp work is not lost.
+
+    llama.cpp calls back into Python (its log callback, during model loading above all); a
+    KeyboardInterrupt raised inside a ctypes callback is printed with a traceback and dropped,
+    so the run would carry on as if the key had not been pressed. Inside this block SIGINT still
+    raises at once, and is also recorded: ``check()`` and the end of the block raise it again if
+    it was dropped, and the dropped one is not printed (``sys.unraisablehook``; any other
+    unraisable exception still is). Only in the main thread, and only where SIGINT has Python's
+    default handler (an application that handles it itself keeps its handler)."""
+    state = _Interrupts()
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield state
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        state.hit = True
+        raise KeyboardInterrupt
+
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info: Any) -> None:
+        if isinstance(info.exc_value, KeyboardInterrupt) or info.exc_type is KeyboardInterrupt:
+            state.hit = True
+            return
+        previous_hook(info)
+
+    signal.signal(signal.SIGINT, handler)
+    sys.unraisablehook = unraisable
+    try:
+        yield state
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    state.check()
+
+
 _MODELS_LOCK = threading.Lock()
 
 KV_CACHE_BYTES = 1 << 30
@@ -183,7 +240,8 @@ class LlamaCppBackend:
         with _MODELS_LOCK:
             if key not in _MODELS:
                 logger.info("loading %s with llama.cpp (n_ctx=%d)", path.name, self.spec.n_ctx)
-                llama = _recording_llama(llama_cpp)(model_path=str(path), **kwargs)
+                with keep_interrupts():
+                    llama = _recording_llama(llama_cpp)(model_path=str(path), **kwargs)
                 if KV_CACHE_BYTES > 0:
                     llama.set_cache(_state_cache(llama_cpp, KV_CACHE_BYTES))
                 _MODELS[key] = _Loaded(llama, threading.Lock(), _chat_formatter(llama_cpp, llama))
@@ -218,9 +276,10 @@ class LlamaCppBackend:
         out: list[Generation] = []
         progress = for_backend(len(prompts), f"llama.cpp {self.spec.name}")
         progress.ready()
-        with loaded.lock:
+        with loaded.lock, keep_interrupts() as interrupts:
             for messages in prompts:
                 out.append(self._one(loaded, list(messages), params))
+                interrupts.check()
                 progress.update(1, out[-1].completion_tokens)
         progress.close()
         return out
