@@ -475,17 +475,27 @@ def test_dense_block_and_posting_lists_give_the_same_ranking(
     # lucene mode saves its dense rows with the index: each budget gets its own index folder
     owner = bm25._LuceneIndex if mode == "lucene" else bm25._ScoreMatrix
 
+    # frequent terms repeated in a query: lucene mode scores a dense term with count > 1 from its
+    # dense row of 1 + tf * normInv, and a count-1 dense term through the matrix product
+    repeated = SearchRequest("rep-dense", "return return value value value the object default")
+    rows: list[np.ndarray] = []
+
     def search(budget: int, min_df: float) -> dict:
         monkeypatch.setattr(owner, "DENSE_BUDGET", budget)
         monkeypatch.setattr(owner, "DENSE_MIN_DF", min_df)
         r = BM25Retriever.for_task(task, mode=mode, index_root=index_root / f"{mode}-{budget}",
                                    show_progress=False)
-        return r.search(queries, 20)
+        if mode == "lucene":
+            vocab = r._index.vocab
+            rows.append(r._index.dense_row[[vocab[t] for t in ("return", "valu", "object")]])
+        return r.search([*queries, repeated], 20)
 
     sparse_only = search(0, 1 / 20)
     mostly_dense = search(2**25, 1 / len(task.corpus))  # ~2,800 terms, df >= 2
     assert list(sparse_only) == list(mostly_dense)
     if mode == "lucene":  # exact sums in double: the same bits whichever path adds a term
+        assert (rows[0] < 0).all() and (rows[1] >= 0).all()  # sparse, then dense
+        assert sparse_only["rep-dense"]
         assert sparse_only == mostly_dense
         return
     for qid, a in sparse_only.items():
@@ -510,7 +520,7 @@ def test_duplicate_documents_score_exactly_alike_wherever_they_sit(
         corpus.insert(int(rng.integers(0, len(corpus) + 1)), texts[i])
     t = make_task(corpus, name="dups")
     r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
-    dense = r._index.arrays["dense"] if mode == "lucene" else r._index.matrix.dense
+    dense = r._index.arrays["dense_once"] if mode == "lucene" else r._index.matrix.dense
     assert dense.shape[0] > 0  # the product path is exercised
     run = r.search(queries, len(corpus))
     positions: dict[str, list[str]] = {}
