@@ -46,14 +46,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# One core for every system compared: BLAS (numpy's matrix products) gets one thread, as
+# pyserini's searcher and Anserini's indexer do (set before numpy is imported).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from r2med_agent.data import load_task
-from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
-from r2med_agent.retrieval.bm25 import BM25Retriever
-from r2med_agent.types import Run, SearchRequest, Task
+import numpy as np  # noqa: E402
 
-from realtext import passages, sentence_pool  # benchmarks/realtext.py
+from r2med_agent.data import load_task  # noqa: E402
+from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer  # noqa: E402
+from r2med_agent.retrieval.bm25 import BM25Retriever  # noqa: E402
+from r2med_agent.types import Run, SearchRequest, Task  # noqa: E402
+
+from realtext import passages, sentence_pool  # noqa: E402  (benchmarks/realtext.py)
 
 _TOP = 100
 _TASK = "MedXpertQA-Exam"  # the registry task whose scale the corpus copies (a synthetic stand-in:
@@ -147,7 +152,8 @@ def _pyserini_peer(task: Task, requests: list[SearchRequest], ours: Run,
         f"bm25 vs pyserini: indexing {index_s / first['retriever'].wall:.1f}x as fast "
         f"({first['retriever'].wall:.1f}s vs Anserini IndexCollection 1 thread {index_s:.1f}s, "
         f"JVM start included; target >= 1x); search {out['long_t'].wall / first['search'].wall:.0f}x "
-        f"on the R2MED-length queries (target >= 10x), "
+        f"(cpu: {out['long_t'].cpu / first['search'].cpu:.0f}x) on the R2MED-length queries "
+        f"(target >= 10x), "
         f"{out['short_t'].wall / ts.wall:.0f}x on 8-word queries; same top 10 in the same order as "
         f"pyserini on {same} of {n} queries",
     ]
@@ -207,7 +213,7 @@ def _run(args: argparse.Namespace, data_dir: Path, index_root: Path) -> int:
         task = load_task(_TASK, data_dir, allow_count_mismatch=True)
         requests = [SearchRequest(q.query_id, q.text) for q in task.queries]
         n = len(requests)
-        rows.append((f"r2med-agent {ret.name} ({mode})", first["retriever"].wall,
+        rows.append((f"r2med-agent {ret.name} ({mode}, 1 thread)", first["retriever"].wall,
                      n / first["search"].wall, n / first["search"].cpu, f"all {n}"))
         if mode == "lucene":
             lucene_rows, lucene_notes = _pyserini_peer(task, requests, runs[mode], first, k1, b,

@@ -14,6 +14,7 @@ import struct
 import sysconfig
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +250,47 @@ def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
         assert analysis.tokenize(s) == analysis._findall_unicode(s)
         assert analysis.tokenize(s) == [t for t in analysis._ASCII_TOKEN_RE.findall(s)
                                         if t.strip("_")]
+
+
+def _package_descriptions() -> list[str]:
+    """The installed distributions' long descriptions (READMEs: Markdown, code, emoji, other
+    scripts), the second parity corpus of benchmarks/lucene_parity.py."""
+    from importlib import metadata
+
+    out = []
+    for dist in metadata.distributions():
+        body = dist.metadata.get_payload() or dist.metadata["Description"] or ""
+        if body.strip():
+            out.append(body)
+    return out
+
+
+# ASCII texts where a candidate of _ASCII_CANDIDATE_RE holds several tokens, or only "_"
+CANDIDATE_PROBES = [
+    "a.1 1.a a..b e.g. x'y 1,000.5 a_1.b a,b;c 1;2 a:b 1:2 ___ _a_ a'1 1'a a.b.c. .a. ,1,",
+    "os.path.join(a,b) f(x);g(y) 3.14,2.71 it's o'neil's rock'n'roll 'quoted' x:1:y",
+    "ACGT" * 70 + ".b " + "ab," * 120 + " " + "a." * 200 + " " + "1.5," * 100 + "a " + "_" * 300,
+    "",
+    "no tokens here? ... ,,, ;;; ' '' :::",
+]
+
+
+def test_candidate_fast_path_equals_the_exact_tokenizer_on_every_text(texts: list[str]) -> None:
+    # The corpus is tokenized through candidates (each distinct one tokenized once) and keys in
+    # first-occurrence order; it must give every text exactly the exact path's raw tokens, and
+    # the same first-occurrence vocabulary.
+    corpus = [*CANDIDATE_PROBES, *texts, *_package_descriptions()]
+    exact = [analysis._findall(analysis.java_lower(t)) for t in corpus]
+    ids, offsets, raw_vocab = LuceneEnglishAnalyzer._raw(corpus)
+    bounds = offsets.tolist()
+    got = [[raw_vocab[i] for i in ids[bounds[j] : bounds[j + 1]].tolist()]
+           for j in range(len(corpus))]
+    for text, want, have in zip(corpus, exact, got):
+        assert have == want, text[:80]
+    assert raw_vocab == list(dict.fromkeys(chain.from_iterable(exact)))
+    several = {t for t in analysis._ASCII_CANDIDATE_RE.findall(" ".join(corpus).lower())
+               if analysis._findall(t) != [t]}
+    assert len(several) > 20  # the expansion of candidates is exercised
 
 
 def test_tokenizer_agrees_with_unicode_word_boundaries(texts: list[str]) -> None:
