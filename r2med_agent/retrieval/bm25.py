@@ -506,9 +506,13 @@ class _LuceneIndex:
             key = (terms[j], counts[j])
             v = values.get(key)
             if v is None:
-                d = dense_denom[rows[j]] if rows[j] >= 0 else denom[starts[j] : ends[j]]
                 w = np.float32(counts[j]) * idf[terms[j]]
-                v = values[key] = w - w / d
+                if rows[j] >= 0:  # a dense row, added as is: kept in double (exact)
+                    v = (w - w / dense_denom[rows[j]]).astype(np.float64)
+                else:
+                    d = denom[starts[j] : ends[j]]
+                    v = w - w / d
+                values[key] = v
             return v
 
         def finish(q: int, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
