@@ -11,7 +11,12 @@ shares a passage with some documents, as an R2MED query shares facts with its po
 Compared, in the same run and with the same analyzer (so the numbers measure indexing and search,
 not Java vs Python tokenisation; every search time includes analyzing its queries):
 
-* r2med-agent ``BM25Retriever`` in ``lucene`` mode (bm25s) and ``r2med-compat`` mode;
+* r2med-agent ``BM25Retriever`` in ``lucene`` mode and ``r2med-compat`` mode, on one core (BLAS
+  limited to one thread);
+* real Lucene when pyserini and Java 21+ are installed (``benchmarks/lucene_peer.py``): Anserini's
+  ``IndexCollection`` with one thread and ``LuceneSearcher.batch_search`` with one thread, with the
+  ratios of the targets (indexing at least as fast, search at least 10x, a re-run at least 50x
+  faster than the first run);
 * the reference approach of R2MED's ``eval_bench_BM25.py``: gensim ``Dictionary`` +
   ``LuceneBM25Model(k1=0.9, b=0.4)`` + ``SparseMatrixSimilarity``, every document scored for each
   query, then the top 100 kept by sorting all scores in Python;
