@@ -215,8 +215,8 @@ _JAVA_LOWER_FIX = str.maketrans({"\u0130": "i", "\u03a3": "\u03c3"})
 
 def java_lower(text: str) -> str:
     """``text`` lowercased as Lucene's ``LowerCaseFilter`` does."""
-    if text.isascii():
-        return text.lower()
+    if text.isascii() or ("\u0130" not in text and "\u03a3" not in text):
+        return text.lower()  # (translating is a dict lookup per character: only when needed)
     return text.translate(_JAVA_LOWER_FIX).lower()
 
 
