@@ -265,11 +265,13 @@ def _package_descriptions() -> list[str]:
     return out
 
 
-# ASCII texts where a candidate of _ASCII_CANDIDATE_RE holds several tokens, or only "_"
+# ASCII texts whose candidates (runs of [a-z0-9_.:',;]) hold several tokens, or none, or "_"
 CANDIDATE_PROBES = [
     "a.1 1.a a..b e.g. x'y 1,000.5 a_1.b a,b;c 1;2 a:b 1:2 ___ _a_ a'1 1'a a.b.c. .a. ,1,",
     "os.path.join(a,b) f(x);g(y) 3.14,2.71 it's o'neil's rock'n'roll 'quoted' x:1:y",
     "ACGT" * 70 + ".b " + "ab," * 120 + " " + "a." * 200 + " " + "1.5," * 100 + "a " + "_" * 300,
+    "Mixed CASE Words, (parens) [brackets] {braces} \"quotes\" tab\there ___ __init__ x_ _x "
+    + "Z" * 260 + " _" + "_" * 256 + "a",
     "",
     "no tokens here? ... ,,, ;;; ' '' :::",
 ]
@@ -277,10 +279,10 @@ CANDIDATE_PROBES = [
 
 def test_candidate_fast_path_equals_the_exact_tokenizer_on_every_text(texts: list[str]) -> None:
     # The corpus is tokenized through candidates (each distinct one tokenized once) and keys in
-    # first-occurrence order; it must give every text exactly the exact path's raw tokens, and
+    # first-occurrence order; it must give every text exactly the exact tokenizer's tokens, and
     # the same first-occurrence vocabulary.
     corpus = [*CANDIDATE_PROBES, *texts, *_package_descriptions()]
-    exact = [analysis._findall(analysis.java_lower(t)) for t in corpus]
+    exact = [analysis.tokenize(t) for t in corpus]
     ids, offsets, raw_vocab = LuceneEnglishAnalyzer._raw(corpus)
     bounds = offsets.tolist()
     got = [[raw_vocab[i] for i in ids[bounds[j] : bounds[j + 1]].tolist()]
@@ -288,8 +290,9 @@ def test_candidate_fast_path_equals_the_exact_tokenizer_on_every_text(texts: lis
     for text, want, have in zip(corpus, exact, got):
         assert have == want, text[:80]
     assert raw_vocab == list(dict.fromkeys(chain.from_iterable(exact)))
-    several = {t for t in analysis._ASCII_CANDIDATE_RE.findall(" ".join(corpus).lower())
-               if analysis._findall(t) != [t]}
+    joined = " ".join(t for t in corpus if t.isascii()).encode()
+    several = {c for c in joined.translate(analysis._ASCII_CANDIDATES).split()
+               if analysis.tokenize(c.decode()) != [c.decode()]}
     assert len(several) > 20  # the expansion of candidates is exercised
 
 
