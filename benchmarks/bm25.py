@@ -36,7 +36,9 @@ from the task cache without parsing the corpus, and the retriever loads the save
 breakdown is printed. Every cache lives in a temporary folder (``R2MED_CACHE_DIR``), removed at
 the end.
 
-Usage: ``python benchmarks/bm25.py [--docs 61000] [--queries 100] [--subset 10] [--seed 13]``
+Usage: ``python benchmarks/bm25.py [--docs 61000] [--queries 100] [--subset 10] [--seed 13]``;
+``taskset -c 0 python benchmarks/bm25.py`` holds every system to one core (unpinned, the JVM's
+garbage collector and compiler threads give pyserini a second core).
 """
 
 from __future__ import annotations
