@@ -11,7 +11,12 @@ shares a passage with some documents, as an R2MED query shares facts with its po
 Compared, in the same run and with the same analyzer (so the numbers measure indexing and search,
 not Java vs Python tokenisation; every search time includes analyzing its queries):
 
-* r2med-agent ``BM25Retriever`` in ``lucene`` mode (bm25s) and ``r2med-compat`` mode;
+* r2med-agent ``BM25Retriever`` in ``lucene`` mode and ``r2med-compat`` mode, on one core (BLAS
+  limited to one thread);
+* real Lucene when pyserini and Java 21+ are installed (``benchmarks/lucene_peer.py``): Anserini's
+  ``IndexCollection`` with one thread and ``LuceneSearcher.batch_search`` with one thread, with the
+  ratios of the targets (indexing at least as fast, search at least 10x, a re-run at least 50x
+  faster than the first run);
 * the reference approach of R2MED's ``eval_bench_BM25.py``: gensim ``Dictionary`` +
   ``LuceneBM25Model(k1=0.9, b=0.4)`` + ``SparseMatrixSimilarity``, every document scored for each
   query, then the top 100 kept by sorting all scores in Python;
@@ -31,7 +36,9 @@ from the task cache without parsing the corpus, and the retriever loads the save
 breakdown is printed. Every cache lives in a temporary folder (``R2MED_CACHE_DIR``), removed at
 the end.
 
-Usage: ``python benchmarks/bm25.py [--docs 61000] [--queries 100] [--subset 10] [--seed 13]``
+Usage: ``python benchmarks/bm25.py [--docs 61000] [--queries 100] [--subset 10] [--seed 13]``;
+``taskset -c 0 python benchmarks/bm25.py`` holds every system to one core (unpinned, the JVM's
+garbage collector and compiler threads give pyserini a second core).
 """
 
 from __future__ import annotations
@@ -46,14 +53,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# One core for every system compared: BLAS (numpy's matrix products) gets one thread, as
+# pyserini's searcher and Anserini's indexer do (set before numpy is imported).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from r2med_agent.data import load_task
-from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
-from r2med_agent.retrieval.bm25 import BM25Retriever
-from r2med_agent.types import Run, SearchRequest, Task
+import numpy as np  # noqa: E402
 
-from realtext import passages, sentence_pool  # benchmarks/realtext.py
+from r2med_agent.data import load_task  # noqa: E402
+from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer  # noqa: E402
+from r2med_agent.retrieval.bm25 import BM25Retriever  # noqa: E402
+from r2med_agent.types import Run, SearchRequest, Task  # noqa: E402
+
+from realtext import passages, sentence_pool  # noqa: E402  (benchmarks/realtext.py)
 
 _TOP = 100
 _TASK = "MedXpertQA-Exam"  # the registry task whose scale the corpus copies (a synthetic stand-in:
@@ -147,7 +159,8 @@ def _pyserini_peer(task: Task, requests: list[SearchRequest], ours: Run,
         f"bm25 vs pyserini: indexing {index_s / first['retriever'].wall:.1f}x as fast "
         f"({first['retriever'].wall:.1f}s vs Anserini IndexCollection 1 thread {index_s:.1f}s, "
         f"JVM start included; target >= 1x); search {out['long_t'].wall / first['search'].wall:.0f}x "
-        f"on the R2MED-length queries (target >= 10x), "
+        f"(cpu: {out['long_t'].cpu / first['search'].cpu:.0f}x) on the R2MED-length queries "
+        f"(target >= 10x), "
         f"{out['short_t'].wall / ts.wall:.0f}x on 8-word queries; same top 10 in the same order as "
         f"pyserini on {same} of {n} queries",
     ]
@@ -207,7 +220,7 @@ def _run(args: argparse.Namespace, data_dir: Path, index_root: Path) -> int:
         task = load_task(_TASK, data_dir, allow_count_mismatch=True)
         requests = [SearchRequest(q.query_id, q.text) for q in task.queries]
         n = len(requests)
-        rows.append((f"r2med-agent {ret.name} ({mode})", first["retriever"].wall,
+        rows.append((f"r2med-agent {ret.name} ({mode}, 1 thread)", first["retriever"].wall,
                      n / first["search"].wall, n / first["search"].cpu, f"all {n}"))
         if mode == "lucene":
             lucene_rows, lucene_notes = _pyserini_peer(task, requests, runs[mode], first, k1, b,

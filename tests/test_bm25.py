@@ -14,6 +14,7 @@ import struct
 import sysconfig
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +252,50 @@ def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
                                         if t.strip("_")]
 
 
+def _package_descriptions() -> list[str]:
+    """The installed distributions' long descriptions (READMEs: Markdown, code, emoji, other
+    scripts), the second parity corpus of benchmarks/lucene_parity.py."""
+    from importlib import metadata
+
+    out = []
+    for dist in metadata.distributions():
+        body = dist.metadata.get_payload() or dist.metadata["Description"] or ""
+        if body.strip():
+            out.append(body)
+    return out
+
+
+# ASCII texts whose candidates (runs of [a-z0-9_.:',;]) hold several tokens, or none, or "_"
+CANDIDATE_PROBES = [
+    "a.1 1.a a..b e.g. x'y 1,000.5 a_1.b a,b;c 1;2 a:b 1:2 ___ _a_ a'1 1'a a.b.c. .a. ,1,",
+    "os.path.join(a,b) f(x);g(y) 3.14,2.71 it's o'neil's rock'n'roll 'quoted' x:1:y",
+    "ACGT" * 70 + ".b " + "ab," * 120 + " " + "a." * 200 + " " + "1.5," * 100 + "a " + "_" * 300,
+    "Mixed CASE Words, (parens) [brackets] {braces} \"quotes\" tab\there ___ __init__ x_ _x "
+    + "Z" * 260 + " _" + "_" * 256 + "a",
+    "",
+    "no tokens here? ... ,,, ;;; ' '' :::",
+]
+
+
+def test_candidate_fast_path_equals_the_exact_tokenizer_on_every_text(texts: list[str]) -> None:
+    # The corpus is tokenized through candidates (each distinct one tokenized once) and keys in
+    # first-occurrence order; it must give every text exactly the exact tokenizer's tokens, and
+    # the same first-occurrence vocabulary.
+    corpus = [*CANDIDATE_PROBES, *texts, *_package_descriptions()]
+    exact = [analysis.tokenize(t) for t in corpus]
+    ids, offsets, raw_vocab = LuceneEnglishAnalyzer._raw(corpus)
+    bounds = offsets.tolist()
+    got = [[raw_vocab[i] for i in ids[bounds[j] : bounds[j + 1]].tolist()]
+           for j in range(len(corpus))]
+    for text, want, have in zip(corpus, exact, got):
+        assert have == want, text[:80]
+    assert raw_vocab == list(dict.fromkeys(chain.from_iterable(exact)))
+    joined = " ".join(t for t in corpus if t.isascii()).encode()
+    several = {c for c in joined.translate(analysis._ASCII_CANDIDATES).split()
+               if analysis.tokenize(c.decode()) != [c.decode()]}
+    assert len(several) > 20  # the expansion of candidates is exercised
+
+
 def test_tokenizer_agrees_with_unicode_word_boundaries(texts: list[str]) -> None:
     """Lucene's StandardTokenizer implements UAX#29; the `regex` module implements it too."""
     import regex  # the dev extra's; Python's re has no UAX#29 word boundaries
@@ -475,17 +520,27 @@ def test_dense_block_and_posting_lists_give_the_same_ranking(
     # lucene mode saves its dense rows with the index: each budget gets its own index folder
     owner = bm25._LuceneIndex if mode == "lucene" else bm25._ScoreMatrix
 
+    # frequent terms repeated in a query: lucene mode scores a dense term with count > 1 from its
+    # dense row of 1 + tf * normInv, and a count-1 dense term through the matrix product
+    repeated = SearchRequest("rep-dense", "return return value value value the object default")
+    rows: list[np.ndarray] = []
+
     def search(budget: int, min_df: float) -> dict:
         monkeypatch.setattr(owner, "DENSE_BUDGET", budget)
         monkeypatch.setattr(owner, "DENSE_MIN_DF", min_df)
         r = BM25Retriever.for_task(task, mode=mode, index_root=index_root / f"{mode}-{budget}",
                                    show_progress=False)
-        return r.search(queries, 20)
+        if mode == "lucene":
+            vocab = r._index.vocab
+            rows.append(r._index.dense_row[[vocab[t] for t in ("return", "valu", "object")]])
+        return r.search([*queries, repeated], 20)
 
     sparse_only = search(0, 1 / 20)
     mostly_dense = search(2**25, 1 / len(task.corpus))  # ~2,800 terms, df >= 2
     assert list(sparse_only) == list(mostly_dense)
     if mode == "lucene":  # exact sums in double: the same bits whichever path adds a term
+        assert (rows[0] < 0).all() and (rows[1] >= 0).all()  # sparse, then dense
+        assert sparse_only["rep-dense"]
         assert sparse_only == mostly_dense
         return
     for qid, a in sparse_only.items():
@@ -510,7 +565,7 @@ def test_duplicate_documents_score_exactly_alike_wherever_they_sit(
         corpus.insert(int(rng.integers(0, len(corpus) + 1)), texts[i])
     t = make_task(corpus, name="dups")
     r = BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
-    dense = r._index.arrays["dense"] if mode == "lucene" else r._index.matrix.dense
+    dense = r._index.arrays["dense_once"] if mode == "lucene" else r._index.matrix.dense
     assert dense.shape[0] > 0  # the product path is exercised
     run = r.search(queries, len(corpus))
     positions: dict[str, list[str]] = {}

@@ -79,7 +79,7 @@ logger = logging.getLogger(__name__)
 MODES = {"lucene": "bm25", "r2med-compat": "bm25-compat"}
 """BM25 mode -> retriever name."""
 
-_FORMAT = 3  # bump when the on-disk layout or the scoring code changes
+_FORMAT = 4  # bump when the on-disk layout or the scoring code changes
 _META = "meta.json"
 _DOC_IDS = "doc_ids.json"
 _TERMS = "terms.txt"  # the vocabulary, one term per line in id order (faster to load than JSON)
@@ -406,19 +406,26 @@ class _LuceneIndex:
     double and the sum rounded to float32. ``avgdl`` is the total number of tokens over the number
     of documents that have at least one token (Lucene's ``docCount``), also the ``N`` of the idf.
 
-    Stored per (term, document): ``tf`` and ``once``, the float32 score of the term for a query
-    holding it once (``w = idf``, by far the most common case). A search adds ``once`` for terms
-    a query holds once and recomputes Lucene's float32 expression from ``tf`` and the document's
-    norm for the others. The ``once`` rows of the most frequent terms are also kept dense, in
-    double, so the bulk of every query's work is one matrix product for all queries (BLAS); a sum
-    of float32 values in double is exact at these magnitudes, so its order (BLAS's, or Lucene's)
-    does not change a bit of the result.
+    Stored per (term, document), term-major: ``once``, the float32 score of the term for a query
+    holding it once (``w = idf``, the most common case), and ``denom``, Lucene's float32
+    ``1 + tf * normInv`` of the document, from which the score for any other count is one
+    subtraction and one division. A search computes the values of each (term, count) pair of the
+    batch once and, per query, adds every term's values into one double accumulator in a single
+    ``bincount`` over the concatenated posting lists.
+
+    The few most frequent terms (document frequency >= ``DENSE_MIN_DF`` of the corpus, within
+    ``DENSE_BUDGET`` bytes) are also kept as dense rows (``dense_once`` in double, ``dense_denom``
+    in float32, 1 where the term is absent, which scores exactly 0): a dense row is added in one
+    contiguous pass, faster than scattering a posting list that covers a quarter of the corpus or
+    more, and the count-1 rows of a batch of queries are one matrix product (BLAS). A sum of
+    float32 values in double is exact at these magnitudes, so the order of the additions
+    (BLAS's, bincount's or Lucene's) does not change a bit of the result.
     """
 
-    _ARRAYS = ("indptr", "indices", "tf", "once", "idf", "norms", "norm_inv", "dense",
-               "dense_terms")
-    DENSE_BUDGET = 128 * 2**20
-    DENSE_MIN_DF = 1 / 50
+    _ARRAYS = ("indptr", "indices", "once", "denom", "idf", "norms", "norm_inv", "dense_terms",
+               "dense_once", "dense_denom")
+    DENSE_BUDGET = 96 * 2**20
+    DENSE_MIN_DF = 1 / 8
     QUERY_BLOCK = 64  # queries per matrix product (bounds the product's memory)
 
     def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, float],
@@ -441,25 +448,27 @@ class _LuceneIndex:
         norm_inv = lucene_norm_inverse(k1, b, avgdl)
         norms = length_to_norm(dl)
         term, doc, tf = _postings(docs, n_terms)
-        tf = tf.astype(np.float32)
+        denom = np.float32(1) + tf.astype(np.float32) * norm_inv[norms[doc]]
         df = np.bincount(term, minlength=n_terms)
         idf = lucene_idf(df, doc_count)
         w = idf[term]
-        once = w - w / (np.float32(1) + tf * norm_inv[norms[doc]])
+        once = w - w / denom
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
         # the dense rows: the most frequent terms, within the budget
         frequent = np.flatnonzero(df >= max(2.0, n_docs * cls.DENSE_MIN_DF))
-        cap = cls.DENSE_BUDGET // (8 * n_docs)
+        cap = cls.DENSE_BUDGET // (12 * n_docs)
         if len(frequent) > cap:
             frequent = np.sort(frequent[np.argsort(-df[frequent], kind="stable")[:cap]])
-        dense = np.zeros((len(frequent), n_docs), dtype=np.float64)
+        dense_once = np.zeros((len(frequent), n_docs), dtype=np.float64)
+        dense_denom = np.ones((len(frequent), n_docs), dtype=np.float32)
         for i, t in enumerate(frequent.tolist()):
             lo, hi = indptr[t], indptr[t + 1]
-            dense[i, doc[lo:hi]] = once[lo:hi]
-        arrays = {"indptr": indptr, "indices": doc, "tf": tf, "once": once.astype(np.float32),
-                  "idf": idf, "norms": norms, "norm_inv": norm_inv, "dense": dense,
-                  "dense_terms": frequent.astype(np.int64)}
+            dense_once[i, doc[lo:hi]] = once[lo:hi]
+            dense_denom[i, doc[lo:hi]] = denom[lo:hi]
+        arrays = {"indptr": indptr, "indices": doc, "once": once, "denom": denom, "idf": idf,
+                  "norms": norms, "norm_inv": norm_inv, "dense_terms": frequent.astype(np.int64),
+                  "dense_once": dense_once, "dense_denom": dense_denom}
         params = {"avgdl": float(avgdl), "doc_count": doc_count, "k1": k1, "b": b,
                   "num_docs": n_docs}
         return cls(arrays, params, vocab)
@@ -478,34 +487,46 @@ class _LuceneIndex:
         n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         a = self.arrays
-        n_queries = len(queries)
+        n_queries, n_docs = len(queries), self.num_docs
         row, term, count, _ = _bag_of_words(queries, len(a["idf"]))
-        weight = count.astype(np.float32) * a["idf"][term]
         drow = self.dense_row[term]
-        in_dense = (count == 1) & (drow >= 0)
-        select = np.zeros((n_queries, len(a["dense_terms"])), dtype=np.float64)
-        select[row[in_dense], drow[in_dense]] = 1.0
-        rest = np.flatnonzero(~in_dense)
+        dense_once, dense_denom = a["dense_once"], a["dense_denom"]
+        in_product = (count == 1) & (drow >= 0)  # summed by the matrix product
+        select = np.zeros((n_queries, len(dense_once)), dtype=np.float64)
+        select[row[in_product], drow[in_product]] = 1.0
+        rest = np.flatnonzero(~in_product)
         bounds = np.searchsorted(row[rest], np.arange(n_queries + 1)).tolist()
-        indptr, indices, tf, once = a["indptr"], a["indices"], a["tf"], a["once"]
-        norms, norm_inv = a["norms"], a["norm_inv"]
+        indptr, indices, once, denom, idf = a["indptr"], a["indices"], a["once"], a["denom"], a["idf"]
+        terms, counts, rows = term.tolist(), count.tolist(), drow.tolist()
+        starts, ends = indptr[term].tolist(), indptr[term + 1].tolist()
+        values: dict[tuple[int, int], np.ndarray] = {}  # (term, count) -> its float32 scores
+
+        def value(j: int) -> np.ndarray:
+            """Lucene's float32 score of term ``j`` for its count, per posting (or dense row)."""
+            key = (terms[j], counts[j])
+            v = values.get(key)
+            if v is None:
+                w = np.float32(counts[j]) * idf[terms[j]]
+                if rows[j] >= 0:  # a dense row, added as is: kept in double (exact)
+                    v = (w - w / dense_denom[rows[j]]).astype(np.float64)
+                else:
+                    d = denom[starts[j] : ends[j]]
+                    v = w - w / d
+                values[key] = v
+            return v
 
         def finish(q: int, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """Add query ``q``'s other terms to its dense part; its top k."""
-            docs, values = [], []
+            """Add query ``q``'s other terms to its matrix-product part; its top k."""
+            docs, vals = [], []
             for j in rest[bounds[q] : bounds[q + 1]].tolist():
-                t = int(term[j])
-                lo, hi = int(indptr[t]), int(indptr[t + 1])
-                docs.append(indices[lo:hi])
-                if count[j] == 1:
-                    values.append(once[lo:hi])
-                else:
-                    w = weight[j]
-                    d = np.float32(1) + tf[lo:hi] * norm_inv[norms[indices[lo:hi]]]
-                    values.append(w - w / d)
+                if rows[j] >= 0:  # a dense term repeated in the query: its whole row
+                    total += value(j)
+                    continue
+                docs.append(indices[starts[j] : ends[j]])
+                vals.append(once[starts[j] : ends[j]] if counts[j] == 1 else value(j))
             if docs:  # every posting in one pass, summed in double
-                total += np.bincount(np.concatenate(docs), np.concatenate(values),
-                                     minlength=self.num_docs)
+                total += np.bincount(np.concatenate(docs), np.concatenate(vals),
+                                     minlength=n_docs)
             return _top_positive(total.astype(np.float32), k, tie_rank)
 
         blocks = range(0, n_queries, self.QUERY_BLOCK)
@@ -516,10 +537,10 @@ class _LuceneIndex:
         out: list[tuple[np.ndarray, np.ndarray]] = []
         for start in blocks:
             stop = min(start + self.QUERY_BLOCK, n_queries)
-            if len(a["dense_terms"]):
-                part = select[start:stop] @ a["dense"]  # one BLAS product for the block
+            if len(dense_once):
+                part = select[start:stop] @ dense_once  # one BLAS product for the block
             else:
-                part = np.zeros((stop - start, self.num_docs))
+                part = np.zeros((stop - start, n_docs))
             out.extend(_map(lambda q: finish(q, part[q - start]), range(start, stop), n_threads))
         return out
 
