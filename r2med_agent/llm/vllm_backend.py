@@ -261,13 +261,6 @@ class VLLMBackend:
         return [g for g in out if g is not None]
 
 
-def _engine_processes(engine: Any) -> list[Any]:
-    """The engine-core processes behind a ``vllm.LLM`` (vLLM 0.32's process manager), or []."""
-    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
-    return list(getattr(manager, "processes", None) or [])
-
-
 def shutdown_engine(engine: Any, wait_s: float = 30.0) -> None:
     """Stop a ``vllm.LLM``'s engine processes and wait until they are gone (vLLM 0.32: its
     engine-core client's ``shutdown``; ``LLM.shutdown`` where a version has it).
@@ -276,14 +269,14 @@ def shutdown_engine(engine: Any, wait_s: float = 30.0) -> None:
     running (a CPU engine usually is) and returns without reaping it, so a process could still
     be listed, holding its memory, when the next engine or server starts. Waiting here makes
     "closed" mean "gone"."""
-    procs = _engine_processes(engine)
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    procs = list(getattr(manager, "processes", None) or [])  # (vLLM 0.32's process manager)
     try:
         if callable(getattr(engine, "shutdown", None)):
             engine.shutdown()
-        else:
-            core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-            if core is not None and callable(getattr(core, "shutdown", None)):
-                core.shutdown()
+        elif callable(getattr(core, "shutdown", None)):
+            core.shutdown()
     except Exception as e:  # noqa: BLE001 - shutting down must never mask the run's own error
         logger.warning("vLLM engine shutdown failed: %s", e)
     for proc in procs:
