@@ -169,47 +169,18 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
 
 @pytest.fixture(scope="module")
 def vllm_server(vllm_model_dir, tmp_path_factory):  # noqa: ANN001, ANN201 - base URL
-    """``vllm.entrypoints.openai.api_server`` on loopback over the test checkpoint."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
+    """vLLM's OpenAI server on loopback over the test checkpoint, served as ``smol``."""
+    from tests.vllm_server import VLLMServer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(tmp_path_factory.mktemp("vllm-server") / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir),
-         "--served-model-name", "smol", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-         "--gpu-memory-utilization", "0.05", "--max-model-len", "2048"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 900
-        while True:
-            try:
-                urllib.request.urlopen(url + "/models", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the vLLM server did not start (exit {proc.poll()}); see {log.name}")
-                time.sleep(2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"), timeout_s=900,
+                    served_model_name="smol") as server:
+        yield server.base_url
 
 
 def test_vllm_server_n_samples_and_pointwise_logprobs(vllm_server, vllm_model_dir, sample_jobs, tmp_path) -> None:
     """Over HTTP: ``n`` draws the samples in one request each, and the pointwise reranker reads
-    P(yes) from ``top_logprobs`` after continuing the answer (``continue_final_message``)."""
+    P(yes) from ``top_logprobs`` after continuing the answer (rendered on the client with the
+    named tokenizer's chat template and sent as raw text to ``/v1/completions``)."""
     from r2med_agent.llm.openai_compat import OpenAICompatBackend
 
     spec = build(LLMSpec, {"name": "smol-http", "backend": "openai", "model": "smol", "server": "vllm",

@@ -73,13 +73,19 @@ def reasoning_model(model_dir: Path, dest: Path) -> Path:
 class VLLMServer:
     """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 as a subprocess.
 
+    ``served_model_name`` serves the model under another name than its folder (as a deployment
+    does; the client then needs the tokenizer named separately).
+
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1`` once started.
         log_path: the server's stdout and stderr.
     """
 
-    def __init__(self, model_dir: Path, log_dir: Path, *, timeout_s: float = 420.0) -> None:
+    def __init__(
+        self, model_dir: Path, log_dir: Path, *, timeout_s: float = 420.0, served_model_name: str | None = None
+    ) -> None:
         self.model_dir = Path(model_dir)
+        self.served_model_name = served_model_name
         self.log_path = Path(log_dir) / "vllm_server.log"
         self.timeout_s = timeout_s
         self.port = free_port()
@@ -95,6 +101,8 @@ class VLLMServer:
             "--max-model-len", str(ENGINE_SETTINGS["max_model_len"]),
             "--enforce-eager", "--enable-prefix-caching", "--disable-log-stats",
         ]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the subprocess
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.timeout_s
