@@ -279,7 +279,7 @@ def base_task_name(name: str) -> str:
     return spec.base or spec.name
 
 
-def task_names(spec: str, data_dir: str | Path | None = None) -> list[str]:
+def task_names(spec: str, data_dir: str | Path | None = None, extra: Iterable[str] = ()) -> list[str]:
     """Expand a task selection into canonical task names, in order, without duplicates.
 
     ``spec`` is one or more items separated by commas and/or whitespace; each item is ``all`` (the 8
@@ -288,7 +288,8 @@ def task_names(spec: str, data_dir: str | Path | None = None) -> list[str]:
     (``NanoR2MEDBiology``). Matching ignores case.
 
     With ``data_dir``, a name the registry does not know is a task of your own, loaded from
-    that folder (see :func:`local_task_spec`).
+    that folder (see :func:`local_task_spec`). ``extra`` names tasks known elsewhere (e.g. those
+    a results folder holds): an item matching one of them (any case) is taken as that name.
 
     Raises:
         ConfigError: an empty selection or an unknown name (the message lists the known ones).
@@ -298,6 +299,7 @@ def task_names(spec: str, data_dir: str | Path | None = None) -> list[str]:
     items = [item for item in re.split(r"[,\s]+", spec.strip()) if item]
     if not items:
         raise ConfigError(f"empty task selection {spec!r}; {_known_tasks_text(registry)}")
+    extra_index = {name.lower(): name for name in extra}
     out: list[str] = []
     for item in items:
         low = item.lower()
@@ -307,10 +309,13 @@ def task_names(spec: str, data_dir: str | Path | None = None) -> list[str]:
                 raise ConfigError(f"task group '{low}' is empty; {_known_tasks_text(registry)}")
         elif low in index:
             names = [index[low]]
+        elif low in extra_index:
+            names = [extra_index[low]]
         elif data_dir is not None:
             names = [local_task_spec(item).name]
         else:
-            raise ConfigError(_unknown_task_message(item, registry))
+            known = f"; the results hold: {', '.join(sorted(extra_index.values()))}" if extra_index else ""
+            raise ConfigError(_unknown_task_message(item, registry) + known)
         out.extend(n for n in names if n not in out)
     return out
 

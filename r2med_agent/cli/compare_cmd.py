@@ -19,24 +19,12 @@ def _tasks_option(spec: Optional[str], found: Sequence[str] = ()) -> list[str] |
     the names of tasks of your own (``run --data-dir``) that the loaded results hold."""
     if not spec:
         return None
-    import re
-
     from r2med_agent.data import task_names
 
-    by_low = {name.lower(): name for name in found}
-    out: list[str] = []
-    for item in (i for i in re.split(r"[,\s]+", spec.strip()) if i):
-        try:
-            names = task_names(item)
-        except ConfigError as e:
-            if item.lower() not in by_low:
-                have = f"; the results hold: {', '.join(sorted(found))}" if found else ""
-                raise ConfigError(f"--tasks: {e}{have}") from None
-            names = [by_low[item.lower()]]
-        out.extend(n for n in names if n not in out)
-    if not out:
-        raise ConfigError(f"--tasks: empty task selection {spec!r}")
-    return out
+    try:
+        return task_names(spec, extra=found)
+    except ConfigError as e:
+        raise ConfigError(f"--tasks: {e}") from None
 
 
 def _load_table(
