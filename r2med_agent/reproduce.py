@@ -562,16 +562,22 @@ def entry_needs(
                      + (" (--generations fresh)" if released else " (R2MED released none for this row)"))
         if entry.method == "lamer":
             setup.append(f"LameR first pass: {entry.args.get('first_pass', 'bm25')} top 10")
+    def llm_needs(role: str, name: str, spec: Any) -> bool:
+        """An API LLM's key or a vLLM model's weights; False for another backend."""
+        if spec.backend == "openai":
+            if spec.api_key_env:
+                keys.append(spec.api_key_env)
+        elif spec.backend == "vllm":
+            weights(role, name, [spec.model], spec.tensor_parallel_size)
+        else:
+            return False
+        return True
+
     if entry.llm and generations != "r2med":
         spec = reg.llms.get(entry.llm)
         if spec is None:
             problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
-        elif spec.backend == "openai":
-            if spec.api_key_env:
-                keys.append(spec.api_key_env)
-        elif spec.backend == "vllm":
-            weights("LLM", entry.llm, [spec.model], spec.tensor_parallel_size)
-        else:
+        elif not llm_needs("LLM", entry.llm, spec):
             problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
     for part in entry.retriever.split("+"):
         if part in BM25_SPECS or part in SHIPPED:
@@ -601,12 +607,10 @@ def entry_needs(
             rspec = reg.llms.get(rr.llm)
             if rspec is None:
                 problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
-            elif rspec.backend == "openai":
-                if rspec.api_key_env:
-                    keys.append(rspec.api_key_env)
-            elif rspec.backend == "vllm" and rr.llm != entry.llm:
-                # Loaded after the method's LLM is done with (the same engine when it is the same).
-                weights("reranker LLM", rr.llm, [rspec.model], rspec.tensor_parallel_size)
+            elif rr.llm != entry.llm or rspec.backend != "vllm":
+                # A vLLM reranker LLM loads after the method's LLM is done with (the same engine
+                # when it is the same model).
+                llm_needs("reranker LLM", rr.llm, rspec)
         else:
             precision = model_precision(rr)
             k = entry.args.get("rerank_k", 100)
