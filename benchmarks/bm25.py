@@ -44,7 +44,6 @@ garbage collector and compiler threads give pyserini a second core).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -65,7 +64,7 @@ from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer  # noqa: E402
 from r2med_agent.retrieval.bm25 import BM25Retriever  # noqa: E402
 from r2med_agent.types import Run, SearchRequest, Task  # noqa: E402
 
-from realtext import passages, sentence_pool  # noqa: E402  (benchmarks/realtext.py)
+from realtext import passages, sentence_pool, write_jsonl  # noqa: E402  (benchmarks/realtext.py)
 
 _TOP = 100
 _TASK = "MedXpertQA-Exam"  # the registry task whose scale the corpus copies (a synthetic stand-in:
@@ -85,14 +84,10 @@ def write_task(data_dir: Path, n_docs: int, n_queries: int, seed: int) -> tuple[
     folder.mkdir(parents=True)
     rng = np.random.default_rng(seed + 2)
 
-    def write(name: str, rows: list[dict]) -> None:
-        with (folder / name).open("w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-    write("corpus.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(docs)])
-    write("query.jsonl", [{"id": f"q{i}", "text": t} for i, t in enumerate(queries)])
-    write("qrels.jsonl", [{"q_id": f"q{i}", "p_id": f"d{j}", "score": 1}
-                          for i, j in enumerate(rng.integers(0, n_docs, size=n_queries).tolist())])
+    write_jsonl(folder / "corpus.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(docs)])
+    write_jsonl(folder / "query.jsonl", [{"id": f"q{i}", "text": t} for i, t in enumerate(queries)])
+    write_jsonl(folder / "qrels.jsonl", [{"q_id": f"q{i}", "p_id": f"d{j}", "score": 1}
+                                              for i, j in enumerate(rng.integers(0, n_docs, size=n_queries).tolist())])
     return files, int(counts.sum()), (folder / "corpus.jsonl").stat().st_size
 
 

@@ -4,6 +4,7 @@ length with a fixed seed (deterministic for a given Python environment)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sysconfig
 from pathlib import Path
@@ -57,3 +58,9 @@ def passages(sentences: list[str], n: int, lo: int, hi: int, seed: int) -> list[
             i += 1
         out.append(" ".join(words[:length]))
     return out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """``rows`` as JSON lines (UTF-8, not ASCII-escaped), as R2MED's files are written."""
+    with path.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)

@@ -24,7 +24,6 @@ each corpus, for a quick look).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -35,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from realtext import passages, sentence_pool  # benchmarks/realtext.py  # noqa: E402
+from realtext import passages, sentence_pool, write_jsonl  # benchmarks/realtext.py  # noqa: E402
 
 from r2med_agent.data import get_task_spec, task_names  # noqa: E402
 
@@ -53,17 +52,13 @@ def write_tasks(data_dir: Path, scale: float, seed: int) -> dict[str, tuple[int,
         queries = passages(sentences, n_queries, 100, 600, seed + 10 * i + 1)
         hydocs = passages(sentences, n_queries, 150, 350, seed + 10 * i + 2)
 
-        def write(name: str, rows: list[dict]) -> None:
-            with (folder / name).open("w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-        write("corpus.jsonl", [{"id": f"d{j}", "text": t} for j, t in enumerate(docs)])
-        write("query.jsonl", [{"id": f"q{j}", "text": t} for j, t in enumerate(queries)])
-        write("qrels.jsonl", [{"q_id": f"q{j}", "p_id": f"d{(j * 7919) % n_docs}", "score": 1}
-                              for j in range(n_queries)])
-        write("hyde/qwen-7b/query_with_hydoc.jsonl",
-              [{"id": f"q{j}", "text": q, "hy_doc": h, "doc_id": []}
-               for j, (q, h) in enumerate(zip(queries, hydocs))])
+        write_jsonl(folder / "corpus.jsonl", [{"id": f"d{j}", "text": t} for j, t in enumerate(docs)])
+        write_jsonl(folder / "query.jsonl", [{"id": f"q{j}", "text": t} for j, t in enumerate(queries)])
+        write_jsonl(folder / "qrels.jsonl", [{"q_id": f"q{j}", "p_id": f"d{(j * 7919) % n_docs}", "score": 1}
+                                                  for j in range(n_queries)])
+        write_jsonl(folder / "hyde/qwen-7b/query_with_hydoc.jsonl",
+                    [{"id": f"q{j}", "text": q, "hy_doc": h, "doc_id": []}
+                     for j, (q, h) in enumerate(zip(queries, hydocs))])
     return sizes
 
 

@@ -196,23 +196,35 @@ def test_cache_rejects_foreign_schema_version(tmp_path):
         GenerationCache(path).get_many(["a"])
 
 
-def test_version_1_file_is_upgraded_in_place(tmp_path):
-    path = tmp_path / "g.sqlite"
-    v1_columns = (
-        "key TEXT PRIMARY KEY, model_id TEXT NOT NULL, sample_index INTEGER NOT NULL, "
-        "text TEXT NOT NULL, reasoning TEXT NOT NULL, final TEXT NOT NULL, "
-        "finish_reason TEXT NOT NULL, stop_reason TEXT, prompt_tokens INTEGER NOT NULL, "
-        "completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, created REAL NOT NULL, "
-        "request TEXT NOT NULL"
-    )
+_V1_COLUMNS = (
+    "key TEXT PRIMARY KEY, model_id TEXT NOT NULL, sample_index INTEGER NOT NULL, "
+    "text TEXT NOT NULL, reasoning TEXT NOT NULL, final TEXT NOT NULL, "
+    "finish_reason TEXT NOT NULL, stop_reason TEXT, prompt_tokens INTEGER NOT NULL, "
+    "completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, created REAL NOT NULL, "
+    "request TEXT NOT NULL"
+)
+"""The generations table of a schema-version-1 cache file, as that version wrote it."""
+
+
+def write_old_cache(path, version: int) -> None:
+    """A cache file as schema ``version`` (1 or 2; 2 added ``api_reasoning``) wrote it, holding
+    one row ``old`` (text ``T``; api_reasoning ``why`` in version 2)."""
+    columns, extra = _V1_COLUMNS, ""
+    if version == 2:
+        columns, extra = columns + ", api_reasoning TEXT NOT NULL DEFAULT ''", ", 'why'"
     with sqlite3.connect(path) as raw:
-        raw.execute(f"CREATE TABLE generations ({v1_columns})")
+        raw.execute(f"CREATE TABLE generations ({columns})")
         raw.execute("CREATE TABLE info (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        raw.execute("INSERT INTO info VALUES ('schema_version', '1')")
+        raw.execute("INSERT INTO info VALUES ('schema_version', ?)", (str(version),))
         raw.execute(
-            "INSERT INTO generations VALUES ('old', 'm', 0, 'T', '', 'T', 'stop', NULL, 1, 2, 0.5, 1.0, ?)",
+            f"INSERT INTO generations VALUES ('old', 'm', 0, 'T', '', 'T', 'stop', NULL, 1, 2, 0.5, 1.0, ?{extra})",
             (canonical_json(build_request("m", msgs("q"), {})),),
         )
+
+
+def test_version_1_file_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "g.sqlite"
+    write_old_cache(path, 1)
     cache = GenerationCache(path)
     old = cache.get("old")
     assert (old.text, old.api_reasoning) == ("T", "")
@@ -1122,21 +1134,7 @@ def test_vllm_engine_settings_that_change_outputs_are_part_of_the_key():
 
 def test_version_2_file_gains_logprobs_and_old_rows_read_as_before(tmp_path):
     path = tmp_path / "g.sqlite"
-    v2_columns = (
-        "key TEXT PRIMARY KEY, model_id TEXT NOT NULL, sample_index INTEGER NOT NULL, "
-        "text TEXT NOT NULL, reasoning TEXT NOT NULL, final TEXT NOT NULL, "
-        "finish_reason TEXT NOT NULL, stop_reason TEXT, prompt_tokens INTEGER NOT NULL, "
-        "completion_tokens INTEGER NOT NULL, latency_s REAL NOT NULL, created REAL NOT NULL, "
-        "request TEXT NOT NULL, api_reasoning TEXT NOT NULL DEFAULT ''"
-    )
-    with sqlite3.connect(path) as raw:
-        raw.execute(f"CREATE TABLE generations ({v2_columns})")
-        raw.execute("CREATE TABLE info (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        raw.execute("INSERT INTO info VALUES ('schema_version', '2')")
-        raw.execute(
-            "INSERT INTO generations VALUES ('old', 'm', 0, 'T', '', 'T', 'stop', NULL, 1, 2, 0.5, 1.0, ?, 'why')",
-            (canonical_json(build_request("m", msgs("q"), {})),),
-        )
+    write_old_cache(path, 2)
     cache = GenerationCache(path)
     old = cache.get("old")
     assert (old.text, old.api_reasoning, old.logprobs) == ("T", "why", None)
