@@ -11,6 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from r2med_agent import reproduce as rep
+from r2med_agent.analysis import planner
+from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec
 from r2med_agent.compare import PublishedKey, published_results, r2med_tasks
 from r2med_agent.errors import ConfigError
 from r2med_agent.paths import resources_dir
@@ -172,7 +174,9 @@ def test_dry_run_commands_and_needs(tmp_path):
     # Rerankers: NV-Embed-v2's top 10 reranked and kept, as the published files were made.
     rank = find("rerank", "none/none/nv/rankllama")
     assert rank.command.endswith(f"--reranker rankllama --rerank-k 10 --rerank-cut --task all --output-dir {tmp_path}")
-    assert rank.result_dir == tmp_path / "none" / "none" / "nv__top10__rankllama"
+    rank_spec = RunSpec(retriever="nv", reranker="rankllama", rerank_k=10, rerank_cut=True)
+    assert rank.result_dir == tmp_path / rank_spec.folder()
+    assert rank.result_dir.name == f"nv__top10__rankllama__{rank_spec.digest()}"
     assert "reranker rankllama in fp16: re-scores the top 10 of nv and keeps only those 10" in rank.needs.setup
     assert "meta-llama/Llama-2-7b-hf" in rank.needs.hub[1]
     # Agentic rows: Search-R1's released generations; Search-o1 with Qwen3 was not released.
@@ -228,12 +232,14 @@ def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch
     assert f"[2] {third.label}  (to run;" in listing
 
     calls: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr(rep, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
+    monkeypatch.setattr(planner, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
     table = reproduce(grid, opts)
     assert calls == [(second.label, tasks[1:]), (third.label, tasks)]
     # The closing table: the grid's finished rows with the paper's numbers beside them.
-    # (rows are named by their folders: nv__top10, NV-Embed-v2's top 10 kept)
-    assert [r.row.label for r in table.rows] == [f"none/none/nv__top10/{e.reranker}" for e in (first, second)]
+    # (rows are named by their run specs: NV-Embed-v2's top 10 reranked and kept)
+    assert [r.row.label for r in table.rows] == [
+        f"none/none/nv/{e.reranker} [rerank_k=10, rerank_cut=true]" for e in (first, second)
+    ]
     expected = csv_ndcg()[("none", "", "nv", "monobert")]
     assert table.rows[0].published == expected
     assert table.rows[1].missing_tasks == tasks[1:]
@@ -266,7 +272,7 @@ def test_results_made_with_other_settings_are_stale_and_run_again(tmp_path, monk
     res = CliRunner().invoke(cli, ["reproduce", "--table", "rerank", "--dry-run", "--output-dir", str(out)])
     assert res.exit_code == 0 and "(stale;" in res.output and "top_k 50, the entry 100" in res.output
     calls: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr(rep, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
+    monkeypatch.setattr(planner, "_run_one", lambda entry, o, t: calls.append((entry.label, tuple(t))))
     reproduce(grid, opts)
     assert calls[0] == (first.label, ("Biology", "MedQA-Diag"))
 
@@ -371,7 +377,7 @@ def test_grid_files_are_validated(tmp_path):
         load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
     with pytest.raises(ConfigError, match="method hyde needs an llm"):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
-    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: loop_retriever, final, rerank_k, rerank_cut, first_pass, top_k"):
+    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: sampling, samples, first_pass, fusion, rrf_k, fusion_weights, loop_retriever, final, precision, encoder_backend, top_k, rerank_k, rerank_cut"):
         load_grid(grid("args", "  - {method: none, retriever: nv, reranker: monobert, args: {rerank_n: 10}}\n"))
     with pytest.raises(ConfigError, match="generations must be auto or fresh, got 'r2med'"):
         load_grid(grid("gen", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: r2med}\n"))
@@ -477,7 +483,10 @@ def test_run_args_are_runner_fields_and_run_flags(cli):
     flags = {opt for p in run.params for opt in p.opts}
     for arg in rep.RUN_ARGS:
         assert arg in fields
-        assert f"--{arg.replace('_', '-')}" in flags
+        if arg == "sampling":  # a mapping: one flag per override
+            assert set(SAMPLING_FLAGS.values()) <= flags
+            continue
+        assert SPEC_FLAGS.get(arg, f"--{arg.replace('_', '-')}") in flags
 
 
 def test_reproduce_scores_released_generations_without_an_llm(cli, tmp_path, monkeypatch):

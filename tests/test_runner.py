@@ -20,7 +20,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import read_trec_run
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.runner import RunConfig, RunSpec, run_experiment
 from tests.fakes import ScriptedLLM
 
 
@@ -62,12 +62,14 @@ def test_another_top_k_gets_its_own_folder_and_only_metrics_it_reaches(tmp_path,
         code, out, _ = _cli(["run", "--task", "sample", "-o", str(tmp_path), "--no-progress",
                              "--top-k", k], capsys)
         assert code == 0
-    full_dir, k10_dir = tmp_path / "none" / "none" / "bm25", tmp_path / "none" / "none" / "bm25__k10"
+    k10_spec = RunSpec(top_k=10)
+    full_dir, k10_dir = tmp_path / "none" / "none" / "bm25", tmp_path / k10_spec.folder()
+    assert k10_dir.name == f"bm25__k10__{k10_spec.digest()}"
     assert f"results: {k10_dir}" in out and "R@100" in out
     full = json.loads((full_dir / "sample.json").read_text())
     k10 = json.loads((k10_dir / "sample.json").read_text())
     assert full["depth"] == 100 and k10["depth"] == 10
-    assert full["model_name"] == "none/none/bm25" and k10["model_name"] == "none/none/bm25__k10"
+    assert full["model_name"] == "none/none/bm25" and k10["model_name"] == k10_spec.folder()
     assert "recall_at_100" in full["test"] and "recall_at_100" not in k10["test"]
     assert set(k10["test"]) == {"ndcg_at_1", "ndcg_at_10", "map_at_1", "map_at_10", "recall_at_1",
                                 "recall_at_10", "precision_at_1", "precision_at_10", "mrr"}

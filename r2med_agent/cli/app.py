@@ -49,7 +49,7 @@ TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 def _register() -> None:
     # Imported here so each module adds its commands to ``app`` (explicit list, no discovery magic).
-    from r2med_agent.cli import cache_cmd, compare_cmd, prompts_cmd, run_cmd, trace_cmd  # noqa: F401
+    from r2med_agent.cli import cache_cmd, compare_cmd, prompts_cmd, results_cmd, run_cmd, trace_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

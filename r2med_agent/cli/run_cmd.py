@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from r2med_agent.cli.app import app
+from r2med_agent.experiment.spec import field_help
 
 console = Console(stderr=False)
 
@@ -46,43 +47,43 @@ def run_command(
     ),
     method: str = typer.Option(
         "none", "--method", "-m",
-        help="none | hyde | query2doc | lamer | search-r1 | search-o1 (any case: HyDE works).",
+        help=field_help("method"),
     ),
     llm: Optional[str] = typer.Option(
         None, "--llm", "-l",
-        help="LLM registry name (see `r2med-agent llms`), e.g. qwen-32b, gpt4, or the offline default smollm2.",
+        help=field_help("llm"),
     ),
     retriever: str = typer.Option(
         "bm25", "--retriever", "-r",
-        help="bm25 | bm25-compat (R2MED's gensim scoring) | an encoder name (minilm, bge, nv, harrier, ...) | a '+'-joined fusion such as bm25+minilm | on NanoR2MED splits, the candidate lists they ship: nano-bm25, nano-dense, nano-hybrid[-safeguard], or hakari-hybrid[-safeguard] (the hybrid list rebuilt from nano-bm25 and harrier).",
+        help=field_help("retriever"),
     ),
     loop_retriever: Optional[str] = typer.Option(
         None, "--loop-retriever",
-        help="Retriever that Search-R1/Search-o1 query while they reason (default: --retriever; the final ranking uses --retriever).",
+        help=field_help("loop_retriever"),
     ),
     final: str = typer.Option(
         "default", "--final",
-        help="Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the searches the loop ran for the trajectory, each distinct query once, plus the final query; queries answered with a notice or issued in Search-R1's final turn were not run and are left out). Both rank with --retriever.",
+        help=field_help("final"),
     ),
     fusion: str = typer.Option(
         "rrf", "--fusion",
-        help="How a '+'-joined --retriever fuses its members: rrf (reciprocal rank fusion) or weighted (weighted sum of per-query min-max normalised scores).",
+        help=field_help("fusion"),
     ),
     fusion_weights: Optional[str] = typer.Option(
         None, "--fusion-weights",
-        help="Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), e.g. 0.3,0.7.",
+        help=field_help("fusion_weights"),
     ),
-    rrf_k: int = typer.Option(60, "--rrf-k", help="The RRF constant k for --fusion rrf (score = sum of 1/(k + rank))."),
+    rrf_k: int = typer.Option(60, "--rrf-k", help=field_help("rrf_k")),
     precision: Optional[str] = typer.Option(
         None, "--precision",
-        help="Numeric precision of the run's encoders and reranker on a GPU: float32, float16, bfloat16, autocast-float16 (float32 weights, fp16 autocast) or auto (bf16 where supported, else fp16; the fastest). Default: each model's registry precision, the one R2MED's reference ran it at. Another precision writes to <retriever>__<precision>/; results record it. On a CPU everything runs in float32.",
+        help=field_help("precision"),
     ),
-    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker registry name: a cross-encoder (bge-reranker, monobert, rankllama) or an LLM reranker (kind listwise or pointwise-reasoning, e.g. qwen3-32b-listwise, r1-qwen-32b-pointwise, smollm2-listwise); see configs/rerankers.yaml."),
-    rerank_k: int = typer.Option(100, "--rerank-k", help="How many top documents the reranker re-scores (the paper uses 10 or 100)."),
-    rerank_cut: bool = typer.Option(False, "--rerank-cut", help="Keep only the --rerank-k reranked documents per query, as R2MED's reranker runs did (NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same. Writes to <retriever>__top<k>__<reranker>/."),
-    first_pass: str = typer.Option("bm25", "--first-pass", help="LameR's first-pass retriever, whose top 10 the prompt shows: bm25 (default), bm25-compat (the reference's gensim BM25, what the paper's LameR rows read) or an encoder name. Recorded in the result JSON."),
-    generations: str = typer.Option("fresh", "--generations", help="fresh: generate with --llm (through the cache). r2med: score R2MED's released generations of --method/--llm (<Task>/<method>/<llm>/query_with_hydoc.jsonl from the hub at the task's pinned revision, from --data-dir, or from a packaged task); no LLM is built. Results go to <method>/<llm>@r2med/."),
-    top_k: int = typer.Option(100, "--top-k", "-k", help="Documents kept per query and the depth they are scored at (R2MED: 100). Another depth writes to <retriever>__k<N>/ and leaves out metrics cut off beyond it."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help=field_help("reranker")),
+    rerank_k: int = typer.Option(100, "--rerank-k", help=field_help("rerank_k")),
+    rerank_cut: bool = typer.Option(False, "--rerank-cut", help=field_help("rerank_cut")),
+    first_pass: str = typer.Option("bm25", "--first-pass", help=field_help("first_pass")),
+    generations: str = typer.Option("fresh", "--generations", help=field_help("generations")),
+    top_k: int = typer.Option(100, "--top-k", "-k", help=field_help("top_k")),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", "-d",
         help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub.",
@@ -95,19 +96,19 @@ def run_command(
         False, "--allow-count-mismatch",
         help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results.",
     ),
-    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<retriever>/<Task>.json|.run."),
+    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
     refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
     cache_path: Optional[Path] = typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
     chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
-    samples: int = typer.Option(1, "--samples", help="Generations per query for hyde, query2doc and lamer (vLLM/OpenAI n): dense retrieval searches with the mean of the query's and the samples' embeddings, BM25 with the samples joined. Other than 1, results go to <retriever>__n<N>/."),
+    samples: int = typer.Option(1, "--samples", help=field_help("samples")),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
     seed: Optional[str] = typer.Option(None, "--seed", help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; the loops too)."),
     encoder_backend: Optional[str] = typer.Option(
         None, "--encoder-backend",
-        help="Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | auto (vLLM when installed with a GPU and the encoder's pooling is supported, else transformers). Default: each encoder entry's 'backend'.",
+        help=field_help("encoder_backend"),
     ),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars).", show_default=False),
@@ -188,7 +189,7 @@ def _parse_weights(text: Optional[str]) -> Optional[tuple[float, ...]]:
 
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
-    table = Table(title=f"{result.config.method} / {result.config.llm_label} / {result.config.retriever_label}")
+    table = Table(title=result.config.label)
     uses_llm = result.config.method != "none"
     table.add_column("task", no_wrap=True)
     for m in _HEADLINE:

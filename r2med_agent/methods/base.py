@@ -15,13 +15,159 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
 from r2med_agent import prompts
-from r2med_agent.types import Combine, Generation, Message, Query, Run, SearchRequest, Task
+from r2med_agent.types import Combine, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
 
 log = logging.getLogger(__name__)
 
 
-class ExpansionMethod:
+# ----------------------------------------------------------------------------------------------
+# The one protocol every method implements
+
+
+@dataclass(frozen=True)
+class MethodJob:
+    """One task given to a method.
+
+    Attributes:
+        task: the task whose queries the method answers.
+        retriever: what the method searches while it works (agentic loops); the run's retriever
+            unless ``--loop-retriever`` names another.
+        final_retriever: the retriever of the final ranking (what ``fuse`` searches with).
+        first_pass: makes the first-pass run a prompt shows (methods that need one); called at
+            most once.
+    """
+
+    task: Task
+    retriever: Any
+    final_retriever: Any
+    first_pass: Callable[[], Run] | None = None
+
+
+@dataclass(frozen=True)
+class MethodSettings:
+    """The run's settings a method reads (all from the run spec and the LLM's registry entry).
+
+    Attributes:
+        params: the LLM's default sampling with the run's overrides applied (None without an LLM).
+        sampling: the run's sampling overrides alone (the loops merge them with their own).
+        llm_spec: the LLM's registry entry (None without an LLM).
+        samples: generations per query.
+        final: the agentic final ranking (``default`` or ``fuse``).
+        top_k: documents kept per query.
+    """
+
+    params: SamplingParams | None = None
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    llm_spec: Any = None
+    samples: int = 1
+    final: str = "default"
+    top_k: int = 100
+
+
+@dataclass
+class TaskOutput:
+    """What a method made for one task: the final search requests (one per query, in query
+    order) and whatever the result files keep beside them."""
+
+    requests: list[SearchRequest]
+    generations: list[Generation] | None = None
+    samples: list[list[Generation]] | None = None
+    traces: list[Any] | None = None
+    fused_run: Run | None = None
+
+
+@dataclass
+class MethodOutput:
+    """Per task, the method's output; ``loop_steps`` holds a loop's per-step call statistics."""
+
+    tasks: dict[str, TaskOutput]
+    loop_steps: list[dict[str, int]] | None = None
+
+
+class Method:
+    """The protocol of every method, and its declared capabilities.
+
+    A method turns each query of each task into a search request, through one call over all
+    tasks (so that an LLM sees every prompt of a run at once):
+    :meth:`run_tasks` ``(jobs, llm, settings) -> MethodOutput``. For R2MED's released generations,
+    :meth:`from_generations` turns one task's generations into its output without an LLM.
+
+    Capabilities are class attributes, read by validation, ``reproduce``, ``compare`` and the CLI
+    (never the method's name):
+
+    Attributes:
+        name: registry name; also the prompt folder.
+        uses_llm: it generates text.
+        agentic: it searches while it reasons.
+        supports_samples: several generations per query can be averaged (``--samples``).
+        needs_first_pass: its prompt shows a first-pass ranking (``--first-pass``).
+        final_fuse: it can rank with every search of its trajectory (``--final fuse``).
+        llm_overrides: LLM entry fields this method changes (Search-o1 sends no system prompt).
+    """
+
+    name: ClassVar[str] = ""
+    uses_llm: ClassVar[bool] = True
+    agentic: ClassVar[bool] = False
+    supports_samples: ClassVar[bool] = False
+    needs_first_pass: ClassVar[bool] = False
+    final_fuse: ClassVar[bool] = False
+    llm_overrides: ClassVar[Mapping[str, Any]] = {}
+
+    def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
+        raise NotImplementedError
+
+    def from_generations(self, task: Task, generations: Sequence[Generation]) -> TaskOutput:
+        raise NotImplementedError
+
+
+class LoopMethod(Method):
+    """The protocol for the agentic loops (their ``run`` batches every query of every task)."""
+
+    agentic = True
+    final_fuse = True
+
+    def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
+        method = self.for_model(settings.llm_spec.model) if settings.llm_spec is not None else self  # type: ignore[attr-defined]
+        results = method.run(  # type: ignore[attr-defined]
+            [(j.task, j.retriever) for j in jobs], llm, final=settings.final, top_k=settings.top_k,
+            sampling=loop_sampling(method, settings), final_retrievers=[j.final_retriever for j in jobs],
+        )
+        tasks = {
+            name: TaskOutput(list(res.requests), traces=list(res.traces), fused_run=res.fused_run)
+            for name, res in results.items()
+        }
+        steps = next((r.steps for r in results.values()), ())
+        return MethodOutput(tasks, [s.to_dict() for s in steps])
+
+    def from_generations(self, task: Task, generations: Sequence[Generation]) -> TaskOutput:
+        """Released final responses, combined with the query as the loop combines them."""
+        requests = [SearchRequest(q.query_id, q.text, g.final, "reasoning") for q, g in zip(task.queries, generations)]
+        return TaskOutput(requests, generations=list(generations))
+
+
+def loop_sampling(method: Any, settings: MethodSettings) -> dict[str, Any]:
+    """The loops' sampling: the run's overrides win, then the method's own for the model
+    (Search-R1 greedy, Search-o1 0.7/0.8/20; with QwQ a repetition penalty of 1.05 and 20,480
+    tokens), then the entry's seed (null: none sent), its repetition penalty, and its
+    ``max_tokens`` where that is below the method's own budget (a small local model)."""
+    sampling = dict(settings.sampling)
+    for name, value in method.model_sampling.items():
+        sampling.setdefault(name, value)
+    spec = settings.llm_spec
+    if spec is not None:
+        sampling.setdefault("seed", spec.seed)
+        if getattr(spec, "repetition_penalty", 1.0) != 1.0:
+            sampling.setdefault("repetition_penalty", spec.repetition_penalty)
+        if spec.max_tokens < method.params.max_tokens:
+            sampling.setdefault("max_tokens", spec.max_tokens)
+    return sampling
+
+
+class ExpansionMethod(Method):
     """Base class of the single-shot expansion methods.
 
     A subclass sets the class attributes and, when its template needs more than the query and
@@ -32,14 +178,13 @@ class ExpansionMethod:
         combine: the SearchRequest rule for this method's generations.
         needs_first_pass: True when ``build_prompts`` needs a first-pass run (LameR).
         uses_llm: False only for the plain-query method.
-        agentic: False: single-shot (the runner checks this to pick the agentic path).
+
+    :meth:`run_tasks` renders the prompts of every task, makes ONE generate call (or one
+    ``generate_samples`` call with ``samples`` > 1) and turns the generations into requests.
     """
 
-    name: ClassVar[str]
     combine: ClassVar[Combine]
-    needs_first_pass: ClassVar[bool] = False
-    uses_llm: ClassVar[bool] = True
-    agentic: ClassVar[bool] = False
+    supports_samples = True
 
     def __init__(self, prompts_dir: str | os.PathLike[str] | None = None) -> None:
         """Create the method.
@@ -118,6 +263,49 @@ class ExpansionMethod:
                 out.append(SearchRequest(query.query_id, query.text, expansion, self.combine))
         return out
 
+    def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
+        """Render every task's prompts, make ONE generate call, turn the texts into requests."""
+        prompts_all: list[list[Message]] = []
+        metas: list[dict[str, Any]] = []
+        hashes: list[str] = []  # one per prompt: part of each generation's cache key
+        spans: dict[str, tuple[int, int]] = {}
+        for job in jobs:
+            task = job.task
+            first_pass = job.first_pass() if self.needs_first_pass and job.first_pass is not None else None
+            task_prompts = self.build_prompts(task, first_pass)
+            spans[task.name] = (len(prompts_all), len(prompts_all) + len(task_prompts))
+            prompts_all.extend(task_prompts)
+            metas.extend(
+                {"task": task.name, "query_id": q.query_id, "method": self.name, "text": q.text,
+                 "doc_id": sorted(task.qrels.get(q.query_id, {}))}
+                for q in task.queries
+            )
+            hashes.extend([self.template_hash(task)] * len(task_prompts))
+        if settings.samples > 1:
+            samples = llm.generate_samples(prompts_all, settings.params, settings.samples, meta=metas,
+                                           template_hash=hashes)
+            gens = [s[0] for s in samples]
+        else:
+            gens = llm.generate(prompts_all, settings.params, meta=metas, template_hash=hashes)
+            samples = [[g] for g in gens]
+        out: dict[str, TaskOutput] = {}
+        for job in jobs:
+            a, b = spans[job.task.name]
+            output = self.from_generations(job.task, gens[a:b])
+            if settings.samples > 1:
+                # Samples 2..N join the first; a blank first sample leaves the plain query as is.
+                output.requests = [
+                    replace(r, more_expansions=tuple(g.final.strip() for g in s[1:])) if r.combine != "none" else r
+                    for r, s in zip(output.requests, samples[a:b])
+                ]
+                output.samples = samples[a:b]
+            out[job.task.name] = output
+        return MethodOutput(out)
+
+    def from_generations(self, task: Task, generations: Sequence[Generation]) -> TaskOutput:
+        """One task's output from its generations (fresh or released)."""
+        return TaskOutput(self.to_requests(task, generations), generations=list(generations))
+
 
 class NoneMethod(ExpansionMethod):
     """The plain query: no prompts, no LLM, ``combine="none"``."""
@@ -125,6 +313,11 @@ class NoneMethod(ExpansionMethod):
     name = "none"
     combine = "none"
     uses_llm = False
+    supports_samples = False
+
+    def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
+        """Every query as it is; no LLM."""
+        return MethodOutput({j.task.name: TaskOutput(self.to_requests(j.task)) for j in jobs})
 
     def template_variables(self, task: Task, first_pass: Run | None) -> list[dict[str, Any]]:
         return []

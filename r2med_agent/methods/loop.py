@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Literal
 from r2med_agent.errors import ConfigError, DataError, LLMError
 from r2med_agent.io import iter_jsonl
 from r2med_agent.llm.base import LLM
+from r2med_agent.methods.base import LoopMethod
 from r2med_agent.retrieval.base import Retriever
 from r2med_agent.retrieval.fusion import rrf
 from r2med_agent.types import (
@@ -367,7 +368,7 @@ def cut_words(text: str, max_words: int | None) -> str:
     return " ".join(words[:max_words]) + " ..."
 
 
-class ReasoningLoop:
+class ReasoningLoop(LoopMethod):
     """Base class of the agentic methods: the batched loop plus the hooks a method fills in.
 
     Subclasses set the class attributes and implement :meth:`initial_messages`,

@@ -221,6 +221,8 @@ class LLMReranker:
         prompts_dir: a folder of prompt files overriding the package's.
     """
 
+    batches_tasks = True
+
     def __init__(
         self,
         spec: Any,

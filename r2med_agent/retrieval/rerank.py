@@ -140,9 +140,14 @@ def get_reranker_spec(name: str) -> RerankerSpec:
 
 @runtime_checkable
 class Reranker(Protocol):
-    """Re-scores the top ``k`` of each query's list; the rest stays below in its original order."""
+    """Re-scores the top ``k`` of each query's list; the rest stays below in its original order.
+
+    ``batches_tasks`` False: the runner calls :meth:`rerank` per task. True (LLM rerankers): it
+    calls ``rerank_tasks(jobs, k)`` once with every task, so one generate call serves them all.
+    """
 
     name: str
+    batches_tasks: bool
 
     def check(self) -> None:
         """Raise now if the model cannot be loaded (cheap: no weights, no GPU memory)."""
@@ -387,6 +392,8 @@ class PairwiseReranker:
         backend: override the entry's backend.
         show_progress: a tqdm bar over pairs.
     """
+
+    batches_tasks = False
 
     def __init__(
         self,

@@ -1,0 +1,406 @@
+"""What a grid entry needs to run: GPU memory, API keys, hub access, separate environments, tokens."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.config import build, load_yaml
+from r2med_agent.errors import ConfigError
+from r2med_agent.experiment.spec import capabilities
+from r2med_agent.paths import configs_dir
+
+logger = logging.getLogger(__name__)
+from r2med_agent.analysis.grids import (
+    BYTES_PER_PARAM,
+    GPU_GIB,
+    GridEntry,
+    released_llms,
+)
+
+# ----------------------------------------------------------------------------------------------
+# What an entry needs
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Size and access of one model a grid names (``configs/reproduce/models.yaml``).
+
+    Hub ids, API key variables and tensor parallelism come from the registries (llms.yaml,
+    encoders.yaml, rerankers.yaml); this adds what they do not record.
+
+    Attributes:
+        name: the registry name (``qwen-72b``, ``nv``, ``monobert``).
+        params_b: parameters in billions (for the bf16 weight estimate).
+        gated: a hub repo it needs is gated (accept the licence on the hub, set ``HF_TOKEN``).
+        note: shown by ``--dry-run``.
+    """
+
+    name: str
+    params_b: float
+    gated: bool = False
+    note: str = ""
+
+
+def load_models() -> dict[str, ModelInfo]:
+    """``configs/reproduce/models.yaml`` as ``{name: ModelInfo}``."""
+    path = configs_dir() / "reproduce" / "models.yaml"
+    doc = load_yaml(path) or {}
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of model name -> fields")
+    return {str(k): build(ModelInfo, {"name": str(k), **(v or {})}, f"{path}: {k}") for k, v in doc.items()}
+
+
+def weights_gib(params_b: float) -> float:
+    """bf16 weight memory in GiB of a model with ``params_b`` billion parameters."""
+    return params_b * 1e9 * BYTES_PER_PARAM / 2**30
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What running one entry needs, for ``--dry-run``."""
+
+    gpu: tuple[str, ...]
+    api_keys: tuple[str, ...]
+    hub: tuple[str, ...]
+    problems: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    """How the row runs: where its generations come from, each model's precision and the
+    environment it needs, the reranking depth, LameR's first pass."""
+    split: tuple[str, ...] = ()
+    """The recipe, line by line, when the LLM and a retriever or reranker need transformers
+    versions no single environment has (:func:`split_recipe`)."""
+    tokens: tuple[str, ...] = ()
+    """LLM calls and tokens of the LLM stages (:func:`token_estimate`), where an entry has them."""
+
+    def lines(self) -> list[str]:
+        out = list(self.setup)
+        out.append(f"GPU: {'; '.join(self.gpu) if self.gpu else 'none (CPU only)'}")
+        out += [f"tokens: {t}" for t in self.tokens]
+        out.append(f"API keys: {', '.join(self.api_keys) if self.api_keys else 'none'}")
+        out.append(f"hub access: {'; '.join(self.hub) if self.hub else 'none'}")
+        out += [f"PROBLEM: {p}" for p in self.problems]
+        out += self.split
+        return out
+
+
+VLLM_TRANSFORMERS = "5.16"
+"""The oldest transformers the vLLM releases this project is tested with accept (vLLM 0.32
+pins >= 5.16.1); an encoder or reranker whose ``transformers`` specifier excludes it cannot
+share an environment with the vLLM engine."""
+
+
+def split_recipe(entry: GridEntry, llm_spec: Any, pins: Mapping[str, str]) -> tuple[str, ...]:
+    """How to run ``entry`` when its vLLM LLM and the models in ``pins`` (name -> transformers
+    specifier, each excluding vLLM's) need separate environments: vLLM serves the model in its
+    own environment, r2med-agent runs beside NV-Embed/GritLM in another and reaches it over
+    HTTP (loops included: turns are continued as raw text rendered by the model's own chat
+    template). Expansion methods can instead generate in the vLLM environment first: the
+    generation cache then serves every text to the second environment, which never loads vLLM."""
+    which = ", ".join(f"'{n}' needs transformers{spec}" for n, spec in pins.items())
+    served = f"{entry.llm}-served"
+    tp = getattr(llm_spec, "tensor_parallel_size", 1)
+    lines = [
+        f"SPLIT ENVIRONMENTS: vLLM needs transformers >= {VLLM_TRANSFORMERS}, {which}; one "
+        f"environment cannot hold both:",
+        f"  env 1 (pip install vllm): python -m vllm.entrypoints.openai.api_server --model "
+        f"{llm_spec.model} --tensor-parallel-size {tp} --host 127.0.0.1 --port 8000",
+        f"  env 2 (r2med-agent with those pins): a user-config entry {served}: {{backend: openai, "
+        f"server: vllm, model: {llm_spec.model}, base_urls: [http://127.0.0.1:8000/v1]}} plus "
+        f"{entry.llm}'s reasoning_format, system_prompt and sampling fields, then this command "
+        f"with --llm {served}",
+    ]
+    if not _caps(entry).agentic:
+        lines.append(
+            f"  or generate first in env 1 (r2med-agent + vllm): the same command with "
+            f"--retriever bm25 fills the generation cache; this command in env 2 (same "
+            f"R2MED_CACHE_DIR) then makes no LLM call and never loads vLLM"
+        )
+    return tuple(lines)
+
+
+def _caps(entry: GridEntry) -> Any:
+    """The capabilities the entry's method declares."""
+    from r2med_agent.methods import get_method
+
+    return capabilities(get_method(entry.method))
+
+
+def _excludes_vllm(spec: str) -> bool:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not spec:
+        return False
+    try:
+        return not SpecifierSet(spec).contains(f"{VLLM_TRANSFORMERS}.1", prereleases=True)
+    except InvalidSpecifier:
+        return False
+
+
+_GATED = " [gated: accept its licence on the hub, set HF_TOKEN]"
+
+
+_PRECISIONS = {"float32": ("fp32", 4), "float16": ("fp16", 2), "bfloat16": ("bf16", 2),
+               "auto": ("bf16/fp16 (auto: bf16 where the GPU has it)", 2)}
+
+
+def model_precision(spec: Any) -> tuple[str, int]:
+    """``(label, bytes per parameter)`` of an encoder or reranker entry: its ``precision`` field
+    where the registry has one (the reference's precision), else its ``dtype``."""
+    value = str(getattr(spec, "precision", "") or getattr(spec, "dtype", "auto") or "auto")
+    if value in _PRECISIONS:
+        return _PRECISIONS[value]
+    return value, 4 if "32" in value else 2
+
+
+def _gpu_line(
+    role: str, name: str, info: ModelInfo, tp: int, gpu_gib: float, precision: tuple[str, int] = ("bf16", 2)
+) -> str:
+    """``≈X GiB <precision> weights`` (over ``tp`` GPUs), flagged when a share does not fit one
+    GPU with a fifth more for activations and KV cache."""
+    w = weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM
+    per_gpu = w / tp
+    line = f"{role} {name} ≈{w:.1f} GiB {precision[0].split(' ')[0]} weights"
+    if tp > 1:
+        line += f", tensor-parallel {tp} -> ≈{per_gpu:.1f} GiB/GPU"
+    if role == "LLM":
+        line += " + KV cache"
+    if per_gpu * 1.2 > gpu_gib:
+        line += f" (does not fit one {gpu_gib:.0f} GiB GPU)"
+    return line
+
+
+@dataclass(frozen=True)
+class Registries:
+    """The registries ``--dry-run`` consults, read once per plan."""
+
+    llms: Mapping[str, Any]
+    encoders: Mapping[str, Any]
+    rerankers: Mapping[str, Any]
+    models: Mapping[str, ModelInfo]
+
+    @classmethod
+    def load(cls) -> Registries:
+        from r2med_agent.llm.registry import load_llm_specs
+        from r2med_agent.retrieval.encoders import encoder_registry
+        from r2med_agent.retrieval.rerank import reranker_registry
+
+        return cls(load_llm_specs(), encoder_registry(), reranker_registry(), load_models())
+
+
+def dataset_repos(tasks: Sequence[str], data_dir: Path | None = None) -> list[str]:
+    """Hub dataset repos the tasks load from (none with a local ``data_dir``)."""
+    if data_dir is not None:
+        return []
+    from r2med_agent.data import get_task_spec, task_registry
+
+    registry = task_registry()
+    specs = [registry.get(t) or get_task_spec(t) for t in tasks]
+    return list(dict.fromkeys(s.repo for s in specs if s.source != "package"))
+
+
+def entry_needs(
+    entry: GridEntry,
+    datasets: Sequence[str] = (),
+    gpu_gib: float = GPU_GIB,
+    registries: Registries | None = None,
+    generations: str = "fresh",
+    n_queries: int = 0,
+) -> Needs:
+    """How an entry runs and the GPU memory, API keys and hub access it needs.
+
+    Backends, hub ids, API key variables and tensor parallelism come from the registries
+    (configs/llms.yaml, encoders.yaml, rerankers.yaml); sizes and gating from
+    configs/reproduce/models.yaml. Names missing from either are reported as problems.
+
+    Args:
+        entry: the grid entry.
+        datasets: hub dataset repos its tasks load from (:func:`dataset_repos`).
+        gpu_gib: memory of one GPU.
+        registries: the registries (read here when not given).
+        generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
+        n_queries: queries of the planned tasks, for the token estimate (0: none).
+    """
+    from r2med_agent.released import released_path
+    from r2med_agent.retrieval import BM25_SPECS
+    from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
+
+    reg = registries or Registries.load()
+    gpu: list[str] = []
+    keys: list[str] = []
+    hub: list[str] = []
+    problems: list[str] = []
+    setup: list[str] = []
+    per_gpu: dict[str, float] = {}  # role -> GiB of weights on one GPU
+
+    def weights(role: str, name: str, repos: Sequence[str], tp: int = 1,
+                precision: tuple[str, int] = ("bf16", BYTES_PER_PARAM)) -> None:
+        info = reg.models.get(name)
+        if info is None:
+            problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
+        else:
+            gpu.append(_gpu_line(role, name, info, tp, gpu_gib, precision))
+            per_gpu[role] = per_gpu.get(role, 0.0) + weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM / tp
+        gated = _GATED if info is not None and info.gated else ""
+        hub.append(f"{', '.join(repos)} (weights){gated}")
+
+    if entry.llm and generations == "r2med":
+        setup.append(
+            f"generations: released by R2MED ({released_path(entry.method, entry.llm)} of each task, from "
+            "its hub repo at the pinned revision or --data-dir); no LLM runs"
+        )
+    elif entry.llm:
+        released = entry.llm in released_llms().get(entry.method, ())
+        setup.append(f"generations: fresh with {entry.llm}"
+                     + (" (--generations fresh)" if released else " (R2MED released none for this row)"))
+        if _caps(entry).needs_first_pass:
+            setup.append(f"LameR first pass: {entry.args.get('first_pass', 'bm25')} top 10")
+    def llm_needs(role: str, name: str, spec: Any) -> bool:
+        """An API LLM's key or a vLLM model's weights; False for another backend."""
+        if spec.backend == "openai":
+            if spec.api_key_env:
+                keys.append(spec.api_key_env)
+        elif spec.backend == "vllm":
+            weights(role, name, [spec.model], spec.tensor_parallel_size)
+        else:
+            return False
+        return True
+
+    if entry.llm and generations != "r2med":
+        spec = reg.llms.get(entry.llm)
+        if spec is None:
+            problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
+        elif not llm_needs("LLM", entry.llm, spec):
+            problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
+    for part in entry.retriever.split("+"):
+        if part in BM25_SPECS or part in SHIPPED:
+            continue
+        if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
+            part = DENSE_ENCODER
+        enc = reg.encoders.get(part)
+        if enc is None:
+            problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
+        elif enc.kind == "api":
+            if enc.api_key_env:
+                keys.append(enc.api_key_env)
+        else:
+            repos = list(dict.fromkeys(m for m in (enc.model, enc.query_model, enc.doc_model) if m))
+            precision = model_precision(enc)
+            line = f"retriever {part}: {', '.join(repos)} in {precision[0]}"
+            if getattr(enc, "transformers", ""):
+                line += (f"; needs transformers{enc.transformers}, best in a separate environment "
+                         "(the run stops with the pip command otherwise)")
+            setup.append(line)
+            weights("encoder", part, repos, precision=precision)
+    if entry.reranker:
+        rr = reg.rerankers.get(entry.reranker)
+        if rr is None:
+            problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
+        elif rr.kind != "cross-encoder":
+            rspec = reg.llms.get(rr.llm)
+            if rspec is None:
+                problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
+            elif rr.llm != entry.llm or rspec.backend != "vllm":
+                # A vLLM reranker LLM loads after the method's LLM is done with (the same engine
+                # when it is the same model).
+                llm_needs("reranker LLM", rr.llm, rspec)
+        else:
+            precision = model_precision(rr)
+            k = entry.args.get("rerank_k", 100)
+            kept = f"keeps only those {k}" if entry.args.get("rerank_cut") else "keeps the rest below them"
+            setup.append(f"reranker {entry.reranker} in {precision[0]}: re-scores the top {k} of "
+                         f"{entry.retriever} and {kept}")
+            weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m], precision=precision)
+    llm_spec = reg.llms.get(entry.llm) if entry.llm else None
+    others = sum(v for role, v in per_gpu.items() if role not in ("LLM", "reranker LLM"))
+    if "LLM" in per_gpu and others > 0 and llm_spec is not None:
+        gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
+    if datasets:
+        hub.append(f"datasets {', '.join(datasets)}")
+    split: tuple[str, ...] = ()
+    if llm_spec is not None and llm_spec.backend == "vllm":
+        pins = {}
+        for part in entry.retriever.split("+"):
+            enc = reg.encoders.get(part)
+            if enc is not None and _excludes_vllm(getattr(enc, "transformers", "")):
+                pins[part] = enc.transformers
+        rr = reg.rerankers.get(entry.reranker) if entry.reranker else None
+        if rr is not None and _excludes_vllm(getattr(rr, "transformers", "")):
+            pins[entry.reranker] = rr.transformers
+        if pins:
+            split = split_recipe(entry, llm_spec, pins)
+    tokens = tuple(token_estimate(entry, n_queries, reg, released=generations == "r2med")) if n_queries else ()
+    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup), split, tokens)
+
+
+TOKENS_PER_WORD = 1.4
+"""English and medical text: about 1.3-1.5 subword tokens per whitespace-separated word."""
+
+EXPANSION_PROMPT_TOKENS = 300
+"""A HyDE/Query2Doc/LameR prompt, roughly (LameR's ten documents: about 4,000 more)."""
+
+
+def token_estimate(entry: GridEntry, n_queries: int, registries: Registries, released: bool = False) -> list[str]:
+    """Upper-bound LLM calls and tokens of an entry's LLM stages over ``n_queries`` queries:
+    prompts from the reranker's document cut (``max_doc_words`` x TOKENS_PER_WORD), outputs at
+    the entries' ``max_tokens`` (reasoning models often use far fewer). Dollars where the LLM
+    entry has prices."""
+    out: list[str] = []
+    samples = int(entry.args.get("samples", 1))
+    caps = _caps(entry)
+    if caps.uses_llm and not caps.agentic and entry.llm in registries.llms and not released:
+        spec = registries.llms[entry.llm]
+        calls = n_queries * samples
+        p_in = calls * (EXPANSION_PROMPT_TOKENS + (4000 if caps.needs_first_pass else 0))
+        out.append(_token_line(f"{entry.method} {entry.llm} x{samples}", spec, calls, p_in, calls * spec.max_tokens))
+    rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
+    if rr is not None and rr.kind != "cross-encoder" and rr.llm in registries.llms:
+        from r2med_agent.retrieval.llm_rerank import window_positions
+
+        spec = registries.llms[rr.llm]
+        k = int(entry.args.get("rerank_k", 100))
+        doc = rr.max_doc_words * TOKENS_PER_WORD
+        answer = rr.max_tokens or spec.max_tokens
+        if rr.kind == "listwise":
+            windows = window_positions(k, rr.window, rr.step)
+            calls = n_queries * len(windows)
+            p_in = int(sum(end - start for start, end in windows) * doc * n_queries + calls * 200)
+            label = f"{rr.name} ({len(windows)} windows of {rr.window} per query)"
+        else:
+            calls = n_queries * k
+            p_in = int(calls * (doc + 300))
+            label = f"{rr.name} ({k} pairs per query, + 1-token judgments)"
+        out.append(_token_line(label, spec, calls, p_in, calls * answer))
+    return out
+
+
+def _token_line(label: str, spec: Any, calls: int, p_in: int, p_out: int) -> str:
+    line = f"{label}: {calls:,} calls, ≈{p_in / 1e6:.1f}M prompt tokens, ≤{p_out / 1e6:.1f}M output tokens"
+    if spec.price_in_per_mtok or spec.price_out_per_mtok:
+        line += f", ≤${spec.cost_usd(p_in, p_out):,.0f}"
+    return line
+
+
+def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:
+    """The estimate for a vLLM LLM and GPU encoders/rerankers sharing a GPU: weights plus a fifth
+    for activations and KV cache, and whether vLLM's reservation leaves the others room."""
+    total = (llm_gib + others_gib) * 1.2
+    line = (
+        f"together (estimate, if resident at once): ≈{llm_gib:.1f} GiB LLM share + ≈{others_gib:.1f} GiB "
+        f"encoder/reranker weights, ≈{total:.1f} GiB with a fifth for activations and KV cache"
+    )
+    if total > gpu_gib:
+        return line + f" (does not fit one {gpu_gib:.0f} GiB GPU)"
+    room = (1.0 - utilization) * gpu_gib
+    if others_gib * 1.2 > room:
+        most = (gpu_gib - others_gib * 1.2) / gpu_gib
+        line += (
+            f"; vLLM reserves {utilization:.0%} of the GPU (gpu_memory_utilization), leaving ≈{room:.1f} GiB: "
+            f"set it to at most {most:.2f} in the LLM's registry entry"
+        )
+    return line
+
+

@@ -1,0 +1,326 @@
+"""The comparison table: result rows against tasks, with published scores, significance and cost."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.stats import EXACT_MAX_N, TESTS, PairedTest, compare_tasks
+
+logger = logging.getLogger(__name__)
+
+from r2med_agent.analysis.published import (
+    PUBLISHED_METRICS,
+    PUBLISHED_RETRIEVERS,
+    PublishedKey,
+    PublishedResults,
+    published_results,
+)
+from r2med_agent.analysis.results import NO_LLM, ResultRow, task_order
+
+PARTIAL_MARK = "†"
+BETTER_MARK = "▲"
+WORSE_MARK = "▼"
+MISSING = "—"
+
+
+RowAliases = Mapping[Any, PublishedKey]
+"""A result row -> its name in the published CSV: keyed by the row's run spec key
+(:meth:`RunSpec.key`), or by ``(method, llm, retriever, reranker)`` for a row whose other
+settings are all defaults."""
+
+
+def grid_aliases() -> dict[Any, PublishedKey]:
+    """Run specs -> published names of every package reproduction grid entry."""
+    from r2med_agent.analysis.grids import (
+        load_grids,  # the grids name the runs behind each published row
+    )
+
+    return {key: e.published_key for grid in load_grids().values() for e in grid.entries for key in e.row_keys()}
+
+
+def published_key(
+    row: ResultRow, published: PublishedResults | None = None, aliases: RowAliases | None = None
+) -> PublishedKey | None:
+    """The published configuration matching ``row``, or None.
+
+    A row whose settings are all defaults matches by name as the CSV spells them (method ``none``
+    for plain retrieval; the CSV's llm is empty where the row's is ``none``), with the retriever
+    renamed by PUBLISHED_RETRIEVERS (``bm25-compat`` -> ``bm25``). A row run under other names or
+    settings matches through ``aliases`` by its run spec (default: the package reproduction grids,
+    whose entries may carry a ``published:`` override).
+    """
+    from r2med_agent.released import base_llm
+
+    published = published or published_results()
+    # A row made from R2MED's released generations (<llm>@r2med) stands for the same published row.
+    llm = "" if row.llm in (NO_LLM, "", "-") else base_llm(row.llm)
+    if not row.settings:
+        for retriever in dict.fromkeys([row.retriever, PUBLISHED_RETRIEVERS.get(row.retriever, row.retriever)]):
+            key = PublishedKey(row.method, llm, retriever, row.reranker)
+            if key in published:
+                return key
+    aliases = grid_aliases() if aliases is None else aliases
+    alias = aliases.get(row.spec.key()) if row.spec is not None else None
+    if alias is None and not row.settings:
+        alias = aliases.get((row.method, llm or NO_LLM, *row.key[2:]))
+    return alias if alias is not None and alias in published else None
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison table
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One line of a :class:`ComparisonTable`.
+
+    Attributes:
+        index: position in the table (what ``--baseline`` accepts as a number).
+        row: the loaded results.
+        values: task -> mean for the table's metric (None: the row lacks that task).
+        average: mean of ``values`` over the tasks the row has (None when it has none).
+        missing_tasks: table tasks the row lacks; the average is partial when not empty.
+        published: task -> the paper's score (only with published=True; tasks without one absent).
+        published_average: the paper's mean over exactly the row's tasks (None when any is missing).
+        tests: task (and ``"all"``) -> paired test against the baseline (empty for the baseline).
+        totals: ``stats`` summed over the table's tasks.
+    """
+
+    index: int
+    row: ResultRow
+    values: dict[str, float | None]
+    average: float | None
+    missing_tasks: tuple[str, ...]
+    published: dict[str, float]
+    published_average: float | None
+    tests: dict[str, PairedTest]
+    totals: dict[str, float]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing_tasks)
+
+
+@dataclass(frozen=True)
+class ComparisonTable:
+    """Rows of results against the tasks; build it with :func:`build_table`."""
+
+    metric: str
+    tasks: tuple[str, ...]
+    rows: tuple[TableRow, ...]
+    show_source: bool = False
+    with_published: bool = False
+    baseline: int | None = None
+    alpha: float = 0.05
+    test: str = "permutation"
+    n_resamples: int = 10_000
+    with_cost: bool = False
+
+    def marker(self, row: TableRow, task: str) -> str:
+        """``▲``/``▼`` when ``row`` differs significantly from the baseline on ``task`` (or ``"all"``)."""
+        t = row.tests.get(task)
+        if t is None or not t.significant(self.alpha):
+            return ""
+        return BETTER_MARK if t.mean_diff > 0 else WORSE_MARK
+
+    def footnotes(self) -> list[str]:
+        """Legend lines: partial averages, significance markers."""
+        notes = []
+        for r in self.rows:
+            if r.partial and r.average is not None:
+                have = len(self.tasks) - len(r.missing_tasks)
+                notes.append(
+                    f"{PARTIAL_MARK} row {r.index} ({r.row.label}): average over {have} of {len(self.tasks)} "
+                    f"tasks; missing: {', '.join(r.missing_tasks)}"
+                )
+        if self.baseline is not None:
+            base = self.rows[self.baseline].row.label
+            how = (
+                f"paired randomisation test over queries: all 2^n sign flips for n <= {EXACT_MAX_N}, "
+                f"else {self.n_resamples} random ones"
+                if self.test == "permutation"
+                else f"paired bootstrap test over queries, {self.n_resamples} resamples"
+            )
+            notes.append(
+                f"{BETTER_MARK}/{WORSE_MARK}: better/worse than the baseline, row {self.baseline} ({base}), "
+                f"with p < {self.alpha:g} ({how}). The Avg column's test is stratified by task: its "
+                "statistic is the mean over the tasks both rows have of the per-task mean differences "
+                "(every task weighs the same, as in the average), with signs flipped per query or "
+                "queries resampled within each task; W/T/L counts queries over those tasks"
+            )
+        if self.with_published:
+            notes.append(
+                "paper: R2MED's published score (arXiv 2505.14558; on the nano- tasks, the "
+                "NanoR2MED card's, hakari-bench/NanoR2MED); its average covers the same "
+                f"tasks as ours and is {MISSING} when the paper lacks any of them"
+            )
+        return notes
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def find_row(rows: Sequence[ResultRow], spec: str) -> int:
+    """Index of the row ``spec`` names: a row index, a row's whole label
+    (``method/llm/retriever[/reranker] [settings]``), or ``method/llm/retriever[/reranker]`` when
+    one row alone has those names.
+
+    Raises:
+        ConfigError: no row or several rows match (the message lists the rows).
+    """
+    spec = spec.strip()
+    listing = "; ".join(f"{i}: {r.label}" for i, r in enumerate(rows))
+    if spec.isdigit():
+        i = int(spec)
+        if i >= len(rows):
+            raise ConfigError(f"--baseline {spec}: there are only {len(rows)} rows ({listing})")
+        return i
+    exact = [i for i, r in enumerate(rows) if r.label == spec]
+    if len(exact) == 1:
+        return exact[0]
+    parts = spec.split(" [", 1)[0].split("/")
+    if len(parts) not in (3, 4):
+        raise ConfigError(
+            f"--baseline '{spec}': use a row index or method/llm/retriever[/reranker] (rows: {listing})"
+        )
+    method, llm, retriever = parts[:3]
+    reranker = parts[3] if len(parts) == 4 else ""
+    llm_names = {NO_LLM, "", "-"} if llm in (NO_LLM, "", "-") else {llm}
+    hits = exact or [
+        i
+        for i, r in enumerate(rows)
+        if (r.method, r.retriever, r.reranker) == (method, retriever, reranker) and r.llm in llm_names
+    ]
+    if not hits:
+        raise ConfigError(f"--baseline '{spec}' matches no row; rows: {listing}")
+    if len(hits) > 1:
+        raise ConfigError(
+            f"--baseline '{spec}' matches rows {', '.join(map(str, hits))} (the same configuration with "
+            f"other settings, or in several results directories); give the row index or the whole "
+            f"label instead. Rows: {listing}"
+        )
+    return hits[0]
+
+
+def build_table(
+    rows: Sequence[ResultRow],
+    metric: str = "ndcg_at_10",
+    *,
+    tasks: Sequence[str] | None = None,
+    published: bool = False,
+    baseline: str | int | None = None,
+    alpha: float = 0.05,
+    test: str = "permutation",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    cost: bool = False,
+    published_scores: PublishedResults | None = None,
+    published_aliases: RowAliases | None = None,
+) -> ComparisonTable:
+    """Lay ``rows`` out against the tasks.
+
+    Args:
+        rows: loaded results (:func:`load_results`), in display order.
+        metric: the metric key shown (``ndcg_at_10``, ``recall_at_100``, ...).
+        tasks: columns to show (default: every task any row has, R2MED order first).
+        published: add the paper's scores (matched by :func:`published_key`).
+        baseline: a row index or ``method/llm/retriever[/reranker]``; every other row is tested
+            against it, per task and over the tasks (stratified: each task weighs the same).
+        alpha: significance level of the markers.
+        test: ``permutation`` or ``bootstrap``.
+        n_resamples: Monte Carlo permutations / bootstrap resamples.
+        seed: seed of the tests.
+        cost: sum the result files' ``stats`` into cost columns.
+        published_scores: another published CSV (default: the packaged one).
+        published_aliases: row names -> published names (default: the package grids').
+
+    Raises:
+        ConfigError: unknown metric (none of the files has it), bad baseline, bad test name.
+    """
+    if not rows:
+        raise ConfigError("no results to compare: no <Task>.json found under the given directories")
+    if test not in TESTS:
+        raise ConfigError(f"unknown significance test '{test}'; allowed: {', '.join(TESTS)}")
+    if not 0 < alpha < 1:
+        raise ConfigError(f"--alpha must be between 0 and 1, got {alpha}")
+    from r2med_agent.evaluation import metric_key
+
+    metric = metric_key(metric)  # ndcg@10, NDCG@10, ndcg_cut_10 -> ndcg_at_10
+    known = {m for r in rows for t in r.tasks.values() for m in t.scores}
+    if metric not in known:
+        raise ConfigError(f"no result file has metric '{metric}'; available: {', '.join(sorted(known))}")
+    all_tasks = task_order({t for r in rows for t in r.tasks})
+    if tasks is None:
+        columns = tuple(all_tasks)
+    else:
+        unknown = [t for t in tasks if t not in all_tasks]
+        if unknown:
+            raise ConfigError(
+                f"no results for task(s) {', '.join(unknown)}; tasks found: {', '.join(all_tasks)}"
+            )
+        columns = tuple(tasks)
+    base_index = None if baseline is None else (
+        baseline if isinstance(baseline, int) else find_row(rows, str(baseline))
+    )
+    if base_index is not None and not 0 <= base_index < len(rows):
+        raise ConfigError(f"baseline row {base_index} out of range (0..{len(rows) - 1})")
+    pub = (published_scores or published_results()) if published else None
+    aliases = published_aliases if published_aliases is not None else (grid_aliases() if published else {})
+    if pub is not None and metric not in PUBLISHED_METRICS:
+        logger.warning("the paper reports no %s; the published columns stay empty", metric)
+
+    def per_query_table(r: ResultRow) -> dict[str, dict[str, float]]:
+        return {t: r.per_query(t, metric) for t in columns if r.score(t, metric) is not None}
+
+    base_pq = per_query_table(rows[base_index]) if base_index is not None else None
+    out = []
+    for i, r in enumerate(rows):
+        values = {t: r.score(t, metric) for t in columns}
+        present = [v for v in values.values() if v is not None]
+        missing = tuple(t for t, v in values.items() if v is None)
+        pub_values: dict[str, float] = {}
+        pub_avg = None
+        if pub is not None:
+            key = published_key(r, pub, aliases)
+            if key is not None:
+                scores = pub.scores(key, metric)
+                pub_values = {t: scores[t] for t in columns if t in scores}
+                have = [t for t, v in values.items() if v is not None]
+                if have and all(t in pub_values for t in have):
+                    pub_avg = _mean(pub_values[t] for t in have)
+        tests: dict[str, PairedTest] = {}
+        if base_pq is not None and i != base_index:
+            tests = compare_tasks(base_pq, per_query_table(r), test=test, n_resamples=n_resamples, seed=seed)
+        out.append(
+            TableRow(
+                index=i,
+                row=r,
+                values=values,
+                average=_mean(present),
+                missing_tasks=missing,
+                published=pub_values,
+                published_average=pub_avg,
+                tests=tests,
+                totals=r.totals(columns) if cost else {},
+            )
+        )
+    return ComparisonTable(
+        metric=metric,
+        tasks=columns,
+        rows=tuple(out),
+        show_source=len({r.source for r in rows}) > 1,
+        with_published=published,
+        baseline=base_index,
+        alpha=alpha,
+        test=test,
+        n_resamples=n_resamples,
+        with_cost=cost,
+    )
+
+

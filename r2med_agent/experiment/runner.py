@@ -1,0 +1,618 @@
+"""The one place that orchestrates stages and writes files.
+
+CLI -> RunConfig (a RunSpec plus run options) -> run_experiment: load tasks -> build retrievers ->
+the method's one call over all tasks (``Method.run_tasks``) -> search per task (all queries in one
+call) -> optional rerank (``Reranker`` protocol) -> evaluate -> ResultStore. Methods never write
+files; this module never parses LLM text and never asks which method or reranker it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
+from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, RunSpec
+from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary
+from r2med_agent.io import atomic_write_json, atomic_write_text
+from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
+
+__all__ = ["DEFAULT_TOP_K", "FINAL_MODES", "ExperimentResult", "RunConfig", "RunSpec", "TaskOutcome", "cut_run",
+           "model_precisions", "run_experiment"]
+
+log = logging.getLogger(__name__)
+
+RUN_OPTIONS = ("tasks", "data_dir", "allow_missing_qrels_docs", "allow_count_mismatch", "output_dir", "use_cache",
+               "refresh_cache", "cache_path", "chunk_size", "metrics", "show_progress", "prompts_dir")
+"""RunConfig's fields that are not part of the run's identity (they cannot change a result)."""
+
+
+@dataclass(frozen=True)
+class RunConfig(RunSpec):
+    """A run: its spec (every result-changing setting, see :class:`RunSpec`) plus where and how
+    it runs. Only the spec part names the result folder and is compared by ``reproduce``.
+
+    Attributes (besides the spec's):
+        tasks: task names (already resolved from specs such as ``all``).
+        data_dir: local copy of the data (R2MED or BEIR layout); None loads from the hub.
+        allow_missing_qrels_docs: keep qrels naming documents absent from the corpus (warned)
+            instead of failing (see :func:`r2med_agent.data.load_task`).
+        allow_count_mismatch: use a ``data_dir`` copy of a registered task whose query or
+            document count differs from the registry's (recorded in each task's ``source``).
+        output_dir: root of the result tree.
+        use_cache: read and write the generation cache.
+        refresh_cache: regenerate and overwrite cached generations.
+        cache_path: the generation cache file (None: the default under the cache directory).
+        chunk_size: cache misses per backend call, each committed when it returns (0: all in
+            one call; None: the LLM entry's ``chunk_size``).
+        metrics: metric keys to compute.
+        show_progress: progress bars.
+        prompts_dir: a folder of prompts overriding the shipped ones (None: ``$R2MED_PROMPTS_DIR``
+            if set); its templates' hash becomes the spec's ``prompts``.
+    """
+
+    tasks: tuple[str, ...] = ()
+    data_dir: Path | None = None
+    allow_missing_qrels_docs: bool = False
+    allow_count_mismatch: bool = False
+    output_dir: Path = Path("results")
+    use_cache: bool = True
+    refresh_cache: bool = False
+    cache_path: Path | None = None
+    chunk_size: int | None = None
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    show_progress: bool = True
+    prompts_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if self.chunk_size is not None and self.chunk_size < 0:
+            raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
+        if self.prompts is None:
+            object.__setattr__(self, "prompts", prompts_in_use(self))
+
+    @property
+    def spec_only(self) -> RunSpec:
+        """The run's identity: the spec fields alone."""
+        return self.spec()
+
+    @property
+    def fusion_options(self) -> dict[str, Any]:
+        """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined; plus
+        ``precision`` and ``encoder_backend`` when set)."""
+        opts: dict[str, Any] = {"precision": self.precision} if self.precision is not None else {}
+        if self.encoder_backend is not None:
+            opts["encoder_backend"] = self.encoder_backend
+        if "+" not in self.retriever:
+            return opts
+        return {**opts, "fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
+
+    @property
+    def model_options(self) -> dict[str, Any]:
+        """``make_retriever`` options of a single (non-fused) retriever: precision, backend."""
+        return {k: v for k, v in self.fusion_options.items() if k in ("precision", "encoder_backend")}
+
+    @property
+    def retriever_label(self) -> str:
+        """The result folder's last part (:attr:`RunSpec.leaf`)."""
+        return self.leaf
+
+    @property
+    def scored_metrics(self) -> tuple[str, ...]:
+        """``metrics`` whose cut-off the depth ``top_k`` reaches (all of them at 100)."""
+        return metrics_within_depth(self.metrics, self.top_k)
+
+    @property
+    def store(self) -> ResultStore:
+        return ResultStore(self.output_dir)
+
+    def result_dir(self) -> Path:
+        """``<output>/<method>/<llm>/<leaf>``: the spec's own folder (:meth:`RunSpec.folder`)."""
+        return self.store.folder(self)
+
+
+def prompts_in_use(cfg: RunConfig) -> str | None:
+    """Hash of the overriding prompt folder's templates when the run renders prompts (an LLM
+    method with fresh generations, or a reranker), else None (the shipped templates)."""
+    renders = (cfg.method != "none" and cfg.generations == "fresh") or bool(cfg.reranker)
+    if not renders:
+        return None
+    from r2med_agent import prompts
+
+    folders = prompts.search_path(cfg.prompts_dir)
+    if len(folders) < 2:
+        return None
+    return folder_fingerprint(folders[0])
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """SHA-256 (16 hex digits) of a prompt folder's templates and example files: relative names
+    and contents, so the same files anywhere give the same hash."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".j2", ".yaml", ".yml")):
+        rel = path.relative_to(folder).as_posix()
+        h.update(f"{rel}\0".encode())
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class TaskOutcome:
+    task: str
+    evaluation: Evaluation
+    files: list[Path]
+    stats: dict[str, Any]
+
+
+@dataclass
+class ExperimentResult:
+    config: RunConfig
+    outcomes: list[TaskOutcome]
+    average: dict[str, float]
+    result_dir: Path
+    llm_stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _TaskRun:
+    """Everything the stages make for one task (one record, instead of a dict per stage)."""
+
+    task: Task
+    retriever: Any
+    index_time: float = 0.0
+    output: Any = None  # methods.base.TaskOutput
+    run: Run | None = None
+    retrieval_time: float = 0.0
+    rerank: Any = None  # an LLM reranker's output for this task
+    released_source: str | None = None
+
+
+@dataclass
+class _Context:
+    """The run's shared parts: its config, LLM entry, reranker and the LLM itself."""
+
+    cfg: RunConfig
+    method: Any
+    llm_spec: Any = None
+    reranker: Any = None
+    llm: Any = None
+    loop_steps: list[dict[str, int]] | None = None
+
+
+def _cost_usd(spec: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """Dollars at the LLM registry's prices (LLMSpec.cost_usd); None where there is no price
+    (self-hosted or local models, runs without an LLM), so tables show no invented $0."""
+    if spec is None or not (spec.price_in_per_mtok or spec.price_out_per_mtok):
+        return None
+    return round(spec.cost_usd(prompt_tokens, completion_tokens), 6)
+
+
+def _generation_stats(gens: Sequence[Generation], spec: Any) -> dict[str, Any]:
+    made = [g for g in gens if not g.cached]
+    p_in = sum(g.prompt_tokens for g in gens)
+    p_out = sum(g.completion_tokens for g in gens)
+    return {
+        "generations": len(made),
+        "cache_hits": len(gens) - len(made),
+        "prompt_tokens": p_in,
+        "completion_tokens": p_out,
+        # Model time and cost of all the method's generations (cached ones keep the time and
+        # tokens of their original run), so configurations compare whatever the cache held;
+        # llm_time_new_s is what this run itself spent.
+        "llm_time_s": round(sum(g.latency_s for g in gens), 4),
+        "llm_time_new_s": round(sum(g.latency_s for g in made), 4),
+        "cost_usd": _cost_usd(spec, p_in, p_out),
+    }
+
+
+def _add_rerank_stats(stats: dict[str, Any], rerank: dict[str, Any]) -> None:
+    """An LLM reranker's tokens, time and cost join the task's totals (what ``compare --cost``
+    sums); its own numbers stay apart under ``rerank``."""
+    from r2med_agent.llm.registry import get_llm_spec
+
+    rerank = dict(rerank)
+    rerank["cost_usd"] = _cost_usd(get_llm_spec(rerank["llm"]), rerank["prompt_tokens"], rerank["completion_tokens"])
+    for key in ("generations", "cache_hits", "prompt_tokens", "completion_tokens"):
+        stats[key] = stats.get(key, 0) + rerank[key]
+    for key in ("llm_time_s", "llm_time_new_s"):
+        stats[key] = round(stats.get(key, 0.0) + rerank[key], 4)
+    if rerank["cost_usd"] is not None:
+        stats["cost_usd"] = round((stats.get("cost_usd") or 0.0) + rerank["cost_usd"], 6)
+    stats["rerank"] = rerank
+
+
+def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
+    """Apply CLI sampling overrides; unknown names are errors naming the allowed ones."""
+    allowed = set(params.to_dict())
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return replace(params, **overrides)
+
+
+def cut_run(run: Run, k: int) -> Run:
+    """Each query's ``k`` best documents (score order; equal scores keep the run's order)."""
+    return {
+        qid: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:k]) for qid, docs in run.items()
+    }
+
+
+def _task_stats(gens, traces, spec: Any) -> dict[str, Any]:
+    if gens is not None:
+        return _generation_stats(gens, spec)
+    if traces is not None:
+        p_in = sum(s.prompt_tokens for t in traces for s in t.steps)
+        p_out = sum(s.completion_tokens for t in traces for s in t.steps)
+        extra = [t.extra or {} for t in traces]
+        return {
+            "generations": sum(int(e.get("generations", 0)) for e in extra),
+            "cache_hits": sum(int(e.get("cache_hits", 0)) for e in extra),
+            "prompt_tokens": p_in,
+            "completion_tokens": p_out,
+            "llm_time_s": round(sum(float(e.get("llm_time_s", 0.0)) for e in extra), 4),
+            "llm_time_new_s": round(sum(float(e.get("llm_time_new_s", 0.0)) for e in extra), 4),
+            "cost_usd": _cost_usd(spec, p_in, p_out),
+        }
+    return {"generations": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
+            "llm_time_s": 0.0, "llm_time_new_s": 0.0, "cost_usd": None}
+
+
+def model_precisions(cfg: RunConfig) -> dict[str, str]:
+    """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
+    or its registry entry's; on a CPU everything runs in float32), by registry name."""
+    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.rerank import get_reranker_spec
+
+    encoders = encoder_registry()
+    names = {p.strip() for spec in (cfg.retriever, cfg.loop_retriever or "") for p in spec.split("+")}
+    out = {n: cfg.precision or encoders[n].precision
+           for n in sorted(names) if n in encoders and encoders[n].kind == "hf"}
+    if cfg.reranker:
+        out[cfg.reranker] = cfg.precision or get_reranker_spec(cfg.reranker).precision
+    return out
+
+
+def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
+    """Run one configuration over its tasks and write every result file; see module docstring.
+
+    An LLM the run builds itself is closed when the run ends, also on an error or Ctrl-C (a
+    vLLM engine shuts down, so the process can exit); one passed in stays open.
+
+    Args:
+        cfg: the configuration.
+        llm: an LLM to use instead of building ``cfg.llm`` from the registry (tests, notebooks);
+            its generations still go through whatever wrapper it has.
+    """
+    from r2med_agent import progress
+
+    owned: list[Any] = []
+    was_enabled = progress.enabled()
+    progress.configure(enabled=cfg.show_progress)
+    try:
+        return _run_experiment(cfg, llm, owned)
+    finally:
+        progress.configure(enabled=was_enabled)
+        for made in owned:
+            try:
+                made.close()
+            except Exception as e:  # noqa: BLE001 - never mask the run's own outcome
+                log.warning("closing the LLM failed: %s", e)
+
+
+def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> ExperimentResult:
+    from r2med_agent.data import load_task
+    from r2med_agent.methods import get_method
+
+    tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
+                       allow_count_mismatch=cfg.allow_count_mismatch)
+             for name in cfg.tasks]
+    beyond = [m for m in cfg.metrics if m not in cfg.scored_metrics]
+    if beyond:
+        log.info("scoring the top %d: %s left out (their cut-off is beyond the depth)",
+                 cfg.top_k, ", ".join(beyond))
+    ctx = _Context(cfg, get_method(cfg.method)())
+    _check_models(ctx)
+    released = _load_released(ctx, tasks)
+    out_dir = cfg.store.prepare(cfg.spec())
+    runs = _build_retrievers(ctx, tasks)
+    for name, (gens, source) in released.items():
+        runs[name].output = ctx.method.from_generations(runs[name].task, gens)
+        runs[name].released_source = source
+    if not released:
+        ctx.llm = _make_llm(ctx, llm, owned)
+        _run_method(ctx, runs)
+    _search(ctx, runs)
+    outcomes = [_finish_task(ctx, out_dir, r) for r in runs.values()]
+    return _write_summary(ctx, out_dir, outcomes)
+
+
+def _check_models(ctx: _Context) -> None:
+    """Everything that can fail cheaply (names, models) before any LLM work and any index: the
+    LLM's name, then the reranker's model (tokenizer, config; its weights load when reranking
+    starts: loaded now, they would hold GPU memory an in-process vLLM engine expects to have)."""
+    cfg = ctx.cfg
+    if ctx.method.uses_llm:
+        from r2med_agent.llm.registry import get_llm_spec
+
+        ctx.llm_spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
+    if cfg.reranker:
+        from r2med_agent.retrieval import make_reranker
+
+        ctx.reranker = make_reranker(
+            cfg.reranker, precision=cfg.precision, cache_path=cfg.cache_path, use_cache=cfg.use_cache,
+            refresh=cfg.refresh_cache, chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
+        )
+        ctx.reranker.check()
+
+
+def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list[Generation], str]]:
+    """R2MED's released generations of every task (found and checked before any index is built)."""
+    cfg = ctx.cfg
+    if cfg.generations != "r2med":
+        return {}
+    from r2med_agent.released import load_generations
+
+    out = {task.name: load_generations(task, cfg.method, cfg.llm, ctx.llm_spec.reasoning_format, cfg.data_dir)
+           for task in tasks}
+    log.info("scoring R2MED's released %s generations of %s: no LLM is built", cfg.method, cfg.llm)
+    return out
+
+
+def _build_retrievers(ctx: _Context, tasks: Sequence[Task]) -> dict[str, _TaskRun]:
+    from r2med_agent.retrieval import make_retriever
+
+    out = {}
+    for task in tasks:
+        t0 = time.perf_counter()
+        retriever = make_retriever(ctx.cfg.retriever, task, show_progress=ctx.cfg.show_progress,
+                                   **ctx.cfg.fusion_options)
+        out[task.name] = _TaskRun(task, retriever, index_time=time.perf_counter() - t0)
+    return out
+
+
+def _make_llm(ctx: _Context, llm: Any | None, owned: list[Any]) -> Any:
+    """The run's LLM: the one passed in, or the registry entry's (closed when the run ends)."""
+    cfg = ctx.cfg
+    if ctx.llm_spec is None:
+        return None
+    if llm is not None:
+        return llm
+    from r2med_agent.llm import make_llm
+
+    # A method may change entry fields for its LLM (Search-o1 sends no system prompt).
+    made = make_llm(
+        cfg.llm,  # type: ignore[arg-type]
+        cache_path=cfg.cache_path,
+        use_cache=cfg.use_cache,
+        refresh=cfg.refresh_cache,
+        overrides=dict(ctx.method.llm_overrides) or None,
+        chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
+    )
+    owned.append(made)
+    return made
+
+
+def _run_method(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
+    """The method's one call over every task (the Method protocol)."""
+    from r2med_agent.methods.base import MethodJob, MethodSettings
+
+    cfg = ctx.cfg
+    loop_spec = cfg.loop_retriever or cfg.retriever
+    jobs = []
+    for r in runs.values():
+        searched = r.retriever if loop_spec == cfg.retriever else _other_retriever(cfg, loop_spec, r.task)
+        first_pass = (lambda r=r: _first_pass(cfg, r)) if ctx.method.needs_first_pass else None
+        jobs.append(MethodJob(r.task, searched, r.retriever, first_pass))
+    params = None
+    if ctx.llm_spec is not None:
+        from r2med_agent.llm import default_sampling
+
+        params = _with_overrides(default_sampling(ctx.llm_spec), dict(cfg.sampling))
+    settings = MethodSettings(params=params, sampling=dict(cfg.sampling), llm_spec=ctx.llm_spec,
+                              samples=cfg.samples, final=cfg.final, top_k=cfg.top_k)
+    result = ctx.method.run_tasks(jobs, ctx.llm, settings)
+    ctx.loop_steps = result.loop_steps
+    for name, output in result.tasks.items():
+        runs[name].output = output
+
+
+def _other_retriever(cfg: RunConfig, spec: str, task: Task) -> Any:
+    from r2med_agent.retrieval import make_retriever
+
+    return make_retriever(spec, task, show_progress=cfg.show_progress, **cfg.model_options)
+
+
+def _first_pass(cfg: RunConfig, r: _TaskRun) -> Run:
+    """The top 10 of ``cfg.first_pass`` for every query (LameR's prompt shows it; the run's own
+    index is reused when it is the same retriever)."""
+    first = r.retriever if cfg.retriever == cfg.first_pass else _other_retriever(cfg, cfg.first_pass, r.task)
+    return first.search([SearchRequest(q.query_id, q.text) for q in r.task.queries], 10)
+
+
+def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
+    """Search every task with all its queries at once, then rerank: a reranker that takes every
+    task at once (an LLM reranker: one generate call per window position) gets them together."""
+    cfg, reranker = ctx.cfg, ctx.reranker
+    per_task = reranker is not None and not getattr(reranker, "batches_tasks", False)
+    for r in runs.values():
+        t0 = time.perf_counter()
+        requests = r.output.requests
+        if r.output.fused_run is not None:
+            r.run = r.output.fused_run
+        else:
+            r.run = r.retriever.search(requests, max(cfg.top_k, cfg.rerank_k if reranker else 0))
+        if per_task:
+            corpus = {d.doc_id: d.full_text for d in r.task.corpus}
+            r.run = reranker.rerank(requests, r.run, corpus, cfg.rerank_k)
+        r.retrieval_time = time.perf_counter() - t0
+    if reranker is not None and not per_task:
+        _rerank_all(ctx, list(runs.values()))
+
+
+def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
+    """An LLM reranker over every task at once; the run's own LLM is reused when it is the
+    reranker's."""
+    from r2med_agent.retrieval.llm_rerank import RerankJob
+
+    cfg, reranker = ctx.cfg, ctx.reranker
+    if ctx.llm is not None and cfg.llm == reranker.spec.llm:
+        reranker.share_llm(ctx.llm)
+    jobs = [RerankJob(r.task, r.output.requests, r.run, {d.doc_id: d.full_text for d in r.task.corpus})
+            for r in runs]
+    t0 = time.perf_counter()
+    outputs = reranker.rerank_tasks(jobs, cfg.rerank_k)
+    log.info("%s reranked %d tasks in %.1f s", reranker.name, len(runs), time.perf_counter() - t0)
+    share = (time.perf_counter() - t0) / max(len(runs), 1)
+    for r, out in zip(runs, outputs):
+        r.rerank = out
+        r.run = out.run
+        r.retrieval_time += share
+
+
+def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
+    """Cut, evaluate and write one task's files."""
+    cfg = ctx.cfg
+    t0 = time.perf_counter()
+    run = r.run
+    if ctx.reranker is not None and cfg.rerank_cut:
+        run = cut_run(run, cfg.rerank_k)
+    ev = evaluate(run, r.task.qrels, cfg.scored_metrics, depth=cfg.top_k)
+    # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
+    evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
+    stats = _stats(ctx, r)
+    cfg.store.note_replacement(cfg.spec(), r.task.name)
+    files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s)
+    if ev.missing:
+        log.warning("%s: %d of %d queries have no results and score 0", r.task.name,
+                    len(ev.missing), ev.num_queries)
+    return TaskOutcome(r.task.name, ev, files, stats)
+
+
+def _stats(ctx: _Context, r: _TaskRun) -> dict[str, Any]:
+    out = r.output
+    every = out.samples
+    gens_for_stats = [g for s in every for g in s] if every else out.generations
+    stats = _task_stats(gens_for_stats, out.traces, ctx.llm_spec)
+    if r.released_source is not None:
+        stats.update(generations=0, cache_hits=0, released_generations=len(out.generations),
+                     llm_time_s=0.0, llm_time_new_s=0.0, cost_usd=None, released_source=r.released_source)
+    if ctx.cfg.samples > 1:
+        stats["samples"] = ctx.cfg.samples
+    stats["retrieval_time_s"] = round(r.retrieval_time, 4)
+    stats["index_time_s"] = round(r.index_time, 4)
+    if r.rerank is not None:
+        _add_rerank_stats(stats, r.rerank.stats)
+    return stats
+
+
+def _write_summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) -> ExperimentResult:
+    """The folder's summary covers every task result in it (a second --task run adds to it);
+    the "run" block is this run's own."""
+    cfg, llm = ctx.cfg, ctx.llm
+    average = average_over_tasks([o.evaluation.mean for o in outcomes])
+    llm_stats = asdict(llm.stats) if llm is not None and hasattr(llm, "stats") else {}
+    rerank_llm = getattr(ctx.reranker, "built_llm", None)
+    if rerank_llm is not None and rerank_llm is not llm and hasattr(rerank_llm, "stats"):
+        llm_stats = {**llm_stats, "reranker": asdict(rerank_llm.stats)}
+    scores = folder_scores(out_dir, {o.task: o.evaluation.mean for o in outcomes})
+    extra = {
+        "run": {"tasks": [o.task for o in outcomes], "average": average},
+        "llm_stats": llm_stats,
+        **({"loop_steps": ctx.loop_steps} if ctx.loop_steps is not None else {}),
+        "config": _config_record(cfg),
+        "precision": model_precisions(cfg),
+    }
+    write_summary(out_dir, scores, cfg.spec(), extra)
+    return ExperimentResult(cfg, outcomes, average, out_dir, llm_stats)
+
+
+def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: Evaluation,
+                      stats: dict[str, Any], evaluation_s: float) -> list[Path]:
+    from r2med_agent.evaluation import write_trec_run
+
+    task, out = r.task, r.output
+    tag = f"r2med-agent.{cfg.method}.{cfg.llm_label}.{cfg.leaf}"
+    files = [atomic_write_text(out_dir / f"{task.name}.run", write_trec_run(run, tag, cfg.top_k))]
+    record = {
+        "dataset_name": task.name,
+        "model_name": cfg.folder(),
+        "evaluation_time": round(evaluation_s, 4),  # a duration in seconds, as R2MED's
+        "evaluated_at": _now(),
+        "generations": cfg.generations,
+        "test": ev.mean,
+        "depth": cfg.top_k,
+        "num_queries": ev.num_queries,
+        "missing_queries": len(ev.missing),
+        "missing_query_ids": list(ev.missing),
+        "per_query": ev.per_query,
+        "stats": stats,
+        "config": _config_record(cfg),
+        "spec_key": cfg.key(),
+        "precision": model_precisions(cfg),
+        "source": task.source,
+        "corpus_fingerprint": task.fingerprint,
+    }
+    files.append(atomic_write_json(out_dir / f"{task.name}.json", record))
+    if out.generations is not None:
+        files.append(atomic_write_text(out_dir / f"{task.name}.generations.jsonl",
+                                       _generations_jsonl(task, out.generations, out.requests, out.samples)))
+    if out.traces is not None:
+        from r2med_agent.methods.agentic import trace_to_dict
+
+        text = "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n" for t in out.traces)
+        files.append(atomic_write_text(out_dir / f"{task.name}.traces.jsonl", text))
+    if r.rerank is not None:
+        from r2med_agent.methods.loop import traces_to_jsonl
+
+        files.append(atomic_write_text(out_dir / f"{task.name}.rerank.jsonl", traces_to_jsonl(r.rerank.traces)))
+    return files
+
+
+def _generations_jsonl(task: Task, gens: Sequence[Generation], requests: Sequence[SearchRequest],
+                       samples: Sequence[Sequence[Generation]] | None) -> str:
+    by_id = {r.query_id: r for r in requests}
+    lines = []
+    for n, (q, g) in enumerate(zip(task.queries, gens)):
+        more = {"samples": [s.final for s in samples[n]]} if samples else {}
+        lines.append(json.dumps({
+            "id": q.query_id,
+            "text": q.text,
+            "hy_doc": g.text,  # the raw output, as in R2MED's own files
+            "doc_id": sorted(task.qrels.get(q.query_id, {})),
+            "final": g.final,
+            "reasoning": g.reasoning,
+            "finish_reason": g.finish_reason,
+            "query_used": by_id[q.query_id].combine if q.query_id in by_id else "none",
+            **more,
+        }, ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
+def _config_record(cfg: RunConfig) -> dict[str, Any]:
+    """The configuration as written into result files (no secrets: names and settings only):
+    the spec's record plus the run options that say where the data came from."""
+    rec = cfg.record()
+    rec["tasks"] = list(cfg.tasks)
+    rec["metrics"] = list(cfg.scored_metrics)
+    for key in ("data_dir", "output_dir", "cache_path", "prompts_dir"):
+        value = getattr(cfg, key)
+        rec[key] = str(value) if value is not None else None
+    for key in ("allow_missing_qrels_docs", "allow_count_mismatch", "use_cache", "refresh_cache", "chunk_size"):
+        rec[key] = getattr(cfg, key)
+    return rec
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

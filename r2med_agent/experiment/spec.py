@@ -1,0 +1,601 @@
+"""The run spec: every setting that can change a result, typed, documented, and nothing else.
+
+A :class:`RunSpec` is the identity of a run. Everything that names, files, labels or checks a run
+is derived from it and from nothing else:
+
+- :meth:`RunSpec.key` is a canonical text (compact JSON of the settings that differ from their
+  defaults); :meth:`RunSpec.from_key` reads it back, and :meth:`RunSpec.record` /
+  :meth:`RunSpec.from_record` do the same with the dict written into every result file;
+- :meth:`RunSpec.digest` is a short hash of the key; :meth:`RunSpec.folder` is the result folder
+  relative to the output root, ``<method>/<llm>/<retriever>[__<tokens>][__<reranker>][__<digest>]``,
+  whose tokens show the non-default settings (``t0.9``, ``mt24``, ``k10``, ``bfloat16``, ...) and
+  whose digest covers all of them, so two specs that differ in any setting never share a folder;
+- :meth:`RunSpec.settings` lists the non-default settings beyond method, LLM, retriever and
+  reranker; ``compare`` labels its rows with them;
+- the CLI's help text and the Python API's keyword documentation come from :data:`FIELD_HELP`.
+
+Settings that cannot change a result (the tasks, where the data and caches live, progress bars,
+chunking of LLM calls, which metrics are printed) are not part of the spec: they belong to
+:class:`~r2med_agent.runner.RunConfig`, which extends the spec with them. A spec is normalised
+when it is made: a setting that does not apply (``rerank_k`` without a reranker, ``final`` for a
+method that has no final-fuse mode, a loop retriever equal to the retriever) is set back to its
+default, so it neither splits nor merges folders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any
+
+from r2med_agent.errors import ConfigError
+
+DEFAULT_TOP_K = 100
+"""R2MED's depth: the top 100 documents per query are kept and scored."""
+
+FINAL_MODES = ("default", "fuse")
+GENERATION_SOURCES = ("fresh", "r2med")
+SPEC_VERSION = 1
+"""Version of the key format (bumped only if the canonical encoding itself changes)."""
+
+FLOAT_SAMPLING = ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                  "min_p")
+INT_SAMPLING = ("max_tokens", "top_k")
+"""Sampling overrides coerced to one type, so 1 and 1.0 are the same setting."""
+
+BM25_NAMES = frozenset({"bm25", "bm25-compat"})
+"""Retrievers with no neural model: precision and encoder backend do not apply to them."""
+
+NAMED_FIELDS = ("method", "llm", "generations", "retriever", "fusion", "rrf_k", "fusion_weights", "reranker")
+"""Settings shown by the folder path itself (method, LLM, retriever with its fusion, reranker)."""
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Every setting that can change a run's result.
+
+    Attributes:
+        method: ``none`` (the plain query) or a registered method (``r2med-agent`` lists them).
+        llm: LLM registry name; needed by every method but ``none``.
+        generations: ``fresh`` or ``r2med`` (R2MED's released generations; no LLM runs).
+        sampling: overrides of the LLM's default sampling (``temperature``, ``top_p``,
+            ``max_tokens``, ``seed`` (None: send no seed), ``repetition_penalty``, ...).
+        samples: generations per query (methods that support samples).
+        prompts: hash of the prompt templates in use when they are not the shipped ones.
+        first_pass: the first-pass retriever of methods that show a first pass in their prompt.
+        retriever: ``bm25``, ``bm25-compat``, an encoder name, or a '+'-joined fusion.
+        fusion, rrf_k, fusion_weights: how a '+'-joined retriever fuses its members.
+        loop_retriever: what the agentic loops search while they reason (None: ``retriever``).
+        final: agentic final ranking, ``default`` or ``fuse``.
+        precision: numeric precision of the run's encoders and reranker on a GPU.
+        encoder_backend: engine of the local dense encoders (None: each entry's own).
+        top_k: documents kept per query and the depth they are scored at.
+        reranker: reranker registry name.
+        rerank_k: how many top documents the reranker re-scores.
+        rerank_cut: keep only the ``rerank_k`` reranked documents per query.
+    """
+
+    method: str = field(default="none", metadata=_help(
+        "none | hyde | query2doc | lamer | search-r1 | search-o1 (any case: HyDE works)."))
+    llm: str | None = field(default=None, metadata=_help(
+        "LLM registry name (see `r2med-agent llms`), e.g. qwen-32b, gpt4, or the offline default smollm2."))
+    generations: str = field(default="fresh", metadata=_help(
+        "fresh: generate with --llm (through the cache). r2med: score R2MED's released generations of "
+        "--method/--llm (<Task>/<method>/<llm>/query_with_hydoc.jsonl from the hub at the task's pinned "
+        "revision, from --data-dir, or from a packaged task); no LLM is built. Results go to "
+        "<method>/<llm>@r2med/."))
+    sampling: Mapping[str, Any] = field(default_factory=dict, metadata=_help(
+        "Overrides of the LLM's default sampling (temperature, top_p, max_tokens, seed, ...)."))
+    samples: int = field(default=1, metadata=_help(
+        "Generations per query for hyde, query2doc and lamer (vLLM/OpenAI n): dense retrieval searches "
+        "with the mean of the query's and the samples' embeddings, BM25 with the samples joined."))
+    prompts: str | None = field(default=None, metadata=_help(
+        "Hash of the prompt templates in use when they are not the shipped ones ($R2MED_PROMPTS_DIR)."))
+    first_pass: str = field(default="bm25", metadata=_help(
+        "LameR's first-pass retriever, whose top 10 the prompt shows: bm25 (default), bm25-compat (the "
+        "reference's gensim BM25, what the paper's LameR rows read) or an encoder name."))
+    retriever: str = field(default="bm25", metadata=_help(
+        "bm25 | bm25-compat (R2MED's gensim scoring) | an encoder name (minilm, bge, nv, harrier, ...) | a "
+        "'+'-joined fusion such as bm25+minilm | on NanoR2MED splits, the candidate lists they ship: "
+        "nano-bm25, nano-dense, nano-hybrid[-safeguard], or hakari-hybrid[-safeguard] (the hybrid list "
+        "rebuilt from nano-bm25 and harrier)."))
+    fusion: str = field(default="rrf", metadata=_help(
+        "How a '+'-joined --retriever fuses its members: rrf (reciprocal rank fusion) or weighted "
+        "(weighted sum of per-query min-max normalised scores)."))
+    rrf_k: int = field(default=60, metadata=_help(
+        "The RRF constant k for --fusion rrf (score = sum of 1/(k + rank))."))
+    fusion_weights: tuple[float, ...] | None = field(default=None, metadata=_help(
+        "Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), "
+        "e.g. 0.3,0.7."))
+    loop_retriever: str | None = field(default=None, metadata=_help(
+        "Retriever that Search-R1/Search-o1 query while they reason (default: --retriever; the final "
+        "ranking uses --retriever)."))
+    final: str = field(default="default", metadata=_help(
+        "Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the "
+        "searches the loop ran for the trajectory, each distinct query once, plus the final query; "
+        "queries answered with a notice or issued in Search-R1's final turn were not run and are left "
+        "out). Both rank with --retriever."))
+    precision: str | None = field(default=None, metadata=_help(
+        "Numeric precision of the run's encoders and reranker on a GPU: float32, float16, bfloat16, "
+        "autocast-float16 (float32 weights, fp16 autocast) or auto (bf16 where supported, else fp16; the "
+        "fastest). Default: each model's registry precision, the one R2MED's reference ran it at. On a "
+        "CPU everything runs in float32."))
+    encoder_backend: str | None = field(default=None, metadata=_help(
+        "Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | "
+        "auto (vLLM when installed with a GPU and the encoder's pooling is supported, else "
+        "transformers). Default: each encoder entry's 'backend'."))
+    top_k: int = field(default=DEFAULT_TOP_K, metadata=_help(
+        "Documents kept per query and the depth they are scored at (R2MED: 100); metrics cut off beyond "
+        "it are left out."))
+    reranker: str | None = field(default=None, metadata=_help(
+        "Reranker registry name: a cross-encoder (bge-reranker, monobert, rankllama) or an LLM reranker "
+        "(kind listwise or pointwise-reasoning, e.g. qwen3-32b-listwise, r1-qwen-32b-pointwise, "
+        "smollm2-listwise); see configs/rerankers.yaml."))
+    rerank_k: int = field(default=100, metadata=_help(
+        "How many top documents the reranker re-scores (the paper uses 10 or 100)."))
+    rerank_cut: bool = field(default=False, metadata=_help(
+        "Keep only the --rerank-k reranked documents per query, as R2MED's reranker runs did "
+        "(NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same."))
+
+    def __post_init__(self) -> None:
+        _normalise(self)
+        _validate(self)
+
+    # -- identity ---------------------------------------------------------------------------
+
+    def non_default(self) -> dict[str, Any]:
+        """The settings that differ from their defaults, JSON-ready (tuples as lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(RunSpec):
+            value = getattr(self, f.name)
+            default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+            if _plain(value) != _plain(default):
+                out[f.name] = _plain(value)
+        return out
+
+    def key(self) -> str:
+        """The canonical text of this spec: compact JSON of its non-default settings, keys sorted.
+        Equal specs have equal keys; :meth:`from_key` reads it back."""
+        return json.dumps(self.non_default(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    @classmethod
+    def from_key(cls, key: str) -> RunSpec:
+        """The spec whose :meth:`key` is ``key``."""
+        try:
+            data = json.loads(key)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"not a run spec key: {key!r} ({e.msg})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"not a run spec key: {key!r}")
+        return cls.from_record(data)
+
+    def digest(self) -> str:
+        """Eight hex digits of SHA-256 over :meth:`key`: stable across runs, machines, versions."""
+        return hashlib.sha256(self.key().encode("utf-8")).hexdigest()[:8]
+
+    def record(self) -> dict[str, Any]:
+        """Every setting, JSON-ready, as written into result files (no secrets: names only)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(RunSpec)}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> RunSpec:
+        """The spec of a recorded config: this version's :meth:`record`, or the ``config`` block an
+        earlier version wrote (keys that are not settings are ignored; a setting an earlier version
+        did not record has its default, which is what such runs did)."""
+        names = {f.name for f in fields(RunSpec)}
+        kwargs = {k: v for k, v in record.items() if k in names}
+        if kwargs.get("fusion_weights") is not None:
+            kwargs["fusion_weights"] = tuple(kwargs["fusion_weights"])
+        if kwargs.get("sampling") is None:
+            kwargs.pop("sampling", None)
+        for key in ("rerank_k", "top_k", "samples", "rrf_k"):
+            if kwargs.get(key) is None:
+                kwargs.pop(key, None)
+        for key, default in (("generations", "fresh"), ("first_pass", "bm25"), ("final", "default"),
+                             ("fusion", "rrf"), ("retriever", "bm25"), ("method", "none")):
+            if kwargs.get(key) is None:
+                kwargs[key] = default
+        if kwargs["generations"] == "r2med":
+            kwargs.pop("sampling", None)  # earlier versions recorded overrides that played no part
+        return cls(**kwargs)
+
+    def applicable(self) -> list[str]:
+        """The settings that play a part in this spec's run (a released generation has no
+        sampling, prompts or first pass; a run without a reranker no rerank depth; a method
+        without a loop no loop retriever or final mode)."""
+        from r2med_agent.methods import METHODS
+
+        caps = capabilities(METHODS[self.method])
+        skip = set()
+        if self.generations == "r2med":
+            skip |= {"sampling", "prompts", "first_pass"}
+        if not caps.needs_first_pass:
+            skip.add("first_pass")
+        if not self.reranker:
+            skip |= {"rerank_k", "rerank_cut"}
+        if not caps.agentic:
+            skip |= {"loop_retriever", "final"}
+        return [f.name for f in fields(RunSpec) if f.name not in skip]
+
+    def spec(self) -> RunSpec:
+        """The spec part alone (for a :class:`RunConfig`, its identity without run options)."""
+        return RunSpec(**{f.name: getattr(self, f.name) for f in fields(RunSpec)})
+
+    # -- names derived from the spec -----------------------------------------------------------
+
+    @property
+    def llm_label(self) -> str:
+        """The LLM part of the folder: its name, ``<name>@r2med`` for released generations."""
+        if self.method == "none" or not self.llm:
+            return "none"
+        if self.generations == "r2med":
+            from r2med_agent.released import released_label
+
+            return released_label(self.llm)
+        return self.llm
+
+    @property
+    def retriever_name(self) -> str:
+        """The retriever with its fusion settings (``bm25+minilm-weighted-0.3-0.7``)."""
+        if "+" not in self.retriever:
+            return self.retriever
+        from r2med_agent.retrieval.fusion import fusion_label
+
+        return fusion_label(self.retriever, self.fusion, self.rrf_k, self.fusion_weights)
+
+    def settings(self) -> dict[str, Any]:
+        """Non-default settings beyond the ones the folder path names (method, LLM, generations,
+        retriever and fusion, reranker), in field order: what tells apart two runs of the same
+        configuration (``{"sampling.temperature": 0.9, "top_k": 10}``)."""
+        out: dict[str, Any] = {}
+        for name, value in self.non_default().items():
+            if name in NAMED_FIELDS:
+                continue
+            if name == "sampling":
+                out.update({f"sampling.{k}": v for k, v in sorted(value.items())})
+            else:
+                out[name] = value
+        return out
+
+    def tokens(self) -> list[str]:
+        """Short, file-name-safe words for :meth:`settings` (``t0.9``, ``mt24``, ``k10``)."""
+        out = []
+        for name, value in self.settings().items():
+            maker = _TOKENS.get(name)
+            if maker is None and name.startswith("sampling."):
+                text = f"{name[len('sampling.'):]}{_fmt(value)}"
+            else:
+                text = maker(value, self) if maker is not None else f"{name}-{_fmt(value)}"
+            if text:
+                out.append(_safe(text))
+        return out
+
+    @property
+    def leaf(self) -> str:
+        """The result folder's last part: ``<retriever>[__<tokens>][__<reranker>][__<digest>]``;
+        the digest is there whenever any setting beyond the named ones differs from its default."""
+        parts = [_safe(self.retriever_name)]
+        tokens = self.tokens()
+        parts += tokens
+        if self.reranker:
+            parts.append(_safe(self.reranker))
+        name = "__".join(parts)
+        if len(name) > 150:  # long fusion weights: the digest keeps it unique
+            name = name[:150].rstrip("_")
+        if self.settings():
+            name += f"__{self.digest()}"
+        return name
+
+    def folder(self) -> str:
+        """The result folder relative to the output root: ``<method>/<llm>/<leaf>``."""
+        return f"{self.method}/{self.llm_label}/{self.leaf}"
+
+    @property
+    def label(self) -> str:
+        """``method/llm/retriever[/reranker]`` then the other non-default settings in brackets."""
+        base = "/".join([self.method, self.llm_label, self.retriever_name] + ([self.reranker] if self.reranker else []))
+        extra = self.settings()
+        if not extra:
+            return base
+        return base + " [" + ", ".join(f"{k}={_fmt(v)}" for k, v in extra.items()) + "]"
+
+    def with_changes(self, **changes: Any) -> RunSpec:
+        return replace(self, **changes)
+
+
+def field_help(name: str) -> str:
+    """The documented help of a spec field (what the CLI option's ``--help`` shows)."""
+    for f in fields(RunSpec):
+        if f.name == name:
+            return f.metadata["help"]
+    raise KeyError(name)
+
+
+FIELD_HELP: dict[str, str] = {f.name: f.metadata["help"] for f in fields(RunSpec)}
+"""Every spec field's help text: the CLI's option help and the API's keyword docs."""
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready form: tuples as lists, mappings as sorted dicts."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in sorted(value.items())}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "-".join(_fmt(v) for v in value)
+    return str(value)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+@=-]+")
+
+
+def _safe(text: str) -> str:
+    """A folder-name-safe form of ``text`` (other characters become '-')."""
+    return _UNSAFE.sub("-", text).strip("-") or "-"
+
+
+def _rerank_k_token(value: Any, spec: RunSpec) -> str:
+    return f"top{value}" if spec.rerank_cut else f"rk{value}"
+
+
+_TOKENS: dict[str, Any] = {
+    "sampling.temperature": lambda v, s: f"t{_fmt(v)}",
+    "sampling.top_p": lambda v, s: f"p{_fmt(v)}",
+    "sampling.max_tokens": lambda v, s: f"mt{v}",
+    "sampling.seed": lambda v, s: f"seed{_fmt(v)}",
+    "samples": lambda v, s: f"n{v}",
+    "prompts": lambda v, s: f"prompts-{str(v)[:6]}",
+    "first_pass": lambda v, s: f"fp-{v}",
+    "loop_retriever": lambda v, s: f"loop-{v}",
+    "final": lambda v, s: str(v),
+    "precision": lambda v, s: str(v),
+    "encoder_backend": lambda v, s: f"eb-{v}",
+    "top_k": lambda v, s: f"k{v}",
+    "rerank_k": _rerank_k_token,
+    # rerank_cut shows through rerank_k's token (top<k>); with the default depth it is its own.
+    "rerank_cut": lambda v, s: "" if s.rerank_k != 100 else "top100",
+}
+
+
+# -- normalising and validating ----------------------------------------------------------------
+
+
+def _set(spec: RunSpec, name: str, value: Any) -> None:
+    object.__setattr__(spec, name, value)
+
+
+def _normalise(spec: RunSpec) -> None:
+    """Canonical forms, and settings that do not apply set back to their defaults."""
+    from r2med_agent.methods import get_method, method_name
+
+    method_cls = get_method(spec.method)  # an unknown name fails here, before any work
+    _set(spec, "method", method_name(spec.method))
+    caps = capabilities(method_cls)
+    _set(spec, "sampling", _canonical_sampling(spec.sampling))
+    if spec.fusion_weights is not None:
+        _set(spec, "fusion_weights", tuple(float(w) for w in spec.fusion_weights))
+    if not caps.agentic or spec.loop_retriever == spec.retriever:
+        _set(spec, "loop_retriever", None)
+    if not caps.final_fuse and spec.final in FINAL_MODES:
+        _set(spec, "final", "default")
+    if caps.needs_first_pass and spec.generations == "r2med":
+        _set(spec, "first_pass", "bm25")  # the released generations already hold their first pass
+    if not spec.reranker:
+        _set(spec, "reranker", None)
+        _set(spec, "rerank_k", 100)
+    if spec.method == "none" or spec.generations == "r2med":
+        _set(spec, "prompts", None)
+    models = [p.strip() for p in (spec.retriever, spec.loop_retriever or "") for p in p.split("+") if p.strip()]
+    if not spec.reranker and all(m in BM25_NAMES for m in models):
+        _set(spec, "precision", None)
+        _set(spec, "encoder_backend", None)
+
+
+def _canonical_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in sorted((sampling or {}).items()):
+        if value is not None and name in FLOAT_SAMPLING and not isinstance(value, bool):
+            value = float(value)
+        elif value is not None and name in INT_SAMPLING and not isinstance(value, bool):
+            value = int(value)
+        out[str(name)] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method declares about itself; validation, ``reproduce``, ``compare`` and the CLI
+    read these instead of the method's name.
+
+    Attributes:
+        uses_llm: it generates text (False only for the plain query).
+        agentic: it searches while it reasons (a loop over turns).
+        supports_samples: several generations per query can be averaged (``--samples``).
+        needs_first_pass: its prompt shows a first-pass ranking (``--first-pass``).
+        final_fuse: it can rank with every search of its trajectory (``--final fuse``).
+    """
+
+    uses_llm: bool = True
+    agentic: bool = False
+    supports_samples: bool = False
+    needs_first_pass: bool = False
+    final_fuse: bool = False
+
+
+def capabilities(method_cls: Any) -> Capabilities:
+    """A method class's declared capabilities (attributes of the same names)."""
+    return Capabilities(**{f.name: bool(getattr(method_cls, f.name, f.default)) for f in fields(Capabilities)})
+
+
+def _validate(spec: RunSpec) -> None:
+    """Errors a user can make, each a ConfigError naming the option and the fix."""
+    from r2med_agent.methods import METHODS
+
+    caps = capabilities(METHODS[spec.method])
+    using = [n for n, c in METHODS.items() if capabilities(c).uses_llm]
+    if not caps.uses_llm and spec.llm:
+        raise ConfigError(
+            f"--llm {spec.llm} is only used by a method; add --method ({', '.join(using)}), or leave --llm "
+            "out for plain retrieval"
+        )
+    if caps.uses_llm and not spec.llm:
+        raise ConfigError(f"--method {spec.method} needs --llm (see `r2med-agent llms`)")
+    if spec.final not in FINAL_MODES:
+        raise ConfigError(f"--final must be one of {', '.join(FINAL_MODES)}, got '{spec.final}'")
+    if spec.final == "fuse" and spec.loop_retriever not in (None, spec.retriever):
+        raise ConfigError(
+            "--final fuse ranks with the loop's own searches: --loop-retriever must be the same "
+            f"as --retriever (got {spec.loop_retriever} and {spec.retriever})"
+        )
+    _validate_generations(spec, caps, using)
+    if spec.rerank_cut and not spec.reranker:
+        raise ConfigError("--rerank-cut needs --reranker")
+    if spec.first_pass != "bm25" and not caps.needs_first_pass:
+        raise ConfigError(f"--first-pass is LameR's first-pass retriever; --method {spec.method} has none")
+    if "+" in spec.first_pass:
+        raise ConfigError(f"--first-pass takes one retriever (bm25, bm25-compat, an encoder), got '{spec.first_pass}'")
+    if spec.top_k < 1 or spec.rerank_k < 1:
+        raise ConfigError("--top-k and --rerank-k must be at least 1")
+    _validate_samples(spec, caps)
+    _validate_sampling_values(spec.sampling)
+    _validate_models(spec)
+
+
+def _validate_generations(spec: RunSpec, caps: Capabilities, using: list[str]) -> None:
+    if spec.generations not in GENERATION_SOURCES:
+        raise ConfigError(f"--generations must be one of {', '.join(GENERATION_SOURCES)}, got '{spec.generations}'")
+    if spec.generations != "r2med":
+        return
+    if not caps.uses_llm:
+        raise ConfigError(f"--generations r2med needs a --method that generates ({', '.join(using)})")
+    if spec.sampling:
+        raise ConfigError(f"sampling options ({', '.join(sorted(spec.sampling))}) do not apply to R2MED's "
+                          "released generations; drop them or use --generations fresh")
+    if spec.final == "fuse":
+        raise ConfigError("--final fuse needs the loop's own searches, which released generations do "
+                          "not have; use --generations fresh")
+
+
+def _validate_samples(spec: RunSpec, caps: Capabilities) -> None:
+    from r2med_agent.methods import METHODS
+
+    if spec.samples < 1:
+        raise ConfigError(f"--samples must be at least 1, got {spec.samples}")
+    if spec.samples > 1 and not caps.supports_samples:
+        takers = [n for n, c in METHODS.items() if capabilities(c).supports_samples]
+        raise ConfigError(f"--samples applies to {', '.join(takers[:-1])} and {takers[-1]}, not --method {spec.method}")
+
+
+def _validate_sampling_values(overrides: Mapping[str, Any]) -> None:
+    """Reject sampling overrides out of range before any work (llama.cpp reads a
+    ``max_tokens`` below 1 as "until the context is full"; vLLM fails mid-run)."""
+    problems = []
+    if overrides.get("max_tokens") is not None and overrides["max_tokens"] < 1:
+        problems.append(f"--max-tokens must be at least 1, got {overrides['max_tokens']}")
+    if overrides.get("temperature") is not None and overrides["temperature"] < 0:
+        problems.append(f"--temperature must be >= 0 (0 = greedy), got {overrides['temperature']}")
+    if overrides.get("top_p") is not None and not 0 < overrides["top_p"] <= 1:
+        problems.append(f"--top-p must be in (0, 1], got {overrides['top_p']}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _validate_models(spec: RunSpec) -> None:
+    """Precision, encoder backend, fusion and fixed candidate lists, checked by name."""
+    if spec.precision is not None:
+        from r2med_agent.retrieval.encoders import PRECISIONS
+
+        if spec.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{spec.precision}'")
+    from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, check_fusion_options
+
+    n = len(spec.retriever.split("+"))
+    if n == 1 and (spec.fusion != "rrf" or spec.fusion_weights is not None or spec.rrf_k != DEFAULT_RRF_K):
+        raise ConfigError(
+            f"--fusion, --fusion-weights and --rrf-k need a '+'-joined --retriever (e.g. bm25+minilm), "
+            f"got '{spec.retriever}'"
+        )
+    check_fusion_options(n, spec.fusion, spec.rrf_k, spec.fusion_weights)
+    from r2med_agent.retrieval.vllm_encoder import BACKENDS
+
+    if spec.encoder_backend is not None and spec.encoder_backend not in BACKENDS:
+        raise ConfigError(f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{spec.encoder_backend}'")
+    _validate_fixed_rankings(spec)
+
+
+def _validate_fixed_rankings(spec: RunSpec) -> None:
+    """NanoR2MED's shipped candidate lists hold one ranking per task query: refuse, before any LLM
+    work, a method whose queries are an LLM's (``--method`` other than none, ``--loop-retriever``)."""
+    from r2med_agent.retrieval.candidates import candidate_names
+
+    fixed = set(candidate_names())
+    used = [("--retriever", spec.retriever)] + ([("--loop-retriever", spec.loop_retriever)] if spec.loop_retriever else [])
+    for option, name in used:
+        names = [p.strip() for p in name.split("+") if p.strip() in fixed]
+        if names and spec.method != "none":
+            raise ConfigError(
+                f"{option} {name}: {', '.join(names)} answer the task's own queries from a fixed list "
+                f"and cannot search for what --method {spec.method} generates; use --method none"
+            )
+
+
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "max_tokens": "--max-tokens", "seed": "--seed"}
+"""The ``run`` options that set sampling overrides."""
+
+SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever"}
+"""Spec fields whose ``run`` option is not simply ``--<field-with-dashes>``."""
+
+
+def cli_args(spec: RunSpec) -> list[str]:
+    """The ``r2med-agent run`` options that give ``spec`` (its non-default settings; the prompts
+    in use come from ``$R2MED_PROMPTS_DIR``, not from an option).
+
+    Raises:
+        ConfigError: a sampling override has no ``run`` option (set it in the LLM's entry).
+    """
+    out = ["--method", spec.method]
+    if spec.llm:
+        out += ["--llm", spec.llm]
+    if spec.generations != "fresh":
+        out += ["--generations", spec.generations]
+    out += ["--retriever", spec.retriever]
+    if spec.reranker:
+        out += ["--reranker", spec.reranker]
+    for name, value in spec.non_default().items():
+        if name in ("method", "llm", "generations", "retriever", "reranker", "prompts"):
+            continue
+        if name == "sampling":
+            out += _sampling_args(value)
+            continue
+        flag = SPEC_FLAGS.get(name, "--" + name.replace("_", "-"))
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        else:
+            out += [flag, _fmt(value).replace("-", ",") if name == "fusion_weights" else str(value)]
+    return out
+
+
+def _sampling_args(sampling: Mapping[str, Any]) -> list[str]:
+    out = []
+    for name, value in sampling.items():
+        if name not in SAMPLING_FLAGS:
+            raise ConfigError(f"sampling override '{name}' has no `run` option; set it in the LLM's registry entry")
+        out += [SAMPLING_FLAGS[name], _fmt(value)]
+    return out

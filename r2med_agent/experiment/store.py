@@ -1,0 +1,302 @@
+"""The result store: the only code that knows how results are laid out on disk.
+
+Layout under an output root::
+
+    <root>/<method>/<llm>/<leaf>/          one folder per run spec (RunSpec.folder())
+        spec.json                          the spec: its key, digest and every setting
+        summary.json                       scores of every task in the folder
+        <Task>.json                        R2MED-style result (test, per_query, stats, config)
+        <Task>.run                         TREC run
+        <Task>.generations.jsonl           generation-augmented methods
+        <Task>.traces.jsonl                agentic methods
+        <Task>.rerank.jsonl                LLM rerankers
+
+A folder holds one spec's results for any number of tasks (a second ``--task`` run adds to it).
+Writing a spec into a folder that holds another spec's results is refused; re-running a spec on a
+task replaces that task's files and says so. Folders written by versions before ``spec.json``
+existed are read through the ``config`` each result file records, and :meth:`ResultStore.migrate`
+moves each of their task results into the folder of its own spec.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.experiment.spec import DEFAULT_TOP_K, RunSpec
+from r2med_agent.io import atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+SPEC_FILE = "spec.json"
+SUMMARY_FILE = "summary.json"
+TASK_SUFFIXES = (".json", ".run", ".generations.jsonl", ".traces.jsonl", ".rerank.jsonl")
+"""Every file a task leaves in its spec's folder (``<Task><suffix>``)."""
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """One task result found in a store: its file, record and the spec it was made with."""
+
+    path: Path
+    record: dict[str, Any]
+    spec: RunSpec | None
+    """None when the file records no config (very old results): see :func:`legacy_names`."""
+
+    @property
+    def task(self) -> str:
+        return self.path.stem
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+
+def legacy_leaf(spec: RunSpec) -> str:
+    """The folder name versions before spec.json gave ``spec``'s results (many specs shared one)."""
+    label = spec.retriever_name
+    if spec.final == "fuse":
+        label += "__fuse"
+    if spec.precision is not None:
+        label += f"__{spec.precision}"
+    if spec.top_k != DEFAULT_TOP_K:
+        label += f"__k{spec.top_k}"
+    if spec.samples > 1:
+        label += f"__n{spec.samples}"
+    if spec.reranker:
+        if spec.rerank_cut:
+            label += f"__top{spec.rerank_k}"
+        label += f"__{spec.reranker}"
+    return label
+
+
+def spec_of_record(record: Mapping[str, Any]) -> RunSpec | None:
+    """The spec a result record was made with (None when it records no usable config)."""
+    config = record.get("config")
+    if not isinstance(config, Mapping):
+        return None
+    try:
+        return RunSpec.from_record(config)
+    except (ConfigError, TypeError, ValueError) as e:
+        log.debug("config of a result record not understood: %s", e)
+        return None
+
+
+def read_task_record(path: Path) -> dict[str, Any] | None:
+    """The task result in ``path``, or None when the JSON is not one (no ``test`` block)."""
+    obj = read_json(path, "result file")
+    if not isinstance(obj, dict) or "test" not in obj:
+        return None
+    if not isinstance(obj["test"], dict):
+        raise DataError("'test' must be an object of metric -> score", path)
+    return obj
+
+
+class ResultStore:
+    """Result folders under one output root."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def folder(self, spec: RunSpec) -> Path:
+        return self.root / spec.folder()
+
+    def task_file(self, spec: RunSpec, task: str) -> Path:
+        return self.folder(spec) / f"{task}.json"
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def prepare(self, spec: RunSpec) -> Path:
+        """Create the spec's folder (an unusable root fails now, before any work), check that it
+        holds no other spec's results, and write its ``spec.json``."""
+        folder = self.folder(spec)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{folder}: cannot create the result folder ({e.strerror}); check --output-dir") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"{folder}: the result folder is not writable; check --output-dir")
+        self._check_owner(folder, spec)
+        atomic_write_json(folder / SPEC_FILE, spec_file(spec))
+        return folder
+
+    def _check_owner(self, folder: Path, spec: RunSpec) -> None:
+        marker = folder / SPEC_FILE
+        if marker.exists():
+            try:
+                have = read_json(marker, "spec file")
+            except DataError as e:
+                raise ConfigError(f"{marker}: unreadable ({e}); move the folder away or repair it") from None
+            if not isinstance(have, dict) or have.get("key") != spec.key():
+                raise ConfigError(
+                    f"{folder} holds results of another run spec ({marker}); nothing was written. "
+                    "Use another --output-dir or move that folder"
+                )
+            return
+        others = []
+        for found in self._task_results(folder):
+            if found.spec is None or found.spec.key() != spec.key():
+                what = found.spec.label if found.spec is not None else "no recorded settings"
+                others.append(f"{found.path.name} ({what})")
+        if others:
+            raise ConfigError(
+                f"{folder} holds results written by an earlier version for other settings: "
+                f"{', '.join(others)}; nothing was written. Run `r2med-agent results migrate {self.root}` "
+                "to move each result to its own folder, then run again"
+            )
+
+    def note_replacement(self, spec: RunSpec, task: str) -> None:
+        """Say that ``task``'s result of ``spec`` is about to be replaced by a new run of it."""
+        path = self.task_file(spec, task)
+        if path.exists():
+            try:
+                made = read_json(path, "result file").get("evaluated_at", "an earlier run")
+            except (DataError, AttributeError):
+                made = "an earlier run"
+            log.info("replacing %s (the same run spec, made %s)", path, made)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _task_results(self, folder: Path) -> Iterator[StoredResult]:
+        for path in sorted(folder.glob("*.json")):
+            if path.name in (SUMMARY_FILE, SPEC_FILE) or path.name.startswith("."):
+                continue
+            record = read_task_record(path)
+            if record is not None:
+                yield StoredResult(path, record, spec_of_record(record))
+
+    def results(self) -> Iterator[StoredResult]:
+        """Every task result under the root (any depth), in path order.
+
+        Raises:
+            DataError: the root does not exist, or a result file is malformed.
+        """
+        if not self.root.is_dir():
+            raise DataError("results directory does not exist", self.root)
+        folders = sorted({p.parent for p in self.root.rglob("*.json")})
+        for folder in folders:
+            yield from self._task_results(folder)
+
+    def find(self, spec: RunSpec, task: str) -> Path | None:
+        """The result file of ``spec`` on ``task``: in the spec's folder, or in the folder an
+        earlier version wrote it to (when its recorded config is this spec), else None."""
+        for folder in (self.folder(spec), self.root / spec.method / spec.llm_label / legacy_leaf(spec)):
+            path = folder / f"{task}.json"
+            if not path.exists():
+                continue
+            try:
+                record = read_task_record(path)
+            except DataError:
+                return path  # unreadable: the caller reports it
+            if record is None:
+                continue
+            found = spec_of_record(record)
+            if found is not None and found.key() == spec.key():
+                return path
+        return None
+
+    # -- migrating ---------------------------------------------------------------------------
+
+    def migrate(self, dry_run: bool = False) -> list[tuple[Path, Path]]:
+        """Move every task result that is not in its own spec's folder there, with its run,
+        generation, trace and rerank files; write ``spec.json`` into each folder it fills.
+
+        Nothing is overwritten: a task whose target already holds a result of that task is left
+        where it is (and reported). Each file moves by one rename (atomic on one file system).
+
+        Returns:
+            ``(from, to)`` of every task result moved (or, with ``dry_run``, to be moved).
+        """
+        moves: list[tuple[Path, Path]] = []
+        touched: set[Path] = set()
+        for found in list(self.results()):
+            if found.spec is None:
+                log.warning("%s records no run config; left where it is", found.path)
+                continue
+            target = self.folder(found.spec)
+            if target.resolve() == found.folder.resolve():
+                touched.add(target)
+                continue
+            dest = target / found.path.name
+            if os.path.lexists(dest):
+                log.warning("%s: %s already holds this task's result; left where it is", found.path, target)
+                continue
+            moves.append((found.path, dest))
+            if dry_run:
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            for suffix in TASK_SUFFIXES:
+                src = found.folder / f"{found.task}{suffix}"
+                if src.is_file() and not src.is_symlink() and not os.path.lexists(target / src.name):
+                    os.rename(src, target / src.name)
+            touched.update({target, found.folder})
+        if not dry_run:
+            for folder in touched:
+                self._refresh_folder(folder)
+        return moves
+
+    def _refresh_folder(self, folder: Path) -> None:
+        """Rewrite a folder's spec.json and summary.json from the task results it now holds."""
+        found = list(self._task_results(folder))
+        specs = {f.spec.key(): f.spec for f in found if f.spec is not None}
+        if len(specs) == 1 and len(found) == len([f for f in found if f.spec is not None]):
+            spec = next(iter(specs.values()))
+            if self.folder(spec).resolve() == folder.resolve():
+                atomic_write_json(folder / SPEC_FILE, spec_file(spec))
+        summary = folder / SUMMARY_FILE
+        if not found:
+            if summary.is_file() and not summary.is_symlink():
+                summary.unlink()
+            return
+        scores = {f.task: {k: float(v) for k, v in f.record["test"].items() if isinstance(v, (int, float))}
+                  for f in found}
+        write_summary(folder, scores, found[0].spec)
+
+
+def spec_file(spec: RunSpec) -> dict[str, Any]:
+    """The contents of a folder's ``spec.json``."""
+    return {"key": spec.key(), "digest": spec.digest(), "label": spec.label, "folder": spec.folder(),
+            "spec": spec.record()}
+
+
+def write_summary(folder: Path, scores: Mapping[str, Mapping[str, float]], spec: RunSpec | None,
+                  extra: Mapping[str, Any] | None = None) -> Path:
+    """``summary.json``: every task's mean scores in the folder and their average."""
+    from datetime import datetime, timezone
+
+    from r2med_agent.evaluation import average_over_tasks
+
+    ordered = dict(sorted((t, dict(s)) for t, s in scores.items()))
+    body: dict[str, Any] = {}
+    if spec is not None:
+        body.update(method=spec.method, llm=spec.llm_label, generations=spec.generations,
+                    retriever=spec.leaf, depth=spec.top_k, label=spec.label, spec=spec.record())
+    body.update(tasks=list(ordered), average=average_over_tasks(list(ordered.values())), per_task=ordered)
+    body.update(extra or {})
+    body.setdefault("evaluated_at", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return atomic_write_json(folder / SUMMARY_FILE, body)
+
+
+def folder_scores(folder: Path, this_run: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Mean scores of every ``<Task>.json`` in ``folder`` (this run's own where it made one),
+    sorted by task name; files that cannot be read are skipped with a warning."""
+    scores: dict[str, dict[str, float]] = {}
+    for path in sorted(folder.glob("*.json")):
+        task = path.stem
+        if path.name in (SUMMARY_FILE, SPEC_FILE) or path.name.startswith(".") or task in this_run:
+            continue
+        try:
+            rec = read_json(path, "result file")
+        except DataError as e:
+            log.warning("summary.json leaves out %s: %s", path.name, e)
+            continue
+        test = rec.get("test") if isinstance(rec, dict) else None
+        if isinstance(test, dict) and rec.get("dataset_name") == task:
+            scores[task] = {k: float(v) for k, v in test.items() if isinstance(v, (int, float))}
+    scores.update({k: dict(v) for k, v in this_run.items()})
+    return dict(sorted(scores.items()))
