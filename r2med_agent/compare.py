@@ -422,7 +422,7 @@ def published_key(
     (``bm25-compat`` -> ``bm25``). A row run under other names matches through ``aliases``
     (default: the package reproduction grids, whose entries may carry a ``published:`` override).
     """
-    from r2med_agent.released import base_llm
+    from r2med_agent.data.released import base_llm
 
     published = published or published_results()
     # A row made from R2MED's released generations (<llm>@r2med) stands for the same published row.

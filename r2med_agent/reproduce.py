@@ -528,7 +528,7 @@ def entry_needs(
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
         n_queries: queries of the planned tasks, for the token estimate (0: none).
     """
-    from r2med_agent.released import released_path
+    from r2med_agent.data.released import released_path
     from r2med_agent.retrieval import BM25_SPECS
     from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
 
@@ -734,7 +734,7 @@ class ReproduceOptions:
     allow_count_mismatch: bool = False
 
     def __post_init__(self) -> None:
-        from r2med_agent.released import check_generations
+        from r2med_agent.data.released import check_generations
 
         check_generations(self.generations)
 

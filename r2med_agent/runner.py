@@ -140,7 +140,7 @@ class RunConfig:
                 "--final fuse ranks with the loop's own searches: --loop-retriever must be the same "
                 f"as --retriever (got {self.loop_retriever} and {self.retriever})"
             )
-        from r2med_agent.released import check_generations
+        from r2med_agent.data.released import check_generations
 
         check_generations(self.generations)
         if self.generations == "r2med" and self.method == "none":
@@ -189,7 +189,7 @@ class RunConfig:
         if self.method == "none" or not self.llm:
             return "none"
         if self.generations == "r2med":
-            from r2med_agent.released import released_label
+            from r2med_agent.data.released import released_label
 
             return released_label(self.llm)
         return self.llm
@@ -345,7 +345,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     released_sources: dict[str, str] = {}
     if released:
         # Every task's file is found and checked before any index is built.
-        from r2med_agent.released import load_generations
+        from r2med_agent.data.released import load_generations
 
         for task in tasks:
             released_gens[task.name], released_sources[task.name] = load_generations(
@@ -395,7 +395,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
         for task in tasks:
             per_task_requests[task.name] = [SearchRequest(q.query_id, q.text) for q in task.queries]
     elif released:
-        from r2med_agent.released import agentic_requests
+        from r2med_agent.data.released import agentic_requests
 
         for task in tasks:
             gens = released_gens[task.name]
