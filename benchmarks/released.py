@@ -69,7 +69,7 @@ def reference_bm25(data_dir: Path, task: str) -> tuple[float, float, int]:
     from gensim.similarities import SparseMatrixSimilarity
 
     from r2med_agent.data import load_task
-    from r2med_agent.released import read_rows
+    from r2med_agent.data.released import read_rows
     from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
 
     loaded = load_task(task, data_dir)

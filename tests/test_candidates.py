@@ -274,7 +274,7 @@ def test_card_numbers_give_its_query_weighted_group_scores() -> None:
 def test_hub_tasks_read_their_lists_from_the_commit_they_loaded(tmp_path: Path, monkeypatch) -> None:
     # A task from the hub (NanoR2MED follows main) records the commit it came from; its candidate
     # lists are fetched from that same commit, only the subset's files of the split.
-    from r2med_agent import hub
+    from r2med_agent.data import hub
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     root = tmp_path / commit

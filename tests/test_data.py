@@ -1,4 +1,4 @@
-"""Task registry, loading and validation (r2med_agent.data, r2med_agent.hub)."""
+"""Task registry, loading and validation (r2med_agent.data, r2med_agent.data.hub)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import config, data, hub
+from r2med_agent import config, data
+from r2med_agent.data import formats, hub
 from r2med_agent.errors import ConfigError, DataError, HubUnavailableError, MissingExtraError
 from r2med_agent.types import Doc
 
@@ -244,7 +245,7 @@ def test_r2med_demo_allows_missing_qrels_docs_only_by_flag(caplog: pytest.LogCap
         }
     }
     assert any("not in corpus.jsonl" in r.getMessage() for r in caplog.records)
-    folder = Path(data.__file__).parent / "resources" / "r2med-demo" / "Biology"
+    folder = Path(data.__file__).parent.parent / "resources" / "r2med-demo" / "Biology"
     with pytest.raises(DataError, match=r"qrels\.jsonl:1: .*not in corpus\.jsonl"):
         load_dir(folder)
 
@@ -264,7 +265,7 @@ def test_qrels_naming_missing_documents_are_kept_only_on_request(
     assert any("2 qrels documents are not in corpus.jsonl" in r.getMessage() for r in caplog.records)
     # the same path the bundled r2med-demo takes through its registry entry
     demo = data.load_task("r2med-demo")
-    folder = Path(data.__file__).parent / "resources" / "r2med-demo" / "Biology"
+    folder = Path(data.__file__).parent.parent / "resources" / "r2med-demo" / "Biology"
     assert load_dir(folder, allow_missing_qrels_docs=True).qrels == demo.qrels
 
 
@@ -528,13 +529,13 @@ def test_fingerprint_tracks_corpus_content(tmp_path: Path) -> None:
 
 def _count_corpus_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     parsed: list[Path] = []
-    real = data._parse_docs
+    real = formats._parse_docs
 
     def counting(records, path, **kw):
         parsed.append(path)
         return real(records, path, **kw)
 
-    monkeypatch.setattr(data, "_parse_docs", counting)
+    monkeypatch.setattr(formats, "_parse_docs", counting)
     return parsed
 
 
@@ -907,7 +908,7 @@ def test_real_download_of_branch_then_cache_fallback(
     # the branch's commit is recorded, so a result says which data it was computed on
     assert task.source == f"hf://datasets/hakari-bench/NanoR2MED@main#{split} (commit {'b' * 40})"
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
-    with caplog.at_level(logging.WARNING, logger="r2med_agent.hub"):
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.data.hub"):
         again = data.load_task("nano-IIYi-Clinical")
     assert again.fingerprint == task.fingerprint and again.source == task.source
     assert any("using the cached copy" in r.getMessage() for r in caplog.records)

@@ -224,7 +224,7 @@ def entry_needs(
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
         n_queries: queries of the planned tasks, for the token estimate (0: none).
     """
-    from r2med_agent.released import released_path
+    from r2med_agent.data.released import released_path
     from r2med_agent.retrieval import BM25_SPECS
     from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
 

@@ -50,7 +50,7 @@ class ReproduceOptions:
     allow_count_mismatch: bool = False
 
     def __post_init__(self) -> None:
-        from r2med_agent.released import check_generations
+        from r2med_agent.data.released import check_generations
 
         check_generations(self.generations)
 

@@ -53,7 +53,7 @@ def published_key(
     settings matches through ``aliases`` by its run spec (default: the package reproduction grids,
     whose entries may carry a ``published:`` override).
     """
-    from r2med_agent.released import base_llm
+    from r2med_agent.data.released import base_llm
 
     published = published or published_results()
     # A row made from R2MED's released generations (<llm>@r2med) stands for the same published row.

@@ -362,7 +362,7 @@ def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list
     cfg = ctx.cfg
     if cfg.generations != "r2med":
         return {}
-    from r2med_agent.released import load_generations
+    from r2med_agent.data.released import load_generations
 
     out = {task.name: load_generations(task, cfg.method, cfg.llm, ctx.llm_spec.reasoning_format, cfg.data_dir)
            for task in tasks}

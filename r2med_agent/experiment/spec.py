@@ -236,7 +236,7 @@ class RunSpec:
         if self.method == "none" or not self.llm:
             return "none"
         if self.generations == "r2med":
-            from r2med_agent.released import released_label
+            from r2med_agent.data.released import released_label
 
             return released_label(self.llm)
         return self.llm

@@ -463,7 +463,7 @@ def load_pretrained(loader: Any, path: str, *, kind: str, name: str, model: str,
     instead of after huggingface_hub's retries."""
     unreachable = None
     if isinstance(path, str) and not Path(path).exists() and "local_files_only" not in kwargs:
-        from r2med_agent.hub import hub_unreachable
+        from r2med_agent.data.hub import hub_unreachable
 
         unreachable = hub_unreachable()
         if unreachable is not None:

@@ -66,7 +66,8 @@ def locate(task_name: str, method: str, llm: str, data_dir: str | Path | None = 
         DataError: the file does not exist (the message names where it was looked for).
         HubUnavailableError: it must come from the hub, which cannot be reached.
     """
-    from r2med_agent.data import _locate, get_task_spec
+    from r2med_agent.data.load import _locate
+    from r2med_agent.data.registry import get_task_spec
     from r2med_agent.paths import resources_dir
 
     spec = get_task_spec(task_name)
@@ -93,7 +94,7 @@ def locate(task_name: str, method: str, llm: str, data_dir: str | Path | None = 
     repo_spec = get_task_spec(spec.base) if spec.source == "nano" and spec.base else spec
     if repo_spec.source != "hub":
         raise DataError(f"task {spec.name} has no R2MED hub repo to take released generations from; {fresh}")
-    from r2med_agent.hub import fetch_file
+    from r2med_agent.data.hub import fetch_file
 
     hint = f"{repo_spec.name}/{rel} (a copy of {repo_spec.repo}'s file)"
     path = fetch_file(repo_spec.repo, repo_spec.revision, rel, hint=hint)

@@ -1,0 +1,296 @@
+"""Reading a task from one folder: the R2MED, BEIR and Nano layouts, validated, through the task cache.
+
+On-disk layouts read here:
+
+* **R2MED**: ``query.jsonl`` (``id``, ``text``, optional ``answer``, ``doc_id``, ``body_system``),
+  ``corpus.jsonl`` (``id``, ``text``) and ``qrels.jsonl`` (``q_id``, ``p_id``, ``score``) or
+  ``qrels.txt`` (TREC ``qid 0 docid rel`` or three columns ``qid docid rel``, tab or space
+  separated, optional header line). This is also the layout of the hub repos ``R2MED/<task>``.
+* **BEIR**: ``queries.jsonl`` (``_id``, ``text``), ``corpus.jsonl`` (``_id``, ``title``, ``text``) and
+  ``qrels/test.tsv`` (header ``query-id corpus-id score``).
+* **Nano** (hub repo ``hakari-bench/NanoR2MED``): folders ``corpus/``, ``queries/``, ``qrels/`` each
+  holding ``<split>.parquet`` or ``<split>-NNNNN-of-NNNNN.parquet`` (``_id``/``text``; qrels
+  ``query-id``/``corpus-id``, optional ``score``); ``.jsonl`` files with the same stem work too.
+  Parquet needs ``pyarrow``. The same repo ships candidate rankings per split (HAKARI-Bench's
+  candidate subsets, :data:`~r2med_agent.data.nano.NANO_CANDIDATE_SUBSETS`): folders ``bm25/``,
+  ``harrier_oss_v1_270m/`` and ``reranking_hybrid/`` with ``query-id``/``corpus-ids`` rows, read by
+  :func:`~r2med_agent.data.nano.read_nano_candidates`.
+
+Every problem in the files raises :class:`~r2med_agent.errors.DataError` naming the file and line.
+Only qrels with a positive grade are kept (trec_eval counts ``rel <= 0`` as non-relevant anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from r2med_agent.data.qrels import _build_qrels, _qrels_from_json, _qrels_from_text
+from r2med_agent.data.records import _check_unique, _iter_records, _parse_docs, _parse_queries, _require
+from r2med_agent.data.snapshot import _TaskSnapshot
+from r2med_agent.errors import DataError
+from r2med_agent.io import iter_jsonl
+from r2med_agent.types import Corpus, Doc, Family, Qrels, Query, Task
+
+logger = logging.getLogger(__name__)
+
+R2MED_HUB_FILES = ("query.jsonl", "corpus.jsonl", "qrels.jsonl", "qrels.txt")
+NANO_CONFIGS = ("corpus", "queries", "qrels")
+
+_Read = tuple[list[Query], list[Doc], Qrels, list[str]]
+"""What a layout reader returns: queries, corpus, qrels and warnings about the qrels."""
+
+
+def load_task_dir(
+    folder: str | Path,
+    *,
+    name: str,
+    family: Family,
+    domain: str,
+    split: str | None = None,
+    source: str | None = None,
+    allow_missing_qrels_docs: bool = False,
+    use_task_cache: bool = True,
+) -> Task:
+    """Load a task from one folder in R2MED, BEIR or Nano layout (no registry lookup).
+
+    A validated task is remembered in the task cache (``cache_dir()/tasks/``) under a SHA-256 of
+    its files' bytes (and the layout and options that decide how they are read): its queries,
+    qrels, document ids and corpus fingerprint. Loading the same files again hashes them (about
+    0.1 s for R2MED's largest corpus) instead of parsing and validating them (about 0.8 s), and the
+    task's corpus is a :class:`~r2med_agent.types.Corpus` that parses the corpus file only when
+    its texts are first needed (checked against the fingerprint), so a re-run over a saved index
+    never reads it. Changed bytes are a different key: nothing stale is ever served.
+
+    Args:
+        folder: the task's folder.
+        name, family, domain: copied into the Task.
+        split: the split to read when the folder is in Nano layout.
+        source: provenance string for the Task (default: the folder's absolute path).
+        allow_missing_qrels_docs: keep qrels naming documents missing from the corpus (warned);
+            see :func:`~r2med_agent.data.load.load_task`.
+        use_task_cache: read and write the task cache.
+    """
+    folder = Path(folder)
+    started = time.perf_counter()
+    layout, read = _layout_reader(folder, split, allow_missing_qrels_docs)
+    snapshot = None
+    if use_task_cache:
+        snapshot = _TaskSnapshot.for_files(
+            _layout_files(folder, layout, split), layout, split, allow_missing_qrels_docs
+        )
+    contents = _read_contents(read, snapshot, folder)
+    for note in contents.notes:
+        logger.warning("%s", note)
+    task = Task(
+        name=name,
+        family=family,
+        domain=domain,
+        queries=tuple(contents.queries),
+        corpus=contents.corpus,
+        qrels=contents.qrels,
+        source=source or str(folder.resolve()),
+        fingerprint=contents.fingerprint,
+    )
+    _log_loaded(task, layout, contents.how, started)
+    return task
+
+
+def _layout_reader(
+    folder: Path, split: str | None, allow_missing_docs: bool
+) -> tuple[str, Callable[[], _Read]]:
+    """The folder's layout and a call that reads and validates its files.
+
+    Raises:
+        DataError: the folder holds no task files of any layout.
+    """
+    layout = _detect_layout(folder, split)
+    if layout == "r2med":
+        return layout, functools.partial(_read_r2med, folder, allow_missing_docs)
+    if layout == "beir":
+        return layout, functools.partial(_read_beir, folder, allow_missing_docs)
+    if layout == "nano" and split:
+        return layout, functools.partial(_read_nano, folder, split, allow_missing_docs)
+    raise DataError(
+        "no task files found: expected query.jsonl, corpus.jsonl and qrels.jsonl/qrels.txt "
+        "(R2MED), queries.jsonl, corpus.jsonl and qrels/test.tsv (BEIR)"
+        + (f", or corpus/ queries/ qrels/ with {split} files (Nano)" if split else ""),
+        folder,
+    )
+
+
+@dataclass(frozen=True)
+class _Contents:
+    """A task's queries, corpus, qrels, corpus fingerprint and warnings about the qrels, and how
+    they were obtained (for the log)."""
+
+    queries: Sequence[Query]
+    corpus: Sequence[Doc]
+    qrels: Qrels
+    fingerprint: str
+    notes: Sequence[str]
+    how: str
+
+
+def _read_contents(read: Callable[[], _Read], snapshot: _TaskSnapshot | None, folder: Path) -> _Contents:
+    """The task from the task cache (its corpus parsed on first use), else read and validated by
+    ``read`` (and then stored in the task cache)."""
+    found = snapshot.load() if snapshot is not None else None
+    if found is not None:
+        queries, doc_ids, qrels, fingerprint, notes = found
+        corpus = Corpus(doc_ids, functools.partial(_reread_corpus, read, fingerprint, folder))
+        how = "from the task cache; corpus read on first use"
+        return _Contents(queries, corpus, qrels, fingerprint, notes, how)
+    queries, docs, qrels, notes = read()
+    fingerprint = corpus_fingerprint(docs)
+    if snapshot is not None:
+        snapshot.save(queries, [d.doc_id for d in docs], qrels, fingerprint, notes)
+    return _Contents(queries, tuple(docs), qrels, fingerprint, notes, "parsed")
+
+
+def _log_loaded(task: Task, layout: str, how: str, started: float) -> None:
+    logger.info(
+        "loaded %s (%s layout, %s; %s): %d queries, %d docs, %d positive qrels in %.2f s",
+        task.name,
+        layout,
+        task.source,
+        how,
+        len(task.queries),
+        len(task.corpus),
+        sum(len(v) for v in task.qrels.values()),
+        time.perf_counter() - started,
+    )
+
+
+def _reread_corpus(read: Callable[[], _Read], fingerprint: str, folder: Path) -> list[Doc]:
+    """The corpus of a task loaded from the task cache, parsed on first use."""
+    docs = read()[1]
+    if corpus_fingerprint(docs) != fingerprint:
+        raise DataError("the corpus changed on disk while this run was using it; run again", folder)
+    return docs
+
+
+def _layout_files(folder: Path, layout: str, split: str | None) -> list[Path] | None:
+    """Every file the layout's reader reads, in a fixed order; None when one is missing (the reader
+    then says which)."""
+    if layout == "r2med":
+        qrels = folder / "qrels.jsonl"
+        files = [folder / "query.jsonl", folder / "corpus.jsonl",
+                 qrels if qrels.is_file() else folder / "qrels.txt"]
+    elif layout == "beir":
+        files = [folder / "queries.jsonl", folder / "corpus.jsonl", folder / "qrels" / "test.tsv"]
+    else:
+        files = []
+        for cfg in NANO_CONFIGS:
+            found = _nano_files(folder, cfg, split or "")
+            if not found:
+                return None
+            files += found
+    return files if all(f.is_file() for f in files) else None
+
+
+def corpus_fingerprint(corpus: Iterable[Doc]) -> str:
+    """SHA-256 (hex) over the corpus content in corpus order: every id, title and text.
+
+    Order matters on purpose: caches that store per-row data (embedding matrices) stay valid only for
+    the same documents in the same order. Fields are length-prefixed, so no two corpora collide by
+    shifting text between fields.
+    """
+    h = hashlib.sha256(b"r2med-agent corpus v1\n")
+    for d in corpus:
+        h.update(
+            f"{len(d.doc_id)}:{d.doc_id}|{len(d.title)}:{d.title}|{len(d.text)}:{d.text}\n".encode()
+        )
+    return h.hexdigest()
+
+
+def _detect_layout(folder: Path, split: str | None) -> str | None:
+    if (folder / "query.jsonl").is_file():
+        return "r2med"
+    if (folder / "queries.jsonl").is_file():
+        return "beir"
+    if split and any(_nano_files(folder, cfg, split) for cfg in NANO_CONFIGS):
+        return "nano"
+    if (folder / "corpus.jsonl").is_file():
+        # A corpus without a query file: report the missing file rather than "no data".
+        return "r2med"
+    return None
+
+
+# --- R2MED layout -------------------------------------------------------------------------------
+
+
+def _read_r2med(folder: Path, allow_missing_docs: bool) -> _Read:
+    query_path = _require(folder / "query.jsonl")
+    corpus_path = _require(folder / "corpus.jsonl")
+    queries = _parse_queries(iter_jsonl(query_path), query_path, id_keys=("id", "_id"))
+    corpus = _parse_docs(iter_jsonl(corpus_path), corpus_path, id_keys=("id", "_id"))
+    jsonl, txt = folder / "qrels.jsonl", folder / "qrels.txt"
+    if jsonl.is_file():
+        rows = _qrels_from_json(iter_jsonl(jsonl), jsonl, score_required=True)
+        qrels_path = jsonl
+    elif txt.is_file():
+        rows = _qrels_from_text(txt)
+        qrels_path = txt
+    else:
+        raise DataError("missing qrels: expected qrels.jsonl or qrels.txt beside query.jsonl", folder)
+    qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
+    return queries, corpus, qrels, notes
+
+
+# --- BEIR layout --------------------------------------------------------------------------------
+
+
+def _read_beir(folder: Path, allow_missing_docs: bool) -> _Read:
+    query_path = _require(folder / "queries.jsonl")
+    corpus_path = _require(folder / "corpus.jsonl")
+    qrels_path = _require(folder / "qrels" / "test.tsv")
+    queries = _parse_queries(iter_jsonl(query_path), query_path, id_keys=("_id", "id"))
+    corpus = _parse_docs(iter_jsonl(corpus_path), corpus_path, id_keys=("_id", "id"))
+    rows = _qrels_from_text(qrels_path)
+    qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
+    return queries, corpus, qrels, notes
+
+
+# --- Nano layout --------------------------------------------------------------------------------
+
+
+def _nano_files(folder: Path, config: str, split: str) -> list[Path]:
+    """``<config>/<split>.<ext>`` or its shards ``<config>/<split>-NNNNN-of-NNNNN.<ext>``, sorted."""
+    directory = folder / config
+    if not directory.is_dir():
+        return []
+    pattern = re.compile(re.escape(split) + r"(-\d+-of-\d+)?\.(parquet|jsonl)")
+    return sorted(p for p in directory.iterdir() if p.is_file() and pattern.fullmatch(p.name))
+
+
+def _read_nano(folder: Path, split: str, allow_missing_docs: bool) -> _Read:
+    files = {}
+    for cfg in NANO_CONFIGS:
+        found = _nano_files(folder, cfg, split)
+        if not found:
+            raise DataError(f"missing {cfg}/{split}.parquet (or .jsonl) for split {split}", folder)
+        files[cfg] = found
+    queries: list[Query] = []
+    corpus: list[Doc] = []
+    for path in files["queries"]:
+        queries += _parse_queries(_iter_records(path), path, id_keys=("_id", "id"))
+    _check_unique([(q.query_id, path) for q in queries], files["queries"], "query")
+    for path in files["corpus"]:
+        corpus += _parse_docs(_iter_records(path), path, id_keys=("_id", "id"))
+    _check_unique([(d.doc_id, path) for d in corpus], files["corpus"], "document")
+    rows: list[tuple[Path, int, str, str, int]] = []
+    for path in files["qrels"]:
+        rows += _qrels_from_json(_iter_records(path), path, score_required=False)
+    qrels, notes = _build_qrels(
+        rows, files["qrels"][0], queries, files["queries"][0], corpus, files["corpus"][0],
+        allow_missing_docs,
+    )
+    return queries, corpus, qrels, notes
+
