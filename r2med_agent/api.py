@@ -60,7 +60,7 @@ class UserEncoder:
     """Adapts a user's encoder object or function to the framework's encoder protocol."""
 
     def __init__(self, model: Any, name: str, batch_size: int = 64) -> None:
-        from r2med_agent.retrieval.encoders import EncoderSpec
+        from r2med_agent.retrieval.dense.spec import EncoderSpec
 
         self.model = model
         self.name = name
@@ -112,7 +112,7 @@ def evaluate_encoder(
         **options: :func:`run_options` (``method``, ``llm``, ``data_dir``, ``output_dir``, ...).
     """
     from r2med_agent.retrieval import register_retriever
-    from r2med_agent.retrieval.dense import DenseRetriever
+    from r2med_agent.retrieval.dense.index import DenseRetriever
 
     encoder = UserEncoder(model, name, batch_size)
 

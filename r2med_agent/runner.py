@@ -168,14 +168,14 @@ class RunConfig:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         _check_sampling_values(self.sampling)
         if self.precision is not None:
-            from r2med_agent.retrieval.encoders import PRECISIONS
+            from r2med_agent.retrieval.dense.spec import PRECISIONS
 
             if self.precision not in PRECISIONS:
                 raise ConfigError(
                     f"--precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'"
                 )
         _check_fusion(self)
-        from r2med_agent.retrieval.vllm_encoder import BACKENDS
+        from r2med_agent.retrieval.dense.spec import BACKENDS
 
         if self.encoder_backend is not None and self.encoder_backend not in BACKENDS:
             raise ConfigError(
@@ -799,7 +799,7 @@ def _write_task_files(cfg, out_dir, task, run, ev, stats, gens, traces, requests
 def model_precisions(cfg: RunConfig) -> dict[str, str]:
     """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
     or its registry entry's; on a CPU everything runs in float32), by registry name."""
-    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.dense.spec import encoder_registry
     from r2med_agent.retrieval.rerank import get_reranker_spec
 
     encoders = encoder_registry()

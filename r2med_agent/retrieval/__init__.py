@@ -37,7 +37,7 @@ def register_retriever(name: str, factory: Callable[[Task], Retriever]) -> None:
     """Make ``name`` a retriever spec word in this process: ``factory(task)`` builds it for a
     task (the Python API's own encoders and retrievers go through this). A name of the
     registries (bm25, an encoder) cannot be taken."""
-    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.dense.spec import encoder_registry
 
     if not name or "+" in name or "/" in name:
         raise ConfigError(f"retriever name {name!r} must be non-empty, without '+' or '/'")
@@ -50,7 +50,7 @@ def retriever_names() -> list[str]:
     """Every single-retriever spec word: the BM25 variants, the encoder registry's names and
     NanoR2MED's candidate rankings and the retrievers registered from Python."""
     from r2med_agent.retrieval.candidates import candidate_names
-    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.dense.spec import encoder_registry
 
     return [*BM25_SPECS, *sorted(encoder_registry()), *candidate_names(), *sorted(_REGISTERED)]
 
@@ -114,15 +114,17 @@ def _single(word: str, task: Task, opts: dict[str, Any]) -> Retriever:
         kw = {k: opts[k] for k in _BM25_OPTS if k in opts}
         return BM25Retriever.for_task(task, mode=BM25_SPECS[word], **kw)
     from r2med_agent.retrieval.candidates import candidate_names, make_candidate_retriever
-    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.dense.spec import encoder_registry
 
+    from r2med_agent.retrieval.dense.spec import EncoderOptions
+
+    kw = {"backend" if k == "encoder_backend" else k: opts[k] for k in _DENSE_OPTS if opts.get(k) is not None}
     if word in candidate_names():
-        return make_candidate_retriever(word, task, {k: opts[k] for k in _DENSE_OPTS if k in opts})
+        return make_candidate_retriever(word, task, EncoderOptions(**kw))
     if word in encoder_registry():
-        from r2med_agent.retrieval.dense import DenseRetriever
+        from r2med_agent.retrieval.dense.index import DenseRetriever
 
-        kw = {k: opts[k] for k in _DENSE_OPTS if k in opts and opts[k] is not None}
-        return DenseRetriever.for_task(task, encoder=word, **kw)
+        return DenseRetriever.for_task(task, word, EncoderOptions(**kw))
     raise ConfigError(
         f"unknown retriever '{word}'{did_you_mean(word, retriever_names())}; "
         f"allowed: {', '.join(retriever_names())}, "
