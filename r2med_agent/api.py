@@ -113,13 +113,12 @@ def evaluate_encoder(
     """
     from r2med_agent.retrieval import register_retriever
     from r2med_agent.retrieval.dense.index import DenseRetriever
+    from r2med_agent.retrieval.dense.spec import EncoderOptions
 
     encoder = UserEncoder(model, name, batch_size)
 
     def build(task: Task) -> DenseRetriever:
-        return DenseRetriever.from_docs(task.corpus, encoder, task_name=task.name,
-                                        family=task.family, domain=task.domain, use_cache=False,
-                                        show_progress=False)
+        return DenseRetriever.for_task(task, encoder, EncoderOptions(use_cache=False, show_progress=False))
 
     register_retriever(name, build)
     return _run(tasks, retriever=name, **options)
