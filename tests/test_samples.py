@@ -67,8 +67,10 @@ def test_samples_with_n_one_request_per_prompt_and_only_missing_samples_kept(tmp
 
 def test_dense_mean_of_query_and_samples_and_bm25_joins_them() -> None:
     from r2med_agent.retrieval.bm25 import bm25_query_text
-    from r2med_agent.retrieval.dense import SEP, l2_normalize, query_embeddings
-    from r2med_agent.retrieval.encoders import get_encoder_spec, instruction_prefixes
+    from r2med_agent.retrieval.dense.cache import l2_normalize
+    from r2med_agent.retrieval.dense.index import SEP, query_embeddings
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
     from tests.test_dense import HashEncoder
 
     spec = get_encoder_spec("minilm")

@@ -17,16 +17,12 @@ import numpy as np
 import pytest
 
 from r2med_agent.errors import ConfigError, MissingExtraError
-from r2med_agent.retrieval import vllm_encoder
-from r2med_agent.retrieval.dense import embedding_cache_key
-from r2med_agent.retrieval.encoders import (
-    EncoderSpec,
-    HFEncoder,
-    encoder_registry,
-    get_encoder_spec,
-    make_encoder,
-)
-from r2med_agent.retrieval.vllm_encoder import VLLMEncoder, resolve_backend, vllm_unsupported_reason
+from r2med_agent.retrieval.dense import vllm as dense_vllm
+from r2med_agent.retrieval.dense.cache import embedding_cache_key
+from r2med_agent.retrieval.dense.factory import make_encoder
+from r2med_agent.retrieval.dense.hf import HFEncoder
+from r2med_agent.retrieval.dense.spec import EncoderOptions, EncoderSpec, encoder_registry, get_encoder_spec
+from r2med_agent.retrieval.dense.vllm import VLLMEncoder, resolve_backend, vllm_unsupported_reason
 
 TEXTS = [
     "Insulin lowers blood glucose by moving sugar into muscle and fat cells.",
@@ -61,15 +57,15 @@ def test_auto_says_which_backend_it_chose_and_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = get_encoder_spec("minilm")
-    monkeypatch.setattr(vllm_encoder, "vllm_installed", lambda: True)
-    monkeypatch.setattr(vllm_encoder, "_gpu_count", lambda: 0)
-    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.vllm_encoder"):
+    monkeypatch.setattr(dense_vllm, "vllm_installed", lambda: True)
+    monkeypatch.setattr(dense_vllm, "_gpu_count", lambda: 0)
+    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense.vllm"):
         assert resolve_backend(spec) == "transformers"
     assert "encoder minilm: backend transformers (auto: no GPU)" in caplog.text
 
-    monkeypatch.setattr(vllm_encoder, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(dense_vllm, "_gpu_count", lambda: 2)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.vllm_encoder"):
+    with caplog.at_level(logging.INFO, logger="r2med_agent.retrieval.dense.vllm"):
         assert resolve_backend(spec) == "vllm"
         assert resolve_backend(spec, device="cpu") == "transformers"
         assert resolve_backend(spec, device="cuda:1") == "transformers"
@@ -80,7 +76,7 @@ def test_auto_says_which_backend_it_chose_and_why(
     assert resolve_backend(spec, "transformers") == "transformers"
     assert resolve_backend(get_encoder_spec("openai"), "vllm") == "api"
 
-    monkeypatch.setattr(vllm_encoder, "vllm_installed", lambda: False)
+    monkeypatch.setattr(dense_vllm, "vllm_installed", lambda: False)
     assert resolve_backend(spec) == "transformers"
     with pytest.raises(MissingExtraError, match="vllm"):
         resolve_backend(spec, "vllm")
@@ -90,7 +86,7 @@ def test_vllm_is_refused_for_an_entry_it_cannot_reproduce() -> None:
     with pytest.raises(ConfigError, match="cannot run on vLLM: .*instruction tokens.*--encoder-backend transformers"):
         resolve_backend(get_encoder_spec("inst-l"), "vllm")
     with pytest.raises(ConfigError, match="cannot run on vLLM"):
-        make_encoder("medcpt", backend="vllm")
+        make_encoder("medcpt", EncoderOptions(backend="vllm"))
     with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=1 instead of device cuda:1"):
         VLLMEncoder(get_encoder_spec("minilm"), device="cuda:1")
     with pytest.raises(ConfigError, match="allowed: auto, transformers, vllm"):
@@ -187,8 +183,8 @@ def test_minilm_mean_pooling_same_vectors_and_scores_on_vllm(
     from r2med_agent.runner import RunConfig, run_experiment
 
     spec = get_encoder_spec("minilm")
-    hf = make_encoder(spec, device="cpu", backend="transformers")
-    vl = make_encoder(spec, device="cpu", backend="vllm")
+    hf = make_encoder(spec, EncoderOptions(device="cpu", backend="transformers", show_progress=False))
+    vl = make_encoder(spec, EncoderOptions(device="cpu", backend="vllm", show_progress=False))
     assert isinstance(vl, VLLMEncoder)
     for side, prefix in (("doc", ""), ("query", "Represent this question: ")):
         a = hf.encode(TEXTS, side=side, prefix=prefix)
@@ -249,7 +245,7 @@ def test_smollm2_last_token_with_eos_same_vectors_on_vllm(
     )
     config.set_user_config(user)
     spec = get_encoder_spec("smollm2-last")
-    vl = make_encoder(spec, device="cpu")  # the entry's backend: vllm
+    vl = make_encoder(spec, EncoderOptions(device="cpu", show_progress=False))  # the entry's backend: vllm
     assert isinstance(vl, VLLMEncoder)
     ids = vl.token_ids(TEXTS, side="query", prefix="Instruct: find passages\nQuery: ")
     eos = vl._tokenizer(spec.model).eos_token_id

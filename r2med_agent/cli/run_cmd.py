@@ -297,8 +297,8 @@ def encoders_command(
 ) -> None:
     """List the encoder registry: model, pooling, backend, and whether vLLM can run it (or why not)."""
     from r2med_agent.config import set_user_config
-    from r2med_agent.retrieval.encoders import encoder_registry
-    from r2med_agent.retrieval.vllm_encoder import vllm_unsupported_reason
+    from r2med_agent.retrieval.dense.spec import encoder_registry
+    from r2med_agent.retrieval.dense.vllm import vllm_unsupported_reason
 
     if config is not None:
         set_user_config(config)

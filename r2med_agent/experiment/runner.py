@@ -272,7 +272,7 @@ def _task_stats(gens, traces, spec: Any) -> dict[str, Any]:
 def model_precisions(cfg: RunConfig) -> dict[str, str]:
     """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
     or its registry entry's; on a CPU everything runs in float32), by registry name."""
-    from r2med_agent.retrieval.encoders import encoder_registry
+    from r2med_agent.retrieval.dense.spec import encoder_registry
     from r2med_agent.retrieval.rerank import get_reranker_spec
 
     encoders = encoder_registry()

@@ -520,7 +520,7 @@ def _validate_sampling_values(overrides: Mapping[str, Any]) -> None:
 def _validate_models(spec: RunSpec) -> None:
     """Precision, encoder backend, fusion and fixed candidate lists, checked by name."""
     if spec.precision is not None:
-        from r2med_agent.retrieval.encoders import PRECISIONS
+        from r2med_agent.retrieval.dense.spec import PRECISIONS
 
         if spec.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{spec.precision}'")
@@ -533,7 +533,7 @@ def _validate_models(spec: RunSpec) -> None:
             f"got '{spec.retriever}'"
         )
     check_fusion_options(n, spec.fusion, spec.rrf_k, spec.fusion_weights)
-    from r2med_agent.retrieval.vllm_encoder import BACKENDS
+    from r2med_agent.retrieval.dense.spec import BACKENDS
 
     if spec.encoder_backend is not None and spec.encoder_backend not in BACKENDS:
         raise ConfigError(f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{spec.encoder_backend}'")

@@ -61,6 +61,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,12 +73,29 @@ from r2med_agent.io import atomic_write_json
 from r2med_agent.retrieval.analysis import AnalyzedTexts, LuceneEnglishAnalyzer
 from r2med_agent.types import Run, SearchRequest, Task
 
-__all__ = ["BM25Retriever", "MODES", "bm25_query_text", "index_key"]
+__all__ = ["BM25Options", "BM25Retriever", "MODES", "bm25_query_text", "index_key"]
 
 logger = logging.getLogger(__name__)
 
 MODES = {"lucene": "bm25", "r2med-compat": "bm25-compat"}
 """BM25 mode -> retriever name."""
+
+DEFAULT_K1 = 0.9
+"""R2MED's BM25 term-frequency saturation."""
+DEFAULT_B = 0.4
+"""R2MED's BM25 length normalisation."""
+
+
+@dataclass(frozen=True)
+class BM25Options:
+    """The BM25 settings of a run (``make_retriever(options=...)``); each field as the keyword of
+    :meth:`BM25Retriever.for_task` of the same name."""
+
+    k1: float = DEFAULT_K1
+    b: float = DEFAULT_B
+    index_root: str | os.PathLike[str] | None = None
+    show_progress: bool = True
+    n_threads: int = 0
 
 _FORMAT = 4  # bump when the on-disk layout or the scoring code changes
 _META = "meta.json"
@@ -676,8 +694,8 @@ class BM25Retriever:
         cls,
         task: Task,
         mode: str = "lucene",
-        k1: float = 0.9,
-        b: float = 0.4,
+        k1: float = DEFAULT_K1,
+        b: float = DEFAULT_B,
         index_root: str | os.PathLike[str] | None = None,
         show_progress: bool = True,
         n_threads: int = 0,

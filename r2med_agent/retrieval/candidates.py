@@ -35,11 +35,14 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval.base import Retriever
 from r2med_agent.types import Qrels, Run, SearchRequest, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from r2med_agent.retrieval.dense.spec import EncoderOptions
 
 logger = logging.getLogger(__name__)
 
@@ -227,14 +230,15 @@ class HybridRetriever(_FixedRanking):
         return out
 
 
-def make_candidate_retriever(name: str, task: Task, dense_opts: Mapping[str, Any] | None = None) -> Retriever:
-    """The retriever ``name`` (one of :func:`candidate_names`) over ``task``."""
+def make_candidate_retriever(name: str, task: Task, dense_options: EncoderOptions | None = None) -> Retriever:
+    """The retriever ``name`` (one of :func:`candidate_names`) over ``task``; ``dense_options``
+    build the dense member of a rebuilt hybrid."""
     if name in SHIPPED:
         return CandidateRetriever(name, task)
     if name in REBUILT:
-        from r2med_agent.retrieval.dense import DenseRetriever
+        from r2med_agent.retrieval.dense.index import DenseRetriever
 
         bm25 = CandidateRetriever("nano-bm25", task)
-        dense = DenseRetriever.for_task(task, encoder=DENSE_ENCODER, **dict(dense_opts or {}))
+        dense = DenseRetriever.for_task(task, DENSE_ENCODER, dense_options)
         return HybridRetriever(name, task, bm25, dense, safeguard=keeps_safeguard(name))
     raise ConfigError(f"unknown candidate retriever '{name}'; allowed: {', '.join(candidate_names())}")

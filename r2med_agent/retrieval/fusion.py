@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from r2med_agent.errors import ConfigError
@@ -177,3 +178,22 @@ class FusionRetriever:
         else:
             fused = weighted_score_fusion(runs, self.weights, depth=k)
         return {req.query_id: fused.get(req.query_id, {}) for req in requests}
+
+
+@dataclass(frozen=True)
+class FusionOptions:
+    """How a '+'-joined retriever spec fuses its members (``make_retriever(options=...)``): the
+    arguments of :class:`FusionRetriever` of the same names (``method``: ``fusion``)."""
+
+    method: FusionMethod = "rrf"
+    rrf_k: int = DEFAULT_RRF_K
+    weights: Sequence[float] | None = None
+    depth: int = 100
+
+    def check(self, n_members: int) -> None:
+        """Raise a ConfigError when these settings do not fit ``n_members`` members."""
+        check_fusion_options(n_members, self.method, self.rrf_k, self.weights)
+
+    def retriever(self, members: Sequence[Retriever]) -> FusionRetriever:
+        """The fusion of ``members`` with these settings."""
+        return FusionRetriever(members, method=self.method, rrf_k=self.rrf_k, weights=self.weights, depth=self.depth)

@@ -28,21 +28,16 @@ import numpy as np
 from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
 from r2med_agent.paths import cache_dir
-from r2med_agent.retrieval.encoders import (
-    _batches_by_budget,
-    _import_torch,
-    _specifier,
+from r2med_agent.retrieval.dense.hf import _batches_by_budget
+from r2med_agent.retrieval.dense.models import (
     _import_transformers,
     check_transformers_version,
-    Precision,
     dtype_kwarg,
     load_pretrained,
-    resolve_devices,
-    resolve_autocast,
-    resolve_dtype,
-    weights_dtype_name,
     resolve_model_path,
 )
+from r2med_agent.retrieval.dense.spec import Precision, _specifier, weights_dtype_name
+from r2med_agent.retrieval.dense.torch_utils import _import_torch, resolve_autocast, resolve_devices, resolve_dtype
 from r2med_agent.retrieval.fusion import ranked
 from r2med_agent.types import Run, SearchRequest
 

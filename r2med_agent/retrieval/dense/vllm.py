@@ -1,14 +1,14 @@
 """Encoders on vLLM's pooling engine (``vllm.LLM(..., runner="pooling")`` and ``LLM.embed``),
 and the choice between it and the transformers backend.
 
-The vLLM backend produces the same vectors as :class:`~r2med_agent.retrieval.encoders.HFEncoder`:
+The vLLM backend produces the same vectors as :class:`~r2med_agent.retrieval.dense.hf.HFEncoder`:
 the texts are tokenized here with the model's own Hugging Face tokenizer exactly as the
 transformers path tokenizes them (prefix, truncation to ``max_length`` on the right, BMRetriever's
 appended EOS) and handed to vLLM as token ids, so both backends embed the same tokens. vLLM's
 pooler does what the entry's ``pooling`` says (``cls`` -> ``CLS``, ``mean`` -> ``MEAN``,
 ``last-token`` -> ``LAST``) with its activation (normalisation) off; normalisation is applied
 here as the transformers path applies it. The weights run in the precision the transformers path
-would pick (:func:`~r2med_agent.retrieval.encoders.resolve_dtype`: float32 on CPU).
+would pick (:func:`~r2med_agent.retrieval.dense.torch_utils.resolve_dtype`: float32 on CPU).
 
 What vLLM cannot express exactly stays on transformers (:func:`vllm_unsupported_reason`):
 pooling that leaves the instruction out (Instructor, GritLM), a model's own ``encode``
@@ -32,19 +32,12 @@ from typing import Any
 import numpy as np
 
 from r2med_agent.errors import ConfigError, MissingExtraError
-from r2med_agent.retrieval.encoders import (
-    EncoderSpec,
-    Side,
-    _import_transformers,
-    load_pretrained,
-    resolve_dtype,
-    resolve_model_path,
-)
+from r2med_agent.retrieval.dense.models import _import_transformers, load_pretrained, resolve_model_path
+from r2med_agent.retrieval.dense.spec import BACKENDS, EncoderSpec, Side
+from r2med_agent.retrieval.dense.tokens import encoder_token_ids
+from r2med_agent.retrieval.dense.torch_utils import resolve_dtype
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "transformers", "vllm")
-"""Values of an entry's ``backend`` and of ``run --encoder-backend``."""
 
 VLLM_POOLING = {"cls": "CLS", "mean": "MEAN", "last-token": "LAST"}
 """EncoderSpec.pooling -> vLLM's sequence pooling type."""
@@ -186,7 +179,7 @@ def resolve_backend(spec: EncoderSpec, requested: str | None = None, device: str
 
 class VLLMEncoder:
     """An encoder on ``vllm.LLM(runner="pooling")``: the same tokens, pooling, precision and
-    normalisation as :class:`~r2med_agent.retrieval.encoders.HFEncoder` (module docstring).
+    normalisation as :class:`~r2med_agent.retrieval.dense.hf.HFEncoder` (module docstring).
 
     One engine per model (MedCPT-style entries with two models are transformers-only anyway);
     every text of a call goes to ``LLM.embed`` at once and vLLM batches them continuously.
@@ -305,8 +298,6 @@ class VLLMEncoder:
     def token_ids(self, texts: Sequence[str], *, side: Side, prefix: str = "") -> list[list[int]]:
         """The token ids the model embeds: ``prefix + text`` cut on the right to ``max_length``
         (``max_length - 1`` plus EOS with ``append_eos``), as the transformers path makes them."""
-        from r2med_agent.retrieval.encoders import encoder_token_ids
-
         spec = self.spec
         full = [prefix + t for t in texts] if prefix else list(texts)
         return encoder_token_ids(spec, self._tokenizer(spec.model_for(side)), full, spec.max_length_for(side))[0]

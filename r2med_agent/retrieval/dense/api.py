@@ -1,0 +1,213 @@
+"""The API backend (:class:`APIEncoder`): OpenAI-compatible ``/embeddings`` endpoints (OpenAI,
+Voyage, vLLM, TEI), with R2MED's reference truncation and input preparation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.retrieval.dense.models import _import_transformers, resolve_model_path
+from r2med_agent.retrieval.dense.spec import EncoderSpec, Side
+
+logger = logging.getLogger(__name__)
+
+
+class APIEncoder:
+    """An OpenAI-compatible ``POST {base_url}/embeddings`` client (OpenAI, Voyage, vLLM, TEI).
+
+    Batches of ``batch_size`` texts, retried on transport errors, 429 and 5xx. The key is read from
+    ``api_key_env`` at call time and never logged or cached.
+    """
+
+    def __init__(self, spec: EncoderSpec, *, show_progress: bool = False, timeout_s: float = 120.0) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.show_progress = show_progress
+        self.timeout_s = timeout_s
+        self._encoding: Any = False  # not looked up yet
+        self._hf: Any = False
+
+    def check(self) -> None:
+        """Fail now if the API key is not set (see :meth:`~r2med_agent.retrieval.dense.hf.HFEncoder.check`)."""
+        self._key()
+
+    def _token_encoding(self) -> Any | None:
+        """The tiktoken encoding for ``max_tokens``, or None (tiktoken missing or the encoding
+        not loadable, e.g. offline before its first download): inputs are then cut by characters."""
+        if self._encoding is not False:
+            return self._encoding
+        name = self.spec.tiktoken_encoding
+        encoding = None
+        if name:
+            try:
+                import tiktoken
+
+                encoding = tiktoken.get_encoding(name)
+            except ImportError:
+                logger.warning(
+                    "encoder '%s': tiktoken is not installed; inputs are cut to %d characters "
+                    "instead of %d tokens (pip install tiktoken for exact truncation)",
+                    self.name, self.spec.max_tokens, self.spec.max_tokens,
+                )
+            except (ValueError, OSError) as e:
+                logger.warning(
+                    "encoder '%s': tiktoken encoding '%s' unavailable (%s); inputs are cut to %d characters",
+                    self.name, name, e, self.spec.max_tokens,
+                )
+        self._encoding = encoding
+        return encoding
+
+    def _hf_token_cutter(self) -> Any | None:
+        """The ``hf_tokenizer`` (loaded once), or None when unset or not loadable."""
+        if self._hf is not False:
+            return self._hf
+        tokenizer = None
+        if self.spec.hf_tokenizer:
+            try:
+                transformers = _import_transformers()
+                tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_path(self.spec.hf_tokenizer))
+            except Exception as e:  # noqa: BLE001 - offline, not in the cache, no transformers
+                logger.warning(
+                    "encoder '%s': tokenizer '%s' unavailable (%s); inputs are cut to %d characters "
+                    "instead of %d tokens", self.name, self.spec.hf_tokenizer, str(e).splitlines()[0][:200],
+                    self.spec.max_tokens, self.spec.max_tokens,
+                )
+        self._hf = tokenizer
+        return tokenizer
+
+    def _cuts_by_tokens(self) -> bool:
+        if self.spec.tiktoken_encoding:
+            return self._token_encoding() is not None
+        return self._hf_token_cutter() is not None
+
+    def truncate(self, texts: list[str]) -> list[str]:
+        """Cut each input to ``max_tokens`` tokens (or characters, see the field) and ``max_chars``."""
+        spec = self.spec
+        if spec.max_tokens:
+            n = spec.max_tokens
+            enc = self._token_encoding() if spec.tiktoken_encoding else None
+            hf = None if spec.tiktoken_encoding else self._hf_token_cutter()
+            cut = []
+            for t in texts:
+                if enc is not None:
+                    ids = enc.encode(t, disallowed_special=())
+                    cut.append(enc.decode(ids[:n]) if len(ids) > n else t)
+                elif hf is not None:  # as the reference: tokenizer(text), decode(first n ids)
+                    ids = hf(t)["input_ids"]
+                    cut.append(hf.decode(ids[:n]) if len(ids) > n else t)
+                else:
+                    cut.append(t[:n])
+            texts = cut
+        if spec.max_chars:
+            texts = [t[: spec.max_chars] for t in texts]
+        return texts
+
+    def prepare(self, texts: list[str]) -> list[str]:
+        """The strings sent to the API: cut (:meth:`truncate`), then, with ``json_inputs``,
+        newlines to spaces and JSON-encoded as R2MED's reference sends them; an empty input
+        (which APIs reject) becomes one space."""
+        texts = self.truncate(texts)
+        if self.spec.json_inputs:
+            return [json.dumps(t.replace("\n", " ")) for t in texts]
+        return [t if t.strip() else " " for t in texts]
+
+    def doc_runtime_fields(self) -> dict[str, Any]:
+        """How inputs were truncated (tokens or characters) changes the embeddings: part of the
+        embedding cache key."""
+        if not self.spec.max_tokens:
+            return {}
+        return {"truncation": "tokens" if self._cuts_by_tokens() else "characters"}
+
+    def _key(self) -> str:
+        key = os.environ.get(self.spec.api_key_env, "")
+        if not key:
+            raise ConfigError(
+                f"encoder '{self.name}' needs an API key: set the environment variable "
+                f"{self.spec.api_key_env}"
+            )
+        return key
+
+    def _post(self, client: Any, payload: dict[str, Any]) -> list[list[float]]:
+        import httpx
+        from tenacity import (
+            retry,
+            retry_if_exception,
+            stop_after_attempt,
+            wait_exponential,
+        )
+
+        def transient(e: BaseException) -> bool:
+            if isinstance(e, httpx.TransportError):
+                return True
+            return isinstance(e, httpx.HTTPStatusError) and (
+                e.response.status_code == 429 or e.response.status_code >= 500
+            )
+
+        @retry(
+            retry=retry_if_exception(transient),
+            stop=stop_after_attempt(5),
+            wait=wait_exponential(multiplier=0.5, max=20),
+            reraise=True,
+        )
+        def call() -> list[list[float]]:
+            r = client.post("/embeddings", json=payload)
+            r.raise_for_status()
+            data = r.json().get("data")
+            if not isinstance(data, list) or len(data) != len(payload["input"]):
+                raise LLMError(f"encoder '{self.name}': malformed /embeddings response")
+            data = sorted(data, key=lambda d: d.get("index", 0))
+            return [d["embedding"] for d in data]
+
+        try:
+            return call()
+        except httpx.HTTPStatusError as e:
+            raise LLMError(
+                f"encoder '{self.name}': {self.spec.base_url}/embeddings answered "
+                f"{e.response.status_code}: {e.response.text[:300]}"
+            ) from None
+        except httpx.TransportError as e:
+            raise LLMError(f"encoder '{self.name}': cannot reach {self.spec.base_url}: {e}") from None
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        side: Side,
+        prefix: str = "",
+        titles: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        import httpx
+
+        spec = self.spec
+        inputs = self.prepare([(prefix + t) for t in texts])
+        if not inputs:
+            return np.zeros((0, 0), dtype=np.float32)
+        rows: list[list[float]] = []
+        headers = {"Authorization": f"Bearer {self._key()}"}
+        bar = None
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(inputs), desc=f"embed {self.name} ({side})", unit="text", leave=False)
+        try:
+            with httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s) as client:
+                for s in range(0, len(inputs), spec.batch_size):
+                    payload: dict[str, Any] = {"model": spec.model, "input": inputs[s : s + spec.batch_size]}
+                    if spec.provider == "voyage":
+                        payload["input_type"] = "query" if side == "query" else "document"
+                    rows.extend(self._post(client, payload))
+                    if bar is not None:
+                        bar.update(len(payload["input"]))
+        finally:
+            if bar is not None:
+                bar.close()
+        out = np.asarray(rows, dtype=np.float32)
+        if spec.normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out

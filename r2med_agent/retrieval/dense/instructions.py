@@ -1,0 +1,95 @@
+"""Task instructions: the text an encoder's entry puts before queries and documents of one
+task (:func:`instruction_prefixes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.retrieval.dense.spec import EncoderSpec
+
+_INSTRUCTION_DEFAULT_KEY = "default"
+
+
+def _lookup_instruction(
+    table: Mapping[str, str], names: Sequence[str], family: str, domain: str
+) -> str | None:
+    for key in (*names, family, _INSTRUCTION_DEFAULT_KEY):
+        if key and key in table:
+            return table[key].replace("{domain}", domain)
+    return None
+
+
+def _task_keys(task_name: str) -> tuple[str, ...]:
+    """The task's name, then the R2MED task behind it (``nano-Medical-Sciences`` ->
+    ``Medical-Sciences``, the packaged Biology demo -> ``Biology``), so derived tasks get the
+    paper's own instruction rather than the family template. Names outside the registry (a
+    user's local folder) stand for themselves."""
+    from r2med_agent.data import base_task_name
+
+    if not task_name:
+        return ()
+    try:
+        base = base_task_name(task_name)
+    except ConfigError:
+        return (task_name,)
+    return (task_name,) if base == task_name else (task_name, base)
+
+
+def _registered(task_name: str) -> bool:
+    from r2med_agent.data import get_task_spec
+
+    try:
+        get_task_spec(task_name)
+    except ConfigError:
+        return False
+    return True
+
+
+def _prefix_from(fmt: str, instruction: str) -> str:
+    # fmt ends with "{text}" (validated), so everything before it is the prefix.
+    head = fmt[: -len("{text}")]
+    return head.replace("{instruction}", instruction)
+
+
+@dataclass(frozen=True)
+
+
+class Prefixes:
+    """The resolved text put before each kind of input for one task.
+
+    Attributes:
+        query: before the original query (instruction or fixed query prefix).
+        expansion: before generated text in the HyDE/LameR/reasoning mean (the query prefix when
+            ``instruction_on`` is ``both``, else nothing).
+        doc: before every document.
+    """
+
+    query: str = ""
+    expansion: str = ""
+    doc: str = ""
+
+
+def instruction_prefixes(
+    spec: EncoderSpec, task_name: str = "", family: str = "", domain: str = ""
+) -> Prefixes:
+    """Resolve the encoder's instructions for one task.
+
+    The query instruction is looked up by task name, then the R2MED task it is drawn from (a
+    NanoR2MED split, the packaged demo), then family, then ``default``; without one the fixed
+    ``query_prefix`` applies. Documents likewise (``doc_instructions`` / ``doc_prefix``).
+    """
+    keys = _task_keys(task_name)
+    if task_name and not _registered(task_name):
+        family = ""  # a task of your own: only an instruction configured for its name applies
+    q_instr = _lookup_instruction(spec.query_instructions, keys, family, domain)
+    query = (
+        _prefix_from(spec.instruction_format, q_instr) if q_instr is not None else spec.query_prefix
+    )
+    d_instr = _lookup_instruction(spec.doc_instructions, keys, family, domain)
+    doc = (
+        _prefix_from(spec.doc_instruction_format, d_instr) if d_instr is not None else spec.doc_prefix
+    )
+    expansion = query if spec.instruction_on == "both" else ""
+    return Prefixes(query=query, expansion=expansion, doc=doc)
