@@ -1,0 +1,206 @@
+"""The run spec: key / from_key / from_record round-trip over generated specs, one folder per spec,
+labels that name what differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from r2med_agent.errors import ConfigError
+from r2med_agent.experiment.spec import SAMPLING_FLAGS, RunSpec, cli_args
+from r2med_agent.experiment.store import legacy_leaf
+from r2med_agent.runner import RunConfig
+
+ENCODERS = ["minilm", "bge", "nv", "e5"]
+
+
+@st.composite
+def specs(draw) -> RunSpec:
+    """Valid specs over every field, each drawn from values a user can give."""
+    method = draw(st.sampled_from(["none", "hyde", "query2doc", "lamer", "search-r1", "search-o1"]))
+    agentic = method.startswith("search")
+    members = draw(st.lists(st.sampled_from(["bm25", "bm25-compat", *ENCODERS]), min_size=1, max_size=3, unique=True))
+    retriever = "+".join(members)
+    kw: dict = {"method": method, "retriever": retriever}
+    if method != "none":
+        kw["llm"] = draw(st.sampled_from(["smollm2", "qwen-7b", "gpt4", "qwq-32b"]))
+        kw["generations"] = draw(st.sampled_from(["fresh", "fresh", "r2med"]))
+        if kw["generations"] == "fresh":
+            sampling = draw(st.fixed_dictionaries({}, optional={
+                "temperature": st.floats(0, 2, allow_nan=False).map(lambda x: round(x, 3)),
+                "top_p": st.floats(0.05, 1, allow_nan=False).map(lambda x: round(x, 3)),
+                "max_tokens": st.integers(1, 20000),
+                "seed": st.one_of(st.none(), st.integers(0, 2**31)),
+            }))
+            kw["sampling"] = sampling
+            kw["prompts"] = draw(st.one_of(st.none(), st.text("0123456789abcdef", min_size=16, max_size=16)))
+    if method in ("hyde", "query2doc", "lamer"):
+        kw["samples"] = draw(st.integers(1, 8))
+    if method == "lamer" and kw.get("generations") == "fresh":
+        kw["first_pass"] = draw(st.sampled_from(["bm25", "bm25-compat", "minilm"]))
+    if len(members) > 1:
+        kw["fusion"] = draw(st.sampled_from(["rrf", "weighted"]))
+        if kw["fusion"] == "rrf":
+            kw["rrf_k"] = draw(st.integers(0, 200))
+        else:
+            kw["fusion_weights"] = draw(st.one_of(st.none(), st.lists(
+                st.floats(0.1, 5, allow_nan=False).map(lambda x: round(x, 2)), min_size=len(members), max_size=len(members)
+            ).map(tuple)))
+    if agentic:
+        kw["final"] = draw(st.sampled_from(["default", "fuse"]))
+        if kw["final"] == "default" and kw.get("generations") == "fresh":
+            kw["loop_retriever"] = draw(st.one_of(st.none(), st.sampled_from(["bm25", *ENCODERS])))
+        if kw.get("generations") == "r2med":
+            kw["final"] = "default"
+    kw["precision"] = draw(st.sampled_from([None, "float32", "float16", "bfloat16", "autocast-float16", "auto"]))
+    kw["encoder_backend"] = draw(st.sampled_from([None, "auto", "transformers", "vllm"]))
+    kw["top_k"] = draw(st.integers(1, 1000))
+    kw["reranker"] = draw(st.sampled_from([None, "monobert", "bge-reranker", "smollm2-listwise"]))
+    if kw["reranker"]:
+        kw["rerank_k"] = draw(st.integers(1, 1000))
+        kw["rerank_cut"] = draw(st.booleans())
+    return RunSpec(**kw)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs())
+def test_key_and_record_round_trip(spec: RunSpec) -> None:
+    assert RunSpec.from_key(spec.key()) == spec
+    assert RunSpec.from_record(spec.record()) == spec
+    assert RunSpec.from_key(spec.key()).key() == spec.key()
+    assert RunSpec.from_key(spec.key()).folder() == spec.folder()
+    # The runner records the spec plus run options; the spec read back is the same.
+    cfg = RunConfig(tasks=("sample",), **{f: getattr(spec, f) for f in spec.record()})
+    assert cfg.spec() == spec
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs(), specs())
+def test_two_specs_share_a_folder_only_when_equal(a: RunSpec, b: RunSpec) -> None:
+    assert (a.folder() == b.folder()) == (a.key() == b.key())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs())
+def test_folder_names_are_safe_and_readable(spec: RunSpec) -> None:
+    leaf = spec.leaf
+    assert "/" not in leaf and len(leaf) <= 170 and leaf == leaf.strip()
+    assert leaf.startswith(spec.retriever_name[:50].replace("/", "-")[:10])
+    assert spec.digest() in leaf or not spec.settings()
+    assert spec.folder().split("/")[:2] == [spec.method, spec.llm_label]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs())
+def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
+    from typer.testing import CliRunner  # noqa: F401 - the flags below are run's own
+
+    args = cli_args(spec)
+    seen = {a for a in args if a.startswith("--")}
+    assert seen <= {"--method", "--llm", "--generations", "--retriever", "--reranker", "--samples", "--first-pass",
+                    "--fusion", "--rrf-k", "--fusion-weights", "--loop-retriever", "--final", "--precision",
+                    "--encoder-backend", "--top-k", "--rerank-k", "--rerank-cut", *SAMPLING_FLAGS.values()}
+    parsed = _parse_run_args(args)
+    parsed["prompts"] = spec.prompts  # prompts come from $R2MED_PROMPTS_DIR, not an option
+    assert RunSpec(**parsed) == spec
+
+
+def _parse_run_args(args: list[str]) -> dict:
+    """The spec fields a `run` command line gives (the CLI's own parsing, without running)."""
+    from r2med_agent.cli.run_cmd import _parse_weights, parse_seed
+
+    out: dict = {}
+    sampling: dict = {}
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if flag == "--rerank-cut":
+            out["rerank_cut"] = True
+            i += 1
+            continue
+        value = args[i + 1]
+        i += 2
+        name = flag[2:].replace("-", "_")
+        if flag == "--temperature" or flag == "--top-p":
+            sampling[name] = float(value)
+        elif flag == "--max-tokens":
+            sampling[name] = int(value)
+        elif flag == "--seed":
+            sampling["seed"] = parse_seed(value)
+        elif flag == "--fusion-weights":
+            out[name] = _parse_weights(value)
+        elif name in ("top_k", "rerank_k", "rrf_k", "samples"):
+            out[name] = int(value)
+        else:
+            out[name] = value
+    out["sampling"] = sampling
+    return out
+
+
+def test_precision_never_reads_as_a_reranker() -> None:
+    # bge__bfloat16 was read back as retriever bge with reranker bfloat16 before the spec.
+    spec = RunSpec(retriever="bge", precision="bfloat16")
+    assert spec.label == "none/none/bge [precision=bfloat16]"
+    with_reranker = RunSpec(retriever="bge", precision="bfloat16", reranker="monobert")
+    assert with_reranker.label == "none/none/bge/monobert [precision=bfloat16]"
+    assert with_reranker.leaf == f"bge__bfloat16__monobert__{with_reranker.digest()}"
+
+
+def test_settings_that_do_not_apply_neither_split_nor_merge() -> None:
+    assert RunSpec(rerank_k=5) == RunSpec()  # no reranker: the depth plays no part
+    assert RunSpec(precision="float16") == RunSpec()  # BM25 has no model
+    assert RunSpec(method="hyde", llm="smollm2", loop_retriever="bge") == RunSpec(method="hyde", llm="smollm2")
+    assert RunSpec(method="search-r1", llm="x", retriever="bge", loop_retriever="bge").loop_retriever is None
+    assert RunSpec(method="hyde", llm="smollm2", sampling={"temperature": 1}) == RunSpec(
+        method="hyde", llm="smollm2", sampling={"temperature": 1.0})
+    assert RunSpec(method="hyde", llm="smollm2", sampling={"temperature": 0.9}) != RunSpec(method="hyde", llm="smollm2")
+
+
+def test_default_runs_keep_their_folder_names() -> None:
+    # Results of default runs written before spec.json are already in their own folders.
+    for spec in (RunSpec(), RunSpec(method="hyde", llm="smollm2"), RunSpec(retriever="bm25+minilm"),
+                 RunSpec(retriever="nv", reranker="monobert"), RunSpec(method="hyde", llm="qwen-7b", generations="r2med")):
+        assert spec.leaf == legacy_leaf(spec)
+        assert "__" not in spec.leaf or spec.reranker
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"method": "hyde"}, "needs --llm"),
+    ({"llm": "smollm2"}, "only used by a method"),
+    ({"rerank_cut": True}, "--rerank-cut needs --reranker"),
+    ({"method": "search-r1", "llm": "x", "samples": 2}, "--samples applies to hyde, query2doc and lamer"),
+    ({"method": "hyde", "llm": "x", "first_pass": "bm25-compat"}, "--first-pass is LameR's"),
+    ({"method": "hyde", "llm": "x", "sampling": {"top_p": 0}}, "--top-p must be in"),
+])
+def test_bad_specs_name_the_option(kw, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RunSpec(**kw)
+
+
+def test_a_bad_key_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="not a run spec key"):
+        RunSpec.from_key("{nope")
+
+
+def test_prompt_folders_are_part_of_the_identity(tmp_path: Path, monkeypatch) -> None:
+    from r2med_agent.paths import prompts_dir
+
+    shipped = RunConfig(tasks=("sample",), method="hyde", llm="smollm2")
+    assert shipped.prompts is None
+    mine = tmp_path / "mine"
+    (mine / "hyde").mkdir(parents=True)
+    (mine / "hyde" / "qa.j2").write_text((prompts_dir() / "hyde" / "qa.j2").read_text() + "\nBe brief.")
+    monkeypatch.setenv("R2MED_PROMPTS_DIR", str(mine))
+    custom = RunConfig(tasks=("sample",), method="hyde", llm="smollm2")
+    assert custom.prompts is not None and custom.folder() != shipped.folder()
+    assert custom.label.endswith(f"[prompts={custom.prompts}]")
+    # The same files elsewhere are the same prompts; plain retrieval renders none.
+    other = tmp_path / "copy"
+    (other / "hyde").mkdir(parents=True)
+    (other / "hyde" / "qa.j2").write_bytes((mine / "hyde" / "qa.j2").read_bytes())
+    monkeypatch.setenv("R2MED_PROMPTS_DIR", str(other))
+    assert RunConfig(tasks=("sample",), method="hyde", llm="smollm2").prompts == custom.prompts
+    assert RunConfig(tasks=("sample",)).prompts is None
