@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from r2med_agent import prompts
+from r2med_agent import prompt_templates as prompts
 from r2med_agent.types import Combine, Generation, Message, Query, Run, SearchRequest, Task
 
 log = logging.getLogger(__name__)
