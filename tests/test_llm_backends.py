@@ -24,6 +24,7 @@ from r2med_agent import config
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
 from r2med_agent.llm import registry
 from r2med_agent.llm.base import LLM
+from r2med_agent.llm.continuation import continuation_prompt
 from r2med_agent.llm.registry import LLMSpec, get_llm_spec, load_llm_specs, make_backend
 from r2med_agent.types import SamplingParams
 from tests.llm_server import SMOLLM2_GGUF, FaultProxy, openai_spec
@@ -542,13 +543,13 @@ def test_vllm_continuation_prompt_with_reasoning_templates(monkeypatch, llm, tem
     assert fake.generates[0]["prompts"] == [opening + running]
     assert fake.tokenizer.encoded[-1]["add_special_tokens"] is False
     # The step-1 prompt is the same prefix: every later step only appends (prefix caching).
-    fresh = vllm_backend.continuation_prompt(
+    fresh = continuation_prompt(
         fake.tokenizer, [*backend_conversation([{"role": "user", "content": "q"}]), {"role": "assistant", "content": ""}],
         backend.spec.chat_template_kwargs,
     )
     assert fresh == opening
     if llm == "qwen3-32b":  # enable_thinking from the registry entry reaches the template
-        off = vllm_backend.continuation_prompt(
+        off = continuation_prompt(
             fake.tokenizer, backend_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]),
             {"enable_thinking": False},
         )

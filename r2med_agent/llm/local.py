@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.openai_compat import continues_final_message, truncate_at_stop
+from r2med_agent.llm.continuation import continues_final_message
+from r2med_agent.llm.openai_compat import truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams

@@ -63,6 +63,7 @@ from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError, exception_chain
 from r2med_agent.llm.base import AuthError, PartialBatchError, UnreachableError
+from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -101,11 +102,6 @@ def resolve_server(spec: LLMSpec) -> str:
         return spec.server
     host = urlparse(spec.base_urls[0]).hostname or ""
     return "openai" if host == "api.openai.com" else "vllm"
-
-
-def continues_final_message(messages: Sequence[Message]) -> bool:
-    """True when the conversation ends with an assistant message (to be continued, not answered)."""
-    return bool(messages) and messages[-1].get("role") == "assistant"
 
 
 def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
@@ -386,8 +382,6 @@ class OpenAICompatBackend:
     def continuation_text(self, messages: Sequence[Message]) -> str:
         """The raw prompt that continues ``messages``' final assistant message, rendered with
         the chat template of the entry's ``tokenizer`` (default: ``model``)."""
-        from r2med_agent.llm.vllm_backend import continuation_prompt
-
         conversation = with_system_prompt(list(messages), self.spec.system_prompt)
         return continuation_prompt(self._chat_tokenizer(), conversation,
                                    dict(self.spec.chat_template_kwargs) or None)
