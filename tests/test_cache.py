@@ -388,7 +388,7 @@ def test_partial_batch_keeps_the_successes_then_raises(tmp_path):
     class HalfBroken(ScriptedLLM):
         """Fails the prompts that say "bad", as an HTTP backend reports a batch it partly made."""
 
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             out = super().generate(prompts, params)
             bad = {i: LLMError(f"rejected {i}") for i, p in enumerate(prompts) if "bad" in p[-1]["content"]}
             if bad:
@@ -418,7 +418,7 @@ def test_partial_batch_keeps_the_successes_then_raises(tmp_path):
 
 def test_error_items_are_not_cached(tmp_path):
     class Flaky(ScriptedLLM):
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             out = super().generate(prompts, params)
             return [Generation(text="", finish_reason="error")] + out[1:]
 
@@ -435,7 +435,7 @@ def llm_keys(llm: CachedLLM, qs, params=SamplingParams()):
 
 def test_wrong_output_count_is_an_error(tmp_path):
     class Short(ScriptedLLM):
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             return super().generate(prompts, params)[:-1]
 
     llm = CachedLLM(Short(echo, "fake-model"), None, "plain", None)
@@ -457,7 +457,7 @@ def test_api_reasoning_is_kept_apart_whatever_the_format(tmp_path):
     class Reasoner(ScriptedLLM):
         """Returns reasoning apart from the text, as reasoning APIs do."""
 
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             return [dc_replace(g, reasoning="api thoughts") for g in super().generate(prompts, params)]
 
     cache = GenerationCache(tmp_path / "g.sqlite")

@@ -101,6 +101,32 @@ def test_every_entry_builds_a_backend_without_heavy_imports() -> None:
         assert isinstance(backend, LLM) and backend.model_id == spec.model, name
 
 
+def test_every_llm_takes_the_protocols_request_options() -> None:
+    """Backends, wrappers and the test fake all take the keywords the LLM protocol declares
+    (callers pass them without looking at signatures), with the protocol's defaults."""
+    import inspect
+
+    from r2med_agent.llm.base import SamplingLLM
+    from r2med_agent.llm.cached import CachedLLM, LazyBackend
+    from r2med_agent.llm.local import LlamaCppBackend
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend
+    from r2med_agent.llm.vllm_backend import VLLMBackend
+    from tests.fakes import ScriptedLLM
+
+    def options(method) -> dict[str, object]:
+        params = inspect.signature(method).parameters.values()
+        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    generate = options(LLM.generate)
+    samples = options(SamplingLLM.generate_samples)
+    assert generate == {"sample_index": 0, "template_hash": "", "meta": None}
+    assert samples == {"template_hash": "", "meta": None}
+    for cls in (LlamaCppBackend, OpenAICompatBackend, VLLMBackend, LazyBackend, CachedLLM, ScriptedLLM):
+        assert options(cls.generate) == generate, cls.__name__
+    for cls in (OpenAICompatBackend, VLLMBackend, LazyBackend, CachedLLM):
+        assert options(cls.generate_samples) == samples, cls.__name__
+
+
 def test_sampling_params_from_spec_with_overrides() -> None:
     spec = get_llm_spec("gpt4")
     params = spec.sampling_params(stop=["</search>"], max_tokens=64)

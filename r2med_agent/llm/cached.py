@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError
-from r2med_agent.llm.base import LLM, PartialBatchError
+from r2med_agent.llm.base import LLM, PartialBatchError, PromptMeta, TemplateHashes
 from r2med_agent.llm.cache import (
     CacheRecord,
     GenerationCache,
@@ -115,11 +115,17 @@ class LazyBackend:
             self._backend = self._factory()
         return self._backend
 
-    def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
+    # The request options are the cache's (see LLM): the backend's texts do not depend on them,
+    # so they are not passed on.
+    def generate(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+    ) -> list[Generation]:
         return self.get().generate(prompts, params)
 
     def generate_samples(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         return self.get().generate_samples(prompts, params, n)  # type: ignore[attr-defined]
 
@@ -320,8 +326,8 @@ class CachedLLM:
         params: SamplingParams,
         *,
         sample_index: int = 0,
-        template_hash: str | Sequence[str] = "",
-        meta: Sequence[Mapping[str, Any] | None] | None = None,
+        template_hash: TemplateHashes = "",
+        meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """One Generation per prompt, in input order, with ``final``/``reasoning`` filled.
 
@@ -465,8 +471,8 @@ class CachedLLM:
         params: SamplingParams,
         n: int,
         *,
-        template_hash: str | Sequence[str] = "",
-        meta: Sequence[Mapping[str, Any] | None] | None = None,
+        template_hash: TemplateHashes = "",
+        meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt: ``out[i][s]`` is sample ``s`` of prompt ``i``.
 

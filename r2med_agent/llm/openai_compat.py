@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError, exception_chain
-from r2med_agent.llm.base import AuthError, PartialBatchError, UnreachableError
+from r2med_agent.llm.base import AuthError, PartialBatchError, PromptMeta, TemplateHashes, UnreachableError
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
@@ -297,9 +297,10 @@ class OpenAICompatBackend:
 
     # ------------------------------------------------------------------ public API
     def generate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
-        """One Generation per prompt, in input order.
+        """One Generation per prompt, in input order. The request options are the cache's (:class:`~r2med_agent.llm.base.LLM`).
 
         Safe to call from inside a running event loop (a notebook, an async app): the batch
         then runs on its own loop in a worker thread.
@@ -309,7 +310,8 @@ class OpenAICompatBackend:
         return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params))
 
     def generate_samples(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt, one request each with the API's ``n`` (OpenAI, vLLM
         servers). The response's prompt tokens are counted on sample 0 and its completion tokens

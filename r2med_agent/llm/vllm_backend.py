@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
+from r2med_agent.llm.base import PromptMeta, TemplateHashes
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
@@ -190,17 +191,19 @@ class VLLMBackend:
             shutdown_engine(engine)
 
     def generate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """New turns in one ``LLM.chat`` call, continuations in one ``LLM.generate`` call (see
-        the module docstring); outputs in input order.
+        the module docstring); outputs in input order. The request options are the cache's (:class:`~r2med_agent.llm.base.LLM`).
 
         ``latency_s`` of each item is its call's wall time shared evenly over that call.
         """
         return [samples[0] for samples in self.generate_samples(prompts, params, 1)]
 
     def generate_samples(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt (vLLM's ``n``), in the engine calls of :meth:`generate`."""
         if not prompts:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import json
 import logging
 import re
@@ -343,15 +342,6 @@ def apply_sampling_overrides(params: SamplingParams, overrides: Mapping[str, Any
     return dataclasses.replace(params, **dict(overrides))
 
 
-def _accepts_keywords(llm: LLM) -> bool:
-    """Whether ``llm.generate`` takes the caching wrapper's keywords (``sample_index``, ``meta``)."""
-    try:
-        sig = inspect.signature(llm.generate)
-    except (TypeError, ValueError):
-        return False
-    return "sample_index" in sig.parameters and "meta" in sig.parameters
-
-
 def ranked_doc_ids(scores: Mapping[str, float], k: int) -> list[str]:
     """Doc ids by descending score (ties by doc id, so the order is deterministic), top ``k``."""
     return [d for d, _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
@@ -538,16 +528,12 @@ class ReasoningLoop:
         """ONE ``llm.generate`` call; returns the generations and the backend calls it made."""
         counters = getattr(llm, "stats", None)
         before = getattr(counters, "backend_calls", None)
-        if _accepts_keywords(llm):
-            meta = [
-                {"task": t.job.task.name, "query_id": t.job.query.query_id, "method": self.name,
-                 "step": turn, "kind": kind}
-                for t in trajs
-            ]
-            gens = llm.generate(prompts, params, sample_index=0,  # type: ignore[call-arg]
-                                template_hash=self.template_hash, meta=meta)
-        else:
-            gens = llm.generate(prompts, params)
+        meta = [
+            {"task": t.job.task.name, "query_id": t.job.query.query_id, "method": self.name,
+             "step": turn, "kind": kind}
+            for t in trajs
+        ]
+        gens = llm.generate(prompts, params, sample_index=0, template_hash=self.template_hash, meta=meta)
         if len(gens) != len(prompts):
             raise LLMError(
                 f"{getattr(llm, 'model_id', 'the LLM')} returned {len(gens)} generations for {len(prompts)} prompts"
