@@ -272,7 +272,8 @@ class LlamaCppBackend:
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """One completion per prompt, sequentially (see the module docstring); a prompt ending
-        in an assistant message continues that message. The request options are the cache's (:class:`~r2med_agent.llm.base.LLM`)."""
+        in an assistant message continues that message. The request options are the cache's
+        (:class:`~r2med_agent.llm.base.LLM`)."""
         if not prompts:
             return []
         loaded = self._model()

@@ -300,7 +300,8 @@ class OpenAICompatBackend:
         self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
-        """One Generation per prompt, in input order. The request options are the cache's (:class:`~r2med_agent.llm.base.LLM`).
+        """One Generation per prompt, in input order. The request options are the cache's
+        (:class:`~r2med_agent.llm.base.LLM`).
 
         Safe to call from inside a running event loop (a notebook, an async app): the batch
         then runs on its own loop in a worker thread.

@@ -16,8 +16,8 @@ the DeepSeek-R1 distills open the turn with ``<think>\n`` only in the generation
 from step 2 on) and render an assistant message as its text after the last ``</think>`` (the
 reasoning is dropped, and ``transformers`` then refuses to continue the message); Qwen3 puts an
 empty think block in front of the last assistant message.
-:func:`~r2med_agent.llm.continuation.continuation_prompt` renders the
-prompt. The ``[vllm]`` extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
+:func:`~r2med_agent.llm.continuation.continuation_prompt` renders the prompt. The ``[vllm]``
+extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
 A batch that mixes new turns and continuations is sent as two engine calls
 (``LLM.chat``, then ``LLM.generate``), and the outputs are put back into input order.
 
@@ -195,7 +195,8 @@ class VLLMBackend:
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """New turns in one ``LLM.chat`` call, continuations in one ``LLM.generate`` call (see
-        the module docstring); outputs in input order. The request options are the cache's (:class:`~r2med_agent.llm.base.LLM`).
+        the module docstring); outputs in input order. The request options are the cache's
+        (:class:`~r2med_agent.llm.base.LLM`).
 
         ``latency_s`` of each item is its call's wall time shared evenly over that call.
         """
