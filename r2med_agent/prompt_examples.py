@@ -11,7 +11,7 @@ reference repository turns them into the project's examples files with::
 
 The file is read with :mod:`ast` and :func:`ast.literal_eval`: its code never runs. The result is
 ``<out>/query2doc/examples/<family>.yaml``, a mapping from task name to that task's examples,
-which :func:`r2med_agent.prompts.load_examples` looks up by task before the package's per-domain
+which :func:`r2med_agent.prompt_templates.load_examples` looks up by task before the package's per-domain
 or per-family examples.
 """
 

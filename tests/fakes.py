@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from r2med_agent.llm.base import PromptMeta, TemplateHashes
 from r2med_agent.types import Generation, Message, SamplingParams
 
 Script = Callable[[list[Message], SamplingParams], str]
@@ -21,7 +22,11 @@ class ScriptedLLM:
         self.model_id = model_id
         self.calls: list[list[list[Message]]] = []
 
-    def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+    ) -> list[Generation]:
+        """The scripted texts; the request options (the cache's) do not change them."""
         self.calls.append([list(p) for p in prompts])
         out = []
         for messages in prompts:

@@ -531,7 +531,7 @@ class RawLLM:
         self.model_id = "raw"
         self.calls: list[list[list[Message]]] = []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
         self.calls.append([list(p) for p in prompts])
         out = []
         for messages in prompts:
@@ -677,7 +677,7 @@ def test_length_and_error_finish_reasons():
     class Mixed:
         model_id = "mixed"
 
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             out = []
             for messages in prompts:
                 q = messages[0]["content"]
@@ -1102,7 +1102,7 @@ class SystemPromptBackend:
         self.inner = ScriptedLLM(script, model_id=spec.model)
         self.received: list[tuple[list[Message], SamplingParams]] = []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
         from r2med_agent.llm.registry import with_system_prompt
 
         for p in prompts:

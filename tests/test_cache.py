@@ -388,7 +388,7 @@ def test_partial_batch_keeps_the_successes_then_raises(tmp_path):
     class HalfBroken(ScriptedLLM):
         """Fails the prompts that say "bad", as an HTTP backend reports a batch it partly made."""
 
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             out = super().generate(prompts, params)
             bad = {i: LLMError(f"rejected {i}") for i, p in enumerate(prompts) if "bad" in p[-1]["content"]}
             if bad:
@@ -418,7 +418,7 @@ def test_partial_batch_keeps_the_successes_then_raises(tmp_path):
 
 def test_error_items_are_not_cached(tmp_path):
     class Flaky(ScriptedLLM):
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             out = super().generate(prompts, params)
             return [Generation(text="", finish_reason="error")] + out[1:]
 
@@ -435,7 +435,7 @@ def llm_keys(llm: CachedLLM, qs, params=SamplingParams()):
 
 def test_wrong_output_count_is_an_error(tmp_path):
     class Short(ScriptedLLM):
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             return super().generate(prompts, params)[:-1]
 
     llm = CachedLLM(Short(echo, "fake-model"), None, "plain", None)
@@ -457,7 +457,7 @@ def test_api_reasoning_is_kept_apart_whatever_the_format(tmp_path):
     class Reasoner(ScriptedLLM):
         """Returns reasoning apart from the text, as reasoning APIs do."""
 
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
             return [dc_replace(g, reasoning="api thoughts") for g in super().generate(prompts, params)]
 
     cache = GenerationCache(tmp_path / "g.sqlite")
@@ -614,7 +614,7 @@ def test_two_processes_share_one_cache(tmp_path):
 
 # -- export / import (library) ---------------------------------------------------------------------
 
-from r2med_agent.llm.cache_io import export_r2med, import_r2med, natural_key  # noqa: E402
+from r2med_agent.llm.cache_io import ExportSelection, export_r2med, import_r2med, natural_key  # noqa: E402
 from r2med_agent.llm.cached import RequestBuilder  # noqa: E402
 from r2med_agent.errors import DataError  # noqa: E402
 
@@ -675,10 +675,10 @@ def test_import_then_run_is_all_hits_and_export_roundtrips(tmp_path):
     assert not any(g.cached for g in bare.generate([p for p, _, _ in requests], params, template_hash="h1"))
 
     # Export with the query file reproduces the R2MED rows exactly.
-    out = export_r2med(cache, [_Spec.model], task="Biology", method="hyde", queries=R2MED_ROWS)
+    out = export_r2med(cache, ExportSelection([_Spec.model], task="Biology", method="hyde"), queries=R2MED_ROWS)
     assert out == R2MED_ROWS
     # Without it too: the import kept each row's text and doc_id with its use.
-    out2 = export_r2med(cache, [_Spec.model, "alias"])
+    out2 = export_r2med(cache, ExportSelection([_Spec.model, "alias"]))
     assert out2 == R2MED_ROWS
     assert cache.uses(task="Biology")[0][0].extra == {
         "source": "q.jsonl", "text": R2MED_ROWS[0]["text"], "doc_id": R2MED_ROWS[0]["doc_id"],
@@ -703,19 +703,19 @@ def test_import_reports_missing_and_unknown_and_rejects_bad_rows(tmp_path):
 def test_export_errors_and_newest_wins_within_one_configuration(tmp_path):
     llm, backend = make(tmp_path, reasoning_format="plain")
     with pytest.raises(DataError, match="no cached generations"):
-        export_r2med(llm.cache, ["fake-model"])
+        export_r2med(llm.cache, ExportSelection(["fake-model"]))
     meta = lambda t, q, m, text="": {"task": t, "query_id": q, "method": m, "text": text}  # noqa: E731
     llm.generate([msgs("a"), msgs("b")], SamplingParams(), meta=[meta("T", "1", "hyde"), meta("U", "1", "hyde")])
     with pytest.raises(DataError, match="several task/method pairs \\(T/hyde, U/hyde\\)"):
-        export_r2med(llm.cache, ["fake-model"])
+        export_r2med(llm.cache, ExportSelection(["fake-model"]))
     time.sleep(0.01)
     # The query's text changed between two runs of the same configuration: the newest wins.
     llm.generate([msgs("a2")], SamplingParams(), meta=[meta("T", "1", "hyde", "a2")])
-    rows = export_r2med(llm.cache, ["fake-model"], task="T")
+    rows = export_r2med(llm.cache, ExportSelection(["fake-model"], task="T"))
     assert rows == [{"id": "1", "text": "a2", "hy_doc": "<think>about a2</think>passage for a2", "doc_id": []}]
     with pytest.raises(DataError, match="1 of 2 queries have no cached generation \\(9\\)"):
-        export_r2med(llm.cache, ["fake-model"], task="T", queries=[{"id": "1"}, {"id": "9"}])
-    part = export_r2med(llm.cache, ["fake-model"], task="T", queries=[{"id": "9"}, {"id": "1", "text": "q"}], partial=True)
+        export_r2med(llm.cache, ExportSelection(["fake-model"], task="T"), queries=[{"id": "1"}, {"id": "9"}])
+    part = export_r2med(llm.cache, ExportSelection(["fake-model"], task="T"), queries=[{"id": "9"}, {"id": "1", "text": "q"}], partial=True)
     assert [(r["id"], r["text"]) for r in part] == [("1", "q")]
 
 
@@ -729,7 +729,7 @@ def test_export_refuses_to_mix_configurations_and_filters_pick_one(tmp_path):
     llm.generate(prompts, SamplingParams(seed=7), meta=meta, template_hash="tpl-1")
     llm.generate(prompts, SamplingParams(seed=42), meta=meta, template_hash="tpl-2")
     with pytest.raises(DataError) as err:
-        export_r2med(llm.cache, ["fake-model"], task="T", method="hyde")
+        export_r2med(llm.cache, ExportSelection(["fake-model"], task="T", method="hyde"))
     message = str(err.value)
     assert "3 different request settings" in message
     hashes = sorted({settings_hash(r.request) for _, r in llm.cache.uses(task="T")})
@@ -737,17 +737,17 @@ def test_export_refuses_to_mix_configurations_and_filters_pick_one(tmp_path):
     assert "seed=42" in message and "seed=7" in message and "2 queries" in message
     assert "--settings HASH" in message and "--seed" in message and "--temperature" in message
 
-    seven = export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 7})
+    seven = export_r2med(llm.cache, ExportSelection(["fake-model"], task="T", params={"seed": 7}))
     assert [r["id"] for r in seven] == ["1", "2"]
     with pytest.raises(DataError, match="2 different request settings"):
-        export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 42})
+        export_r2med(llm.cache, ExportSelection(["fake-model"], task="T", params={"seed": 42}))
     (tpl2,) = {settings_hash(r.request) for _, r in llm.cache.uses(task="T") if r.request["template_hash"] == "tpl-2"}
-    picked = export_r2med(llm.cache, ["fake-model"], task="T", settings=tpl2[:6])
+    picked = export_r2med(llm.cache, ExportSelection(["fake-model"], task="T", settings=tpl2[:6]))
     assert [r["hy_doc"] for r in picked] == ["<think>about a</think>passage for a", "<think>about b</think>passage for b"]
     with pytest.raises(DataError, match="no cached generations .* with seed=3"):
-        export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 3})
+        export_r2med(llm.cache, ExportSelection(["fake-model"], task="T", params={"seed": 3}))
     # Integer and float spellings of a value match (a CLI gives floats).
-    assert export_r2med(llm.cache, ["fake-model"], task="T", params={"seed": 7, "temperature": 0.7})
+    assert export_r2med(llm.cache, ExportSelection(["fake-model"], task="T", params={"seed": 7, "temperature": 0.7}))
 
 
 def test_natural_key_orders_numeric_ids():

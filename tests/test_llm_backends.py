@@ -24,6 +24,7 @@ from r2med_agent import config
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
 from r2med_agent.llm import registry
 from r2med_agent.llm.base import LLM
+from r2med_agent.llm.continuation import continuation_prompt
 from r2med_agent.llm.registry import LLMSpec, get_llm_spec, load_llm_specs, make_backend
 from r2med_agent.types import SamplingParams
 from tests.llm_server import SMOLLM2_GGUF, FaultProxy, openai_spec
@@ -98,6 +99,32 @@ def test_every_entry_builds_a_backend_without_heavy_imports() -> None:
     for name, spec in load_llm_specs().items():
         backend = make_backend(spec)
         assert isinstance(backend, LLM) and backend.model_id == spec.model, name
+
+
+def test_every_llm_takes_the_protocols_request_options() -> None:
+    """Backends, wrappers and the test fake all take the keywords the LLM protocol declares
+    (callers pass them without looking at signatures), with the protocol's defaults."""
+    import inspect
+
+    from r2med_agent.llm.base import SamplingLLM
+    from r2med_agent.llm.cached import CachedLLM, LazyBackend
+    from r2med_agent.llm.local import LlamaCppBackend
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend
+    from r2med_agent.llm.vllm_backend import VLLMBackend
+    from tests.fakes import ScriptedLLM
+
+    def options(method) -> dict[str, object]:
+        params = inspect.signature(method).parameters.values()
+        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    generate = options(LLM.generate)
+    samples = options(SamplingLLM.generate_samples)
+    assert generate == {"sample_index": 0, "template_hash": "", "meta": None}
+    assert samples == {"template_hash": "", "meta": None}
+    for cls in (LlamaCppBackend, OpenAICompatBackend, VLLMBackend, LazyBackend, CachedLLM, ScriptedLLM):
+        assert options(cls.generate) == generate, cls.__name__
+    for cls in (OpenAICompatBackend, VLLMBackend, LazyBackend, CachedLLM):
+        assert options(cls.generate_samples) == samples, cls.__name__
 
 
 def test_sampling_params_from_spec_with_overrides() -> None:
@@ -542,13 +569,13 @@ def test_vllm_continuation_prompt_with_reasoning_templates(monkeypatch, llm, tem
     assert fake.generates[0]["prompts"] == [opening + running]
     assert fake.tokenizer.encoded[-1]["add_special_tokens"] is False
     # The step-1 prompt is the same prefix: every later step only appends (prefix caching).
-    fresh = vllm_backend.continuation_prompt(
+    fresh = continuation_prompt(
         fake.tokenizer, [*backend_conversation([{"role": "user", "content": "q"}]), {"role": "assistant", "content": ""}],
         backend.spec.chat_template_kwargs,
     )
     assert fresh == opening
     if llm == "qwen3-32b":  # enable_thinking from the registry entry reaches the template
-        off = vllm_backend.continuation_prompt(
+        off = continuation_prompt(
             fake.tokenizer, backend_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]),
             {"enable_thinking": False},
         )

@@ -78,7 +78,7 @@ def test_pointwise_yes_probability_on_vllm_matches_transformers(vllm_spec, sampl
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from r2med_agent.llm.vllm_backend import continuation_prompt
+    from r2med_agent.llm.continuation import continuation_prompt
 
     tok = AutoTokenizer.from_pretrained(vllm_spec.model)
     model = AutoModelForCausalLM.from_pretrained(vllm_spec.model, torch_dtype=torch.float32).eval()

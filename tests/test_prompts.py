@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompts
+from r2med_agent import prompt_templates
 from r2med_agent.errors import ConfigError
 from r2med_agent.paths import prompts_dir
 
@@ -34,7 +35,7 @@ def full_variables(method: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def _no_env_override(monkeypatch):
-    monkeypatch.delenv(prompts.ENV_VAR, raising=False)
+    monkeypatch.delenv(prompt_templates.ENV_VAR, raising=False)
 
 
 # -- every template ----------------------------------------------------------------------------
@@ -43,7 +44,7 @@ def _no_env_override(monkeypatch):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method", METHODS)
 def test_every_template_renders_with_query_and_ending(method, family):
-    text = prompts.render(f"{method}/{family}.j2", **full_variables(method))
+    text = prompt_templates.render(f"{method}/{family}.j2", **full_variables(method))
     assert QUERY in text
     assert text.rstrip().endswith(ENDING[family])
     # The query comes after the instruction (and after any examples/documents).
@@ -61,7 +62,7 @@ def test_every_template_fails_on_a_missing_variable(method, family):
     variables = full_variables(method)
     del variables["query"]
     with pytest.raises(ConfigError, match="query"):
-        prompts.render(f"{method}/{family}.j2", **variables)
+        prompt_templates.render(f"{method}/{family}.j2", **variables)
 
 
 @pytest.mark.parametrize("method", ["query2doc", "lamer"])
@@ -69,17 +70,17 @@ def test_method_specific_variable_is_required(method):
     variables = full_variables(method)
     variables.pop("examples" if method == "query2doc" else "documents")
     with pytest.raises(ConfigError, match="examples|documents"):
-        prompts.render(f"{method}/qa.j2", **variables)
+        prompt_templates.render(f"{method}/qa.j2", **variables)
 
 
 def test_qa_templates_name_the_domain():
     for method in METHODS:
-        text = prompts.render(f"{method}/qa.j2", **{**full_variables(method), "domain": "bioinformatics"})
+        text = prompt_templates.render(f"{method}/qa.j2", **{**full_variables(method), "domain": "bioinformatics"})
         assert "bioinformatics post" in text
 
 
 def test_hyde_layout_is_exact():
-    text = prompts.render("hyde/case.j2", query="Q", domain="medicine")
+    text = prompt_templates.render("hyde/case.j2", query="Q", domain="medicine")
     assert text == (
         "Please write a similar clinical case that helps diagnose the following case.\n"
         "Case: Q\n"
@@ -89,13 +90,13 @@ def test_hyde_layout_is_exact():
 
 def test_query_text_is_not_interpreted_as_template():
     query = "What does {{ domain }} or {% raw %} mean in my notes?"
-    text = prompts.render("hyde/qa.j2", query=query, domain="biology")
+    text = prompt_templates.render("hyde/qa.j2", query=query, domain="biology")
     assert query in text
 
 
 def test_unknown_template_lists_available():
     with pytest.raises(ConfigError, match=r"hyde/nosuch\.j2.*available: .*hyde/qa\.j2"):
-        prompts.render("hyde/nosuch.j2", query="q", domain="d")
+        prompt_templates.render("hyde/nosuch.j2", query="q", domain="d")
 
 
 def test_templates_ship_in_package_folder():
@@ -104,55 +105,68 @@ def test_templates_ship_in_package_folder():
             assert (prompts_dir() / method / f"{family}.j2").is_file()
 
 
+def test_repo_prompts_folder_holds_no_code():
+    """The repository's prompts/ folder holds templates, example files and its README; its
+    ``__init__.py`` (which makes it the data package r2med_agent.prompts) is a docstring only.
+    The code is r2med_agent.prompt_templates, importable from a checkout without installing."""
+    folder = Path(__file__).resolve().parent.parent / "prompts"
+    kinds = {p.suffix for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert kinds <= {".j2", ".yaml", ".md", ".py"}
+    assert [p.name for p in folder.rglob("*.py")] == ["__init__.py"]
+    body = ast.parse((folder / "__init__.py").read_text(encoding="utf-8")).body
+    assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    assert Path(prompt_templates.__file__).parent.name == "r2med_agent"
+
+
 # -- overrides ---------------------------------------------------------------------------------
 
 
 def test_override_folder_replaces_same_name_and_falls_back(tmp_path):
     (tmp_path / "hyde").mkdir()
     (tmp_path / "hyde" / "qa.j2").write_text("MINE {{ query }}\nPassage:\n", encoding="utf-8")
-    assert prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "MINE q\nPassage:\n"
+    assert prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "MINE q\nPassage:\n"
     # A file the override folder lacks comes from the package.
-    packaged = prompts.render("hyde/exam.j2", query="q", domain="d")
-    assert prompts.render("hyde/exam.j2", prompts_dir=tmp_path, query="q", domain="d") == packaged
-    assert prompts.search_path(tmp_path) == [tmp_path, prompts_dir()]
+    packaged = prompt_templates.render("hyde/exam.j2", query="q", domain="d")
+    assert prompt_templates.render("hyde/exam.j2", prompts_dir=tmp_path, query="q", domain="d") == packaged
+    assert prompt_templates.search_path(tmp_path) == [tmp_path, prompts_dir()]
 
 
 def test_env_var_override(tmp_path, monkeypatch):
     (tmp_path / "hyde").mkdir()
     (tmp_path / "hyde" / "qa.j2").write_text("ENV {{ query }}", encoding="utf-8")
-    monkeypatch.setenv(prompts.ENV_VAR, str(tmp_path))
-    assert prompts.render("hyde/qa.j2", query="q", domain="d") == "ENV q"
+    monkeypatch.setenv(prompt_templates.ENV_VAR, str(tmp_path))
+    assert prompt_templates.render("hyde/qa.j2", query="q", domain="d") == "ENV q"
     # An explicit argument wins over the environment variable.
     other = tmp_path / "other"
     (other / "hyde").mkdir(parents=True)
     (other / "hyde" / "qa.j2").write_text("ARG {{ query }}", encoding="utf-8")
-    assert prompts.render("hyde/qa.j2", prompts_dir=other, query="q", domain="d") == "ARG q"
+    assert prompt_templates.render("hyde/qa.j2", prompts_dir=other, query="q", domain="d") == "ARG q"
 
 
 def test_missing_override_folder_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="does not exist"):
-        prompts.render("hyde/qa.j2", prompts_dir=tmp_path / "nope", query="q", domain="d")
-    monkeypatch.setenv(prompts.ENV_VAR, str(tmp_path / "nope"))
+        prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path / "nope", query="q", domain="d")
+    monkeypatch.setenv(prompt_templates.ENV_VAR, str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="R2MED_PROMPTS_DIR"):
-        prompts.render("hyde/qa.j2", query="q", domain="d")
+        prompt_templates.render("hyde/qa.j2", query="q", domain="d")
 
 
 def test_syntax_error_names_file_and_line(tmp_path):
     (tmp_path / "hyde").mkdir()
     (tmp_path / "hyde" / "qa.j2").write_text("line one\n{% if %}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"qa\.j2:2: template syntax error"):
-        prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d")
+        prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d")
 
 
 def test_edited_template_is_reread(tmp_path):
     (tmp_path / "hyde").mkdir()
     path = tmp_path / "hyde" / "qa.j2"
     path.write_text("one {{ query }}", encoding="utf-8")
-    assert prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "one q"
+    assert prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "one q"
     path.write_text("two {{ query }}", encoding="utf-8")
     st = path.stat()  # make sure the modification time moves on coarse clocks
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    assert prompts.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "two q"
+    assert prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d") == "two q"
 
 
 # -- template_hash -----------------------------------------------------------------------------
@@ -164,27 +178,27 @@ def copy_prompts(dst: Path) -> Path:
 
 
 def test_hash_is_stable_and_distinct():
-    hashes = {(m, f): prompts.template_hash(m, f) for m in METHODS for f in FAMILIES}
+    hashes = {(m, f): prompt_templates.template_hash(m, f) for m in METHODS for f in FAMILIES}
     assert len(set(hashes.values())) == len(hashes)
     assert all(len(h) == 64 for h in hashes.values())
-    assert prompts.template_hash("hyde", "qa") == hashes[("hyde", "qa")]
+    assert prompt_templates.template_hash("hyde", "qa") == hashes[("hyde", "qa")]
 
 
 def test_hash_depends_on_content_not_location(tmp_path):
     copy = copy_prompts(tmp_path / "copy")
     for m in METHODS:
         for f in FAMILIES:
-            assert prompts.template_hash(m, f, prompts_dir=copy) == prompts.template_hash(m, f)
+            assert prompt_templates.template_hash(m, f, prompts_dir=copy) == prompt_templates.template_hash(m, f)
 
 
 def test_hash_changes_when_template_changes(tmp_path):
     copy = copy_prompts(tmp_path / "copy")
-    before = prompts.template_hash("hyde", "qa", prompts_dir=copy)
+    before = prompt_templates.template_hash("hyde", "qa", prompts_dir=copy)
     path = copy / "hyde" / "qa.j2"
     path.write_text(path.read_text(encoding="utf-8").replace("Please write", "Write"), encoding="utf-8")
-    assert prompts.template_hash("hyde", "qa", prompts_dir=copy) != before
+    assert prompt_templates.template_hash("hyde", "qa", prompts_dir=copy) != before
     # Other families are untouched.
-    assert prompts.template_hash("hyde", "exam", prompts_dir=copy) == prompts.template_hash("hyde", "exam")
+    assert prompt_templates.template_hash("hyde", "exam", prompts_dir=copy) == prompt_templates.template_hash("hyde", "exam")
 
 
 def test_hash_changes_when_an_override_shadows_a_file(tmp_path):
@@ -192,36 +206,36 @@ def test_hash_changes_when_an_override_shadows_a_file(tmp_path):
     (override / "hyde").mkdir(parents=True)
     template = "Write something.\nPost: {{ query }}\nPassage:\n"
     (override / "hyde" / "qa.j2").write_text(template, encoding="utf-8")
-    assert prompts.template_hash("hyde", "qa", prompts_dir=override) != prompts.template_hash("hyde", "qa")
+    assert prompt_templates.template_hash("hyde", "qa", prompts_dir=override) != prompt_templates.template_hash("hyde", "qa")
 
 
 def test_hash_follows_included_files(tmp_path):
     copy = copy_prompts(tmp_path / "copy")
-    before = {f: prompts.template_hash("lamer", f, prompts_dir=copy) for f in FAMILIES}
+    before = {f: prompt_templates.template_hash("lamer", f, prompts_dir=copy) for f in FAMILIES}
     shared = copy / "lamer" / "_documents.j2"
     shared.write_text(shared.read_text(encoding="utf-8").replace("]. ", "] "), encoding="utf-8")
     for f in FAMILIES:
-        assert prompts.template_hash("lamer", f, prompts_dir=copy) != before[f]
+        assert prompt_templates.template_hash("lamer", f, prompts_dir=copy) != before[f]
 
 
 def test_hash_follows_examples_file(tmp_path):
     copy = copy_prompts(tmp_path / "copy")
-    before = prompts.template_hash("query2doc", "exam", prompts_dir=copy)
+    before = prompt_templates.template_hash("query2doc", "exam", prompts_dir=copy)
     examples = copy / "query2doc" / "examples" / "exam.yaml"
     examples.write_text(examples.read_text(encoding="utf-8").replace("Graves", "Basedow"), encoding="utf-8")
-    assert prompts.template_hash("query2doc", "exam", prompts_dir=copy) != before
+    assert prompt_templates.template_hash("query2doc", "exam", prompts_dir=copy) != before
 
 
 def test_hash_refuses_computed_include(tmp_path):
     (tmp_path / "hyde").mkdir()
     (tmp_path / "hyde" / "qa.j2").write_text('{% include "hyde/" ~ family ~ ".j2" %}', encoding="utf-8")
     with pytest.raises(ConfigError, match="computed"):
-        prompts.template_hash("hyde", "qa", prompts_dir=tmp_path)
+        prompt_templates.template_hash("hyde", "qa", prompts_dir=tmp_path)
 
 
 def test_hash_of_unknown_template_is_an_error():
     with pytest.raises(ConfigError, match="hyde/nosuch.j2"):
-        prompts.template_hash("hyde", "nosuch")
+        prompt_templates.template_hash("hyde", "nosuch")
 
 
 # -- examples ----------------------------------------------------------------------------------
@@ -233,7 +247,7 @@ def test_hash_of_unknown_template_is_an_error():
      ("exam", "medicine"), ("treatment", "medicine"), ("case", "medicine")],
 )
 def test_packaged_examples_are_two_per_family(family, domain):
-    examples = prompts.load_examples("query2doc", family, domain)
+    examples = prompt_templates.load_examples("query2doc", family, domain)
     assert len(examples) == 2
     for ex in examples:
         assert set(ex) == {"query", "passage"}
@@ -241,14 +255,14 @@ def test_packaged_examples_are_two_per_family(family, domain):
 
 
 def test_qa_examples_differ_by_domain():
-    bio = prompts.load_examples("query2doc", "qa", "biology")
-    bioinf = prompts.load_examples("query2doc", "qa", "bioinformatics")
+    bio = prompt_templates.load_examples("query2doc", "qa", "biology")
+    bioinf = prompt_templates.load_examples("query2doc", "qa", "bioinformatics")
     assert {e["query"] for e in bio}.isdisjoint({e["query"] for e in bioinf})
 
 
 def test_unknown_domain_is_an_error():
     with pytest.raises(ConfigError, match="no examples for domain 'chemistry'.*biology"):
-        prompts.load_examples("query2doc", "qa", "chemistry")
+        prompt_templates.load_examples("query2doc", "qa", "chemistry")
 
 
 @pytest.mark.parametrize(
@@ -265,7 +279,7 @@ def test_bad_examples_file(tmp_path, content, message):
     (tmp_path / "query2doc" / "examples").mkdir(parents=True)
     (tmp_path / "query2doc" / "examples" / "exam.yaml").write_text(content, encoding="utf-8")
     with pytest.raises(ConfigError, match=message):
-        prompts.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
+        prompt_templates.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
 
 
 def test_examples_file_that_is_not_utf8(tmp_path):
@@ -274,7 +288,7 @@ def test_examples_file_that_is_not_utf8(tmp_path):
         b"medicine:\n  - query: q\n    passage: caf\xe9\n"
     )
     with pytest.raises(ConfigError, match=r"exam\.yaml:3: not UTF-8 text"):
-        prompts.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
+        prompt_templates.load_examples("query2doc", "exam", "medicine", prompts_dir=tmp_path)
 
 
 def test_override_examples_file(tmp_path):
@@ -283,6 +297,6 @@ def test_override_examples_file(tmp_path):
         "chemistry:\n  - query: Why is water polar?\n    passage: Oxygen is more electronegative.\n",
         encoding="utf-8",
     )
-    assert prompts.load_examples("query2doc", "qa", "chemistry", prompts_dir=tmp_path) == [
+    assert prompt_templates.load_examples("query2doc", "qa", "chemistry", prompts_dir=tmp_path) == [
         {"query": "Why is water polar?", "passage": "Oxygen is more electronegative."}
     ]

@@ -39,10 +39,10 @@ class _NBackend:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
 
-    def generate(self, prompts, params):  # noqa: ANN001, ANN201
+    def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):  # noqa: ANN001, ANN201
         return [s[0] for s in self.generate_samples(prompts, params, 1)]
 
-    def generate_samples(self, prompts, params, n):  # noqa: ANN001, ANN201
+    def generate_samples(self, prompts, params, n, *, template_hash="", meta=None):  # noqa: ANN001, ANN201
         self.calls.append((len(prompts), n))
         base = len(self.calls) * 100
         return [[Generation(text=f"{p[-1]['content']}{base + j}", completion_tokens=2) for j in range(n)] for p in prompts]

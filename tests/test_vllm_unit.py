@@ -80,7 +80,7 @@ def test_cached_llm_shows_one_progress_over_all_chunks_and_says_what_is_cached(c
     seen: list[tuple[int, int]] = []
 
     class Reporting(ScriptedLLM):
-        def generate(self, prompts, params):  # noqa: ANN001, ANN201
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):  # noqa: ANN001, ANN201
             from r2med_agent.progress import for_backend
 
             p = for_backend(len(prompts), "x")

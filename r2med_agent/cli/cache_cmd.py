@@ -138,25 +138,25 @@ def export_command(
     """
     from r2med_agent.config import set_user_config
     from r2med_agent.io import write_output
-    from r2med_agent.llm.cache_io import export_r2med
+    from r2med_agent.llm.cache_io import ExportSelection, export_r2med
 
     if fmt != "r2med":
         raise ConfigError(f"--format {fmt!r} is not supported; allowed: r2med")
     if config is not None:
         set_user_config(config)
     cache = _open_cache(cache_path, must_exist=True)
-    rows = export_r2med(
-        cache,
+    selection = ExportSelection(
         _model_ids(model),
         task=task,
         method=method,
-        queries=_read_jsonl(queries) if queries is not None else None,
         sample_index=sample,
-        partial=partial,
         settings=settings,
         params=_sampling_overrides(
             temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed
         ),
+    )
+    rows = export_r2med(
+        cache, selection, queries=_read_jsonl(queries) if queries is not None else None, partial=partial
     )
     write_output(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     typer.echo(f"wrote {len(rows)} rows to {'standard output' if str(out) == '-' else out}", err=True)

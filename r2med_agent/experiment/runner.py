@@ -126,7 +126,7 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
     renders = (cfg.method != "none" and cfg.generations == "fresh") or bool(cfg.reranker)
     if not renders:
         return None
-    from r2med_agent import prompts
+    from r2med_agent import prompt_templates as prompts
 
     folders = prompts.search_path(cfg.prompts_dir)
     if len(folders) < 2:

@@ -4,10 +4,18 @@ partly failed."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from r2med_agent.errors import LLMError
 from r2med_agent.types import Generation, Message, SamplingParams
+
+
+PromptMeta = Mapping[str, Any] | None
+"""Bookkeeping of one prompt (``{"task", "query_id", "method", ...}``) or None: stored with its
+cache rows so a cache can be exported per query, never part of a cache key."""
+
+TemplateHashes = str | Sequence[str]
+"""Version hash of the prompt template: one for every prompt of a call, or one per prompt."""
 
 
 @runtime_checkable
@@ -20,6 +28,13 @@ class LLM(Protocol):
     reasoning inside it) is applied by the caching wrapper from the model's registry entry, so
     every backend gets it the same way.
 
+    Callers (the runner, the reasoning loops, the LLM rerankers) pass each call's request
+    options as keywords: ``sample_index`` (which sample of each prompt this is),
+    ``template_hash`` (:data:`TemplateHashes`) and ``meta`` (one :data:`PromptMeta` per prompt).
+    They describe the request for the generation cache: the caching wrapper
+    (:class:`~r2med_agent.llm.cached.CachedLLM`) keys and stores its rows by them; a backend
+    accepts them and generates the same text whatever they are.
+
     A backend whose batch partly fails raises :class:`PartialBatchError` with the outputs it did
     make, so the wrapper can keep them before the error propagates.
     """
@@ -27,8 +42,21 @@ class LLM(Protocol):
     model_id: str
 
     def generate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]: ...
+
+
+@runtime_checkable
+class SamplingLLM(LLM, Protocol):
+    """An LLM that draws several samples of each prompt in one request (vLLM's and the OpenAI
+    API's ``n``). ``out[i][s]`` is sample ``s`` of prompt ``i``; ``template_hash`` and ``meta``
+    are those of :meth:`LLM.generate` (a sample's index is its position)."""
+
+    def generate_samples(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+    ) -> list[list[Generation]]: ...
 
 
 class AuthError(LLMError):

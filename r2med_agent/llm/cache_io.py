@@ -153,34 +153,46 @@ def _describe_group(h: str, pairs: Sequence[tuple[Use, CacheRecord]]) -> str:
     return f"  {h}  {queries} queries  {settings.get('model_id')}  {shown}  template {template}  newest {when} UTC"
 
 
+@dataclass(frozen=True)
+class ExportSelection:
+    """Which cached generations :func:`export_r2med` writes: one model's, for one task, method,
+    sample and configuration (``cache export``'s options).
+
+    Attributes:
+        model_ids: the model's ids (rows of any of them match).
+        task: the task name stored with the rows; required when the cache holds several.
+        method: the method name stored with the rows; required when the cache holds several.
+        sample_index: which sample to export.
+        settings: keep only the settings group whose :func:`settings_hash` starts with this.
+        params: keep only generations whose keyed sampling fields equal these values
+            (names from :data:`SETTINGS_FILTERS`, e.g. ``{"seed": 42}``).
+    """
+
+    model_ids: Sequence[str]
+    task: str | None = None
+    method: str | None = None
+    sample_index: int = 0
+    settings: str | None = None
+    params: Mapping[str, Any] | None = None
+
+
 def export_r2med(
     cache: GenerationCache,
-    model_ids: Sequence[str],
+    selection: ExportSelection,
     *,
-    task: str | None = None,
-    method: str | None = None,
     queries: Sequence[Mapping[str, Any]] | None = None,
-    sample_index: int = 0,
     partial: bool = False,
-    settings: str | None = None,
-    params: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of R2MED's ``query_with_hydoc.jsonl`` for one task, method and configuration of one model.
 
     Args:
         cache: the generation cache.
-        model_ids: the model's ids (rows of any of them match).
-        task: the task name stored with the rows; required when the cache holds several.
-        method: the method name stored with the rows; required when the cache holds several.
+        selection: the model, task, method, sample and settings to export.
         queries: the task's ``query.jsonl`` objects (``id``, ``text``, ``doc_id``): they give
             the row order, ``text`` and ``doc_id``. Without them rows follow query-id order and
             take ``text``/``doc_id`` from the use's stored extra fields (runs and imports store
             both; empty when absent).
-        sample_index: which sample to export.
         partial: with ``queries``, skip queries without a generation instead of failing.
-        settings: keep only the settings group whose :func:`settings_hash` starts with this.
-        params: keep only generations whose keyed sampling fields equal these values
-            (names from :data:`SETTINGS_FILTERS`, e.g. ``{"seed": 42}``).
 
     Returns:
         ``{"id", "text", "hy_doc", "doc_id"}`` dicts; ``hy_doc`` is the raw text. Within the one
@@ -192,29 +204,65 @@ def export_r2med(
             settings groups (the message lists them), or (without ``partial``) queries lack a
             generation.
     """
+    pairs = _selected_uses(cache, selection)
+    _check_one_configuration(pairs, cache)
+    newest = _newest_per_query(pairs)
+    if queries is not None:
+        return _rows_in_query_order(newest, queries, partial, cache)
+    out: list[dict[str, Any]] = []
+    for qid in sorted(newest, key=natural_key):
+        use, rec = newest[qid]
+        out.append(
+            {
+                "id": qid,
+                "text": use.extra.get("text", ""),
+                "hy_doc": rec.text,
+                "doc_id": use.extra.get("doc_id", []),
+            }
+        )
+    return out
+
+
+def _selected_uses(cache: GenerationCache, sel: ExportSelection) -> list[tuple[Use, CacheRecord]]:
+    """The uses (with query ids) and records that ``selection`` picks.
+
+    Raises:
+        DataError: none.
+    """
     pairs: list[tuple[Use, CacheRecord]] = []
-    for model_id in dict.fromkeys(model_ids):
-        pairs += cache.uses(model_id=model_id, task=task, method=method, sample_index=sample_index)
+    for model_id in dict.fromkeys(sel.model_ids):
+        pairs += cache.uses(model_id=model_id, task=sel.task, method=sel.method, sample_index=sel.sample_index)
     pairs = [(u, r) for u, r in pairs if u.query_id]
     chosen = []
-    if params:
+    if sel.params:
+        params = sel.params
         chosen.append(", ".join(f"{k}={v}" for k, v in params.items()))
         pairs = [
             (u, r) for u, r in pairs
             if all(_same(r.request.get("params", {}).get(k), v) for k, v in params.items())
         ]
-    if settings:
+    if sel.settings:
+        settings = sel.settings
         chosen.append(f"settings {settings}")
         pairs = [(u, r) for u, r in pairs if settings_hash(r.request).startswith(settings)]
     if not pairs:
         raise DataError(
-            f"no cached generations with query ids for model {', '.join(model_ids)}"
-            + (f", task {task}" if task else "")
-            + (f", method {method}" if method else "")
-            + (f", sample {sample_index}" if sample_index else "")
+            f"no cached generations with query ids for model {', '.join(sel.model_ids)}"
+            + (f", task {sel.task}" if sel.task else "")
+            + (f", method {sel.method}" if sel.method else "")
+            + (f", sample {sel.sample_index}" if sel.sample_index else "")
             + (f" with {'; '.join(chosen)}" if chosen else ""),
             cache.path,
         )
+    return pairs
+
+
+def _check_one_configuration(pairs: Sequence[tuple[Use, CacheRecord]], cache: GenerationCache) -> None:
+    """Refuse a selection of several task/method pairs or several request-settings groups.
+
+    Raises:
+        DataError: listing the pairs, or the groups and how to pick one.
+    """
     groups = sorted({(u.task, u.method) for u, _ in pairs})
     if len(groups) > 1:
         listed = ", ".join(f"{t or '?'}/{m or '?'}" for t, m in groups)
@@ -234,6 +282,10 @@ def export_r2med(
             + "/".join(f"--{k.replace('_', '-')}" for k in SETTINGS_FILTERS),
             cache.path,
         )
+
+
+def _newest_per_query(pairs: Sequence[tuple[Use, CacheRecord]]) -> dict[str, tuple[Use, CacheRecord]]:
+    """Each query id's newest use and record (a warning when some have several)."""
     newest: dict[str, tuple[Use, CacheRecord]] = {}
     dupes = 0
     for use, rec in pairs:
@@ -245,35 +297,34 @@ def export_r2med(
         newest[use.query_id] = (use, rec)
     if dupes:
         logger.warning("%d queries have several generations; the newest of each is exported", dupes)
+    return newest
 
+
+def _rows_in_query_order(
+    newest: Mapping[str, tuple[Use, CacheRecord]], queries: Sequence[Mapping[str, Any]], partial: bool,
+    cache: GenerationCache,
+) -> list[dict[str, Any]]:
+    """One row per query of ``queries`` (its ``text`` and ``doc_id``), in their order.
+
+    Raises:
+        DataError: (without ``partial``) some queries have no generation.
+    """
     out: list[dict[str, Any]] = []
-    if queries is not None:
-        missing = []
-        for q in queries:
-            qid = str(q["id"])
-            if qid not in newest:
-                missing.append(qid)
-                continue
-            out.append(
-                {"id": qid, "text": q.get("text", ""), "hy_doc": newest[qid][1].text, "doc_id": q.get("doc_id", [])}
-            )
-        if missing and not partial:
-            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-            raise DataError(
-                f"{len(missing)} of {len(queries)} queries have no cached generation ({shown}); "
-                "pass --partial to export the rest",
-                cache.path,
-            )
-        return out
-    for qid in sorted(newest, key=natural_key):
-        use, rec = newest[qid]
+    missing = []
+    for q in queries:
+        qid = str(q["id"])
+        if qid not in newest:
+            missing.append(qid)
+            continue
         out.append(
-            {
-                "id": qid,
-                "text": use.extra.get("text", ""),
-                "hy_doc": rec.text,
-                "doc_id": use.extra.get("doc_id", []),
-            }
+            {"id": qid, "text": q.get("text", ""), "hy_doc": newest[qid][1].text, "doc_id": q.get("doc_id", [])}
+        )
+    if missing and not partial:
+        shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise DataError(
+            f"{len(missing)} of {len(queries)} queries have no cached generation ({shown}); "
+            "pass --partial to export the rest",
+            cache.path,
         )
     return out
 

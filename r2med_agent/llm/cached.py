@@ -24,12 +24,12 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError
-from r2med_agent.llm.base import LLM, PartialBatchError
+from r2med_agent.llm.base import LLM, PartialBatchError, PromptMeta, TemplateHashes
 from r2med_agent.llm.cache import (
     CacheRecord,
     GenerationCache,
@@ -115,11 +115,17 @@ class LazyBackend:
             self._backend = self._factory()
         return self._backend
 
-    def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
+    # The request options are the cache's (see LLM): the backend's texts do not depend on them,
+    # so they are not passed on.
+    def generate(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+    ) -> list[Generation]:
         return self.get().generate(prompts, params)
 
     def generate_samples(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         return self.get().generate_samples(prompts, params, n)  # type: ignore[attr-defined]
 
@@ -320,8 +326,8 @@ class CachedLLM:
         params: SamplingParams,
         *,
         sample_index: int = 0,
-        template_hash: str | Sequence[str] = "",
-        meta: Sequence[Mapping[str, Any] | None] | None = None,
+        template_hash: TemplateHashes = "",
+        meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """One Generation per prompt, in input order, with ``final``/``reasoning`` filled.
 
@@ -348,44 +354,68 @@ class CachedLLM:
         t_start = time.perf_counter()
         if meta is not None and len(meta) != len(prompts):
             raise ValueError(f"meta has {len(meta)} entries for {len(prompts)} prompts")
-        hashes = [template_hash] * len(prompts) if isinstance(template_hash, str) else list(template_hash)
-        if len(hashes) != len(prompts):
-            raise ValueError(f"template_hash has {len(hashes)} entries for {len(prompts)} prompts")
+        hashes = _template_hashes(template_hash, len(prompts))
         self.stats.calls += 1
-
-        requests: dict[str, dict[str, Any]] = {}
-        messages_of: dict[str, list[Message]] = {}
-        keys: list[str] = []
-        for messages, t_hash in zip(prompts, hashes):
-            req = self.request(messages, params, sample_index=sample_index, template_hash=t_hash)
-            key = request_key(req)
-            keys.append(key)
-            if key not in requests:
-                requests[key] = req
-                messages_of[key] = req["messages"]
-
+        keys, requests = self._keyed_requests(prompts, params, sample_index, hashes)
         uses_of: dict[str, list[Use]] = {}
         for k, m in zip(keys, meta or ()):
             if m:
                 uses_of.setdefault(k, []).append(Use.from_meta(k, m))
-        hits: dict[str, CacheRecord] = {}
-        if self.cache is not None and not self.refresh:
-            hits = self.cache.get_many(requests)
+        hits = self._cached(requests)
         misses = [k for k in requests if k not in hits]
         if self.cache is not None:
             hit_uses = [u for k in hits for u in uses_of.get(k, ())]
             if hit_uses:
                 self.cache.add_uses(hit_uses)
-
-        made: dict[str, Generation] = {}
-        model_time = 0.0
-        step = self.chunk_size or max(len(misses), 1)
         if misses:
-            calls = -(-len(misses) // step)
+            calls = -(-len(misses) // (self.chunk_size or len(misses)))
             logger.info(
                 "%s: generating %d of %d texts (%d from the cache) in %d backend call%s",
                 self.model_id, len(misses), len(requests), len(hits), calls, "" if calls == 1 else "s",
             )
+        made, model_time = self._generate_misses(misses, requests, params, uses_of, t_start)
+        out = self._in_prompt_order(keys, made, hits)
+        self._count_time(model_time, t_start)
+        if hits or misses:
+            logger.debug(
+                "%s: %d prompts, %d cache hits, %d generated (%.1fs in the model)",
+                self.model_id, len(keys), sum(1 for k in keys if k in hits), len(made), model_time,
+            )
+        return out
+
+    def _keyed_requests(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, sample_index: int,
+        hashes: Sequence[str],
+    ) -> tuple[list[str], dict[str, dict[str, Any]]]:
+        """The key of each prompt in input order, and each distinct key's request record."""
+        requests: dict[str, dict[str, Any]] = {}
+        keys: list[str] = []
+        for messages, t_hash in zip(prompts, hashes):
+            req = self.request(messages, params, sample_index=sample_index, template_hash=t_hash)
+            key = request_key(req)
+            keys.append(key)
+            requests.setdefault(key, req)
+        return keys, requests
+
+    def _cached(self, keys: Iterable[str]) -> dict[str, CacheRecord]:
+        """The cache's records of ``keys`` (none with the cache off or on ``refresh``)."""
+        if self.cache is None or self.refresh:
+            return {}
+        return self.cache.get_many(keys)
+
+    def _generate_misses(
+        self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
+        uses_of: Mapping[str, Sequence[Use]], t_start: float,
+    ) -> tuple[dict[str, Generation], float]:
+        """Generate the ``misses`` in chunks of :attr:`chunk_size`, committing each chunk to the
+        cache; returns the new generations by key and the seconds spent in the backend.
+
+        Raises:
+            LLMError: as :meth:`generate` (a partly failed chunk is committed first).
+        """
+        made: dict[str, Generation] = {}
+        model_time = 0.0
+        step = self.chunk_size or max(len(misses), 1)
         progress = contextlib.ExitStack()
         bar = None
         if misses:
@@ -393,71 +423,95 @@ class CachedLLM:
         with progress:
             for start in range(0, len(misses), step):
                 chunk = misses[start : start + step]
-                t0 = time.perf_counter()
-                failure: PartialBatchError | None = None
-                try:
-                    outs: Sequence[Generation | None] = self.backend.generate(
-                        [messages_of[k] for k in chunk], params
-                    )
-                except PartialBatchError as e:
-                    failure, outs = e, e.generations
-                dt = time.perf_counter() - t0
+                outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params)
                 model_time += dt
-                self.stats.backend_calls += 1
-                if len(outs) != len(chunk):
-                    raise LLMError(
-                        f"backend {self.model_id!r} returned {len(outs)} generations for {len(chunk)} prompts"
-                    )
-                records, kept = [], []
-                for key, out in zip(chunk, outs):
-                    if out is None:
-                        continue
-                    gen = made[key] = self._finished(out)
-                    if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
-                        records.append(
-                            CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning)
-                        )
-                        kept.append(key)
-                if self.cache is not None:
-                    self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())])
+                saved = self._commit_chunk(chunk, outs, requests, uses_of, made)
                 if bar is not None and bar.n < start + len(chunk):
                     bar.update(start + len(chunk) - bar.n)  # a backend that reports nothing itself
                 logger.debug(
                     "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
                 )
                 if failure is not None:
-                    self.stats.model_time_s += model_time
-                    self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
-                    if self.cache is not None:
-                        note = (
-                            f"{len(records)} generations of that batch were saved to the generation "
-                            "cache, so a re-run generates only the failed ones"
-                        )
-                    else:
-                        note = "the generations that succeeded are not kept (the cache is off)"
-                    raise type(failure.first)(f"{failure}; {note}") from None
+                    self._count_time(model_time, t_start)
+                    raise self._partial_failure(failure, saved) from None
+        return made, model_time
 
-        out_list: list[Generation] = []
+    def _backend_chunk(
+        self, prompts: list[list[Message]], params: SamplingParams
+    ) -> tuple[Sequence[Generation | None], PartialBatchError | None, float]:
+        """ONE ``backend.generate`` call: its outputs (None where a request failed), the
+        :class:`PartialBatchError` when some failed, and its wall seconds."""
+        t0 = time.perf_counter()
+        failure: PartialBatchError | None = None
+        try:
+            outs: Sequence[Generation | None] = self.backend.generate(prompts, params)
+        except PartialBatchError as e:
+            failure, outs = e, e.generations
+        dt = time.perf_counter() - t0
+        self.stats.backend_calls += 1
+        if len(outs) != len(prompts):
+            raise LLMError(
+                f"backend {self.model_id!r} returned {len(outs)} generations for {len(prompts)} prompts"
+            )
+        return outs, failure, dt
+
+    def _commit_chunk(
+        self, chunk: Sequence[str], outs: Sequence[Generation | None],
+        requests: Mapping[str, dict[str, Any]], uses_of: Mapping[str, Sequence[Use]],
+        made: dict[str, Generation],
+    ) -> int:
+        """Finish a chunk's outputs into ``made`` and store them (with their uses) in the cache;
+        returns how many were stored (not failed items, which a later run retries)."""
+        records, kept = [], []
+        for key, out in zip(chunk, outs):
+            if out is None:
+                continue
+            gen = made[key] = self._finished(out)
+            if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
+                records.append(CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning))
+                kept.append(key)
+        if self.cache is not None:
+            self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())])
+        return len(records)
+
+    def _partial_failure(self, failure: PartialBatchError, saved: int) -> LLMError:
+        """The error a partly failed chunk raises: its first failure's kind, saying what was kept."""
+        if self.cache is not None:
+            note = (
+                f"{saved} generations of that batch were saved to the generation "
+                "cache, so a re-run generates only the failed ones"
+            )
+        else:
+            note = "the generations that succeeded are not kept (the cache is off)"
+        return type(failure.first)(f"{failure}; {note}")
+
+    def _in_prompt_order(
+        self, keys: Sequence[str], made: Mapping[str, Generation], hits: Mapping[str, CacheRecord]
+    ) -> list[Generation]:
+        """One generation per key, new or from the cache, counting hits and duplicates."""
+        out: list[Generation] = []
         seen: set[str] = set()
         for key in keys:
             if key in made:
-                out_list.append(made[key])
+                out.append(made[key])
                 if key in seen:
                     self.stats.deduplicated += 1
             else:
-                rec = hits[key]
-                reasoning, final = self.builder.finish(rec.text, rec.api_reasoning)
-                out_list.append(replace(rec.to_generation(), reasoning=reasoning, final=final))
+                out.append(self._from_record(hits[key]))
                 self.stats.cache_hits += 1
             seen.add(key)
+        return out
+
+    def _from_record(self, rec: CacheRecord) -> Generation:
+        """A cached record as a Generation, its reasoning and final answer parsed."""
+        reasoning, final = self.builder.finish(rec.text, rec.api_reasoning)
+        return replace(rec.to_generation(), reasoning=reasoning, final=final)
+
+    def _count_time(self, model_time: float, t_start: float) -> None:
+        """Add a call's seconds to :attr:`stats`: ``model_time`` in the backend, the rest of the
+        time since ``t_start`` as overhead."""
         self.stats.model_time_s += model_time
         self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
-        if hits or misses:
-            logger.debug(
-                "%s: %d prompts, %d cache hits, %d generated (%.1fs in the model)",
-                self.model_id, len(keys), sum(1 for k in keys if k in hits), len(made), model_time,
-            )
-        return out_list
 
     def generate_samples(
         self,
@@ -465,8 +519,8 @@ class CachedLLM:
         params: SamplingParams,
         n: int,
         *,
-        template_hash: str | Sequence[str] = "",
-        meta: Sequence[Mapping[str, Any] | None] | None = None,
+        template_hash: TemplateHashes = "",
+        meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt: ``out[i][s]`` is sample ``s`` of prompt ``i``.
 
@@ -479,23 +533,9 @@ class CachedLLM:
         """
         if n < 1:
             raise ConfigError(f"the number of samples must be at least 1, got {n}")
-        hashes = [template_hash] * len(prompts) if isinstance(template_hash, str) else list(template_hash)
-        if len(hashes) != len(prompts):
-            raise ValueError(f"template_hash has {len(hashes)} entries for {len(prompts)} prompts")
-
-        def meta_of(s: int) -> list[Mapping[str, Any] | None] | None:
-            if meta is None:
-                return None
-            return [None if m is None else {**m, "sample": s} for m in meta]
-
+        hashes = _template_hashes(template_hash, len(prompts))
         if n == 1 or not self._draws_n():
-            per = [
-                self.generate(prompts, _sample_seed(params, s), sample_index=s, template_hash=hashes,
-                              meta=meta_of(s))
-                for s in range(n)
-            ]
-            return [[per[s][i] for s in range(n)] for i in range(len(prompts))]
-
+            return self._samples_one_index_at_a_time(prompts, params, n, hashes, meta)
         t_start = time.perf_counter()
         self.stats.calls += 1
         reqs = [
@@ -503,9 +543,38 @@ class CachedLLM:
             for p, h in zip(prompts, hashes)
         ]
         keys = [[request_key(r) for r in row] for row in reqs]
-        hits: dict[str, CacheRecord] = {}
-        if self.cache is not None and not self.refresh:
-            hits = self.cache.get_many([k for row in keys for k in row])
+        hits = self._cached([k for row in keys for k in row])
+        made, model_time = self._draw_missing_samples(reqs, keys, hits, params, n)
+        out = self._samples_in_order(keys, made, hits, meta)
+        self._count_time(model_time, t_start)
+        return out
+
+    def _samples_one_index_at_a_time(
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int,
+        hashes: Sequence[str], meta: Sequence[PromptMeta] | None,
+    ) -> list[list[Generation]]:
+        """``n`` samples as one :meth:`generate` call per sample index (a backend without
+        ``n``), sample ``s`` drawn with the seed plus ``s``."""
+
+        def meta_of(s: int) -> list[PromptMeta] | None:
+            if meta is None:
+                return None
+            return [None if m is None else {**m, "sample": s} for m in meta]
+
+        per = [
+            self.generate(prompts, _sample_seed(params, s), sample_index=s, template_hash=hashes,
+                          meta=meta_of(s))
+            for s in range(n)
+        ]
+        return [[per[s][i] for s in range(n)] for i in range(len(prompts))]
+
+    def _draw_missing_samples(
+        self, reqs: Sequence[Sequence[dict[str, Any]]], keys: Sequence[Sequence[str]],
+        hits: Mapping[str, CacheRecord], params: SamplingParams, n: int,
+    ) -> tuple[dict[str, Generation], float]:
+        """Every prompt missing a sample, once, through ``backend.generate_samples`` with ``n``
+        (in chunks, each committed to the cache); returns the samples that were missing, by key,
+        and the seconds spent in the backend."""
         todo: dict[str, int] = {}  # first key of a prompt missing a sample -> its prompt index
         for i, row in enumerate(keys):
             if any(k not in hits for k in row):
@@ -535,26 +604,29 @@ class CachedLLM:
                         records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning))
             if self.cache is not None:
                 self.cache.put_many(records)
+        return made, model_time
+
+    def _samples_in_order(
+        self, keys: Sequence[Sequence[str]], made: Mapping[str, Generation],
+        hits: Mapping[str, CacheRecord], meta: Sequence[PromptMeta] | None,
+    ) -> list[list[Generation]]:
+        """Each prompt's samples, new or from the cache, in order; records each sample's use."""
         uses = []
-        out_list: list[list[Generation]] = []
+        out: list[list[Generation]] = []
         for i, row in enumerate(keys):
             samples = []
             for s, key in enumerate(row):
                 if key in made:
                     samples.append(made[key])
                 else:
-                    rec = hits[key]
-                    reasoning, final = self.builder.finish(rec.text, rec.api_reasoning)
-                    samples.append(replace(rec.to_generation(), reasoning=reasoning, final=final))
+                    samples.append(self._from_record(hits[key]))
                     self.stats.cache_hits += 1
                 if meta is not None and meta[i]:
                     uses.append(Use.from_meta(key, {**meta[i], "sample": s}))
-            out_list.append(samples)
+            out.append(samples)
         if self.cache is not None and uses:
             self.cache.add_uses(uses)
-        self.stats.model_time_s += model_time
-        self.stats.overhead_time_s += time.perf_counter() - t_start - model_time
-        return out_list
+        return out
 
     def _draws_n(self) -> bool:
         """Whether the backend draws several samples in one request (without building it)."""
@@ -564,6 +636,14 @@ class CachedLLM:
                 spec.backend == "openai" and resolve_server(spec) in ("openai", "vllm")
             )
         return callable(getattr(self.backend, "generate_samples", None))
+
+
+def _template_hashes(template_hash: TemplateHashes, count: int) -> list[str]:
+    """``template_hash`` as one hash per prompt (a single string stands for every prompt)."""
+    hashes = [template_hash] * count if isinstance(template_hash, str) else list(template_hash)
+    if len(hashes) != count:
+        raise ValueError(f"template_hash has {len(hashes)} entries for {count} prompts")
+    return hashes
 
 
 def _sample_seed(params: SamplingParams, index: int) -> SamplingParams:

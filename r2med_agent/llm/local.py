@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.openai_compat import continues_final_message, truncate_at_stop
+from r2med_agent.llm.base import PromptMeta, TemplateHashes
+from r2med_agent.llm.continuation import continues_final_message
+from r2med_agent.llm.openai_compat import truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -266,10 +268,12 @@ class LlamaCppBackend:
         return str(formatter(messages=conversation).prompt)
 
     def generate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """One completion per prompt, sequentially (see the module docstring); a prompt ending
-        in an assistant message continues that message."""
+        in an assistant message continues that message. The request options are the cache's
+        (:class:`~r2med_agent.llm.base.LLM`)."""
         if not prompts:
             return []
         loaded = self._model()

@@ -62,7 +62,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError, exception_chain
-from r2med_agent.llm.base import AuthError, PartialBatchError, UnreachableError
+from r2med_agent.llm.base import AuthError, PartialBatchError, PromptMeta, TemplateHashes, UnreachableError
+from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -101,11 +102,6 @@ def resolve_server(spec: LLMSpec) -> str:
         return spec.server
     host = urlparse(spec.base_urls[0]).hostname or ""
     return "openai" if host == "api.openai.com" else "vllm"
-
-
-def continues_final_message(messages: Sequence[Message]) -> bool:
-    """True when the conversation ends with an assistant message (to be continued, not answered)."""
-    return bool(messages) and messages[-1].get("role") == "assistant"
 
 
 def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
@@ -301,9 +297,11 @@ class OpenAICompatBackend:
 
     # ------------------------------------------------------------------ public API
     def generate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
-        """One Generation per prompt, in input order.
+        """One Generation per prompt, in input order. The request options are the cache's
+        (:class:`~r2med_agent.llm.base.LLM`).
 
         Safe to call from inside a running event loop (a notebook, an async app): the batch
         then runs on its own loop in a worker thread.
@@ -313,7 +311,8 @@ class OpenAICompatBackend:
         return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params))
 
     def generate_samples(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt, one request each with the API's ``n`` (OpenAI, vLLM
         servers). The response's prompt tokens are counted on sample 0 and its completion tokens
@@ -386,8 +385,6 @@ class OpenAICompatBackend:
     def continuation_text(self, messages: Sequence[Message]) -> str:
         """The raw prompt that continues ``messages``' final assistant message, rendered with
         the chat template of the entry's ``tokenizer`` (default: ``model``)."""
-        from r2med_agent.llm.vllm_backend import continuation_prompt
-
         conversation = with_system_prompt(list(messages), self.spec.system_prompt)
         return continuation_prompt(self._chat_tokenizer(), conversation,
                                    dict(self.spec.chat_template_kwargs) or None)
@@ -456,14 +453,25 @@ class OpenAICompatBackend:
         abort: asyncio.Event,
         n: int = 1,
     ) -> Generation | list[Generation]:
-        import openai
-        from tenacity import (
-            AsyncRetrying,
-            RetryError,
-            retry_if_exception,
-            stop_after_attempt,
-            stop_after_delay,
-        )
+        """One request (``n`` samples of it when ``n`` > 1), sent when ``limit`` lets it and
+        not at all once ``abort`` is set (:class:`_NotSent`)."""
+        request = self._request(messages, params)
+        if n > 1:
+            request["n"] = n
+        async with limit:
+            if abort.is_set():
+                raise _NotSent
+            start = time.perf_counter()
+            response, url = await self._send(request, clients, pool, key, abort)
+            latency = time.perf_counter() - start
+        if n == 1:
+            return self._to_generation(response, params, latency)
+        return self._samples(response, params, latency, n, url)
+
+    def _retrying(self, key: str) -> Any:
+        """The retry policy of one request (module docstring): exponential backoff with jitter
+        or the server's ``Retry-After``, one warning per attempt number and error."""
+        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
         from tenacity.wait import wait_exponential_jitter
 
         spec = self.spec
@@ -473,9 +481,6 @@ class OpenAICompatBackend:
             # With one URL, an unresolvable name or a refused port fails at once; with several,
             # the retry goes to another URL (the failing one cools off).
             return _is_retryable(exc) and not (single_url and _unreachable(exc))
-        request = self._request(messages, params)
-        if n > 1:
-            request["n"] = n
         backoff = wait_exponential_jitter(
             initial=spec.backoff_initial_s, max=spec.backoff_max_s, jitter=spec.backoff_initial_s
         )
@@ -502,67 +507,84 @@ class OpenAICompatBackend:
                 state.next_action.sleep if state.next_action else 0.0,
             )
 
+        return AsyncRetrying(
+            stop=stop_after_attempt(spec.max_retries + 1) | stop_after_delay(spec.max_retry_s),
+            wait=wait,
+            retry=retry_if_exception(retryable),
+            before_sleep=before_sleep,
+            reraise=False,
+        )
+
+    async def _send(
+        self, request: dict[str, Any], clients: dict[str, Any], pool: _UrlPool, key: str,
+        abort: asyncio.Event,
+    ) -> tuple[Any, str | None]:
+        """Send ``request`` under :meth:`_retrying`, a retry to another URL when one is ready;
+        returns the response and the URL that gave it.
+
+        Raises:
+            LLMError: the request failed for good (:class:`AuthError` and
+                :class:`UnreachableError` also set ``abort``).
+        """
+        import openai
+        from tenacity import RetryError
+
         last_url: str | None = None
-        async with limit:
-            if abort.is_set():
-                raise _NotSent
-            start = time.perf_counter()
-            try:
-                async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(spec.max_retries + 1) | stop_after_delay(spec.max_retry_s),
-                    wait=wait,
-                    retry=retry_if_exception(retryable),
-                    before_sleep=before_sleep,
-                    reraise=False,
-                ):
-                    with attempt:
-                        # A retry goes elsewhere when another URL is ready.
-                        last_url = pool.acquire(avoid=last_url)
-                        self.attempts += 1
-                        self.requests_per_url[last_url] += 1
-                        failure: BaseException | None = None
-                        try:
-                            client = clients[last_url]
-                            create = (client.completions.create if "prompt" in request
-                                      else client.chat.completions.create)
-                            response = await create(**request)
-                        except BaseException as e:
-                            failure = e
-                            raise
-                        finally:
-                            pool.release(last_url, failure)
-            except RetryError as e:
-                exc = e.last_attempt.exception()
-                raise LLMError(
-                    f"llm '{spec.name}': request to {last_url} failed after "
-                    f"{e.last_attempt.attempt_number} attempts: {self._describe(exc, key)}"
-                ) from None
-            except openai.APIStatusError as e:
-                error = self._fatal(e, last_url, key)
-                if isinstance(error, AuthError):
-                    abort.set()
-                raise error from None
-            except openai.APIConnectionError as e:
-                if _unreachable(e):
-                    abort.set()  # every other request would fail the same way
-                    raise UnreachableError(
-                        f"llm '{spec.name}': {last_url} is not reachable "
-                        f"({self._describe(e, key)}); check the entry's base_url and the "
-                        "network, or start the server"
-                    ) from None
-                raise LLMError(
-                    f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"
-                ) from None
-            except openai.OpenAIError as e:
-                raise LLMError(
-                    f"llm '{spec.name}': request to {last_url} failed: {self._describe(e, key)}"
-                ) from None
-            latency = time.perf_counter() - start
-        if n == 1:
-            return self._to_generation(response, params, latency)
+        try:
+            async for attempt in self._retrying(key):
+                with attempt:
+                    # A retry goes elsewhere when another URL is ready.
+                    last_url = pool.acquire(avoid=last_url)
+                    self.attempts += 1
+                    self.requests_per_url[last_url] += 1
+                    failure: BaseException | None = None
+                    try:
+                        client = clients[last_url]
+                        create = (client.completions.create if "prompt" in request
+                                  else client.chat.completions.create)
+                        response = await create(**request)
+                    except BaseException as e:
+                        failure = e
+                        raise
+                    finally:
+                        pool.release(last_url, failure)
+        except RetryError as e:
+            exc = e.last_attempt.exception()
+            raise LLMError(
+                f"llm '{self.spec.name}': request to {last_url} failed after "
+                f"{e.last_attempt.attempt_number} attempts: {self._describe(exc, key)}"
+            ) from None
+        except openai.OpenAIError as e:
+            raise self._final_error(e, last_url, key, abort) from None
+        return response, last_url
+
+    def _final_error(self, exc: Any, url: str | None, key: str, abort: asyncio.Event) -> LLMError:
+        """The error of a request that failed without (further) retries; sets ``abort`` when
+        every other request would fail the same way."""
+        import openai
+
+        if isinstance(exc, openai.APIStatusError):
+            error = self._fatal(exc, url, key)
+            if isinstance(error, AuthError):
+                abort.set()
+            return error
+        if isinstance(exc, openai.APIConnectionError) and _unreachable(exc):
+            abort.set()  # every other request would fail the same way
+            return UnreachableError(
+                f"llm '{self.spec.name}': {url} is not reachable "
+                f"({self._describe(exc, key)}); check the entry's base_url and the "
+                "network, or start the server"
+            )
+        return LLMError(f"llm '{self.spec.name}': request to {url} failed: {self._describe(exc, key)}")
+
+    def _samples(
+        self, response: Any, params: SamplingParams, latency: float, n: int, url: str | None
+    ) -> list[Generation]:
+        """The ``n`` choices of one response: prompt tokens on sample 0, completion tokens and
+        latency shared evenly."""
         if len(response.choices) != n:
             raise LLMError(
-                f"llm '{spec.name}': asked {last_url} for {n} samples (n), got {len(response.choices)}; "
+                f"llm '{self.spec.name}': asked {url} for {n} samples (n), got {len(response.choices)}; "
                 "the server does not support n"
             )
         usage = getattr(response, "usage", None)
@@ -598,7 +620,7 @@ class OpenAICompatBackend:
             text = text.replace(key, "***")
         return text
 
-    def _fatal(self, exc: Any, url: str, key: str) -> LLMError:
+    def _fatal(self, exc: Any, url: str | None, key: str) -> LLMError:
         spec, status = self.spec, exc.status_code
         if status == 401:
             if spec.api_key_env:

@@ -15,8 +15,9 @@ assistant message (``continue_final_message``) breaks with reasoning models' tem
 the DeepSeek-R1 distills open the turn with ``<think>\n`` only in the generation prompt (gone
 from step 2 on) and render an assistant message as its text after the last ``</think>`` (the
 reasoning is dropped, and ``transformers`` then refuses to continue the message); Qwen3 puts an
-empty think block in front of the last assistant message. :func:`continuation_prompt` shows the
-prompt. The ``[vllm]`` extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
+empty think block in front of the last assistant message.
+:func:`~r2med_agent.llm.continuation.continuation_prompt` renders the prompt. The ``[vllm]``
+extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
 A batch that mixes new turns and continuations is sent as two engine calls
 (``LLM.chat``, then ``LLM.generate``), and the outputs are put back into input order.
 
@@ -43,7 +44,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.openai_compat import continues_final_message
+from r2med_agent.llm.base import PromptMeta, TemplateHashes
+from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -108,19 +110,6 @@ def to_vllm_sampling(
         include_stop_str_in_output=False,
         repetition_penalty=params.repetition_penalty,
     )
-
-
-def continuation_prompt(
-    tokenizer: Any, conversation: Sequence[Message], chat_template_kwargs: dict[str, Any] | None = None
-) -> str:
-    """The prompt text that continues the final assistant message of ``conversation``: the
-    messages before it rendered by ``tokenizer``'s chat template with the generation prompt,
-    then that message's text exactly as it is (see the module docstring)."""
-    head = [dict(m) for m in conversation[:-1]]
-    rendered = tokenizer.apply_chat_template(
-        head, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
-    )
-    return str(rendered) + str(conversation[-1].get("content") or "")
 
 
 def from_request_output(output: Any, latency_s: float, index: int = 0) -> Generation:
@@ -202,17 +191,20 @@ class VLLMBackend:
             shutdown_engine(engine)
 
     def generate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams
+        self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[Generation]:
         """New turns in one ``LLM.chat`` call, continuations in one ``LLM.generate`` call (see
-        the module docstring); outputs in input order.
+        the module docstring); outputs in input order. The request options are the cache's
+        (:class:`~r2med_agent.llm.base.LLM`).
 
         ``latency_s`` of each item is its call's wall time shared evenly over that call.
         """
         return [samples[0] for samples in self.generate_samples(prompts, params, 1)]
 
     def generate_samples(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
+        template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt (vLLM's ``n``), in the engine calls of :meth:`generate`."""
         if not prompts:

@@ -76,7 +76,7 @@ def _templates_hash(method: str, extra: Sequence[str]) -> str:
 
     A single loop call batches all tasks, so the key carries the method's whole template set.
     """
-    from r2med_agent.prompts import template_hash
+    from r2med_agent.prompt_templates import template_hash
 
     h = hashlib.sha256()
     for name in (*FAMILIES, *extra):
@@ -131,13 +131,13 @@ class SearchR1(ReasoningLoop):
         return self._hash
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
-        from r2med_agent.prompts import render
+        from r2med_agent.prompt_templates import render
 
         text = render(f"search-r1/{task.family}.j2", query=query.text, domain=task.domain)
         return [{"role": "user", "content": text}]
 
     def invalid_turn(self, traj: Trajectory) -> str | None:
-        from r2med_agent.prompts import render
+        from r2med_agent.prompt_templates import render
 
         return "\n" + render("search-r1/invalid.j2").strip() + "\n"
 
@@ -259,7 +259,7 @@ class SearchO1(ReasoningLoop):
         return self._hash
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
-        from r2med_agent.prompts import render
+        from r2med_agent.prompt_templates import render
 
         text = render(f"search-o1/{task.family}.j2", query=query.text, domain=task.domain,
                       max_searches=self.max_searches, qwq=self.qwq)
@@ -296,7 +296,7 @@ class SearchO1(ReasoningLoop):
     def condense_messages(
         self, traj: Trajectory, body: str, query: str, docs: Sequence[Doc]
     ) -> list[Message]:
-        from r2med_agent.prompts import render
+        from r2med_agent.prompt_templates import render
 
         # The running text plus this step's body, which ends with the query just issued.
         reasoning = traj.text + body

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from r2med_agent import prompts
+from r2med_agent import prompt_templates as prompts
 from r2med_agent.types import Combine, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import json
 import logging
 import re
@@ -253,6 +252,10 @@ class Trajectory:
         self.text += generated + inserted
 
 
+PendingSearch = tuple[Trajectory, str, str, Generation]
+"""A search a step asks for: (trajectory, query, the step's generated text, its generation)."""
+
+
 @dataclass(frozen=True)
 class StepStats:
     """What one step of the loop did.
@@ -342,15 +345,6 @@ def apply_sampling_overrides(params: SamplingParams, overrides: Mapping[str, Any
             f"allowed: {', '.join(allowed)}"
         )
     return dataclasses.replace(params, **dict(overrides))
-
-
-def _accepts_keywords(llm: LLM) -> bool:
-    """Whether ``llm.generate`` takes the caching wrapper's keywords (``sample_index``, ``meta``)."""
-    try:
-        sig = inspect.signature(llm.generate)
-    except (TypeError, ValueError):
-        return False
-    return "sample_index" in sig.parameters and "meta" in sig.parameters
 
 
 def ranked_doc_ids(scores: Mapping[str, float], k: int) -> list[str]:
@@ -539,16 +533,12 @@ class ReasoningLoop(LoopMethod):
         """ONE ``llm.generate`` call; returns the generations and the backend calls it made."""
         counters = getattr(llm, "stats", None)
         before = getattr(counters, "backend_calls", None)
-        if _accepts_keywords(llm):
-            meta = [
-                {"task": t.job.task.name, "query_id": t.job.query.query_id, "method": self.name,
-                 "step": turn, "kind": kind}
-                for t in trajs
-            ]
-            gens = llm.generate(prompts, params, sample_index=0,  # type: ignore[call-arg]
-                                template_hash=self.template_hash, meta=meta)
-        else:
-            gens = llm.generate(prompts, params)
+        meta = [
+            {"task": t.job.task.name, "query_id": t.job.query.query_id, "method": self.name,
+             "step": turn, "kind": kind}
+            for t in trajs
+        ]
+        gens = llm.generate(prompts, params, sample_index=0, template_hash=self.template_hash, meta=meta)
         if len(gens) != len(prompts):
             raise LLMError(
                 f"{getattr(llm, 'model_id', 'the LLM')} returned {len(gens)} generations for {len(prompts)} prompts"
@@ -570,113 +560,161 @@ class ReasoningLoop(LoopMethod):
         lookups: dict[int, dict[str, Doc]] = {}
         stats: list[StepStats] = []
         last_turn = self.max_turns + (1 if self.final_turn else 0)
-        tags = self.tags()
         for turn in range(last_turn):
             active = [t for t in trajs if not t.finished]
             if not active:
                 break
-            before = sum(1 for t in trajs if t.finished)
-            gens, backend_calls = self._generate(
-                llm, active, [t.request_messages() for t in active], self.params, "reason", turn
-            )
-            closing = turn >= self.max_turns  # the final turn: a search is not run
-            pending: list[tuple[Trajectory, str, str, Generation]] = []
-            notices = 0
-            for traj, gen in zip(active, gens):
-                traj.count(gen)
-                if gen.finish_reason == "error":
-                    logger.warning("%s: generation failed for %s/%s", self.name, traj.job.task.name,
-                                   traj.job.query.query_id)
-                    traj.add_step(gen, gen.text)
-                    traj.finish_reason = "error"
-                    continue
-                act = parse_output(gen.text, tags, stop_reason=gen.stop_reason,
-                                   finish_reason=gen.finish_reason)
-                if act.kind == "answer":
-                    traj.add_step(gen, act.body)
-                    traj.answer = act.content
-                    traj.finish_reason = "answer"
-                elif act.kind == "search":
-                    traj.issued.append(act.content)
-                    if closing:
-                        traj.add_step(gen, act.body, search_query=act.content)
-                        traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
-                        continue
-                    notice = self.blocked_search(traj, act.content, last_turn=turn == self.max_turns - 1)
-                    if notice is not None:
-                        traj.add_step(gen, act.body, search_query=act.content, inserted=notice)
-                        notices += 1
-                    elif not self.searches_left(traj):  # over the limit and no notice for it
-                        traj.add_step(gen, act.body, search_query=act.content)
-                        traj.finish_reason = "max_searches"
-                    else:
-                        pending.append((traj, act.content, act.body, gen))
-                elif gen.finish_reason == "length":
-                    traj.add_step(gen, act.body)
-                    traj.finish_reason = "length"
-                else:
-                    fix = self.invalid_turn(traj)
-                    if fix is None:  # the method reads a step without a search as the end
-                        traj.add_step(gen, act.body)
-                        traj.finish_reason = "answer"
-                    elif closing:
-                        traj.add_step(gen, act.body)
-                        traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
-                    else:
-                        traj.add_step(gen, act.body, inserted=fix)
-
-            search_calls, docs_of = self._run_searches(pending, lookups)
-            condense_calls = condense_backend_calls = 0
-            if pending and self.condenses:
-                condense_calls = 1
-                prompts = [self.condense_messages(t, b, q, docs) for (t, q, b, _), docs in zip(pending, docs_of)]
-                cgens, condense_backend_calls = self._generate(
-                    llm, [p[0] for p in pending], prompts, self.condense_params(), "condense", turn
-                )
-                for (traj, query, body, gen), docs, cgen in zip(pending, docs_of, cgens):
-                    traj.count(cgen)
-                    ids = [d.doc_id for d in docs]
-                    if cgen.finish_reason == "error":
-                        logger.warning("%s: Reason-in-Documents failed for %s/%s", self.name,
-                                       traj.job.task.name, traj.job.query.query_id)
-                        traj.add_step(gen, body, search_query=query, doc_ids=ids,
-                                      extra_tokens=(cgen.prompt_tokens, cgen.completion_tokens))
-                        traj.finish_reason = "error"
-                        continue
-                    info, inserted = self.condense_insert(cgen)
-                    traj.condensed.append({
-                        "step": len(traj.steps), "raw": cgen.text, "information": info,
-                        "prompt_tokens": cgen.prompt_tokens, "completion_tokens": cgen.completion_tokens,
-                    })
-                    traj.add_step(gen, body, search_query=query, doc_ids=ids, inserted=inserted,
-                                  extra_tokens=(cgen.prompt_tokens, cgen.completion_tokens))
-            else:
-                for (traj, query, body, gen), docs in zip(pending, docs_of):
-                    traj.add_step(gen, body, search_query=query, doc_ids=[d.doc_id for d in docs],
-                                  inserted=self.insert_documents(traj, query, docs))
-            step = StepStats(
-                turn=turn, active=len(active), generate_calls=1, backend_calls=backend_calls,
-                condense_calls=condense_calls, condense_backend_calls=condense_backend_calls,
-                search_calls=search_calls, searches=len(pending), notices=notices,
-                finished=sum(1 for t in trajs if t.finished) - before,
-            )
-            stats.append(step)
-            logger.info(
-                "%s step %d: %d active, %d searches, %d notices, %d finished; backend calls: "
-                "%d generate, %d condense",
-                self.name, turn + 1, step.active, step.searches, step.notices, step.finished,
-                step.backend_calls, step.condense_backend_calls,
-            )
+            stats.append(self._run_step(llm, trajs, active, turn, lookups))
         parse = reasoning_parser(llm)
         for traj in trajs:
             if not traj.finished:
-                traj.finish_reason = "max_turns" if self.searches_left(traj) else "max_searches"
+                traj.finish_reason = self._out_of_turns(traj)
             traj.final = self.final_response(traj, parse)
         return LoopOutcome(trajs, stats)
 
+    def _run_step(
+        self, llm: LLM, trajs: Sequence[Trajectory], active: Sequence[Trajectory], turn: int,
+        lookups: dict[int, dict[str, Doc]],
+    ) -> StepStats:
+        """One step of the ``active`` trajectories: ONE generation call, the searches it asks
+        for, and (methods that condense) ONE Reason-in-Documents call; returns its statistics."""
+        before = sum(1 for t in trajs if t.finished)
+        gens, backend_calls = self._generate(
+            llm, active, [t.request_messages() for t in active], self.params, "reason", turn
+        )
+        pending, notices = self._read_outputs(active, gens, turn)
+        search_calls, docs_of = self._run_searches(pending, lookups)
+        condense_calls = condense_backend_calls = 0
+        if pending and self.condenses:
+            condense_calls = 1
+            condense_backend_calls = self._condense(llm, pending, docs_of, turn)
+        else:
+            for (traj, query, body, gen), docs in zip(pending, docs_of):
+                traj.add_step(gen, body, search_query=query, doc_ids=[d.doc_id for d in docs],
+                              inserted=self.insert_documents(traj, query, docs))
+        step = StepStats(
+            turn=turn, active=len(active), generate_calls=1, backend_calls=backend_calls,
+            condense_calls=condense_calls, condense_backend_calls=condense_backend_calls,
+            search_calls=search_calls, searches=len(pending), notices=notices,
+            finished=sum(1 for t in trajs if t.finished) - before,
+        )
+        logger.info(
+            "%s step %d: %d active, %d searches, %d notices, %d finished; backend calls: "
+            "%d generate, %d condense",
+            self.name, turn + 1, step.active, step.searches, step.notices, step.finished,
+            step.backend_calls, step.condense_backend_calls,
+        )
+        return step
+
+    def _read_outputs(
+        self, active: Sequence[Trajectory], gens: Sequence[Generation], turn: int
+    ) -> tuple[list[PendingSearch], int]:
+        """Record each active trajectory's generated step (an answer, a search, a cut-off or
+        failed output, or a step with neither, see :meth:`invalid_turn`).
+
+        Returns:
+            The searches to run, in trajectory order, and how many notices replaced a search.
+        """
+        closing = turn >= self.max_turns  # the final turn: a search is not run
+        tags = self.tags()
+        pending: list[PendingSearch] = []
+        notices = 0
+        for traj, gen in zip(active, gens):
+            traj.count(gen)
+            if gen.finish_reason == "error":
+                logger.warning("%s: generation failed for %s/%s", self.name, traj.job.task.name,
+                               traj.job.query.query_id)
+                traj.add_step(gen, gen.text)
+                traj.finish_reason = "error"
+                continue
+            act = parse_output(gen.text, tags, stop_reason=gen.stop_reason,
+                               finish_reason=gen.finish_reason)
+            if act.kind != "search":
+                self._read_no_search(traj, gen, act, closing)
+                continue
+            outcome = self._read_search(traj, gen, act, turn, closing)
+            if outcome == "run":
+                pending.append((traj, act.content, act.body, gen))
+            elif outcome == "notice":
+                notices += 1
+        return pending, notices
+
+    def _read_search(self, traj: Trajectory, gen: Generation, act: Action, turn: int, closing: bool) -> str:
+        """Record a step that asks for a search: ``"run"`` when the search is to run,
+        ``"notice"`` when :meth:`blocked_search` inserted a notice instead, ``"ended"`` when the
+        trajectory ends (the final turn, or over ``max_searches`` without a notice)."""
+        traj.issued.append(act.content)
+        if closing:
+            traj.add_step(gen, act.body, search_query=act.content)
+            traj.finish_reason = self._out_of_turns(traj)
+            return "ended"
+        notice = self.blocked_search(traj, act.content, last_turn=turn == self.max_turns - 1)
+        if notice is not None:
+            traj.add_step(gen, act.body, search_query=act.content, inserted=notice)
+            return "notice"
+        if not self.searches_left(traj):  # over the limit and no notice for it
+            traj.add_step(gen, act.body, search_query=act.content)
+            traj.finish_reason = "max_searches"
+            return "ended"
+        return "run"
+
+    def _read_no_search(self, traj: Trajectory, gen: Generation, act: Action, closing: bool) -> None:
+        """Record a step without a search: an answer, an output cut at ``max_tokens``, or a
+        step with neither (the method's :meth:`invalid_turn` decides)."""
+        if act.kind == "answer":
+            traj.add_step(gen, act.body)
+            traj.answer = act.content
+            traj.finish_reason = "answer"
+        elif gen.finish_reason == "length":
+            traj.add_step(gen, act.body)
+            traj.finish_reason = "length"
+        else:
+            fix = self.invalid_turn(traj)
+            if fix is None:  # the method reads a step without a search as the end
+                traj.add_step(gen, act.body)
+                traj.finish_reason = "answer"
+            elif closing:
+                traj.add_step(gen, act.body)
+                traj.finish_reason = self._out_of_turns(traj)
+            else:
+                traj.add_step(gen, act.body, inserted=fix)
+
+    def _out_of_turns(self, traj: Trajectory) -> FinishReason:
+        """Why a trajectory that ran out of steps ended: ``max_turns``, or ``max_searches``
+        when it had no search left either."""
+        return "max_turns" if self.searches_left(traj) else "max_searches"
+
+    def _condense(
+        self, llm: LLM, pending: Sequence[PendingSearch], docs_of: Sequence[Sequence[Doc]], turn: int
+    ) -> int:
+        """ONE Reason-in-Documents call over the step's searches; each trajectory gets the
+        extracted information inserted. Returns the backend calls it made."""
+        prompts = [self.condense_messages(t, b, q, docs) for (t, q, b, _), docs in zip(pending, docs_of)]
+        cgens, backend_calls = self._generate(
+            llm, [p[0] for p in pending], prompts, self.condense_params(), "condense", turn
+        )
+        for (traj, query, body, gen), docs, cgen in zip(pending, docs_of, cgens):
+            traj.count(cgen)
+            ids = [d.doc_id for d in docs]
+            if cgen.finish_reason == "error":
+                logger.warning("%s: Reason-in-Documents failed for %s/%s", self.name,
+                               traj.job.task.name, traj.job.query.query_id)
+                traj.add_step(gen, body, search_query=query, doc_ids=ids,
+                              extra_tokens=(cgen.prompt_tokens, cgen.completion_tokens))
+                traj.finish_reason = "error"
+                continue
+            info, inserted = self.condense_insert(cgen)
+            traj.condensed.append({
+                "step": len(traj.steps), "raw": cgen.text, "information": info,
+                "prompt_tokens": cgen.prompt_tokens, "completion_tokens": cgen.completion_tokens,
+            })
+            traj.add_step(gen, body, search_query=query, doc_ids=ids, inserted=inserted,
+                          extra_tokens=(cgen.prompt_tokens, cgen.completion_tokens))
+        return backend_calls
+
     def _run_searches(
         self,
-        pending: Sequence[tuple[Trajectory, str, str, Generation]],
+        pending: Sequence[PendingSearch],
         lookups: dict[int, dict[str, Doc]],
     ) -> tuple[int, list[list[Doc]]]:
         """Run the step's searches, one ``retriever.search`` call per task.

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from r2med_agent import prompts
+from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.retrieval.fusion import ranked
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep

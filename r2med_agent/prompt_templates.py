@@ -1,0 +1,267 @@
+"""Find, render and hash the prompt templates: the Jinja environment over the prompts folder.
+
+The templates live in the repository's top-level ``prompts/`` folder (installed as the data
+package ``r2med_agent.prompts``; ``r2med_agent.paths.prompts_dir()`` finds it in a checkout, an
+editable install and a wheel alike): one sub-folder per method (``hyde/``, ``query2doc/``,
+``lamer/``, ...) with one template per task family (``qa.j2``, ``exam.j2``, ``treatment.j2``,
+``case.j2``); files whose name starts with ``_`` are shared pieces that the family templates
+include. Query2Doc's worked examples live in ``query2doc/examples/<family>.yaml``.
+
+Overriding prompts: point ``R2MED_PROMPTS_DIR`` (or the ``prompts_dir`` argument of the functions
+below) at a folder with the same layout. A file there replaces the package's file of the same
+relative name; every file it does not have comes from the package. Templates render with
+``StrictUndefined``, so a template that uses a variable the caller did not pass is an error, not
+an empty string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+
+from r2med_agent.errors import ConfigError
+
+__all__ = [
+    "ENV_VAR",
+    "environment",
+    "load_examples",
+    "render",
+    "resolve_file",
+    "search_path",
+    "template_hash",
+]
+
+ENV_VAR = "R2MED_PROMPTS_DIR"
+"""Environment variable naming a folder whose files override the package's prompts."""
+
+PathLike = str | os.PathLike[str]
+
+
+def _package_dir() -> Path:
+    from r2med_agent.paths import prompts_dir
+
+    return prompts_dir()
+
+
+def search_path(prompts_dir: PathLike | None = None) -> list[Path]:
+    """Folders searched for a prompt file, first match wins.
+
+    Args:
+        prompts_dir: a user folder of prompts; when None, ``$R2MED_PROMPTS_DIR`` if set.
+
+    Returns:
+        ``[user folder, package folder]``, or just the package folder when there is no override.
+
+    Raises:
+        ConfigError: the override folder does not exist.
+    """
+    override: Path | None = None
+    source = "prompts_dir"
+    if prompts_dir is not None:
+        override = Path(prompts_dir)
+    elif os.environ.get(ENV_VAR):
+        override = Path(os.environ[ENV_VAR])
+        source = f"${ENV_VAR}"
+    package = _package_dir()
+    if override is None:
+        return [package]
+    override = override.expanduser()
+    if not override.is_dir():
+        raise ConfigError(f"{source}: prompt folder '{override}' does not exist or is not a folder")
+    if override.resolve() == package.resolve():
+        return [package]
+    return [override, package]
+
+
+@lru_cache(maxsize=16)
+def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(list(paths), encoding="utf-8"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        auto_reload=True,
+    )
+
+
+def environment(prompts_dir: PathLike | None = None) -> jinja2.Environment:
+    """The Jinja environment over :func:`search_path` (cached per search path).
+
+    ``StrictUndefined``, no autoescaping, trailing newlines kept, ``trim_blocks`` on. Templates
+    are re-read when their file changes on disk.
+    """
+    return _environment(tuple(str(p) for p in search_path(prompts_dir)))
+
+
+def resolve_file(relpath: str, prompts_dir: PathLike | None = None) -> Path | None:
+    """The file that ``relpath`` (e.g. ``"query2doc/examples/qa.yaml"``) resolves to, or None."""
+    for root in search_path(prompts_dir):
+        candidate = root / relpath
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _not_found(name: str, prompts_dir: PathLike | None) -> ConfigError:
+    roots = search_path(prompts_dir)
+    method = name.split("/", 1)[0]
+    available = sorted(
+        {
+            f"{method}/{p.name}"
+            for root in roots
+            if (root / method).is_dir()
+            for p in (root / method).glob("*.j2")
+            if not p.name.startswith("_")
+        }
+    )
+    hint = f"; available: {', '.join(available)}" if available else ""
+    where = ", ".join(str(r) for r in roots)
+    return ConfigError(f"no prompt template '{name}' in {where}{hint}")
+
+
+def _get_template(name: str, prompts_dir: PathLike | None) -> jinja2.Template:
+    env = environment(prompts_dir)
+    try:
+        return env.get_template(name)
+    except jinja2.TemplateNotFound as e:
+        # A missing include names the include, not the outer template.
+        raise _not_found(e.name or name, prompts_dir) from None
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"{e.filename or name}:{e.lineno}: template syntax error: {e.message}") from None
+
+
+def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **variables: Any) -> str:
+    """Render one prompt template.
+
+    Args:
+        template_path: path relative to the prompts folder, e.g. ``"hyde/qa.j2"``.
+        prompts_dir: override folder (see :func:`search_path`).
+        **variables: the template's variables; every variable the template uses must be given.
+
+    Returns:
+        The rendered text, exactly as the template lays it out.
+
+    Raises:
+        ConfigError: unknown template, syntax error, or a variable the template needs is missing.
+    """
+    template = _get_template(template_path, prompts_dir)
+    try:
+        return template.render(**variables)
+    except jinja2.UndefinedError as e:
+        given = ", ".join(sorted(variables)) or "none"
+        raise ConfigError(
+            f"{template.filename or template_path}: {e.message}; variables given: {given}"
+        ) from None
+    except jinja2.TemplateNotFound as e:
+        raise _not_found(e.name or template_path, prompts_dir) from None
+
+
+def _referenced(env: jinja2.Environment, name: str, source: str, filename: str | None) -> list[str]:
+    try:
+        ast = env.parse(source, name, filename)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"{e.filename or name}:{e.lineno}: template syntax error: {e.message}") from None
+    refs = list(jinja2.meta.find_referenced_templates(ast))
+    if any(r is None for r in refs):
+        raise ConfigError(
+            f"{filename or name}: includes a template whose name is computed at render time; "
+            "use a literal name so that template_hash can follow it"
+        )
+    return [r for r in refs if r is not None]
+
+
+def template_hash(method: str, family: str, *, prompts_dir: PathLike | None = None) -> str:
+    """SHA-256 of everything that shapes a method's prompt for one task family.
+
+    Covers ``<method>/<family>.j2``, every template it includes, imports or extends (recursively),
+    and the data file ``<method>/examples/<family>.yaml`` when there is one, each as resolved
+    through the override folder. Editing any of them changes the hash. The hash depends on file
+    contents and relative names only, not on where the folder is.
+
+    Raises:
+        ConfigError: the template does not exist, or includes a template by a computed name.
+    """
+    env = environment(prompts_dir)
+    loader = env.loader
+    if loader is None:  # pragma: no cover - environment() always sets one
+        raise ConfigError("prompt environment has no loader")
+    h = hashlib.sha256()
+    seen: set[str] = set()
+    pending = [f"{method}/{family}.j2"]
+    while pending:
+        name = pending.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            source, filename, _ = loader.get_source(env, name)
+        except jinja2.TemplateNotFound:
+            raise _not_found(name, prompts_dir) from None
+        h.update(f"template\0{name}\0{len(source)}\0".encode())
+        h.update(source.encode("utf-8"))
+        pending.extend(sorted(_referenced(env, name, source, filename)))
+    data_name = f"{method}/examples/{family}.yaml"
+    data_file = resolve_file(data_name, prompts_dir)
+    if data_file is not None:
+        data = data_file.read_bytes()
+        h.update(f"data\0{data_name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def load_examples(
+    method: str, family: str, domain: str, *, prompts_dir: PathLike | None = None, task: str | None = None
+) -> list[dict[str, str]]:
+    """Worked examples for a method and task family from ``<method>/examples/<family>.yaml``.
+
+    The file holds either a list of ``{query, passage}`` mappings (the same examples for every
+    task of the family) or a mapping whose keys are task names (``task``: examples of one task,
+    as ``r2med-agent prompts import-examples`` writes them) or domains (Q&A tasks: one list per
+    domain); a task's own list comes first.
+
+    Returns:
+        The examples, each ``{"query": ..., "passage": ...}``.
+
+    Raises:
+        ConfigError: missing or malformed file, unknown domain, or an entry with other keys.
+    """
+    relpath = f"{method}/examples/{family}.yaml"
+    path = resolve_file(relpath, prompts_dir)
+    if path is None:
+        where = ", ".join(str(r) for r in search_path(prompts_dir))
+        raise ConfigError(f"no examples file '{relpath}' in {where}")
+    from r2med_agent.config import read_yaml
+
+    doc = read_yaml(path)
+    if isinstance(doc, Mapping) and task is not None and task in doc:
+        entries, where = doc[task], f"{path}: {task}"
+    elif isinstance(doc, Mapping):
+        if domain not in doc:
+            raise ConfigError(
+                f"{path}: no examples for domain '{domain}'{f' or task {task!r}' if task else ''}; "
+                f"keys: {', '.join(map(str, doc))} "
+                f"(add a '{domain}' list in a prompts folder of your own, see ${ENV_VAR})"
+            )
+        entries, where = doc[domain], f"{path}: {domain}"
+    else:
+        entries, where = doc, str(path)
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{where}: expected a non-empty list of {{query, passage}} examples")
+    out: list[dict[str, str]] = []
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, Mapping) or set(entry) != {"query", "passage"}:
+            keys = ", ".join(map(str, entry)) if isinstance(entry, Mapping) else type(entry).__name__
+            raise ConfigError(f"{where}: example {i} must have exactly the keys query, passage (got {keys})")
+        query, passage = entry["query"], entry["passage"]
+        if not all(isinstance(v, str) and v.strip() for v in (query, passage)):
+            raise ConfigError(f"{where}: example {i}: query and passage must be non-empty text")
+        out.append({"query": query.strip(), "passage": passage.strip()})
+    return out
