@@ -47,11 +47,12 @@ def test_rerank_cut_keeps_only_the_reranked_depth(tmp_path, monkeypatch, cut) ->
     equals Recall@10."""
     monkeypatch.setattr("r2med_agent.retrieval.make_reranker", lambda name, **_: ReversingReranker())
     # The scripted reranker has no registry entry whose precision the result could record.
-    monkeypatch.setattr("r2med_agent.runner.model_precisions", lambda cfg: {})
+    monkeypatch.setattr("r2med_agent.experiment.runner.model_precisions", lambda cfg: {})
     cfg = RunConfig(tasks=("sample",), reranker="reverse", rerank_k=10, rerank_cut=cut, output_dir=tmp_path,
                     show_progress=False)
     result = run_experiment(cfg)
-    assert result.result_dir.name == ("bm25__top10__reverse" if cut else "bm25__reverse")
+    assert result.result_dir.name == cfg.leaf == (
+        f"bm25__top10__reverse__{cfg.digest()}" if cut else f"bm25__rk10__reverse__{cfg.digest()}")
     written = read_trec_run(result.result_dir / "sample.run")
     base = run_experiment(RunConfig(tasks=("sample",), output_dir=tmp_path, show_progress=False))
     plain = read_trec_run(base.result_dir / "sample.run")

@@ -105,7 +105,7 @@ def test_run_with_samples_records_n_and_writes_every_sample(tmp_path, monkeypatc
     cfg = RunConfig(tasks=("sample",), method="hyde", llm="scripted", samples=3, output_dir=tmp_path / "res",
                     show_progress=False)
     result = run_experiment(cfg, llm=llm)
-    assert result.result_dir.name == "bm25__n3" and split_leaf("bm25__n3") == ("bm25__n3", "")
+    assert result.result_dir.name == f"bm25__n3__{cfg.digest()}" and split_leaf("bm25__n3") == ("bm25__n3", "")
     stats = result.outcomes[0].stats
     assert stats["samples"] == 3 and stats["generations"] == 36
     row = json.loads((result.result_dir / "sample.generations.jsonl").read_text().splitlines()[0])
