@@ -115,9 +115,9 @@ def split_recipe(entry: GridEntry, llm_spec: Any, pins: Mapping[str, str]) -> tu
     ]
     if not _caps(entry).agentic:
         lines.append(
-            f"  or generate first in env 1 (r2med-agent + vllm): the same command with "
-            f"--retriever bm25 fills the generation cache; this command in env 2 (same "
-            f"R2MED_CACHE_DIR) then makes no LLM call and never loads vLLM"
+            "  or generate first in env 1 (r2med-agent + vllm): the same command with "
+            "--retriever bm25 fills the generation cache; this command in env 2 (same "
+            "R2MED_CACHE_DIR) then makes no LLM call and never loads vLLM"
         )
     return tuple(lines)
 
@@ -224,104 +224,134 @@ def entry_needs(
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
         n_queries: queries of the planned tasks, for the token estimate (0: none).
     """
-    from r2med_agent.data.released import released_path
-    from r2med_agent.retrieval import BM25_SPECS
-    from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
-
     reg = registries or Registries.load()
-    gpu: list[str] = []
-    keys: list[str] = []
-    hub: list[str] = []
-    problems: list[str] = []
-    setup: list[str] = []
-    per_gpu: dict[str, float] = {}  # role -> GiB of weights on one GPU
+    found = _NeedsFinder(entry, reg, gpu_gib)
+    found.generations(generations)
+    found.retrievers()
+    found.reranker()
+    llm_spec = reg.llms.get(entry.llm) if entry.llm else None
+    others = sum(v for role, v in found.per_gpu.items() if role not in ("LLM", "reranker LLM"))
+    if "LLM" in found.per_gpu and others > 0 and llm_spec is not None:
+        found.gpu.append(_together_line(found.per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
+    if datasets:
+        found.hub.append(f"datasets {', '.join(datasets)}")
+    split = found.split_environments(llm_spec)
+    tokens = tuple(token_estimate(entry, n_queries, reg, released=generations == "r2med")) if n_queries else ()
+    return Needs(tuple(found.gpu), tuple(dict.fromkeys(found.keys)), tuple(found.hub), tuple(found.problems),
+                 tuple(found.setup), split, tokens)
 
-    def weights(role: str, name: str, repos: Sequence[str], tp: int = 1,
+
+class _NeedsFinder:
+    """Collects an entry's needs, one part of the entry at a time."""
+
+    def __init__(self, entry: GridEntry, reg: Registries, gpu_gib: float) -> None:
+        self.entry, self.reg, self.gpu_gib = entry, reg, gpu_gib
+        self.gpu: list[str] = []
+        self.keys: list[str] = []
+        self.hub: list[str] = []
+        self.problems: list[str] = []
+        self.setup: list[str] = []
+        self.per_gpu: dict[str, float] = {}  # role -> GiB of weights on one GPU
+
+    def weights(self, role: str, name: str, repos: Sequence[str], tp: int = 1,
                 precision: tuple[str, int] = ("bf16", BYTES_PER_PARAM)) -> None:
-        info = reg.models.get(name)
+        info = self.reg.models.get(name)
         if info is None:
-            problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
+            self.problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
         else:
-            gpu.append(_gpu_line(role, name, info, tp, gpu_gib, precision))
-            per_gpu[role] = per_gpu.get(role, 0.0) + weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM / tp
+            self.gpu.append(_gpu_line(role, name, info, tp, self.gpu_gib, precision))
+            share = weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM / tp
+            self.per_gpu[role] = self.per_gpu.get(role, 0.0) + share
         gated = _GATED if info is not None and info.gated else ""
-        hub.append(f"{', '.join(repos)} (weights){gated}")
+        self.hub.append(f"{', '.join(repos)} (weights){gated}")
 
-    if entry.llm and generations == "r2med":
-        setup.append(
-            f"generations: released by R2MED ({released_path(entry.method, entry.llm)} of each task, from "
-            "its hub repo at the pinned revision or --data-dir); no LLM runs"
-        )
-    elif entry.llm:
-        released = entry.llm in released_llms().get(entry.method, ())
-        setup.append(f"generations: fresh with {entry.llm}"
-                     + (" (--generations fresh)" if released else " (R2MED released none for this row)"))
-        if _caps(entry).needs_first_pass:
-            setup.append(f"LameR first pass: {entry.args.get('first_pass', 'bm25')} top 10")
-    def llm_needs(role: str, name: str, spec: Any) -> bool:
+    def llm_needs(self, role: str, name: str, spec: Any) -> bool:
         """An API LLM's key or a vLLM model's weights; False for another backend."""
         if spec.backend == "openai":
             if spec.api_key_env:
-                keys.append(spec.api_key_env)
+                self.keys.append(spec.api_key_env)
         elif spec.backend == "vllm":
-            weights(role, name, [spec.model], spec.tensor_parallel_size)
+            self.weights(role, name, [spec.model], spec.tensor_parallel_size)
         else:
             return False
         return True
 
-    if entry.llm and generations != "r2med":
-        spec = reg.llms.get(entry.llm)
+    def generations(self, generations: str) -> None:
+        from r2med_agent.data.released import released_path
+
+        entry = self.entry
+        if entry.llm and generations == "r2med":
+            self.setup.append(
+                f"generations: released by R2MED ({released_path(entry.method, entry.llm)} of each task, from "
+                "its hub repo at the pinned revision or --data-dir); no LLM runs"
+            )
+            return
+        if not entry.llm:
+            return
+        released = entry.llm in released_llms().get(entry.method, ())
+        self.setup.append(f"generations: fresh with {entry.llm}"
+                          + (" (--generations fresh)" if released else " (R2MED released none for this row)"))
+        if _caps(entry).needs_first_pass:
+            self.setup.append(f"LameR first pass: {entry.args.get('first_pass', 'bm25')} top 10")
+        spec = self.reg.llms.get(entry.llm)
         if spec is None:
-            problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
-        elif not llm_needs("LLM", entry.llm, spec):
-            problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
-    for part in entry.retriever.split("+"):
-        if part in BM25_SPECS or part in SHIPPED:
-            continue
-        if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
-            part = DENSE_ENCODER
-        enc = reg.encoders.get(part)
-        if enc is None:
-            problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
-        elif enc.kind == "api":
-            if enc.api_key_env:
-                keys.append(enc.api_key_env)
-        else:
-            repos = list(dict.fromkeys(m for m in (enc.model, enc.query_model, enc.doc_model) if m))
-            precision = model_precision(enc)
-            line = f"retriever {part}: {', '.join(repos)} in {precision[0]}"
-            if getattr(enc, "transformers", ""):
-                line += (f"; needs transformers{enc.transformers}, best in a separate environment "
-                         "(the run stops with the pip command otherwise)")
-            setup.append(line)
-            weights("encoder", part, repos, precision=precision)
-    if entry.reranker:
-        rr = reg.rerankers.get(entry.reranker)
+            self.problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
+        elif not self.llm_needs("LLM", entry.llm, spec):
+            self.problems.append(f"LLM '{entry.llm}' runs on the {spec.backend} backend (no GPU estimate)")
+
+    def retrievers(self) -> None:
+        from r2med_agent.retrieval import BM25_SPECS
+        from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
+
+        for part in self.entry.retriever.split("+"):
+            if part in BM25_SPECS or part in SHIPPED:
+                continue
+            if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
+                part = DENSE_ENCODER
+            enc = self.reg.encoders.get(part)
+            if enc is None:
+                self.problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
+            elif enc.kind == "api":
+                if enc.api_key_env:
+                    self.keys.append(enc.api_key_env)
+            else:
+                repos = list(dict.fromkeys(m for m in (enc.model, enc.query_model, enc.doc_model) if m))
+                precision = model_precision(enc)
+                line = f"retriever {part}: {', '.join(repos)} in {precision[0]}"
+                if getattr(enc, "transformers", ""):
+                    line += (f"; needs transformers{enc.transformers}, best in a separate environment "
+                             "(the run stops with the pip command otherwise)")
+                self.setup.append(line)
+                self.weights("encoder", part, repos, precision=precision)
+
+    def reranker(self) -> None:
+        entry = self.entry
+        if not entry.reranker:
+            return
+        rr = self.reg.rerankers.get(entry.reranker)
         if rr is None:
-            problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
+            self.problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
         elif rr.kind != "cross-encoder":
-            rspec = reg.llms.get(rr.llm)
+            rspec = self.reg.llms.get(rr.llm)
             if rspec is None:
-                problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
+                self.problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
             elif rr.llm != entry.llm or rspec.backend != "vllm":
                 # A vLLM reranker LLM loads after the method's LLM is done with (the same engine
                 # when it is the same model).
-                llm_needs("reranker LLM", rr.llm, rspec)
+                self.llm_needs("reranker LLM", rr.llm, rspec)
         else:
             precision = model_precision(rr)
             k = entry.args.get("rerank_k", 100)
             kept = f"keeps only those {k}" if entry.args.get("rerank_cut") else "keeps the rest below them"
-            setup.append(f"reranker {entry.reranker} in {precision[0]}: re-scores the top {k} of "
-                         f"{entry.retriever} and {kept}")
-            weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m], precision=precision)
-    llm_spec = reg.llms.get(entry.llm) if entry.llm else None
-    others = sum(v for role, v in per_gpu.items() if role not in ("LLM", "reranker LLM"))
-    if "LLM" in per_gpu and others > 0 and llm_spec is not None:
-        gpu.append(_together_line(per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
-    if datasets:
-        hub.append(f"datasets {', '.join(datasets)}")
-    split: tuple[str, ...] = ()
-    if llm_spec is not None and llm_spec.backend == "vllm":
+            self.setup.append(f"reranker {entry.reranker} in {precision[0]}: re-scores the top {k} of "
+                              f"{entry.retriever} and {kept}")
+            self.weights("reranker", entry.reranker, [m for m in (rr.model, rr.base_model) if m], precision=precision)
+
+    def split_environments(self, llm_spec: Any) -> tuple[str, ...]:
+        """The split-environment recipe when a model pins a transformers vLLM cannot take."""
+        entry, reg = self.entry, self.reg
+        if llm_spec is None or llm_spec.backend != "vllm":
+            return ()
         pins = {}
         for part in entry.retriever.split("+"):
             enc = reg.encoders.get(part)
@@ -330,10 +360,7 @@ def entry_needs(
         rr = reg.rerankers.get(entry.reranker) if entry.reranker else None
         if rr is not None and _excludes_vllm(getattr(rr, "transformers", "")):
             pins[entry.reranker] = rr.transformers
-        if pins:
-            split = split_recipe(entry, llm_spec, pins)
-    tokens = tuple(token_estimate(entry, n_queries, reg, released=generations == "r2med")) if n_queries else ()
-    return Needs(tuple(gpu), tuple(dict.fromkeys(keys)), tuple(hub), tuple(problems), tuple(setup), split, tokens)
+        return split_recipe(entry, llm_spec, pins) if pins else ()
 
 
 TOKENS_PER_WORD = 1.4

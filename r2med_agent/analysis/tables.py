@@ -208,119 +208,149 @@ def find_row(rows: Sequence[ResultRow], spec: str) -> int:
     return hits[0]
 
 
-def build_table(
-    rows: Sequence[ResultRow],
-    metric: str = "ndcg_at_10",
-    *,
-    tasks: Sequence[str] | None = None,
-    published: bool = False,
-    baseline: str | int | None = None,
-    alpha: float = 0.05,
-    test: str = "permutation",
-    n_resamples: int = 10_000,
-    seed: int = 0,
-    cost: bool = False,
-    published_scores: PublishedResults | None = None,
-    published_aliases: RowAliases | None = None,
-) -> ComparisonTable:
-    """Lay ``rows`` out against the tasks.
+@dataclass(frozen=True)
+class TableOptions:
+    """How :func:`build_table` lays rows out (every field a keyword of ``build_table``).
 
-    Args:
-        rows: loaded results (:func:`load_results`), in display order.
-        metric: the metric key shown (``ndcg_at_10``, ``recall_at_100``, ...).
+    Attributes:
         tasks: columns to show (default: every task any row has, R2MED order first).
         published: add the paper's scores (matched by :func:`published_key`).
-        baseline: a row index or ``method/llm/retriever[/reranker]``; every other row is tested
-            against it, per task and over the tasks (stratified: each task weighs the same).
+        baseline: a row index or a row's label; every other row is tested against it, per task
+            and over the tasks (stratified: each task weighs the same).
         alpha: significance level of the markers.
         test: ``permutation`` or ``bootstrap``.
         n_resamples: Monte Carlo permutations / bootstrap resamples.
         seed: seed of the tests.
         cost: sum the result files' ``stats`` into cost columns.
         published_scores: another published CSV (default: the packaged one).
-        published_aliases: row names -> published names (default: the package grids').
+        published_aliases: row specs -> published names (default: the package grids').
+    """
+
+    tasks: Sequence[str] | None = None
+    published: bool = False
+    baseline: str | int | None = None
+    alpha: float = 0.05
+    test: str = "permutation"
+    n_resamples: int = 10_000
+    seed: int = 0
+    cost: bool = False
+    published_scores: PublishedResults | None = None
+    published_aliases: RowAliases | None = None
+
+
+def build_table(rows: Sequence[ResultRow], metric: str = "ndcg_at_10", options: TableOptions | None = None,
+                **keywords: Any) -> ComparisonTable:
+    """Lay ``rows`` out against the tasks.
+
+    Args:
+        rows: loaded results (:func:`load_results`), in display order.
+        metric: the metric key shown (``ndcg_at_10``, ``recall_at_100``, ...).
+        options: the layout (:class:`TableOptions`); or give its fields as keywords.
 
     Raises:
-        ConfigError: unknown metric (none of the files has it), bad baseline, bad test name.
+        ConfigError: unknown metric (none of the files has it), bad baseline, bad test name,
+            an unknown keyword.
     """
+    opts = _table_options(options, keywords)
     if not rows:
         raise ConfigError("no results to compare: no <Task>.json found under the given directories")
-    if test not in TESTS:
-        raise ConfigError(f"unknown significance test '{test}'; allowed: {', '.join(TESTS)}")
-    if not 0 < alpha < 1:
-        raise ConfigError(f"--alpha must be between 0 and 1, got {alpha}")
+    if opts.test not in TESTS:
+        raise ConfigError(f"unknown significance test '{opts.test}'; allowed: {', '.join(TESTS)}")
+    if not 0 < opts.alpha < 1:
+        raise ConfigError(f"--alpha must be between 0 and 1, got {opts.alpha}")
     from r2med_agent.evaluation import metric_key
 
     metric = metric_key(metric)  # ndcg@10, NDCG@10, ndcg_cut_10 -> ndcg_at_10
     known = {m for r in rows for t in r.tasks.values() for m in t.scores}
     if metric not in known:
         raise ConfigError(f"no result file has metric '{metric}'; available: {', '.join(sorted(known))}")
-    all_tasks = task_order({t for r in rows for t in r.tasks})
-    if tasks is None:
-        columns = tuple(all_tasks)
-    else:
-        unknown = [t for t in tasks if t not in all_tasks]
-        if unknown:
-            raise ConfigError(
-                f"no results for task(s) {', '.join(unknown)}; tasks found: {', '.join(all_tasks)}"
-            )
-        columns = tuple(tasks)
-    base_index = None if baseline is None else (
-        baseline if isinstance(baseline, int) else find_row(rows, str(baseline))
-    )
-    if base_index is not None and not 0 <= base_index < len(rows):
-        raise ConfigError(f"baseline row {base_index} out of range (0..{len(rows) - 1})")
-    pub = (published_scores or published_results()) if published else None
-    aliases = published_aliases if published_aliases is not None else (grid_aliases() if published else {})
+    columns = _columns(rows, opts.tasks)
+    base_index = _baseline_index(rows, opts.baseline)
+    pub = (opts.published_scores or published_results()) if opts.published else None
+    aliases = opts.published_aliases if opts.published_aliases is not None else (
+        grid_aliases() if opts.published else {})
     if pub is not None and metric not in PUBLISHED_METRICS:
         logger.warning("the paper reports no %s; the published columns stay empty", metric)
-
-    def per_query_table(r: ResultRow) -> dict[str, dict[str, float]]:
-        return {t: r.per_query(t, metric) for t in columns if r.score(t, metric) is not None}
-
-    base_pq = per_query_table(rows[base_index]) if base_index is not None else None
+    base_pq = _per_query_table(rows[base_index], metric, columns) if base_index is not None else None
     out = []
     for i, r in enumerate(rows):
-        values = {t: r.score(t, metric) for t in columns}
-        present = [v for v in values.values() if v is not None]
-        missing = tuple(t for t, v in values.items() if v is None)
-        pub_values: dict[str, float] = {}
-        pub_avg = None
-        if pub is not None:
-            key = published_key(r, pub, aliases)
-            if key is not None:
-                scores = pub.scores(key, metric)
-                pub_values = {t: scores[t] for t in columns if t in scores}
-                have = [t for t, v in values.items() if v is not None]
-                if have and all(t in pub_values for t in have):
-                    pub_avg = _mean(pub_values[t] for t in have)
         tests: dict[str, PairedTest] = {}
         if base_pq is not None and i != base_index:
-            tests = compare_tasks(base_pq, per_query_table(r), test=test, n_resamples=n_resamples, seed=seed)
-        out.append(
-            TableRow(
-                index=i,
-                row=r,
-                values=values,
-                average=_mean(present),
-                missing_tasks=missing,
-                published=pub_values,
-                published_average=pub_avg,
-                tests=tests,
-                totals=r.totals(columns) if cost else {},
-            )
-        )
+            tests = compare_tasks(base_pq, _per_query_table(r, metric, columns), test=opts.test,
+                                  n_resamples=opts.n_resamples, seed=opts.seed)
+        out.append(_table_row(i, r, metric, columns, pub, aliases, tests, opts.cost))
     return ComparisonTable(
         metric=metric,
         tasks=columns,
         rows=tuple(out),
         show_source=len({r.source for r in rows}) > 1,
-        with_published=published,
+        with_published=opts.published,
         baseline=base_index,
-        alpha=alpha,
-        test=test,
-        n_resamples=n_resamples,
-        with_cost=cost,
+        alpha=opts.alpha,
+        test=opts.test,
+        n_resamples=opts.n_resamples,
+        with_cost=opts.cost,
     )
+
+
+def _table_options(options: TableOptions | None, keywords: Mapping[str, Any]) -> TableOptions:
+    from dataclasses import fields, replace
+
+    names = {f.name for f in fields(TableOptions)}
+    unknown = sorted(set(keywords) - names)
+    if unknown:
+        raise ConfigError(f"build_table: unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+    return replace(options or TableOptions(), **keywords)
+
+
+def _columns(rows: Sequence[ResultRow], tasks: Sequence[str] | None) -> tuple[str, ...]:
+    all_tasks = task_order({t for r in rows for t in r.tasks})
+    if tasks is None:
+        return tuple(all_tasks)
+    unknown = [t for t in tasks if t not in all_tasks]
+    if unknown:
+        raise ConfigError(f"no results for task(s) {', '.join(unknown)}; tasks found: {', '.join(all_tasks)}")
+    return tuple(tasks)
+
+
+def _baseline_index(rows: Sequence[ResultRow], baseline: str | int | None) -> int | None:
+    if baseline is None:
+        return None
+    index = baseline if isinstance(baseline, int) else find_row(rows, str(baseline))
+    if not 0 <= index < len(rows):
+        raise ConfigError(f"baseline row {index} out of range (0..{len(rows) - 1})")
+    return index
+
+
+def _per_query_table(r: ResultRow, metric: str, columns: Sequence[str]) -> dict[str, dict[str, float]]:
+    return {t: r.per_query(t, metric) for t in columns if r.score(t, metric) is not None}
+
+
+def _table_row(i: int, r: ResultRow, metric: str, columns: Sequence[str], pub: PublishedResults | None,
+               aliases: RowAliases, tests: dict[str, PairedTest], cost: bool) -> TableRow:
+    """One row: its values, average, missing tasks, published scores (``pub``) and tests."""
+    values = {t: r.score(t, metric) for t in columns}
+    present = [v for v in values.values() if v is not None]
+    pub_values: dict[str, float] = {}
+    pub_avg = None
+    key = published_key(r, pub, aliases) if pub is not None else None
+    if pub is not None and key is not None:
+        scores = pub.scores(key, metric)
+        pub_values = {t: scores[t] for t in columns if t in scores}
+        have = [t for t, v in values.items() if v is not None]
+        if have and all(t in pub_values for t in have):
+            pub_avg = _mean(pub_values[t] for t in have)
+    return TableRow(
+        index=i,
+        row=r,
+        values=values,
+        average=_mean(present),
+        missing_tasks=tuple(t for t, v in values.items() if v is None),
+        published=pub_values,
+        published_average=pub_avg,
+        tests=tests,
+        totals=r.totals(columns) if cost else {},
+    )
+
 
 

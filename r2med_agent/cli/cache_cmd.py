@@ -4,6 +4,7 @@ R2MED's published ``query_with_hydoc.jsonl`` files."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -194,11 +195,10 @@ def import_command(
         set_user_config(config)
     overrides = _sampling_overrides(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
     cache = _open_cache(cache_path, must_exist=False)
-    report = import_for_method(
-        cache, file, task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
-        sampling_overrides=overrides, allow_missing_qrels_docs=allow_missing_qrels_docs,
-        allow_count_mismatch=allow_count_mismatch,
-    )
+    target = ImportTarget(task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
+                          sampling_overrides=overrides, allow_missing_qrels_docs=allow_missing_qrels_docs,
+                          allow_count_mismatch=allow_count_mismatch)
+    report = import_for_method(cache, file, target)
     typer.echo(
         f"imported {report.imported} generations into {cache.path}"
         + (f"; {len(report.missing)} queries had no row" if report.missing else "")
@@ -206,30 +206,35 @@ def import_command(
     )
 
 
-def import_for_method(
-    cache,
-    file: Path,
-    *,
-    task: str,
-    method: str,
-    llm: str,
-    data_dir: Path | None = None,
-    sample_index: int = 0,
-    sampling_overrides: dict[str, Any] | None = None,
-    allow_missing_qrels_docs: bool = False,
-    allow_count_mismatch: bool = False,
-):
-    """Rebuild the requests ``method`` sends for ``task`` with ``llm`` and import ``file`` under them.
+@dataclass(frozen=True)
+class ImportTarget:
+    """The run whose requests imported generations are stored under (as ``run`` would send them)."""
+
+    task: str
+    method: str
+    llm: str
+    data_dir: Path | None = None
+    sample_index: int = 0
+    sampling_overrides: dict[str, Any] | None = None
+    allow_missing_qrels_docs: bool = False
+    allow_count_mismatch: bool = False
+
+
+def import_for_method(cache, file: Path, target: ImportTarget):
+    """Rebuild the requests ``target.method`` sends for ``target.task`` with ``target.llm`` and
+    import ``file`` under them.
 
     Returns the :class:`~r2med_agent.llm.cache_io.ImportReport`.
     """
+    task, method, llm = target.task, target.method, target.llm
+    sampling_overrides, sample_index = target.sampling_overrides, target.sample_index
     from dataclasses import replace
 
     from r2med_agent.data import load_task
     from r2med_agent.llm import default_sampling, get_llm_spec
     from r2med_agent.llm.cache_io import import_r2med
     from r2med_agent.llm.cached import RequestBuilder
-    from r2med_agent.methods import get_method
+    from r2med_agent.methods import METHODS, get_method
     from r2med_agent.types import SearchRequest
 
     spec = get_llm_spec(llm)
@@ -240,13 +245,14 @@ def import_for_method(
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         params = replace(params, **sampling_overrides)
-    the_task = load_task(task, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs,
-                         allow_count_mismatch=allow_count_mismatch)
+    the_task = load_task(task, target.data_dir, allow_missing_qrels_docs=target.allow_missing_qrels_docs,
+                         allow_count_mismatch=target.allow_count_mismatch)
     m = get_method(method)()
-    if getattr(m, "agentic", False) or not getattr(m, "uses_llm", True):
-        raise ConfigError(f"--method {method}: only single-shot expansion methods (hyde, query2doc, lamer) can be imported")
+    if m.agentic or not m.uses_llm:
+        takers = [n for n, c in METHODS.items() if c.uses_llm and not c.agentic]
+        raise ConfigError(f"--method {method}: only single-shot expansion methods ({', '.join(takers)}) can be imported")
     first_pass = None
-    if getattr(m, "needs_first_pass", False):
+    if m.needs_first_pass:
         from r2med_agent.retrieval import make_retriever
 
         bm25 = make_retriever("bm25", the_task)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from r2med_agent.cli.app import app
-from r2med_agent.experiment.spec import field_help
+from r2med_agent.experiment.spec import SAMPLING_FLAGS, field_help
 
 console = Console(stderr=False)
 
@@ -38,80 +38,85 @@ def print_listing(title: str, columns: list[str], rows: list[list[str]]) -> None
 _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 
+# The run's options. Every run spec field's option takes its help from the spec
+# (r2med_agent.experiment.spec.FIELD_HELP); the others are where and how the run happens.
+_SPEC_OPTIONS = {
+    "method": typer.Option("none", "--method", "-m", help=field_help("method")),
+    "llm": typer.Option(None, "--llm", "-l", help=field_help("llm")),
+    "retriever": typer.Option("bm25", "--retriever", "-r", help=field_help("retriever")),
+    "loop_retriever": typer.Option(None, "--loop-retriever", help=field_help("loop_retriever")),
+    "final": typer.Option("default", "--final", help=field_help("final")),
+    "fusion": typer.Option("rrf", "--fusion", help=field_help("fusion")),
+    "fusion_weights": typer.Option(None, "--fusion-weights", help=field_help("fusion_weights")),
+    "rrf_k": typer.Option(60, "--rrf-k", help=field_help("rrf_k")),
+    "precision": typer.Option(None, "--precision", help=field_help("precision")),
+    "reranker": typer.Option(None, "--reranker", help=field_help("reranker")),
+    "rerank_k": typer.Option(100, "--rerank-k", help=field_help("rerank_k")),
+    "rerank_cut": typer.Option(False, "--rerank-cut", help=field_help("rerank_cut")),
+    "first_pass": typer.Option("bm25", "--first-pass", help=field_help("first_pass")),
+    "generations": typer.Option("fresh", "--generations", help=field_help("generations")),
+    "top_k": typer.Option(100, "--top-k", "-k", help=field_help("top_k")),
+    "samples": typer.Option(1, "--samples", help=field_help("samples")),
+    "encoder_backend": typer.Option(None, "--encoder-backend", help=field_help("encoder_backend")),
+    # sampling overrides: the spec's ``sampling`` mapping
+    "temperature": typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
+    "top_p": typer.Option(None, "--top-p", help="Override top_p."),
+    "max_tokens": typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
+    "seed": typer.Option(None, "--seed", help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; the loops too)."),
+}
+_RUN_OPTIONS = {
+    "task": typer.Option(
+        None, "--task", "-t", show_default=False,
+        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
+    ),
+    "data_dir": typer.Option(None, "--data-dir", "-d", help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub."),
+    "allow_missing_qrels_docs": typer.Option(False, "--allow-missing-qrels-docs", help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1."),
+    "allow_count_mismatch": typer.Option(False, "--allow-count-mismatch", help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results."),
+    "output_dir": typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
+    "no_cache": typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
+    "refresh_cache": typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
+    "cache_path": typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
+    "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
+    "progress": typer.Option(None, "--progress/--no-progress", show_default=False, help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars)."),
+}
+_O = {**_SPEC_OPTIONS, **_RUN_OPTIONS}
+
+
 @app.command("run")
 def run_command(
-    task: Optional[str] = typer.Option(
-        None, "--task", "-t",
-        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
-        show_default=False,
-    ),
-    method: str = typer.Option(
-        "none", "--method", "-m",
-        help=field_help("method"),
-    ),
-    llm: Optional[str] = typer.Option(
-        None, "--llm", "-l",
-        help=field_help("llm"),
-    ),
-    retriever: str = typer.Option(
-        "bm25", "--retriever", "-r",
-        help=field_help("retriever"),
-    ),
-    loop_retriever: Optional[str] = typer.Option(
-        None, "--loop-retriever",
-        help=field_help("loop_retriever"),
-    ),
-    final: str = typer.Option(
-        "default", "--final",
-        help=field_help("final"),
-    ),
-    fusion: str = typer.Option(
-        "rrf", "--fusion",
-        help=field_help("fusion"),
-    ),
-    fusion_weights: Optional[str] = typer.Option(
-        None, "--fusion-weights",
-        help=field_help("fusion_weights"),
-    ),
-    rrf_k: int = typer.Option(60, "--rrf-k", help=field_help("rrf_k")),
-    precision: Optional[str] = typer.Option(
-        None, "--precision",
-        help=field_help("precision"),
-    ),
-    reranker: Optional[str] = typer.Option(None, "--reranker", help=field_help("reranker")),
-    rerank_k: int = typer.Option(100, "--rerank-k", help=field_help("rerank_k")),
-    rerank_cut: bool = typer.Option(False, "--rerank-cut", help=field_help("rerank_cut")),
-    first_pass: str = typer.Option("bm25", "--first-pass", help=field_help("first_pass")),
-    generations: str = typer.Option("fresh", "--generations", help=field_help("generations")),
-    top_k: int = typer.Option(100, "--top-k", "-k", help=field_help("top_k")),
-    data_dir: Optional[Path] = typer.Option(
-        None, "--data-dir", "-d",
-        help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub.",
-    ),
-    allow_missing_qrels_docs: bool = typer.Option(
-        False, "--allow-missing-qrels-docs",
-        help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1.",
-    ),
-    allow_count_mismatch: bool = typer.Option(
-        False, "--allow-count-mismatch",
-        help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results.",
-    ),
-    output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
-    refresh_cache: bool = typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
-    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
-    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
-    samples: int = typer.Option(1, "--samples", help=field_help("samples")),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Override top_p."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
-    seed: Optional[str] = typer.Option(None, "--seed", help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; the loops too)."),
-    encoder_backend: Optional[str] = typer.Option(
-        None, "--encoder-backend",
-        help=field_help("encoder_backend"),
-    ),
-    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
-    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars).", show_default=False),
+    task: Optional[str] = _O["task"],
+    method: str = _O["method"],
+    llm: Optional[str] = _O["llm"],
+    retriever: str = _O["retriever"],
+    loop_retriever: Optional[str] = _O["loop_retriever"],
+    final: str = _O["final"],
+    fusion: str = _O["fusion"],
+    fusion_weights: Optional[str] = _O["fusion_weights"],
+    rrf_k: int = _O["rrf_k"],
+    precision: Optional[str] = _O["precision"],
+    reranker: Optional[str] = _O["reranker"],
+    rerank_k: int = _O["rerank_k"],
+    rerank_cut: bool = _O["rerank_cut"],
+    first_pass: str = _O["first_pass"],
+    generations: str = _O["generations"],
+    top_k: int = _O["top_k"],
+    data_dir: Optional[Path] = _O["data_dir"],
+    allow_missing_qrels_docs: bool = _O["allow_missing_qrels_docs"],
+    allow_count_mismatch: bool = _O["allow_count_mismatch"],
+    output_dir: Path = _O["output_dir"],
+    no_cache: bool = _O["no_cache"],
+    refresh_cache: bool = _O["refresh_cache"],
+    cache_path: Optional[Path] = _O["cache_path"],
+    chunk_size: Optional[int] = _O["chunk_size"],
+    samples: int = _O["samples"],
+    temperature: Optional[float] = _O["temperature"],
+    top_p: Optional[float] = _O["top_p"],
+    max_tokens: Optional[int] = _O["max_tokens"],
+    seed: Optional[str] = _O["seed"],
+    encoder_backend: Optional[str] = _O["encoder_backend"],
+    config: Optional[Path] = _O["config"],
+    progress: Optional[bool] = _O["progress"],
 ) -> None:
     """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
     from r2med_agent.config import set_user_config
@@ -127,45 +132,20 @@ def run_command(
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
     else:
         names = task_names(task, data_dir)
-    sampling = {
-        k: v
-        for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
-        if v is not None
-    }
+    sampling = {k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
+                if v is not None}
     if seed is not None:
         sampling["seed"] = parse_seed(seed)
+    given = dict(locals())
+    spec = {name: given[name] for name in _SPEC_OPTIONS if name in given and name not in SAMPLING_FLAGS}
+    spec["fusion_weights"] = _parse_weights(fusion_weights)
     cfg = RunConfig(
-        tasks=tuple(names),
-        method=method,
-        llm=llm,
-        retriever=retriever,
-        loop_retriever=loop_retriever,
-        fusion=fusion,
-        fusion_weights=_parse_weights(fusion_weights),
-        rrf_k=rrf_k,
-        precision=precision,
-        reranker=reranker,
-        rerank_k=rerank_k,
-        rerank_cut=rerank_cut,
-        first_pass=first_pass,
-        generations=generations,
-        top_k=top_k,
-        data_dir=data_dir,
-        allow_missing_qrels_docs=allow_missing_qrels_docs,
-        allow_count_mismatch=allow_count_mismatch,
-        output_dir=output_dir,
-        use_cache=not no_cache,
-        refresh_cache=refresh_cache,
-        cache_path=cache_path,
-        chunk_size=chunk_size,
-        final=final,
-        sampling=sampling,
-        show_progress=progress if progress is not None else sys.stderr.isatty(),
-        encoder_backend=encoder_backend,
-        samples=samples,
+        **spec, sampling=sampling, tasks=tuple(names), data_dir=data_dir,
+        allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
+        output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
+        chunk_size=chunk_size, show_progress=progress if progress is not None else sys.stderr.isatty(),
     )
-    result = run_experiment(cfg)
-    print_summary(result)
+    print_summary(run_experiment(cfg))
 
 
 def _score(means: dict[str, float], metric: str) -> str:

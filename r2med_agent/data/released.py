@@ -131,8 +131,8 @@ def load_generations(
     task: Task, method: str, llm: str, reasoning_format: str, data_dir: str | Path | None = None
 ) -> tuple[list[Generation], str]:
     """The released generations of every query of ``task``, in ``task.queries`` order, parsed with
-    ``reasoning_format`` (Search-R1: its ``<answer>`` span whatever the LLM's format), and the
-    file's provenance.
+    ``reasoning_format`` (the caller passes the method's own output format where it has one,
+    Search-R1's ``<answer>`` span, else the LLM's), and the file's provenance.
 
     Raises:
         DataError: no file, a malformed one, or queries of the task without a row (all named).
@@ -149,11 +149,10 @@ def load_generations(
             f"{task.name} (ids {shown}); run with --generations fresh to generate them",
             path,
         )
-    fmt = "search-r1" if method == "search-r1" else reasoning_format
     gens = []
     for q in task.queries:
         text = rows[q.query_id]
-        reasoning, final = split_reasoning(text, fmt)
+        reasoning, final = split_reasoning(text, reasoning_format)
         gens.append(Generation(text=text, final=final, reasoning=reasoning, finish_reason="stop"))
     return gens, source
 

@@ -364,7 +364,10 @@ def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list
         return {}
     from r2med_agent.data.released import load_generations
 
-    out = {task.name: load_generations(task, cfg.method, cfg.llm, ctx.llm_spec.reasoning_format, cfg.data_dir)
+    # A method whose outputs have a format of their own (Search-R1's <answer>) parses them so,
+    # whatever the LLM entry's format.
+    fmt = ctx.method.output_format or ctx.llm_spec.reasoning_format
+    out = {task.name: load_generations(task, cfg.method, cfg.llm, fmt, cfg.data_dir)
            for task in tasks}
     log.info("scoring R2MED's released %s generations of %s: no LLM is built", cfg.method, cfg.llm)
     return out

@@ -101,6 +101,7 @@ class SearchR1(ReasoningLoop):
     name = "search-r1"
     search_tags = ("<search>", "</search>")
     answer_tags = ("<answer>", "</answer>")
+    output_format = "search-r1"
     result_tags = ("<information>", "</information>")
 
     def __init__(

@@ -107,9 +107,12 @@ class Method:
         needs_first_pass: its prompt shows a first-pass ranking (``--first-pass``).
         final_fuse: it can rank with every search of its trajectory (``--final fuse``).
         llm_overrides: LLM entry fields this method changes (Search-o1 sends no system prompt).
+        output_format: the reasoning-output format of this method's texts whatever the LLM's
+            (Search-R1's ``<answer>`` tags); None: the LLM entry's.
     """
 
     name: ClassVar[str] = ""
+    output_format: ClassVar[str | None] = None
     uses_llm: ClassVar[bool] = True
     agentic: ClassVar[bool] = False
     supports_samples: ClassVar[bool] = False
