@@ -192,7 +192,10 @@ class PythonLLM:
         self.model_id = spec.model
         self.name = spec.name
 
-    def generate(self, prompts: Sequence[list[Message]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
+                 template_hash: Any = "", meta: Any = None) -> list[Generation]:
+        """The user's function over the prompts (the keyword options of the LLM protocol are the
+        cache's business, not the function's)."""
         t0 = time.perf_counter()
         texts = list(self.fn([list(p) for p in prompts]))
         if len(texts) != len(prompts) or not all(isinstance(t, str) for t in texts):

@@ -81,9 +81,9 @@ def test_run_precision_option_is_recorded_and_gets_its_own_folder(tmp_path: Path
     default = run_experiment(base)
     fast = run_experiment(RunConfig(tasks=("sample",), retriever="minilm", output_dir=tmp_path,
                                     show_progress=False, precision="bfloat16"))
-    assert default.result_dir.name == "minilm" and fast.result_dir.name == "minilm__bfloat16"
+    assert default.result_dir.name == "minilm" and fast.result_dir.name == f"minilm__bfloat16__{fast.config.digest()}"
     def task_record(folder: Path) -> dict:
-        return json.loads(next(p for p in folder.glob("*.json") if p.name != "summary.json").read_text())
+        return json.loads(next(p for p in folder.glob("*.json") if p.name not in ("summary.json", "spec.json")).read_text())
 
     rec, rec_fast = task_record(default.result_dir), task_record(fast.result_dir)
     assert rec["precision"] == {"minilm": "float32"} and rec["config"]["precision"] is None

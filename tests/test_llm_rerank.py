@@ -232,15 +232,17 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
             again = run_experiment(cfg)
             assert again.outcomes[0].stats["rerank"]["generations"] == 0  # all from the cache
             assert again.average == results[name].average
-        lw = json.loads((tmp_path / "res/none/none/bm25__tiny-lw/Biology.json").read_text())["stats"]
+        lw_dir, pw_dir = results["tiny-lw"].result_dir, results["tiny-pw"].result_dir
+        assert lw_dir.name.startswith("bm25__rk3__tiny-lw__") and pw_dir.name.startswith("bm25__rk3__tiny-pw__")
+        lw = json.loads((lw_dir / "Biology.json").read_text())["stats"]
         assert lw["rerank"]["windows"] == 2 * 1 and lw["prompt_tokens"] > 0  # 3 candidates: one window each
-        pw = json.loads((tmp_path / "res/none/none/bm25__tiny-pw/Biology.json").read_text())["stats"]
-        traces = read_traces(tmp_path / "res/none/none/bm25__tiny-pw/Biology.rerank.jsonl")
+        pw = json.loads((pw_dir / "Biology.json").read_text())["stats"]
+        traces = read_traces(pw_dir / "Biology.rerank.jsonl")
         assert [t.query_id for t in traces] == ["q1", "q2"] and len(traces[0].steps) == 3
         # One judgment per candidate BM25 found (q2's words match two documents only).
         assert pw["rerank"]["pairs"] == sum(len(t.steps) for t in traces) == 5
         assert pw["rerank"]["scored_by_logprobs"] == 0  # llama.cpp: the parsed judgment
-        shown = CliRunner().invoke(app, ["trace", "show", str(tmp_path / "res/none/none/bm25__tiny-lw/Biology.rerank.jsonl")],
+        shown = CliRunner().invoke(app, ["trace", "show", str(lw_dir / "Biology.rerank.jsonl")],
                                 env={"COLUMNS": "200"})
         assert shown.exit_code == 0 and "rerank-listwise" in shown.output and "ranks 1-3" in shown.output
         table = build_table(load_results([tmp_path / "res"]), tasks=["Biology"])

@@ -377,14 +377,15 @@ def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smo
     second = subprocess.run([*args, "-o", str(tmp_path / "b")], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "LLM generations: 0 new, 12 from cache" in second.stdout
-    a = json.loads((tmp_path / "a/hyde/smollm2/bm25/sample.json").read_text())["test"]
-    b = json.loads((tmp_path / "b/hyde/smollm2/bm25/sample.json").read_text())["test"]
+    folder = RunSpec(method="hyde", llm="smollm2", sampling={"max_tokens": 24}).folder()  # hyde/smollm2/bm25__mt24__...
+    a = json.loads((tmp_path / "a" / folder / "sample.json").read_text())["test"]
+    b = json.loads((tmp_path / "b" / folder / "sample.json").read_text())["test"]
     assert a == b
-    gens = [json.loads(l) for l in (tmp_path / "a/hyde/smollm2/bm25/sample.generations.jsonl").read_text().splitlines()]
+    gens = [json.loads(l) for l in (tmp_path / "a" / folder / "sample.generations.jsonl").read_text().splitlines()]
     assert len(gens) == 12 and all(g["final"] for g in gens)
     assert all(g["final"] == g["hy_doc"].strip() for g in gens)  # smollm2 is "plain"
     # HyDE searches BM25 with the generated passage only (docs/protocol.md) ...
-    passage_only = _assert_bm25_searched(tmp_path / "a/hyde/smollm2/bm25", "sample", lambda q, p: p)
+    passage_only = _assert_bm25_searched(tmp_path / "a" / folder, "sample", lambda q, p: p)
     # ... which this check tells apart from searching with the query added.
     from r2med_agent.data import load_task
     from r2med_agent.retrieval import make_retriever
@@ -432,7 +433,7 @@ def test_query2doc_and_lamer_with_the_local_model(tmp_path, smollm2_gguf, method
                     cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 16}, show_progress=False)
     result = run_experiment(cfg)
     assert result.outcomes[0].stats["generations"] == 12
-    d = tmp_path / method / "smollm2" / "bm25"
+    d = result.result_dir  # method/smollm2/bm25__mt16__<digest>
     rows = [json.loads(line) for line in (d / "sample.generations.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["final"] for r in rows)
     # docs/protocol.md: Query2Doc searches with the query twice then the passage, LameR with the

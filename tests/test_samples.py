@@ -133,7 +133,7 @@ def test_samples_end_to_end_with_the_local_model(tmp_path, smollm2_spec) -> None
                     output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 12},
                     show_progress=False)
     first = run_experiment(cfg)
-    assert first.result_dir.name == "bm25__n2" and first.outcomes[0].stats["generations"] == 4
+    assert first.result_dir.name == f"bm25__mt12__n2__{cfg.digest()}" and first.outcomes[0].stats["generations"] == 4
     rows = [json.loads(r) for r in (first.result_dir / "Biology.generations.jsonl").read_text().splitlines()]
     assert all(len(r["samples"]) == 2 for r in rows)
     assert any(r["samples"][0] != r["samples"][1] for r in rows)  # seeds 42 and 43 draw differently

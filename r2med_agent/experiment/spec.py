@@ -145,6 +145,7 @@ class RunSpec:
         "(NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same."))
 
     def __post_init__(self) -> None:
+        _check_choices(self)  # a misspelt value is an error even where the setting plays no part
         _normalise(self)
         _validate(self)
 
@@ -517,13 +518,18 @@ def _validate_sampling_values(overrides: Mapping[str, Any]) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def _validate_models(spec: RunSpec) -> None:
-    """Precision, encoder backend, fusion and fixed candidate lists, checked by name."""
-    if spec.precision is not None:
-        from r2med_agent.retrieval.dense.spec import PRECISIONS
+def _check_choices(spec: RunSpec) -> None:
+    """Settings with a fixed set of values: precision and encoder backend."""
+    from r2med_agent.retrieval.dense.spec import BACKENDS, PRECISIONS
 
-        if spec.precision not in PRECISIONS:
-            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{spec.precision}'")
+    if spec.precision is not None and spec.precision not in PRECISIONS:
+        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{spec.precision}'")
+    if spec.encoder_backend is not None and spec.encoder_backend not in BACKENDS:
+        raise ConfigError(f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{spec.encoder_backend}'")
+
+
+def _validate_models(spec: RunSpec) -> None:
+    """Fusion and fixed candidate lists, checked by name."""
     from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, check_fusion_options
 
     n = len(spec.retriever.split("+"))
@@ -533,10 +539,6 @@ def _validate_models(spec: RunSpec) -> None:
             f"got '{spec.retriever}'"
         )
     check_fusion_options(n, spec.fusion, spec.rrf_k, spec.fusion_weights)
-    from r2med_agent.retrieval.dense.spec import BACKENDS
-
-    if spec.encoder_backend is not None and spec.encoder_backend not in BACKENDS:
-        raise ConfigError(f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{spec.encoder_backend}'")
     _validate_fixed_rankings(spec)
 
 

@@ -36,7 +36,7 @@ def test_sampling_sweeps_keep_every_run(tmp_path: Path) -> None:
     for m in max_tokens:
         _run(out, "--method", "hyde", "--llm", "smollm2", "--max-tokens", m, "--temperature", "0")
     folders = {p.parent for p in out.rglob("sample.json")}
-    assert len(folders) == 9  # t=0 with 12 tokens is in both sweeps' grids once... and 4+5 distinct
+    assert len(folders) == 10
     rows = _rows_by_label(out)
     for t in temperatures:
         assert f"hyde/smollm2/bm25 [sampling.max_tokens=12, sampling.temperature={float(t):g}]" in rows
