@@ -17,12 +17,10 @@ posting lists (:class:`_ScoreMatrix`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from r2med_agent.retrieval.bm25.analysis import AnalyzedTexts
-from r2med_agent.retrieval.bm25.index import load_arrays, save_arrays
+from r2med_agent.retrieval.bm25.index import SavedArrays
 from r2med_agent.retrieval.bm25.ranking import _bag_of_words, _map, _postings, _top_positive
 
 class _ScoreMatrix:
@@ -138,7 +136,7 @@ def _accumulate(
             scores[indices[start:end]] += w * data[start:end]
 
 
-class _CompatIndex:
+class _CompatIndex(SavedArrays):
     """R2MED's gensim ``LuceneBM25Model`` weights (documents and queries), saved as numpy arrays."""
 
     _ARRAYS = ("data", "indices", "indptr", "idf")
@@ -149,7 +147,7 @@ class _CompatIndex:
         params: dict[str, float],
         vocab: dict[str, int],
     ) -> None:
-        self.arrays, self.params, self.vocab = arrays, params, vocab
+        super().__init__(arrays, params, vocab)
         self.matrix = _ScoreMatrix(arrays["data"], arrays["indices"], arrays["indptr"],
                                    int(params["num_docs"]))
 
@@ -169,13 +167,6 @@ class _CompatIndex:
         arrays = {"data": data.astype(np.float32), "indices": doc, "indptr": indptr, "idf": idf}
         params = {"avgdl": avgdl, "k1": k1, "b": b, "num_docs": n_docs}
         return cls(arrays, params, vocab)
-
-    @classmethod
-    def load(cls, folder: Path, show_progress: bool) -> _CompatIndex:
-        return cls(*load_arrays(folder, cls._ARRAYS))
-
-    def save(self, folder: Path, show_progress: bool) -> None:
-        save_arrays(folder, self.arrays, self.params, self.vocab)
 
     def query_weights(self, queries: AnalyzedTexts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gensim's ``model[dictionary.doc2bow(query)]`` of every query, as float32 (gensim's

@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from r2med_agent.io import atomic_write_json
 from r2med_agent.retrieval.bm25.analysis import AnalyzedTexts
 from r2med_agent.types import Task
 
-__all__ = ["OpenedIndex", "ScoringIndex", "index_key", "load_arrays", "load_saved", "save_arrays", "save_index"]
+__all__ = ["OpenedIndex", "SavedArrays", "ScoringIndex", "index_key", "load_saved", "save_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,21 +103,31 @@ class OpenedIndex:
     """True when this process built the index, False when it loaded a saved one."""
 
 
-def save_arrays(folder: Path, arrays: dict[str, np.ndarray], params: dict[str, Any],
+_Saved = TypeVar("_Saved", bound="SavedArrays")
+
+
+class SavedArrays:
+    """An index saved as named numpy arrays (``<name>.npy``, loaded memory-mapped), its
+    parameters (``params.json``) and its vocabulary (``terms.txt``): the ``load`` and ``save`` of
+    both scorings' indexes. A subclass lists its arrays in ``_ARRAYS``."""
+
+    _ARRAYS: tuple[str, ...] = ()
+
+    def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, Any],
                  vocab: dict[str, int]) -> None:
-    for n, a in arrays.items():
-        np.save(folder / f"{n}.npy", a)
-    (folder / "params.json").write_text(json.dumps(params), encoding="utf-8")
-    _save_terms(folder, vocab)
+        self.arrays, self.params, self.vocab = arrays, params, vocab
 
+    @classmethod
+    def load(cls: type[_Saved], folder: Path, show_progress: bool) -> _Saved:
+        arrays = {n: np.load(folder / f"{n}.npy", mmap_mode="r") for n in cls._ARRAYS}
+        params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
+        return cls(arrays, params, _load_terms(folder))
 
-def load_arrays(
-    folder: Path, names: tuple[str, ...]
-) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, int]]:
-    """The arrays ``names`` (memory-mapped), the parameters and the vocabulary of a saved index."""
-    arrays = {n: np.load(folder / f"{n}.npy", mmap_mode="r") for n in names}
-    params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
-    return arrays, params, _load_terms(folder)
+    def save(self, folder: Path, show_progress: bool) -> None:
+        for n, a in self.arrays.items():
+            np.save(folder / f"{n}.npy", a)
+        (folder / "params.json").write_text(json.dumps(self.params), encoding="utf-8")
+        _save_terms(folder, self.vocab)
 
 
 def load_saved(

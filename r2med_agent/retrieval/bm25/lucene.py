@@ -12,12 +12,10 @@ the frequent terms' rows for all queries, then the other postings.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from r2med_agent.retrieval.bm25.analysis import AnalyzedTexts
-from r2med_agent.retrieval.bm25.index import load_arrays, save_arrays
+from r2med_agent.retrieval.bm25.index import SavedArrays
 from r2med_agent.retrieval.bm25.ranking import _bag_of_words, _map, _postings, _top_positive
 
 __all__ = ["length_to_norm", "lucene_idf", "lucene_norm_inverse", "norm_to_length"]
@@ -63,7 +61,7 @@ def lucene_idf(df: np.ndarray, doc_count: int) -> np.ndarray:
     return np.log(1.0 + (doc_count - df + 0.5) / (df + 0.5)).astype(np.float32)
 
 
-class _LuceneIndex:
+class _LuceneIndex(SavedArrays):
     """Lucene's ``BM25Similarity`` (Lucene 9), to the bit.
 
     Lucene keeps each document's length in one byte (:func:`length_to_norm`) and scores a term
@@ -98,8 +96,7 @@ class _LuceneIndex:
     def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, float],
                  vocab: dict[str, int]) -> None:
         # plain ndarray views of memory-mapped files (slicing a np.memmap is slow)
-        self.arrays = {n: np.asarray(a) for n, a in arrays.items()}
-        self.params, self.vocab = params, vocab
+        super().__init__({n: np.asarray(a) for n, a in arrays.items()}, params, vocab)
         self.num_docs = int(params["num_docs"])
         self.dense_row = np.full(len(self.arrays["idf"]), -1, dtype=np.int64)
         self.dense_row[self.arrays["dense_terms"]] = np.arange(len(self.arrays["dense_terms"]))
@@ -139,13 +136,6 @@ class _LuceneIndex:
         params = {"avgdl": float(avgdl), "doc_count": doc_count, "k1": k1, "b": b,
                   "num_docs": n_docs}
         return cls(arrays, params, vocab)
-
-    @classmethod
-    def load(cls, folder: Path, show_progress: bool) -> _LuceneIndex:
-        return cls(*load_arrays(folder, cls._ARRAYS))
-
-    def save(self, folder: Path, show_progress: bool) -> None:
-        save_arrays(folder, self.arrays, self.params, self.vocab)
 
     def top_k(
         self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
