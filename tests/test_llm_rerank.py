@@ -224,23 +224,24 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
                     "  tiny-pw: {kind: pointwise-reasoning, llm: smollm2, max_doc_words: 12, max_tokens: 12}\n")
     set_user_config(user)
     try:
-        results = {}
+        results, folders = {}, {}
         for name in ("tiny-lw", "tiny-pw"):
             cfg = RunConfig(tasks=("Biology",), reranker=name, rerank_k=3, data_dir=data.parent, allow_count_mismatch=True, output_dir=tmp_path / "res",
                             cache_path=tmp_path / "gen.sqlite", show_progress=False)
             results[name] = run_experiment(cfg)
+            folders[name] = cfg.result_dir()  # the spec's folder (rerank_k 3 puts a token and a digest in its name)
             again = run_experiment(cfg)
             assert again.outcomes[0].stats["rerank"]["generations"] == 0  # all from the cache
             assert again.average == results[name].average
-        lw = json.loads((tmp_path / "res/none/none/bm25__tiny-lw/Biology.json").read_text())["stats"]
+        lw = json.loads((folders["tiny-lw"] / "Biology.json").read_text())["stats"]
         assert lw["rerank"]["windows"] == 2 * 1 and lw["prompt_tokens"] > 0  # 3 candidates: one window each
-        pw = json.loads((tmp_path / "res/none/none/bm25__tiny-pw/Biology.json").read_text())["stats"]
-        traces = read_traces(tmp_path / "res/none/none/bm25__tiny-pw/Biology.rerank.jsonl")
+        pw = json.loads((folders["tiny-pw"] / "Biology.json").read_text())["stats"]
+        traces = read_traces(folders["tiny-pw"] / "Biology.rerank.jsonl")
         assert [t.query_id for t in traces] == ["q1", "q2"] and len(traces[0].steps) == 3
         # One judgment per candidate BM25 found (q2's words match two documents only).
         assert pw["rerank"]["pairs"] == sum(len(t.steps) for t in traces) == 5
         assert pw["rerank"]["scored_by_logprobs"] == 0  # llama.cpp: the parsed judgment
-        shown = CliRunner().invoke(app, ["trace", "show", str(tmp_path / "res/none/none/bm25__tiny-lw/Biology.rerank.jsonl")],
+        shown = CliRunner().invoke(app, ["trace", "show", str(folders["tiny-lw"] / "Biology.rerank.jsonl")],
                                 env={"COLUMNS": "200"})
         assert shown.exit_code == 0 and "rerank-listwise" in shown.output and "ranks 1-3" in shown.output
         table = build_table(load_results([tmp_path / "res"]), tasks=["Biology"])
