@@ -39,7 +39,7 @@ from typing import Any
 
 from r2med_agent.llm import make_llm
 from r2med_agent.methods import METHODS
-from r2med_agent.retrieval.bm25 import BM25Retriever
+from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 from r2med_agent.types import Doc, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
 
 PREFILLS = {

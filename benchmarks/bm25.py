@@ -60,8 +60,8 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from r2med_agent.data import load_task  # noqa: E402
-from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer  # noqa: E402
-from r2med_agent.retrieval.bm25 import BM25Retriever  # noqa: E402
+from r2med_agent.retrieval.bm25.analysis import LuceneEnglishAnalyzer  # noqa: E402
+from r2med_agent.retrieval.bm25.retriever import BM25Retriever  # noqa: E402
 from r2med_agent.types import Run, SearchRequest, Task  # noqa: E402
 
 from realtext import passages, sentence_pool, write_jsonl  # noqa: E402  (benchmarks/realtext.py)

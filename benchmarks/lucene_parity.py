@@ -38,8 +38,8 @@ from pathlib import Path
 import lucene_peer  # benchmarks/lucene_peer.py
 from realtext import passages, sentence_pool  # benchmarks/realtext.py
 
-from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
-from r2med_agent.retrieval.bm25 import BM25Retriever
+from r2med_agent.retrieval.bm25.analysis import LuceneEnglishAnalyzer
+from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 from r2med_agent.types import Doc, Query, SearchRequest, Task
 
 

@@ -70,7 +70,7 @@ def reference_bm25(data_dir: Path, task: str) -> tuple[float, float, int]:
 
     from r2med_agent.data import load_task
     from r2med_agent.data.released import read_rows
-    from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
+    from r2med_agent.retrieval.bm25.analysis import LuceneEnglishAnalyzer
 
     loaded = load_task(task, data_dir)
     rows = read_rows(data_dir / task / "hyde" / "qwen-7b" / "query_with_hydoc.jsonl")

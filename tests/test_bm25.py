@@ -21,15 +21,14 @@ import numpy as np
 import pytest
 
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.retrieval import analysis
-from r2med_agent.retrieval.analysis import (
-    ENGLISH_STOP_WORDS,
-    LuceneEnglishAnalyzer,
-    lucene_porter_stem,
-    tokenize,
-)
 from r2med_agent.retrieval.base import Retriever
-from r2med_agent.retrieval.bm25 import BM25Retriever, bm25_query_text, index_key
+from r2med_agent.retrieval.bm25 import tokenizer
+from r2med_agent.retrieval.bm25.analysis import ENGLISH_STOP_WORDS, LuceneEnglishAnalyzer
+from r2med_agent.retrieval.bm25.index import index_key
+from r2med_agent.retrieval.bm25.porter import lucene_porter_stem
+from r2med_agent.retrieval.bm25.retriever import BM25Retriever
+from r2med_agent.retrieval.bm25.tokenizer import tokenize
+from r2med_agent.retrieval.query import bm25_query_text
 from r2med_agent.types import Doc, Query, SearchRequest, Task
 
 K1, B = 0.9, 0.4
@@ -210,7 +209,7 @@ def test_lucene_porter_port_against_snowball_porter_on_the_stdlib_vocabulary() -
     """PyStemmer's ``porter`` (Snowball, the published algorithm) as an independent check.
 
     Lucene's PorterStemmer is Martin Porter's reference implementation, which departs from the
-    published algorithm in four documented ways (see r2med_agent.retrieval.analysis). Every
+    published algorithm in four documented ways (see r2med_agent.retrieval.bm25.porter). Every
     disagreement over the vocabulary must be one of them, checked against Snowball itself, never
     against the port: anything else would be a bug in the port.
     """
@@ -247,9 +246,9 @@ def test_ascii_fast_path_equals_the_unicode_pattern(texts: list[str]) -> None:
     samples = [t.lower() for t in texts[:800] if t.isascii()]
     samples.append("u.s.a. 1,000;2 x_1 ___ don't a:b 3.5. 'quoted' end.")
     for s in samples:
-        assert analysis.tokenize(s) == analysis._findall_unicode(s)
-        assert analysis.tokenize(s) == [t for t in analysis._ASCII_TOKEN_RE.findall(s)
-                                        if t.strip("_")]
+        assert tokenizer.tokenize(s) == tokenizer._findall_unicode(s)
+        assert tokenizer.tokenize(s) == [t for t in tokenizer._ASCII_TOKEN_RE.findall(s)
+                                         if t.strip("_")]
 
 
 def _package_descriptions() -> list[str]:
@@ -282,7 +281,7 @@ def test_candidate_fast_path_equals_the_exact_tokenizer_on_every_text(texts: lis
     # first-occurrence order; it must give every text exactly the exact tokenizer's tokens, and
     # the same first-occurrence vocabulary.
     corpus = [*CANDIDATE_PROBES, *texts, *_package_descriptions()]
-    exact = [analysis.tokenize(t) for t in corpus]
+    exact = [tokenizer.tokenize(t) for t in corpus]
     ids, offsets, raw_vocab = LuceneEnglishAnalyzer._raw(corpus)
     bounds = offsets.tolist()
     got = [[raw_vocab[i] for i in ids[bounds[j] : bounds[j + 1]].tolist()]
@@ -291,8 +290,8 @@ def test_candidate_fast_path_equals_the_exact_tokenizer_on_every_text(texts: lis
         assert have == want, text[:80]
     assert raw_vocab == list(dict.fromkeys(chain.from_iterable(exact)))
     joined = " ".join(t for t in corpus if t.isascii()).encode()
-    several = {c for c in joined.translate(analysis._ASCII_CANDIDATES).split()
-               if analysis.tokenize(c.decode()) != [c.decode()]}
+    several = {c for c in joined.translate(tokenizer._ASCII_CANDIDATES).split()
+               if tokenizer.tokenize(c.decode()) != [c.decode()]}
     assert len(several) > 20  # the expansion of candidates is exercised
 
 
@@ -354,7 +353,7 @@ def _java_byte4_to_int(b: int) -> int:
 
 
 def test_length_norms_are_lucenes_small_float() -> None:
-    from r2med_agent.retrieval.bm25 import length_to_norm, norm_to_length
+    from r2med_agent.retrieval.bm25.lucene import length_to_norm, norm_to_length
 
     assert _java_byte4_to_int(_java_int_to_byte4(1000)) == 984  # Lucene's documented example
     lengths = np.array(list(range(5000)) + [10**5, 123_456_789, 2**31 - 1])
@@ -515,10 +514,10 @@ def test_dense_block_and_posting_lists_give_the_same_ranking(
     mode: str, task: Task, index_root: Path, queries: list[SearchRequest],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from r2med_agent.retrieval import bm25
+    from r2med_agent.retrieval.bm25 import compat, lucene
 
     # lucene mode saves its dense rows with the index: each budget gets its own index folder
-    owner = bm25._LuceneIndex if mode == "lucene" else bm25._ScoreMatrix
+    owner = lucene._LuceneIndex if mode == "lucene" else compat._ScoreMatrix
 
     # frequent terms repeated in a query: lucene mode scores a dense term with count > 1 from its
     # dense row of 1 + tf * normInv, and a count-1 dense term through the matrix product
@@ -619,7 +618,7 @@ def test_k_is_capped_and_zero_score_docs_are_not_matches(mode: str, tmp_path: Pa
 def test_top_k_cut_keeps_trec_eval_top_documents_among_ties() -> None:
     """The cut and the order follow trec_eval (score desc, doc id desc) against a full sort."""
     from r2med_agent.evaluation import trec_sorted
-    from r2med_agent.retrieval.bm25 import _doc_id_ranks, _top_positive
+    from r2med_agent.retrieval.bm25.ranking import _doc_id_ranks, _top_positive
 
     rng = np.random.default_rng(0)
     for trial in range(300):
@@ -756,13 +755,13 @@ def test_incomplete_or_corrupt_saved_index_is_rebuilt(texts: list[str], tmp_path
 
 def test_a_failed_save_leaves_nothing_behind(texts: list[str], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from r2med_agent.retrieval import bm25
+    from r2med_agent.retrieval.bm25 import compat
 
     def boom(self, folder: Path, show_progress: bool) -> None:
         (folder / "partial.npy").write_bytes(b"x")
         raise OSError("disk full")
 
-    monkeypatch.setattr(bm25._CompatIndex, "save", boom)
+    monkeypatch.setattr(compat._CompatIndex, "save", boom)
     with pytest.raises(OSError, match="disk full"):
         BM25Retriever.for_task(make_task(texts[:30]), mode="r2med-compat", index_root=tmp_path,
                                show_progress=False)

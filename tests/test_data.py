@@ -625,7 +625,7 @@ def test_unreadable_task_cache_file_is_ignored(tmp_path: Path, caplog: pytest.Lo
 
 
 def test_bm25_rerun_never_reads_a_cached_tasks_corpus(tmp_path: Path) -> None:
-    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
     from r2med_agent.types import SearchRequest
 
     folder = make_r2med_dir(tmp_path / "t")

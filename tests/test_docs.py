@@ -194,3 +194,12 @@ def test_link_checker_finds_links(tmp_path):
     page.write_text("[a](docs/x.md) [b](https://e.org) [c](#top) [d](y.md#part)\n"
                     "```\n[e](in-code.md)\n```\n", encoding="utf-8")
     assert _relative_links(page) == ["docs/x.md", "y.md"]
+
+
+def test_every_package_is_listed_for_the_wheel():
+    """pyproject lists packages one by one: a subpackage left out would be missing from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "r2med_agent").rglob("__init__.py")}
+    assert found - listed == set()

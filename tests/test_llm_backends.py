@@ -1119,7 +1119,7 @@ def test_separate_reasoning_from_a_real_server_never_reaches_the_query(
     from r2med_agent.llm.cache import GenerationCache
     from r2med_agent.llm.cached import CachedLLM
     from r2med_agent.methods import get_method
-    from r2med_agent.retrieval.bm25 import bm25_query_text
+    from r2med_agent.retrieval.query import bm25_query_text
     from r2med_agent.types import Query, Task
 
     thought = "First I recall the counting order, then I write it down."

@@ -10,7 +10,7 @@ import pytest
 
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.retrieval.llm_rerank import (
+from r2med_agent.retrieval.rerank.llm import (
     LLMReranker,
     RerankJob,
     judgment_prefix,
@@ -19,7 +19,7 @@ from r2med_agent.retrieval.llm_rerank import (
     window_positions,
     yes_probability,
 )
-from r2med_agent.retrieval.rerank import RerankerSpec
+from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import Doc, Generation, SamplingParams, SearchRequest, Task
 from tests.fakes import ScriptedLLM
 

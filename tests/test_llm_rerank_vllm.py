@@ -12,8 +12,8 @@ from r2med_agent.config import build
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.llm.registry import LLMSpec
-from r2med_agent.retrieval.llm_rerank import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
-from r2med_agent.retrieval.rerank import RerankerSpec
+from r2med_agent.retrieval.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
+from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import SamplingParams, SearchRequest
 
 pytestmark = pytest.mark.vllm

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent.retrieval.analysis import LuceneEnglishAnalyzer
-from r2med_agent.retrieval.bm25 import BM25Retriever
+from r2med_agent.retrieval.bm25.analysis import LuceneEnglishAnalyzer
+from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 from r2med_agent.types import SearchRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -13,7 +13,7 @@ import pytest
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval import make_retriever, register_retriever, retriever_names, unregister_retriever
-from r2med_agent.retrieval.bm25 import BM25Options
+from r2med_agent.retrieval.bm25.retriever import BM25Options
 from r2med_agent.retrieval.dense.spec import EncoderOptions
 from r2med_agent.retrieval.fusion import FusionOptions
 from r2med_agent.retrieval.registry import RETRIEVER_KINDS, RetrieverKind, RetrieverOptions

@@ -66,7 +66,7 @@ def test_samples_with_n_one_request_per_prompt_and_only_missing_samples_kept(tmp
 
 
 def test_dense_mean_of_query_and_samples_and_bm25_joins_them() -> None:
-    from r2med_agent.retrieval.bm25 import bm25_query_text
+    from r2med_agent.retrieval.query import bm25_query_text
     from r2med_agent.retrieval.dense.cache import l2_normalize
     from r2med_agent.retrieval.dense.index import SEP, query_embeddings
     from r2med_agent.retrieval.dense.instructions import instruction_prefixes

@@ -1,5 +1,5 @@
 """Write ``r2med_agent/resources/lucene_uax29.json``: the character classes of Lucene 9.9.1's
-``StandardTokenizer``, for :mod:`r2med_agent.retrieval.analysis`.
+``StandardTokenizer``, for :mod:`r2med_agent.retrieval.bm25.tokenizer`.
 
 Lucene's tokenizer is a JFlex scanner generated for Unicode 9 (and Unicode 11's emoji data); its
 behaviour for a character depends only on the scanner's character class (``ZZ_CMAP``, a

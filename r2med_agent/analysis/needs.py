@@ -186,7 +186,7 @@ class Registries:
     def load(cls) -> Registries:
         from r2med_agent.llm.registry import load_llm_specs
         from r2med_agent.retrieval.dense.spec import encoder_registry
-        from r2med_agent.retrieval.rerank import reranker_registry
+        from r2med_agent.retrieval.rerank.spec import reranker_registry
 
         return cls(load_llm_specs(), encoder_registry(), reranker_registry(), load_models())
 
@@ -385,7 +385,7 @@ def token_estimate(entry: GridEntry, n_queries: int, registries: Registries, rel
         out.append(_token_line(f"{entry.method} {entry.llm} x{samples}", spec, calls, p_in, calls * spec.max_tokens))
     rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
     if rr is not None and rr.kind != "cross-encoder" and rr.llm in registries.llms:
-        from r2med_agent.retrieval.llm_rerank import window_positions
+        from r2med_agent.retrieval.rerank.llm import window_positions
 
         spec = registries.llms[rr.llm]
         k = int(entry.args.get("rerank_k", 100))

@@ -273,7 +273,7 @@ def model_precisions(cfg: RunConfig) -> dict[str, str]:
     """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
     or its registry entry's; on a CPU everything runs in float32), by registry name."""
     from r2med_agent.retrieval.dense.spec import encoder_registry
-    from r2med_agent.retrieval.rerank import get_reranker_spec
+    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
 
     encoders = encoder_registry()
     names = {p.strip() for spec in (cfg.retriever, cfg.loop_retriever or "") for p in spec.split("+")}
@@ -467,7 +467,7 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
 def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
     """An LLM reranker over every task at once; the run's own LLM is reused when it is the
     reranker's."""
-    from r2med_agent.retrieval.llm_rerank import RerankJob
+    from r2med_agent.retrieval.rerank.llm import RerankJob
 
     cfg, reranker = ctx.cfg, ctx.reranker
     if ctx.llm is not None and cfg.llm == reranker.spec.llm:

@@ -7,7 +7,7 @@ fused (:class:`~r2med_agent.retrieval.fusion.FusionRetriever`). Each word is bui
 ============ ============================================== =========================================
 kind         names                                          builds
 ============ ============================================== =========================================
-bm25         ``bm25``, ``bm25-compat`` (:data:`BM25_SPECS`)  :class:`~r2med_agent.retrieval.bm25.BM25Retriever`
+bm25         ``bm25``, ``bm25-compat`` (:data:`BM25_SPECS`)  :class:`~r2med_agent.retrieval.bm25.retriever.BM25Retriever`
 dense        the encoder registry (``configs/encoders.yaml``  :class:`~r2med_agent.retrieval.dense.index.DenseRetriever`
              and a user config's ``encoders:``)
 candidates   NanoR2MED's lists (``nano-bm25``, ...,          :mod:`~r2med_agent.retrieval.candidates`
@@ -24,7 +24,7 @@ the names stays cheap.
 
 Options travel typed: :class:`RetrieverOptions` holds the dense encoders'
 :class:`~r2med_agent.retrieval.dense.spec.EncoderOptions`, the
-:class:`~r2med_agent.retrieval.bm25.BM25Options` and the
+:class:`~r2med_agent.retrieval.bm25.retriever.BM25Options` and the
 :class:`~r2med_agent.retrieval.fusion.FusionOptions` of '+'-joined specs. ``make_retriever``
 also takes them as keywords (``show_progress``, ``precision``, ``encoder_backend``, ``fusion``,
 ``rrf_k``, ``weights``, ...: :meth:`RetrieverOptions.from_keywords`).
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.retrieval.base import Retriever
-from r2med_agent.retrieval.bm25 import BM25Options
+from r2med_agent.retrieval.bm25.retriever import BM25Options
 from r2med_agent.retrieval.dense.spec import EncoderOptions
 from r2med_agent.retrieval.fusion import FusionOptions
 
@@ -113,7 +113,7 @@ class RetrieverKind:
 
 
 def _build_bm25(word: str, task: Task, options: RetrieverOptions) -> Retriever:
-    from r2med_agent.retrieval.bm25 import BM25Retriever
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 
     bm25 = options.bm25
     return BM25Retriever.for_task(

@@ -1,5 +1,6 @@
-"""Rerankers: re-score the top-k documents of a run with a cross-encoder (bge-reranker, monoBERT)
-or RankLLaMA (a LoRA adapter on Llama-2 with a one-logit classification head).
+"""Cross-encoder rerankers: re-score the top-k documents of a run with a cross-encoder
+(bge-reranker, monoBERT) or RankLLaMA (a LoRA adapter on Llama-2 with a one-logit classification
+head), as :class:`PairwiseReranker`.
 
 Every reranker takes the whole run of a task at once: all (query, document) pairs of all queries
 are tokenised, sorted by length and scored in batches, then put back in order. The reranked head
@@ -14,18 +15,15 @@ cache. Heavy imports are lazy; a missing package raises MissingExtraError with t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
-from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
 from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.dense.hf import _batches_by_budget
@@ -36,121 +34,14 @@ from r2med_agent.retrieval.dense.models import (
     load_pretrained,
     resolve_model_path,
 )
-from r2med_agent.retrieval.dense.spec import Precision, _specifier, weights_dtype_name
 from r2med_agent.retrieval.dense.torch_utils import _import_torch, resolve_autocast, resolve_devices, resolve_dtype
 from r2med_agent.retrieval.fusion import ranked
+from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import Run, SearchRequest
 
+__all__ = ["PairwiseReranker", "check_model_files", "merge_adapter"]
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RerankerSpec:
-    """One entry of ``configs/rerankers.yaml``."""
-
-    name: str
-    """Registry key; also the reranker's name in result paths."""
-    model: str = ""
-    """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
-    adapter when ``base_model`` is set (empty for the LLM kinds)."""
-    kind: Literal["cross-encoder", "listwise", "pointwise-reasoning"] = "cross-encoder"
-    """``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
-    orders sliding windows of candidates; ``pointwise-reasoning``: an LLM reasons about each
-    (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.llm_rerank`)."""
-    llm: str = ""
-    """The LLM registry name of the LLM kinds."""
-    window: int = 20
-    """Listwise: candidates the model orders at a time (RankGPT: 20)."""
-    step: int = 10
-    """Listwise: how far each window moves up the list (RankGPT: 10)."""
-    max_doc_words: int = 300
-    """LLM kinds: each candidate is cut to its first this many whitespace-separated words."""
-    max_tokens: int = 0
-    """LLM kinds: most tokens per answer (0: the LLM entry's ``max_tokens``)."""
-    temperature: float = 0.0
-    """LLM kinds: sampling temperature of the answers (0: greedy)."""
-    base_model: str | None = None
-    """The model a LoRA adapter applies to (RankLLaMA: ``meta-llama/Llama-2-7b-hf``)."""
-    max_length: int = 512
-    """Token limit of a (query, document) pair; the longer side is cut first."""
-    batch_size: int = 32
-    """Pairs per forward pass at ``max_length``; shorter pairs are batched more densely."""
-    query_template: str = "{query}"
-    """How the query is written into the first segment (RankLLaMA: ``"query: {query}"``)."""
-    doc_template: str = "{text}"
-    """How the document is written into the second segment (RankLLaMA: ``"document: {text}"``)."""
-    score_index: int = 0
-    """Which logit is the relevance score (monoBERT's two-way head: 1)."""
-    precision: Precision = "auto"
-    """As an encoder's ``precision`` (float32 on a CPU; on a GPU ``float32``, ``float16``,
-    ``bfloat16``, ``autocast-float16`` or ``auto``). The paper's rerankers set the precision
-    R2MED's reference ran them at (bge and monoBERT float32, RankLLaMA float16)."""
-    backend: Literal["auto", "transformers", "vllm"] = "auto"
-    """``auto``: vLLM when it is installed, a GPU is present and the head has one logit
-    (``score_index`` 0), else transformers."""
-    trust_remote_code: bool = False
-    """Allow the model repo's own modelling code."""
-    transformers: str = ""
-    """Version specifier the installed transformers must satisfy (as for encoders); empty: any."""
-
-    @property
-    def dtype(self) -> str:
-        """The weights' dtype name ``precision`` implies (``autocast-float16``: float32)."""
-        return weights_dtype_name(self.precision)
-
-    def __post_init__(self) -> None:
-        if self.kind != "cross-encoder":
-            if not self.llm or self.model:
-                raise ValueError(f"kind {self.kind} needs 'llm' (an LLM registry name) and no 'model'")
-            if self.window < 2 or self.step < 1 or self.step >= self.window:
-                raise ValueError("window must be >= 2 and step between 1 and window - 1")
-            if self.max_doc_words < 1 or self.max_tokens < 0 or self.temperature < 0:
-                raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
-            return
-        if not self.model:
-            raise ValueError("a cross-encoder needs 'model'")
-        if self.llm:
-            raise ValueError("'llm' is for kind listwise or pointwise-reasoning")
-        if "{query}" not in self.query_template or "{text}" not in self.doc_template:
-            raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
-        if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
-            raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
-        if self.transformers:
-            _specifier(self.transformers)
-
-
-def reranker_registry() -> dict[str, RerankerSpec]:
-    return load_registry("rerankers", RerankerSpec)
-
-
-def get_reranker_spec(name: str) -> RerankerSpec:
-    reg = reranker_registry()
-    if name not in reg:
-        raise ConfigError(
-            f"unknown reranker '{name}'; known: {', '.join(sorted(reg))} "
-            "(add your own under 'rerankers:' in a user config file)"
-        )
-    return reg[name]
-
-
-@runtime_checkable
-class Reranker(Protocol):
-    """Re-scores the top ``k`` of each query's list; the rest stays below in its original order.
-
-    ``batches_tasks`` False: the runner calls :meth:`rerank` per task. True (LLM rerankers): it
-    calls ``rerank_tasks(jobs, k)`` once with every task, so one generate call serves them all.
-    """
-
-    name: str
-    batches_tasks: bool
-
-    def check(self) -> None:
-        """Raise now if the model cannot be loaded (cheap: no weights, no GPU memory)."""
-        ...
-
-    def rerank(
-        self, requests: Sequence[SearchRequest], run: Run, corpus: Mapping[str, str], k: int
-    ) -> Run: ...
 
 
 # --------------------------------------------------------------------------- scorers
@@ -471,24 +362,3 @@ def _vllm_usable() -> bool:
     except MissingExtraError:
         return False
     return bool(torch.cuda.is_available())
-
-
-def make_reranker(
-    name: str, *, device: str | None = None, backend: str | None = None, show_progress: bool = False,
-    precision: str | None = None,
-    **llm_options: Any,
-) -> Reranker:
-    """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use.
-    ``precision`` overrides the entry's (None: the entry's, the reference's).
-
-    ``llm_options`` go to :class:`~r2med_agent.retrieval.llm_rerank.LLMReranker` for the LLM
-    kinds (``llm``, ``cache_path``, ``use_cache``, ``refresh``, ``chunk_size``) and are ignored by
-    cross-encoders."""
-    spec = get_reranker_spec(name)
-    if spec.kind != "cross-encoder":
-        from r2med_agent.retrieval.llm_rerank import LLMReranker
-
-        return LLMReranker(spec, **llm_options)  # type: ignore[return-value]
-    if precision is not None:
-        spec = dataclasses.replace(spec, precision=precision)
-    return PairwiseReranker(spec, device=device, backend=backend, show_progress=show_progress)

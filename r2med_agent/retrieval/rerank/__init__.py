@@ -1,0 +1,20 @@
+"""Rerankers: re-score the top of a first-stage run.
+
+One job per module (import from the module that holds a name):
+
+* :mod:`~r2med_agent.retrieval.rerank.spec`: the registry entry :class:`RerankerSpec`
+  (``configs/rerankers.yaml``), :func:`reranker_registry`, :func:`get_reranker_spec` and the
+  :class:`Reranker` protocol (``name``, ``batches_tasks``, ``check()``,
+  ``rerank(requests, run, corpus, k)``).
+* :mod:`~r2med_agent.retrieval.rerank.cross_encoder`: :class:`PairwiseReranker`, cross-encoders
+  and RankLLaMA on transformers or vLLM (:func:`check_model_files`, :func:`merge_adapter`).
+* :mod:`~r2med_agent.retrieval.rerank.llm`: :class:`LLMReranker` (listwise and pointwise
+  reasoning; ``batches_tasks`` True, ``rerank_tasks(jobs, k)`` over :class:`RerankJob`), and the
+  pure parts it is made of (:func:`window_positions`, :func:`parse_permutation`,
+  :func:`parse_judgment`, :func:`yes_probability`).
+* :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker
+  (also :func:`r2med_agent.retrieval.make_reranker`).
+
+NanoR2MED's shipped candidate lists, which rerankers often start from, are first-stage retrievers:
+:mod:`r2med_agent.retrieval.candidates`.
+"""

@@ -1,0 +1,32 @@
+"""The reranker of a registry entry (:func:`make_reranker`): a cross-encoder or an LLM reranker."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from r2med_agent.retrieval.rerank.cross_encoder import PairwiseReranker
+from r2med_agent.retrieval.rerank.spec import Reranker, get_reranker_spec
+
+__all__ = ["make_reranker"]
+
+
+def make_reranker(
+    name: str, *, device: str | None = None, backend: str | None = None, show_progress: bool = False,
+    precision: str | None = None,
+    **llm_options: Any,
+) -> Reranker:
+    """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use.
+    ``precision`` overrides the entry's (None: the entry's, the reference's).
+
+    ``llm_options`` go to :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker` for the LLM
+    kinds (``llm``, ``cache_path``, ``use_cache``, ``refresh``, ``chunk_size``) and are ignored by
+    cross-encoders."""
+    spec = get_reranker_spec(name)
+    if spec.kind != "cross-encoder":
+        from r2med_agent.retrieval.rerank.llm import LLMReranker
+
+        return LLMReranker(spec, **llm_options)  # type: ignore[return-value]
+    if precision is not None:
+        spec = dataclasses.replace(spec, precision=precision)
+    return PairwiseReranker(spec, device=device, backend=backend, show_progress=show_progress)

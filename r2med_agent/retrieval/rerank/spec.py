@@ -1,0 +1,124 @@
+"""What a reranker is: its registry entry (:class:`RerankerSpec`, ``configs/rerankers.yaml``) and
+the :class:`Reranker` protocol the runner calls."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from r2med_agent.config import load_registry
+from r2med_agent.errors import ConfigError
+from r2med_agent.retrieval.dense.spec import Precision, _specifier, weights_dtype_name
+from r2med_agent.types import Run, SearchRequest
+
+__all__ = ["Reranker", "RerankerSpec", "get_reranker_spec", "reranker_registry"]
+
+
+@dataclass(frozen=True)
+class RerankerSpec:
+    """One entry of ``configs/rerankers.yaml``."""
+
+    name: str
+    """Registry key; also the reranker's name in result paths."""
+    model: str = ""
+    """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
+    adapter when ``base_model`` is set (empty for the LLM kinds)."""
+    kind: Literal["cross-encoder", "listwise", "pointwise-reasoning"] = "cross-encoder"
+    """``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
+    orders sliding windows of candidates; ``pointwise-reasoning``: an LLM reasons about each
+    (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.rerank.llm`)."""
+    llm: str = ""
+    """The LLM registry name of the LLM kinds."""
+    window: int = 20
+    """Listwise: candidates the model orders at a time (RankGPT: 20)."""
+    step: int = 10
+    """Listwise: how far each window moves up the list (RankGPT: 10)."""
+    max_doc_words: int = 300
+    """LLM kinds: each candidate is cut to its first this many whitespace-separated words."""
+    max_tokens: int = 0
+    """LLM kinds: most tokens per answer (0: the LLM entry's ``max_tokens``)."""
+    temperature: float = 0.0
+    """LLM kinds: sampling temperature of the answers (0: greedy)."""
+    base_model: str | None = None
+    """The model a LoRA adapter applies to (RankLLaMA: ``meta-llama/Llama-2-7b-hf``)."""
+    max_length: int = 512
+    """Token limit of a (query, document) pair; the longer side is cut first."""
+    batch_size: int = 32
+    """Pairs per forward pass at ``max_length``; shorter pairs are batched more densely."""
+    query_template: str = "{query}"
+    """How the query is written into the first segment (RankLLaMA: ``"query: {query}"``)."""
+    doc_template: str = "{text}"
+    """How the document is written into the second segment (RankLLaMA: ``"document: {text}"``)."""
+    score_index: int = 0
+    """Which logit is the relevance score (monoBERT's two-way head: 1)."""
+    precision: Precision = "auto"
+    """As an encoder's ``precision`` (float32 on a CPU; on a GPU ``float32``, ``float16``,
+    ``bfloat16``, ``autocast-float16`` or ``auto``). The paper's rerankers set the precision
+    R2MED's reference ran them at (bge and monoBERT float32, RankLLaMA float16)."""
+    backend: Literal["auto", "transformers", "vllm"] = "auto"
+    """``auto``: vLLM when it is installed, a GPU is present and the head has one logit
+    (``score_index`` 0), else transformers."""
+    trust_remote_code: bool = False
+    """Allow the model repo's own modelling code."""
+    transformers: str = ""
+    """Version specifier the installed transformers must satisfy (as for encoders); empty: any."""
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype name ``precision`` implies (``autocast-float16``: float32)."""
+        return weights_dtype_name(self.precision)
+
+    def __post_init__(self) -> None:
+        if self.kind != "cross-encoder":
+            if not self.llm or self.model:
+                raise ValueError(f"kind {self.kind} needs 'llm' (an LLM registry name) and no 'model'")
+            if self.window < 2 or self.step < 1 or self.step >= self.window:
+                raise ValueError("window must be >= 2 and step between 1 and window - 1")
+            if self.max_doc_words < 1 or self.max_tokens < 0 or self.temperature < 0:
+                raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
+            return
+        if not self.model:
+            raise ValueError("a cross-encoder needs 'model'")
+        if self.llm:
+            raise ValueError("'llm' is for kind listwise or pointwise-reasoning")
+        if "{query}" not in self.query_template or "{text}" not in self.doc_template:
+            raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
+        if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
+            raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
+        if self.transformers:
+            _specifier(self.transformers)
+
+
+def reranker_registry() -> dict[str, RerankerSpec]:
+    return load_registry("rerankers", RerankerSpec)
+
+
+def get_reranker_spec(name: str) -> RerankerSpec:
+    reg = reranker_registry()
+    if name not in reg:
+        raise ConfigError(
+            f"unknown reranker '{name}'; known: {', '.join(sorted(reg))} "
+            "(add your own under 'rerankers:' in a user config file)"
+        )
+    return reg[name]
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Re-scores the top ``k`` of each query's list; the rest stays below in its original order.
+
+    ``batches_tasks`` False: the runner calls :meth:`rerank` per task. True (LLM rerankers): it
+    calls ``rerank_tasks(jobs, k)`` once with every task, so one generate call serves them all.
+    """
+
+    name: str
+    batches_tasks: bool
+
+    def check(self) -> None:
+        """Raise now if the model cannot be loaded (cheap: no weights, no GPU memory)."""
+        ...
+
+    def rerank(
+        self, requests: Sequence[SearchRequest], run: Run, corpus: Mapping[str, str], k: int
+    ) -> Run: ...
