@@ -1,6 +1,6 @@
 """Real Lucene as a peer: pyserini 1.6.0 (Anserini 1.7.1, Lucene 9.9.1) through its fat jar.
 
-Used by ``benchmarks/lucene_parity.py``, ``benchmarks/bm25.py`` and ``tests/test_lucene_parity.py``.
+Used by ``benchmarks/lucene_parity.py``, ``benchmarks/bm25.py`` and ``tests/integration/test_lucene_parity.py``.
 Nothing here is part of the package: pyserini and a Java 21+ runtime are optional peers, installed
 with ``pip install --no-deps pyserini==1.6.0 pyjnius`` and a JDK (found through ``JAVA_HOME``, else
 ``java`` on ``PATH``).

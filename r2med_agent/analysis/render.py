@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.stats import OVERALL, PairedTest
+from r2med_agent.analysis.stats import OVERALL, PairedTest
 
 logger = logging.getLogger(__name__)
 from r2med_agent.analysis.results import STATS_HEADERS, STATS_KEYS

@@ -211,16 +211,6 @@ class ResultRow:
         return out
 
 
-def _read_result_json(path: Path) -> dict[str, Any] | None:
-    """The result object of ``path``, or None when the JSON is not a task result (no ``test``)."""
-    obj = read_json(path, "result file")
-    if not isinstance(obj, dict) or "test" not in obj:
-        return None
-    if not isinstance(obj["test"], dict):
-        raise DataError("'test' must be an object of metric -> score", path)
-    return obj
-
-
 def _number(value: Any, what: str, path: Path) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DataError(f"{what} must be a number, got {value!r}", path)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.stats import EXACT_MAX_N, TESTS, PairedTest, compare_tasks
+from r2med_agent.analysis.stats import EXACT_MAX_N, TESTS, PairedTest, compare_tasks
 
 logger = logging.getLogger(__name__)
 

@@ -132,7 +132,7 @@ def report_command(
     title: str = typer.Option("r2med-agent report", "--title", help="Page title."),
 ) -> None:
     """Plots and one self-contained HTML page: the table, the plots and a per-query drill-down."""
-    from r2med_agent.report import write_report
+    from r2med_agent.analysis.report import write_report
 
     table = _load_table(results, metric, tasks, published, baseline, test, alpha, resamples, seed, cost)
     loaded = {}

@@ -46,7 +46,7 @@ class StoredResult:
     path: Path
     record: dict[str, Any]
     spec: RunSpec | None
-    """None when the file records no config (very old results): see :func:`legacy_names`."""
+    """None when the file records no config (very old results): ``compare`` then names it by its folder."""
 
     @property
     def task(self) -> str:

@@ -17,7 +17,7 @@ from r2med_agent.compare import build_table, load_results
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.experiment.store import ResultStore
 
-LEGACY = Path(__file__).resolve().parent.parent / "data" / "legacy-results"
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy-results"
 
 EXPECTED_LABELS = {
     "none/none/bm25": "none/none/bm25",

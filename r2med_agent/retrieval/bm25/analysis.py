@@ -7,7 +7,7 @@ Lucene 9.9.1 in pyserini 1.6.0)::
         -> PorterStemFilter
 
 This module reproduces that chain without Java (``benchmarks/lucene_parity.py`` and
-``tests/test_lucene_parity.py`` compare it with the real one):
+``tests/integration/test_lucene_parity.py`` compare it with the real one):
 
 * **Tokenisation** and **lowercasing** are :mod:`~r2med_agent.retrieval.bm25.tokenizer`'s.
 * **Possessives**: a trailing ``'s`` (also ``’s``, ``＇s``) is removed before the stopword test,

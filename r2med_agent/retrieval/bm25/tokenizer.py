@@ -13,7 +13,7 @@ of the analyzer (:mod:`~r2med_agent.retrieval.bm25.analysis`).
   anyway; here they are skipped). ASCII texts take an equivalent ASCII-only pattern, twice as
   fast; the analyzer first lowercases a corpus's ASCII texts and cuts them into candidates by
   ``bytes.translate`` and ``bytes.split`` (:data:`_ASCII_CANDIDATES`, four times faster than the
-  pattern), and tokenizes each distinct candidate once (``tests/test_bm25.py`` checks both against
+  pattern), and tokenizes each distinct candidate once (``tests/unit/retrieval/test_bm25.py`` checks both against
   the full grammar, text by text). One-character tokens are kept, as Lucene keeps them (bm25s's
   default pattern ``\\w\\w+`` drops them).
 * **Lowercasing** is Java's, code point by code point (:func:`java_lower`): ``İ`` becomes ``i`` and

@@ -19,11 +19,11 @@ from r2med_agent.retrieval.bm25.analysis import LuceneEnglishAnalyzer
 from r2med_agent.retrieval.bm25.retriever import BM25Retriever
 from r2med_agent.types import SearchRequest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import lucene_peer  # noqa: E402  (benchmarks/lucene_peer.py)
 from realtext import passages, sentence_pool  # noqa: E402
 
-from tests.test_bm25 import make_task  # noqa: E402
+from tests.unit.retrieval.test_bm25 import make_task  # noqa: E402
 
 # probe text -> pyserini 1.6.0's get_lucene_analyzer() tokens
 PROBES = {

@@ -27,7 +27,7 @@ from r2med_agent.llm.cached import CachedLLM, LLMStats
 from r2med_agent.types import Generation, SamplingParams
 from tests.fakes import ScriptedLLM
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def msgs(q: str, system: str = "You are a helpful assistant.") -> list[dict[str, str]]:

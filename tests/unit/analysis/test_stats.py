@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.stats import (
+from r2med_agent.analysis.stats import (
     OVERALL,
     bootstrap_test,
     compare_tasks,

@@ -26,17 +26,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from r2med_agent.compare import (
-    MISSING,
-    PARTIAL_MARK,
-    ComparisonTable,
-    TableRow,
-    TaskResult,
+from r2med_agent.analysis.render import (
     key_headers,
     render_markdown,
     significance_grid,
     text_grid,
 )
+from r2med_agent.analysis.results import TaskResult
+from r2med_agent.analysis.tables import MISSING, PARTIAL_MARK, ComparisonTable, TableRow
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.io import atomic_write_text, iter_jsonl

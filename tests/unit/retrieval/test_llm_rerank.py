@@ -205,7 +205,7 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
     from r2med_agent.compare import build_table, load_results
     from r2med_agent.config import set_user_config
     from r2med_agent.methods.loop import read_traces
-    from r2med_agent.report import drilldown_data
+    from r2med_agent.analysis.report import drilldown_data
     from r2med_agent.runner import RunConfig, run_experiment
 
     data = tmp_path / "data" / "Biology"  # a tiny stand-in in R2MED layout

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from r2med_agent.compare import build_table, load_results
 from r2med_agent.evaluation import read_trec_run, trec_sorted
-from r2med_agent.report import drilldown_data, write_report
+from r2med_agent.analysis.report import drilldown_data, write_report
 from tests.browser import CHROMIUM, PageReport, load_page
 from tests.result_trees import CORPUS, GOOD, MIXED, QRELS, QUERIES, WEAK, make_task, ranking, write_r2med_task, write_result
 
@@ -164,7 +164,7 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
 
 
 def test_coinciding_points_share_one_label():
-    from r2med_agent.report import _clusters
+    from r2med_agent.analysis.report import _clusters
 
     # Rows 0 and 1 both at x=0 (no LLM cost) with nearly the same score; row 2 far away; row 3
     # at x=0 with another score.

@@ -71,7 +71,7 @@ def test_dense_mean_of_query_and_samples_and_bm25_joins_them() -> None:
     from r2med_agent.retrieval.dense.index import SEP, query_embeddings
     from r2med_agent.retrieval.dense.instructions import instruction_prefixes
     from r2med_agent.retrieval.dense.spec import get_encoder_spec
-    from tests.test_dense import HashEncoder
+    from tests.unit.retrieval.test_dense import HashEncoder
 
     spec = get_encoder_spec("minilm")
     enc = HashEncoder(spec)
