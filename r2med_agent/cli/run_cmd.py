@@ -58,6 +58,8 @@ _SPEC_OPTIONS = {
     "top_k": typer.Option(100, "--top-k", "-k", help=field_help("top_k")),
     "samples": typer.Option(1, "--samples", help=field_help("samples")),
     "encoder_backend": typer.Option(None, "--encoder-backend", help=field_help("encoder_backend")),
+    "bm25_k1": typer.Option(None, "--k1", help=field_help("bm25_k1")),
+    "bm25_b": typer.Option(None, "--b", help=field_help("bm25_b")),
     # sampling overrides: the spec's ``sampling`` mapping
     "temperature": typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     "top_p": typer.Option(None, "--top-p", help="Override top_p."),
@@ -115,6 +117,8 @@ def run_command(
     max_tokens: Optional[int] = _O["max_tokens"],
     seed: Optional[str] = _O["seed"],
     encoder_backend: Optional[str] = _O["encoder_backend"],
+    bm25_k1: Optional[float] = _O["bm25_k1"],
+    bm25_b: Optional[float] = _O["bm25_b"],
     config: Optional[Path] = _O["config"],
     progress: Optional[bool] = _O["progress"],
 ) -> None:

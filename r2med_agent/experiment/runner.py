@@ -88,18 +88,22 @@ class RunConfig(RunSpec):
     @property
     def fusion_options(self) -> dict[str, Any]:
         """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined; plus
-        ``precision`` and ``encoder_backend`` when set)."""
+        ``precision``, ``encoder_backend`` and BM25's ``k1`` and ``b`` when set)."""
         opts: dict[str, Any] = {"precision": self.precision} if self.precision is not None else {}
         if self.encoder_backend is not None:
             opts["encoder_backend"] = self.encoder_backend
+        if self.bm25_k1 is not None:
+            opts["k1"] = self.bm25_k1
+        if self.bm25_b is not None:
+            opts["b"] = self.bm25_b
         if "+" not in self.retriever:
             return opts
         return {**opts, "fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
 
     @property
     def model_options(self) -> dict[str, Any]:
-        """``make_retriever`` options of a single (non-fused) retriever: precision, backend."""
-        return {k: v for k, v in self.fusion_options.items() if k in ("precision", "encoder_backend")}
+        """``make_retriever`` options of a single (non-fused) retriever: precision, backend, BM25's."""
+        return {k: v for k, v in self.fusion_options.items() if k in ("precision", "encoder_backend", "k1", "b")}
 
     @property
     def retriever_label(self) -> str:

@@ -72,6 +72,7 @@ class RunSpec:
         first_pass: the first-pass retriever of methods that show a first pass in their prompt.
         retriever: ``bm25``, ``bm25-compat``, an encoder name, or a '+'-joined fusion.
         fusion, rrf_k, fusion_weights: how a '+'-joined retriever fuses its members.
+        bm25_k1, bm25_b: BM25's parameters for every BM25 retriever of the run (None: 0.9, 0.4).
         loop_retriever: what the agentic loops search while they reason (None: ``retriever``).
         final: agentic final ranking, ``default`` or ``fuse``.
         precision: numeric precision of the run's encoders and reranker on a GPU.
@@ -114,6 +115,12 @@ class RunSpec:
     fusion_weights: tuple[float, ...] | None = field(default=None, metadata=_help(
         "Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), "
         "e.g. 0.3,0.7."))
+    bm25_k1: float | None = field(default=None, metadata=_help(
+        "BM25's k1 (term-frequency saturation) for every BM25 retriever of the run, bm25 and "
+        "bm25-compat alike. Default: 0.9, as R2MED (and pyserini) run BM25."))
+    bm25_b: float | None = field(default=None, metadata=_help(
+        "BM25's b (document-length normalisation, 0 to 1) for every BM25 retriever of the run. "
+        "Default: 0.4, as R2MED (and pyserini) run BM25."))
     loop_retriever: str | None = field(default=None, metadata=_help(
         "Retriever that Search-R1/Search-o1 query while they reason (default: --retriever; the final "
         "ranking uses --retriever)."))
@@ -364,6 +371,8 @@ _TOKENS: dict[str, Any] = {
     "samples": lambda v, s: f"n{v}",
     "prompts": lambda v, s: f"prompts-{str(v)[:6]}",
     "first_pass": lambda v, s: f"fp-{v}",
+    "bm25_k1": lambda v, s: f"k1-{_fmt(v)}",
+    "bm25_b": lambda v, s: f"b{_fmt(v)}",
     "loop_retriever": lambda v, s: f"loop-{v}",
     "final": lambda v, s: str(v),
     "precision": lambda v, s: str(v),
@@ -403,7 +412,14 @@ def _normalise(spec: RunSpec) -> None:
         _set(spec, "rerank_k", 100)
     if spec.method == "none" or spec.generations == "r2med":
         _set(spec, "prompts", None)
+    for name, default in (("bm25_k1", 0.9), ("bm25_b", 0.4)):
+        value = getattr(spec, name)
+        _set(spec, name, None if value is None or float(value) == default else float(value))
     models = [p.strip() for p in (spec.retriever, spec.loop_retriever or "") for p in p.split("+") if p.strip()]
+    searched = models + ([spec.first_pass] if capabilities(method_cls).needs_first_pass else [])
+    if not any(m in BM25_NAMES for m in searched):
+        _set(spec, "bm25_k1", None)
+        _set(spec, "bm25_b", None)
     if not spec.reranker and all(m in BM25_NAMES for m in models):
         _set(spec, "precision", None)
         _set(spec, "encoder_backend", None)
@@ -526,6 +542,10 @@ def _check_choices(spec: RunSpec) -> None:
         raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{spec.precision}'")
     if spec.encoder_backend is not None and spec.encoder_backend not in BACKENDS:
         raise ConfigError(f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{spec.encoder_backend}'")
+    if spec.bm25_k1 is not None and not spec.bm25_k1 >= 0:
+        raise ConfigError(f"--k1 must be >= 0, got {spec.bm25_k1}")
+    if spec.bm25_b is not None and not 0 <= spec.bm25_b <= 1:
+        raise ConfigError(f"--b must be between 0 and 1, got {spec.bm25_b}")
 
 
 def _validate_models(spec: RunSpec) -> None:
@@ -561,7 +581,7 @@ def _validate_fixed_rankings(spec: RunSpec) -> None:
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "max_tokens": "--max-tokens", "seed": "--seed"}
 """The ``run`` options that set sampling overrides."""
 
-SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever"}
+SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever", "bm25_k1": "--k1", "bm25_b": "--b"}
 """Spec fields whose ``run`` option is not simply ``--<field-with-dashes>``."""
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.spec import SAMPLING_FLAGS, RunSpec, cli_args
+from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec, cli_args
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.runner import RunConfig
 
@@ -55,6 +55,8 @@ def specs(draw) -> RunSpec:
             kw["loop_retriever"] = draw(st.one_of(st.none(), st.sampled_from(["bm25", *ENCODERS])))
         if kw.get("generations") == "r2med":
             kw["final"] = "default"
+    kw["bm25_k1"] = draw(st.one_of(st.none(), st.floats(0, 3, allow_nan=False).map(lambda x: round(x, 2))))
+    kw["bm25_b"] = draw(st.one_of(st.none(), st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 2))))
     kw["precision"] = draw(st.sampled_from([None, "float32", "float16", "bfloat16", "autocast-float16", "auto"]))
     kw["encoder_backend"] = draw(st.sampled_from([None, "auto", "transformers", "vllm"]))
     kw["top_k"] = draw(st.integers(1, 1000))
@@ -102,7 +104,8 @@ def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
     seen = {a for a in args if a.startswith("--")}
     assert seen <= {"--method", "--llm", "--generations", "--retriever", "--reranker", "--samples", "--first-pass",
                     "--fusion", "--rrf-k", "--fusion-weights", "--loop-retriever", "--final", "--precision",
-                    "--encoder-backend", "--top-k", "--rerank-k", "--rerank-cut", *SAMPLING_FLAGS.values()}
+                    "--encoder-backend", "--top-k", "--rerank-k", "--rerank-cut", "--k1", "--b",
+                    *SAMPLING_FLAGS.values()}
     parsed = _parse_run_args(args)
     parsed["prompts"] = spec.prompts  # prompts come from $R2MED_PROMPTS_DIR, not an option
     assert RunSpec(**parsed) == spec
@@ -123,7 +126,7 @@ def _parse_run_args(args: list[str]) -> dict:
             continue
         value = args[i + 1]
         i += 2
-        name = flag[2:].replace("-", "_")
+        name = {v: k for k, v in SPEC_FLAGS.items()}.get(flag, flag[2:].replace("-", "_"))
         if flag == "--temperature" or flag == "--top-p":
             sampling[name] = float(value)
         elif flag == "--max-tokens":
@@ -134,6 +137,8 @@ def _parse_run_args(args: list[str]) -> dict:
             out[name] = _parse_weights(value)
         elif name in ("top_k", "rerank_k", "rrf_k", "samples"):
             out[name] = int(value)
+        elif name in ("bm25_k1", "bm25_b"):
+            out[name] = float(value)
         else:
             out[name] = value
     out["sampling"] = sampling
