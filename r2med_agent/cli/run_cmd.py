@@ -39,7 +39,7 @@ _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 
 # The run's options. Every run spec field's option takes its help from the spec
-# (r2med_agent.experiment.spec.FIELD_HELP); the others are where and how the run happens.
+# (r2med_agent.experiment.spec.field_help); the others are where and how the run happens.
 _SPEC_OPTIONS = {
     "method": typer.Option("none", "--method", "-m", help=field_help("method")),
     "llm": typer.Option(None, "--llm", "-l", help=field_help("llm")),

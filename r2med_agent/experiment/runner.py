@@ -85,25 +85,26 @@ class RunConfig(RunSpec):
         """The run's identity: the spec fields alone."""
         return self.spec()
 
-    @property
-    def fusion_options(self) -> dict[str, Any]:
-        """``make_retriever`` options for ``retriever`` (none unless it is '+'-joined; plus
-        ``precision``, ``encoder_backend`` and BM25's ``k1`` and ``b`` when set)."""
-        opts: dict[str, Any] = {"precision": self.precision} if self.precision is not None else {}
-        if self.encoder_backend is not None:
-            opts["encoder_backend"] = self.encoder_backend
-        if self.bm25_k1 is not None:
-            opts["k1"] = self.bm25_k1
-        if self.bm25_b is not None:
-            opts["b"] = self.bm25_b
-        if "+" not in self.retriever:
-            return opts
-        return {**opts, "fusion": self.fusion, "rrf_k": self.rrf_k, "weights": self.fusion_weights}
+    def retriever_options(self, fused: bool = True) -> Any:
+        """The typed options every retriever of the run is built with
+        (:class:`~r2med_agent.retrieval.registry.RetrieverOptions`): the encoders' precision and
+        backend, BM25's k1 and b, progress, and the fusion of a '+'-joined ``retriever`` (left out
+        with ``fused=False``: a loop retriever or first pass is one retriever)."""
+        from r2med_agent.retrieval.bm25.retriever import DEFAULT_B, DEFAULT_K1, BM25Options
+        from r2med_agent.retrieval.dense.spec import EncoderOptions
+        from r2med_agent.retrieval.fusion import FusionOptions
+        from r2med_agent.retrieval.registry import RetrieverOptions
 
-    @property
-    def model_options(self) -> dict[str, Any]:
-        """``make_retriever`` options of a single (non-fused) retriever: precision, backend, BM25's."""
-        return {k: v for k, v in self.fusion_options.items() if k in ("precision", "encoder_backend", "k1", "b")}
+        fusion = None
+        if fused and "+" in self.retriever:
+            fusion = FusionOptions(method=self.fusion, rrf_k=self.rrf_k, weights=self.fusion_weights)  # type: ignore[arg-type]
+        return RetrieverOptions(
+            encoder=EncoderOptions(precision=self.precision, backend=self.encoder_backend,
+                                   show_progress=self.show_progress),
+            bm25=BM25Options(k1=DEFAULT_K1 if self.bm25_k1 is None else self.bm25_k1,
+                             b=DEFAULT_B if self.bm25_b is None else self.bm25_b, show_progress=self.show_progress),
+            fusion=fusion,
+        )
 
     @property
     def retriever_label(self) -> str:
@@ -383,8 +384,7 @@ def _build_retrievers(ctx: _Context, tasks: Sequence[Task]) -> dict[str, _TaskRu
     out = {}
     for task in tasks:
         t0 = time.perf_counter()
-        retriever = make_retriever(ctx.cfg.retriever, task, show_progress=ctx.cfg.show_progress,
-                                   **ctx.cfg.fusion_options)
+        retriever = make_retriever(ctx.cfg.retriever, task, options=ctx.cfg.retriever_options())
         out[task.name] = _TaskRun(task, retriever, index_time=time.perf_counter() - t0)
     return out
 
@@ -438,7 +438,7 @@ def _run_method(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
 def _other_retriever(cfg: RunConfig, spec: str, task: Task) -> Any:
     from r2med_agent.retrieval import make_retriever
 
-    return make_retriever(spec, task, show_progress=cfg.show_progress, **cfg.model_options)
+    return make_retriever(spec, task, options=cfg.retriever_options(fused=False))
 
 
 def _first_pass(cfg: RunConfig, r: _TaskRun) -> Run:

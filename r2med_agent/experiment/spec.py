@@ -12,7 +12,7 @@ is derived from it and from nothing else:
   whose digest covers all of them, so two specs that differ in any setting never share a folder;
 - :meth:`RunSpec.settings` lists the non-default settings beyond method, LLM, retriever and
   reranker; ``compare`` labels its rows with them;
-- the CLI's help text and the Python API's keyword documentation come from :data:`FIELD_HELP`.
+- the CLI's help text and the Python API's keyword documentation come from :func:`field_help`.
 
 Settings that cannot change a result (the tasks, where the data and caches live, progress bars,
 chunking of LLM calls, which metrics are printed) are not part of the spec: they belong to
@@ -84,7 +84,7 @@ class RunSpec:
     """
 
     method: str = field(default="none", metadata=_help(
-        "none | hyde | query2doc | lamer | search-r1 | search-o1 (any case: HyDE works)."))
+        "{methods} (the method registry; any case: HyDE works)."))
     llm: str | None = field(default=None, metadata=_help(
         "LLM registry name (see `r2med-agent llms`), e.g. qwen-32b, gpt4, or the offline default smollm2."))
     generations: str = field(default="fresh", metadata=_help(
@@ -319,15 +319,17 @@ class RunSpec:
 
 
 def field_help(name: str) -> str:
-    """The documented help of a spec field (what the CLI option's ``--help`` shows)."""
+    """The documented help of a spec field: the CLI option's ``--help`` and the API's keyword
+    docs (the method's names come from the method registry)."""
     for f in fields(RunSpec):
         if f.name == name:
-            return f.metadata["help"]
+            text = f.metadata["help"]
+            if "{methods}" in text:
+                from r2med_agent.methods import METHODS
+
+                text = text.replace("{methods}", " | ".join(METHODS))
+            return text
     raise KeyError(name)
-
-
-FIELD_HELP: dict[str, str] = {f.name: f.metadata["help"] for f in fields(RunSpec)}
-"""Every spec field's help text: the CLI's option help and the API's keyword docs."""
 
 
 def _plain(value: Any) -> Any:
