@@ -49,12 +49,12 @@ def _fmt_p(p: float | None) -> str:
 
 
 def key_headers(table: ComparisonTable) -> list[str]:
-    return ["#", "method", "llm", "retriever", "reranker"] + (["results"] if table.show_source else [])
+    return ["#", "method", "llm", "retriever", "reranker", "settings"] + (["results"] if table.show_source else [])
 
 
 def key_cells(table: ComparisonTable, r: TableRow) -> list[str]:
     idx = f"{r.index} (base)" if r.index == table.baseline else str(r.index)
-    cells = [idx, r.row.method, r.row.llm, r.row.retriever, r.row.reranker or MISSING]
+    cells = [idx, r.row.method, r.row.llm, r.row.retriever, r.row.reranker or MISSING, r.row.settings_label or MISSING]
     return cells + ([r.row.source] if table.show_source else [])
 
 
@@ -161,7 +161,7 @@ def render_csv(table: ComparisonTable) -> str:
     """
     pub, base = table.with_published, table.baseline is not None
     ci = base and table.test == "bootstrap"
-    headers = ["index", "method", "llm", "retriever", "reranker"] + (["results"] if table.show_source else [])
+    headers = ["index", "method", "llm", "retriever", "reranker", "settings"] + (["results"] if table.show_source else [])
     for t in table.tasks:
         headers.append(t)
         headers += [f"{t}_published", f"{t}_diff"] if pub else []
@@ -187,7 +187,7 @@ def render_csv(table: ComparisonTable) -> str:
         return cells + ([_csv_num(test.ci_low), _csv_num(test.ci_high)] if ci else [])
 
     for r in table.rows:
-        rec = [str(r.index), r.row.method, r.row.llm, r.row.retriever, r.row.reranker]
+        rec = [str(r.index), r.row.method, r.row.llm, r.row.retriever, r.row.reranker, r.row.settings_label]
         rec += [r.row.source] if table.show_source else []
         for t in table.tasks:
             rec.append(_csv_num(r.values[t]))
@@ -238,7 +238,8 @@ def render_rich(table: ComparisonTable):  # -> rich.table.Table
         return text
 
     for r in table.rows:
-        cells: list[Any] = [f"{r.index}*" if r.index == table.baseline else str(r.index), r.row.label]
+        # the label as plain text: its settings are in brackets, which rich would read as markup
+        cells: list[Any] = [f"{r.index}*" if r.index == table.baseline else str(r.index), Text(r.row.label)]
         if table.show_source:
             cells.append(r.row.source)
         for t in table.tasks:

@@ -167,6 +167,11 @@ class ResultRow:
         return self.spec.settings() if self.spec is not None else {}
 
     @property
+    def settings_label(self) -> str:
+        """:attr:`settings` as ``name=value`` pairs ("" when every other setting is a default)."""
+        return self.spec.settings_label if self.spec is not None else ""
+
+    @property
     def base_label(self) -> str:
         """``method/llm/retriever[/reranker]``."""
         return "/".join(self.key if self.reranker else self.key[:3])

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from r2med_agent.cli.app import app
 from r2med_agent.experiment.spec import SAMPLING_FLAGS, field_help
@@ -28,7 +29,7 @@ def print_listing(title: str, columns: list[str], rows: list[list[str]]) -> None
         for i, c in enumerate(columns):
             table.add_column(c, no_wrap=i == 0, overflow="fold")
         for r in rows:
-            table.add_row(*r)
+            table.add_row(*(Text(cell) for cell in r))  # plain text: names may hold [brackets]
         console.print(table)
         return
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
@@ -173,7 +174,7 @@ def _parse_weights(text: Optional[str]) -> Optional[tuple[float, ...]]:
 
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
-    table = Table(title=result.config.label)
+    table = Table(title=Text(result.config.label))
     uses_llm = result.config.method != "none"
     table.add_column("task", no_wrap=True)
     for m in _HEADLINE:

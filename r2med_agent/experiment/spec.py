@@ -309,10 +309,13 @@ class RunSpec:
     def label(self) -> str:
         """``method/llm/retriever[/reranker]`` then the other non-default settings in brackets."""
         base = "/".join([self.method, self.llm_label, self.retriever_name] + ([self.reranker] if self.reranker else []))
-        extra = self.settings()
-        if not extra:
-            return base
-        return base + " [" + ", ".join(f"{k}={_fmt(v)}" for k, v in extra.items()) + "]"
+        extra = self.settings_label
+        return f"{base} [{extra}]" if extra else base
+
+    @property
+    def settings_label(self) -> str:
+        """:meth:`settings` as ``name=value`` pairs (``sampling.temperature=0.9, top_k=10``)."""
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in self.settings().items())
 
     def with_changes(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)

@@ -60,6 +60,11 @@ def test_compare_and_report_commands_show_the_same_numbers(legacy: Path, tmp_pat
     out = capsys.readouterr().out
     for folder, score in _recorded(legacy).items():
         assert f"{score:.4f}" in out
+    assert main(["compare", str(legacy), "--format", "rich"]) == 0
+    shown = capsys.readouterr().out
+    assert "[top_k=10]" in shown and "precision=bfloat16" in shown  # settings shown, not eaten as markup
+    assert main(["compare", str(legacy), "--format", "md"]) == 0
+    assert "| none | none | bm25 | — | top_k=10 |" in capsys.readouterr().out
     assert main(["report", str(legacy), "--out", str(tmp_path / "report"), "--no-texts"]) == 0
     html = (tmp_path / "report" / "report.html").read_text()
     for score in _recorded(legacy).values():

@@ -377,7 +377,7 @@ def test_grid_files_are_validated(tmp_path):
         load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
     with pytest.raises(ConfigError, match="method hyde needs an llm"):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
-    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: sampling, samples, first_pass, fusion, rrf_k, fusion_weights, loop_retriever, final, precision, encoder_backend, top_k, rerank_k, rerank_cut"):
+    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: sampling, samples, first_pass, fusion, rrf_k, fusion_weights, bm25_k1, bm25_b, loop_retriever, final, precision, encoder_backend, top_k, rerank_k, rerank_cut"):
         load_grid(grid("args", "  - {method: none, retriever: nv, reranker: monobert, args: {rerank_n: 10}}\n"))
     with pytest.raises(ConfigError, match="generations must be auto or fresh, got 'r2med'"):
         load_grid(grid("gen", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: r2med}\n"))
