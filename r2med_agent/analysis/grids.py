@@ -55,7 +55,8 @@ BYTES_PER_PARAM = 2
 """bf16/fp16 weights."""
 
 RUN_ARGS: tuple[str, ...] = tuple(
-    f.name for f in fields(RunSpec) if f.name not in ("method", "llm", "retriever", "reranker", "generations", "prompts")
+    f.name for f in fields(RunSpec)
+    if f.name not in ("method", "llm", "retriever", "reranker", "generations", "prompts", "candidates")
 )
 """Run settings a grid entry may set in ``args``: every run spec field the entry's own keys do not
 name (``rerank_k`` -> ``--rerank-k``; a true boolean is the bare flag, ``--rerank-cut``;

@@ -80,6 +80,8 @@ _RUN_OPTIONS = {
     "refresh_cache": typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
     "cache_path": typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
     "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    "candidates": typer.Option(None, "--candidates", help="First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
+    "allow_missing_candidates": typer.Option(False, "--allow-missing-candidates", help="Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
     "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
     "progress": typer.Option(None, "--progress/--no-progress", show_default=False, help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars)."),
 }
@@ -120,6 +122,8 @@ def run_command(
     encoder_backend: Optional[str] = _O["encoder_backend"],
     bm25_k1: Optional[float] = _O["bm25_k1"],
     bm25_b: Optional[float] = _O["bm25_b"],
+    candidates: Optional[Path] = _O["candidates"],
+    allow_missing_candidates: bool = _O["allow_missing_candidates"],
     config: Optional[Path] = _O["config"],
     progress: Optional[bool] = _O["progress"],
 ) -> None:
@@ -149,6 +153,7 @@ def run_command(
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
         output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
         chunk_size=chunk_size, show_progress=progress if progress is not None else sys.stderr.isatty(),
+        candidates_path=candidates, allow_missing_candidates=allow_missing_candidates,
     )
     print_summary(run_experiment(cfg))
 

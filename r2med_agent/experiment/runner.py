@@ -57,6 +57,10 @@ class RunConfig(RunSpec):
         show_progress: progress bars.
         prompts_dir: a folder of prompts overriding the shipped ones (None: ``$R2MED_PROMPTS_DIR``
             if set); its templates' hash becomes the spec's ``prompts``.
+        candidates_path: first-stage TREC run files to rerank as given, in place of ``retriever``
+            (:mod:`r2med_agent.retrieval.run_files`); their hash becomes the spec's ``candidates``.
+        allow_missing_candidates: leave out (warned, counted) candidate documents the corpus
+            lacks instead of stopping.
     """
 
     tasks: tuple[str, ...] = ()
@@ -71,8 +75,14 @@ class RunConfig(RunSpec):
     metrics: tuple[str, ...] = DEFAULT_METRICS
     show_progress: bool = True
     prompts_dir: Path | None = None
+    candidates_path: Path | None = None
+    allow_missing_candidates: bool = False
 
     def __post_init__(self) -> None:
+        if self.candidates_path is not None:
+            from r2med_agent.retrieval.run_files import candidates_fingerprint
+
+            object.__setattr__(self, "candidates", candidates_fingerprint(self.candidate_files()))
         super().__post_init__()
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.chunk_size is not None and self.chunk_size < 0:
@@ -105,6 +115,14 @@ class RunConfig(RunSpec):
                              b=DEFAULT_B if self.bm25_b is None else self.bm25_b, show_progress=self.show_progress),
             fusion=fusion,
         )
+
+    def candidate_files(self) -> dict[str, Path]:
+        """Each task's first-stage run file (``candidates_path``); empty without one."""
+        if self.candidates_path is None:
+            return {}
+        from r2med_agent.retrieval.run_files import find_candidate_files
+
+        return find_candidate_files(self.candidates_path, self.tasks)
 
     @property
     def retriever_label(self) -> str:
@@ -381,10 +399,16 @@ def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list
 def _build_retrievers(ctx: _Context, tasks: Sequence[Task]) -> dict[str, _TaskRun]:
     from r2med_agent.retrieval import make_retriever
 
+    from r2med_agent.retrieval.run_files import CandidateRunRetriever
+
+    files = ctx.cfg.candidate_files()
     out = {}
     for task in tasks:
         t0 = time.perf_counter()
-        retriever = make_retriever(ctx.cfg.retriever, task, options=ctx.cfg.retriever_options())
+        if task.name in files:
+            retriever = CandidateRunRetriever.for_task(task, files[task.name], ctx.cfg.allow_missing_candidates)
+        else:
+            retriever = make_retriever(ctx.cfg.retriever, task, options=ctx.cfg.retriever_options())
         out[task.name] = _TaskRun(task, retriever, index_time=time.perf_counter() - t0)
     return out
 
@@ -613,10 +637,11 @@ def _config_record(cfg: RunConfig) -> dict[str, Any]:
     rec = cfg.record()
     rec["tasks"] = list(cfg.tasks)
     rec["metrics"] = list(cfg.scored_metrics)
-    for key in ("data_dir", "output_dir", "cache_path", "prompts_dir"):
+    for key in ("data_dir", "output_dir", "cache_path", "prompts_dir", "candidates_path"):
         value = getattr(cfg, key)
         rec[key] = str(value) if value is not None else None
-    for key in ("allow_missing_qrels_docs", "allow_count_mismatch", "use_cache", "refresh_cache", "chunk_size"):
+    for key in ("allow_missing_qrels_docs", "allow_count_mismatch", "use_cache", "refresh_cache", "chunk_size",
+                "allow_missing_candidates"):
         rec[key] = getattr(cfg, key)
     return rec
 

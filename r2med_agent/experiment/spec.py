@@ -47,6 +47,12 @@ INT_SAMPLING = ("max_tokens", "top_k")
 """Sampling overrides coerced to one type, so 1 and 1.0 are the same setting."""
 
 BM25_NAMES = frozenset({"bm25", "bm25-compat"})
+"""The BM25 retrievers (k1 and b apply to them)."""
+
+CANDIDATES = "candidates"
+"""The retriever of a run over given first-stage run files (``run --candidates``)."""
+
+NO_MODEL = BM25_NAMES | {CANDIDATES}
 """Retrievers with no neural model: precision and encoder backend do not apply to them."""
 
 NAMED_FIELDS = ("method", "llm", "generations", "retriever", "fusion", "rrf_k", "fusion_weights", "reranker")
@@ -70,7 +76,9 @@ class RunSpec:
         samples: generations per query (methods that support samples).
         prompts: hash of the prompt templates in use when they are not the shipped ones.
         first_pass: the first-pass retriever of methods that show a first pass in their prompt.
-        retriever: ``bm25``, ``bm25-compat``, an encoder name, or a '+'-joined fusion.
+        retriever: ``bm25``, ``bm25-compat``, an encoder name, or a '+'-joined fusion
+            (``candidates`` when ``candidates`` is set).
+        candidates: hash of the first-stage run files reranked as given (``run --candidates``).
         fusion, rrf_k, fusion_weights: how a '+'-joined retriever fuses its members.
         bm25_k1, bm25_b: BM25's parameters for every BM25 retriever of the run (None: 0.9, 0.4).
         loop_retriever: what the agentic loops search while they reason (None: ``retriever``).
@@ -107,6 +115,9 @@ class RunSpec:
         "'+'-joined fusion such as bm25+minilm | on NanoR2MED splits, the candidate lists they ship: "
         "nano-bm25, nano-dense, nano-hybrid[-safeguard], or hakari-hybrid[-safeguard] (the hybrid list "
         "rebuilt from nano-bm25 and harrier)."))
+    candidates: str | None = field(default=None, metadata=_help(
+        "Hash of the first-stage run files the run reranks as given (--candidates), which replace "
+        "--retriever; None: the retriever searches."))
     fusion: str = field(default="rrf", metadata=_help(
         "How a '+'-joined --retriever fuses its members: rrf (reciprocal rank fusion) or weighted "
         "(weighted sum of per-query min-max normalised scores)."))
@@ -375,6 +386,7 @@ _TOKENS: dict[str, Any] = {
     "sampling.seed": lambda v, s: f"seed{_fmt(v)}",
     "samples": lambda v, s: f"n{v}",
     "prompts": lambda v, s: f"prompts-{str(v)[:6]}",
+    "candidates": lambda v, s: f"cand-{str(v)[:8]}",
     "first_pass": lambda v, s: f"fp-{v}",
     "bm25_k1": lambda v, s: f"k1-{_fmt(v)}",
     "bm25_b": lambda v, s: f"b{_fmt(v)}",
@@ -420,12 +432,14 @@ def _normalise(spec: RunSpec) -> None:
     for name, default in (("bm25_k1", 0.9), ("bm25_b", 0.4)):
         value = getattr(spec, name)
         _set(spec, name, None if value is None or float(value) == default else float(value))
+    if spec.candidates is not None and spec.retriever in ("bm25", CANDIDATES):
+        _set(spec, "retriever", CANDIDATES)  # the files are the first stage
     models = [p.strip() for p in (spec.retriever, spec.loop_retriever or "") for p in p.split("+") if p.strip()]
     searched = models + ([spec.first_pass] if capabilities(method_cls).needs_first_pass else [])
     if not any(m in BM25_NAMES for m in searched):
         _set(spec, "bm25_k1", None)
         _set(spec, "bm25_b", None)
-    if not spec.reranker and all(m in BM25_NAMES for m in models):
+    if not spec.reranker and all(m in NO_MODEL for m in models):
         _set(spec, "precision", None)
         _set(spec, "encoder_backend", None)
 
@@ -489,6 +503,7 @@ def _validate(spec: RunSpec) -> None:
     _validate_generations(spec, caps, using)
     if spec.rerank_cut and not spec.reranker:
         raise ConfigError("--rerank-cut needs --reranker")
+    _validate_candidates(spec)
     if spec.first_pass != "bm25" and not caps.needs_first_pass:
         raise ConfigError(f"--first-pass is LameR's first-pass retriever; --method {spec.method} has none")
     if "+" in spec.first_pass:
@@ -513,6 +528,18 @@ def _validate_generations(spec: RunSpec, caps: Capabilities, using: list[str]) -
     if spec.final == "fuse":
         raise ConfigError("--final fuse needs the loop's own searches, which released generations do "
                           "not have; use --generations fresh")
+
+
+def _validate_candidates(spec: RunSpec) -> None:
+    if spec.candidates is None:
+        if spec.retriever == CANDIDATES:
+            raise ConfigError("--retriever candidates is what --candidates PATH sets; give the run files")
+        return
+    if spec.retriever != CANDIDATES:
+        raise ConfigError(f"--candidates replaces --retriever (got --retriever {spec.retriever}); give one of them")
+    if spec.method != "none":
+        raise ConfigError(f"--candidates hold one ranking per task query and cannot search for what --method "
+                          f"{spec.method} generates; use --method none (and a --reranker)")
 
 
 def _validate_samples(spec: RunSpec, caps: Capabilities) -> None:
@@ -608,6 +635,9 @@ def cli_args(spec: RunSpec) -> list[str]:
     for name, value in spec.non_default().items():
         if name in ("method", "llm", "generations", "retriever", "reranker", "prompts"):
             continue
+        if name == "candidates":
+            raise ConfigError("a run over --candidates is given by the files' path, which its spec (their hash) "
+                              "does not hold")
         if name == "sampling":
             out += _sampling_args(value)
             continue
