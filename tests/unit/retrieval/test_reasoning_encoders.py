@@ -1,0 +1,293 @@
+"""The post-paper reasoning retrievers of ``configs/encoders.yaml`` (ReasonEmbed, DIVER, RaDeR,
+ReasonIR, Qwen3-Embedding): their settings as the ReasonEmbed authors ran them on R2MED
+(VectorSpaceLab/agentic-search, ``ReasonEmbed/evaluation_r2med/``), and each pipeline on a tiny
+random model of the same architecture class against an independent computation of the authors'
+recipe: FlagEmbedding's decoder-only embedder (format the query, tokenise as the tokenizer does,
+last token, L2) checked by hand and with sentence-transformers' last-token pipeline; ReasonIR's
+sentence-transformers recipe (mean pooling without the prompt, L2) with sentence-transformers
+itself. No hub access: weights and tokenizers are built in the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from r2med_agent.retrieval.dense.hf import HFEncoder
+from r2med_agent.retrieval.dense.instructions import instruction_prefixes
+from r2med_agent.retrieval.dense.spec import get_encoder_spec
+
+# ReasonEmbed/evaluation_r2med/code/prompts.py (R2MEDInstructions), byte for byte.
+REASONEMBED_R2MED = {
+    "Biology": "Given a Biology post, retrieve relevant passages that help answer the post.",
+    "Medical-Sciences": "Given a Medical Science post, retrieve relevant passages that help answer the post.",
+    "Bioinformatics": "Given a Bioinformatics post, retrieve relevant passages that help answer the post.",
+    "MedXpertQA-Exam": "Given a Medical Exam, retrieve relevant passages that help answer the exam.",
+    "MedQA-Diag": "Given a Medical Exam, retrieve relevant passages that help answer the exam.",
+    "PMC-Treatment": "Given a Clinical Case, retrieve relevant passages that help answer the case.",
+    "PMC-Clinical": "Given a Clinical Case, retrieve similar cases that help diagnose the case.",
+    "IIYi-Clinical": "Given a Clinical Case, retrieve similar cases that help diagnose the case.",
+}
+# The scripts' --query_instruction_format_for_retrieval 'Instruct: {}\nQuery: {}' (FlagEmbedding
+# turns the literal backslash-n into a newline).
+FLAG_FORMAT = "Instruct: {}\nQuery: {}"
+# ReasonEmbed/evaluation_r2med/code/reasonir_models.py.
+REASONIR_QUERY_PROMPT = "<|user|>\n{}\n<|embed|>\n"
+REASONIR_DOC_PROMPT = "<|embed|>\n"
+
+# name -> (hub model, the architecture class a tiny stand-in is built from, backend)
+LAST_TOKEN_ENTRIES = {
+    "reasonembed-qwen3-8b": ("hanhainebula/reason-embed-qwen3-8b-0928", "qwen3", "auto"),
+    "reasonembed-qwen3-4b": ("hanhainebula/reason-embed-qwen3-4b-0928", "qwen3", "auto"),
+    "reasonembed-llama-8b": ("hanhainebula/reason-embed-llama-3.1-8b-0928", "llama", "auto"),
+    "diver-4b": ("AQ-MedAI/Diver-Retriever-4B", "qwen3", "auto"),
+    "qwen3-embedding-8b": ("Qwen/Qwen3-Embedding-8B", "qwen3", "auto"),
+    "qwen3-embedding-4b": ("Qwen/Qwen3-Embedding-4B", "qwen3", "auto"),
+    "rader-7b": ("Raderspace/RaDeR_gte_Qwen2-7B_MATH_LLMq_CoT_lexical", "qwen2", "transformers"),
+}
+
+
+def _registry_tasks() -> list[tuple[str, str]]:
+    """(task name, R2MED task it is instructed as): the 8 tasks, their Nano splits, the demo."""
+    from r2med_agent import data
+
+    full = data.task_names("all")
+    nano = data.task_names("nano-all")
+    assert len(full) == len(nano) == 8
+    return [(t, t) for t in full] + [(n, data.get_task_spec(n).base) for n in nano] + [("r2med-demo", "Biology")]
+
+
+def _prefixes(spec, name: str):
+    from r2med_agent import data
+
+    ts = data.get_task_spec(name)
+    return instruction_prefixes(spec, name, ts.family, ts.domain)
+
+
+# --------------------------------------------------------------------------- registry entries
+
+
+@pytest.mark.parametrize("name", sorted(LAST_TOKEN_ENTRIES))
+def test_last_token_entries_are_the_reasonembed_r2med_settings(name: str) -> None:
+    import torch
+
+    from r2med_agent.retrieval.dense.torch_utils import resolve_dtype
+
+    model, _, backend = LAST_TOKEN_ENTRIES[name]
+    spec = get_encoder_spec(name)
+    assert (spec.model, spec.backend, spec.pooling, spec.normalize, spec.append_eos) == (
+        model, backend, "last-token", True, False)
+    assert (spec.max_length, spec.query_max_length, spec.precision) == (512, None, "float16")
+    assert resolve_dtype(spec.precision, "cuda:0") == torch.float16  # use_fp16: model.half()
+    assert resolve_dtype(spec.precision, "cpu") == torch.float32
+    assert spec.trust_remote_code == (name == "rader-7b")  # only RaDeR's script passes it
+    assert (spec.pool_exclude_prefix, dict(spec.forward_kwargs), spec.instruction_on) == (False, {}, "query")
+    assert dict(spec.query_instructions) == REASONEMBED_R2MED
+    assert not spec.doc_instructions and not spec.query_prefix and not spec.doc_prefix
+    tasks = _registry_tasks()
+    assert len(tasks) == 17
+    for task, r2med_task in tasks:
+        p = _prefixes(spec, task)
+        want = FLAG_FORMAT.format(REASONEMBED_R2MED[r2med_task], "")
+        assert (p.query, p.doc, p.expansion) == (want, "", ""), task
+
+
+def test_reasonir_entry_is_its_sentence_transformers_recipe() -> None:
+    spec = get_encoder_spec("reasonir-8b")
+    assert (spec.model, spec.backend, spec.pooling, spec.pool_exclude_prefix) == (
+        "reasonir/ReasonIR-8B", "transformers", "mean", True)
+    assert (spec.normalize, spec.append_eos, spec.max_length, spec.precision) == (True, False, 512, "bfloat16")
+    assert spec.trust_remote_code and spec.transformers == ">=4.47"
+    assert dict(spec.query_instructions) == REASONEMBED_R2MED
+    for task, r2med_task in _registry_tasks():
+        p = _prefixes(spec, task)
+        want = REASONIR_QUERY_PROMPT.format(REASONEMBED_R2MED[r2med_task])
+        assert (p.query, p.doc, p.expansion) == (want, REASONIR_DOC_PROMPT, ""), task
+
+
+@pytest.mark.parametrize("name", [*sorted(LAST_TOKEN_ENTRIES), "reasonir-8b"])
+def test_tasks_outside_r2med_get_no_guessed_instruction(name: str) -> None:
+    # The source has one instruction per R2MED task and no template for other tasks.
+    spec = get_encoder_spec(name)
+    for task, family, domain in (("my-cardiology", "qa", "cardiology"), ("", "case", ""), ("", "", "")):
+        p = instruction_prefixes(spec, task, family, domain)
+        assert p.query == "" and p.doc == spec.doc_prefix
+
+
+def test_backend_support_follows_the_settings() -> None:
+    from r2med_agent.retrieval.dense.vllm import vllm_unsupported_reason
+
+    for name, (_, _, backend) in LAST_TOKEN_ENTRIES.items():
+        reason = vllm_unsupported_reason(get_encoder_spec(name))
+        assert (reason is None) == (backend == "auto"), (name, reason)
+    assert "own modelling code" in str(vllm_unsupported_reason(get_encoder_spec("rader-7b")))
+    assert "instruction tokens" in str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b")))
+
+
+# --------------------------------------------------------------------------- tiny models
+
+QUERIES = [
+    "A 45-year-old man has fever and a new heart murmur.",
+    "Why do cells divide?",
+    # Longer than max_length below: cut on the right, as the tokenizer's truncation does.
+    " ".join(["The patient presented with fever, cough and shortness of breath."] * 12),
+]
+DOCS = ["Infective endocarditis presents with fever and a murmur.", "Mitosis.", "Cells divide by mitosis; " * 20]
+MAX_LENGTH = 48
+
+# Special tokens and post-processing of the stand-in tokenizers: Qwen-style (no BOS; the
+# Qwen3-Embedding tokenizers append <|endoftext|>, which is also their pad token), Llama-3-style
+# (BOS in front, nothing after).
+TOKENIZER_STYLES = {
+    "qwen3": dict(template="$A <|endoftext|>", specials={"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
+    "qwen2": dict(template="$A", specials={"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
+    "llama": dict(template="<|begin_of_text|> $A", specials={
+        "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "pad_token": "<|finetune_right_pad_id|>"}),
+}
+
+
+def _byte_bpe_tokenizer(template: str, specials: dict[str, str]):
+    """A real byte-level BPE tokenizer built offline from this file's texts: every byte (newlines,
+    spaces, the full stop) changes the ids, so a wrong instruction or format shows."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [*REASONEMBED_R2MED.values(), *QUERIES, *DOCS, FLAG_FORMAT, REASONIR_QUERY_PROMPT]
+    names = list(dict.fromkeys(specials.values()))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=names, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    used = [t for t in names if t in template]
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(t, tok.token_to_id(t)) for t in used])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
+
+
+def _tiny_model(arch: str, folder: Path, tok):
+    """A random model of the architecture class, saved with ``tok`` in ``folder``; returns it and
+    the tokenizer as ``AutoTokenizer`` loads it back from there (as FlagEmbedding and the encoder
+    load it: transformers may pick the architecture's own tokenizer class)."""
+    import torch
+    import transformers
+
+    config_cls, model_cls = {
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3Model),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
+        "llama": (transformers.LlamaConfig, transformers.LlamaModel),
+    }[arch]
+    extra = {"head_dim": 8} if arch == "qwen3" else {}
+    cfg = config_cls(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **extra)
+    torch.manual_seed(0)
+    model = model_cls(cfg).eval()
+    tok.save_pretrained(folder)
+    model.save_pretrained(folder)
+    assert type(transformers.AutoModel.from_pretrained(folder)).__name__ == model_cls.__name__
+    return model, transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def _states(model, tok, text: str):
+    """Token states of one text, unpadded, tokenised as FlagEmbedding does (the tokenizer's own
+    special tokens, truncation at MAX_LENGTH)."""
+    import torch
+
+    ids = tok(text, truncation=True, max_length=MAX_LENGTH)["input_ids"]
+    with torch.inference_mode():
+        return ids, model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+
+
+def _unit(vec) -> np.ndarray:
+    import torch
+
+    return torch.nn.functional.normalize(vec, dim=-1).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(LAST_TOKEN_ENTRIES))
+def test_last_token_entries_encode_as_flagembedding_does(name: str, tmp_path: Path) -> None:
+    from tests.st_reference import last_token_model
+
+    arch = LAST_TOKEN_ENTRIES[name][1]
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES[arch])
+    folder = tmp_path / f"tiny-{name}"
+    model, tok = _tiny_model(arch, folder, tok)
+    spec = dataclasses.replace(get_encoder_spec(name), model=str(folder), max_length=MAX_LENGTH, batch_size=2)
+    prefixes = _prefixes(spec, "nano-PMC-Clinical")
+    instruction = REASONEMBED_R2MED["PMC-Clinical"]
+    enc = HFEncoder(spec, device="cpu")
+    got_q = enc.encode(QUERIES, side="query", prefix=prefixes.query)
+    got_d = enc.encode(DOCS, side="doc", prefix=prefixes.doc)
+
+    def flag(text: str) -> np.ndarray:  # FlagEmbedding's last_token_pool + normalize, one text
+        ids, hidden = _states(model, tok, text)
+        if arch == "qwen3":  # the tokenizer's own EOS is kept, also after truncation
+            assert ids[-1] == tok.eos_token_id and ids.count(tok.eos_token_id) == 1
+        else:  # nothing appended by the embedder
+            assert ids[-1] != tok.eos_token_id
+        return _unit(hidden[-1])
+
+    for row, query in zip(got_q, QUERIES):
+        np.testing.assert_allclose(row, flag(FLAG_FORMAT.format(instruction, query)), atol=1e-5)
+        assert np.linalg.norm(row) == pytest.approx(1.0, abs=1e-5)
+        # Without the full stop (R2MED's own table) or with another task's instruction: another vector.
+        assert not np.allclose(row, flag(FLAG_FORMAT.format(instruction[:-1], query)), atol=1e-4)
+        assert not np.allclose(row, flag(FLAG_FORMAT.format(REASONEMBED_R2MED["Biology"], query)), atol=1e-4)
+    for row, doc in zip(got_d, DOCS):
+        np.testing.assert_allclose(row, flag(doc), atol=1e-5)
+    assert len(tok(FLAG_FORMAT.format(instruction, QUERIES[2]))["input_ids"]) > MAX_LENGTH  # truncation ran
+
+    st = last_token_model(folder, {"r2med": FLAG_FORMAT.format(instruction, "")}, MAX_LENGTH)
+    np.testing.assert_allclose(got_q, st.encode(QUERIES, prompt_name="r2med", batch_size=3), atol=1e-5)
+    np.testing.assert_allclose(got_d, st.encode(DOCS, batch_size=3), atol=1e-5)
+
+
+def _mean_without_prompt_model(folder: Path, max_seq_length: int):
+    """sentence-transformers' Transformer -> Pooling(mean, include_prompt=False) -> Normalize: what
+    ReasonIR's README sets up (``set_pooling_include_prompt(include_prompt=False)``)."""
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    body = Transformer(str(folder), max_seq_length=max_seq_length)
+    dim = body.get_embedding_dimension() if hasattr(body, "get_embedding_dimension") else body.get_word_embedding_dimension()
+    return SentenceTransformer(
+        modules=[body, Pooling(dim, pooling_mode="mean", include_prompt=False), Normalize()], device="cpu")
+
+
+def test_reasonir_encodes_as_sentence_transformers_without_the_prompt(tmp_path: Path) -> None:
+    # A tiny random Llama (ReasonIR-8B is a Llama 3.1; its bidirectional attention is the model
+    # repository's own code, which the same forward call runs in both pipelines, not tested here).
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["llama"])
+    folder = tmp_path / "tiny-reasonir"
+    model, tok = _tiny_model("llama", folder, tok)
+    spec = dataclasses.replace(get_encoder_spec("reasonir-8b"), model=str(folder), max_length=MAX_LENGTH,
+                               batch_size=2)
+    prefixes = _prefixes(spec, "MedQA-Diag")
+    query_prompt = REASONIR_QUERY_PROMPT.format(REASONEMBED_R2MED["MedQA-Diag"])
+    enc = HFEncoder(spec, device="cpu")
+    got_q = enc.encode(QUERIES, side="query", prefix=prefixes.query)
+    got_d = enc.encode(DOCS, side="doc", prefix=prefixes.doc)
+
+    def by_hand(prompt: str, text: str, skip: int | None = None) -> np.ndarray:
+        ids, hidden = _states(model, tok, prompt + text)
+        n_prompt = len(tok(prompt)["input_ids"]) if skip is None else skip  # BOS + prompt tokens
+        assert ids[:n_prompt] == tok(prompt)["input_ids"][:n_prompt]
+        return _unit(hidden[n_prompt:].mean(dim=0))
+
+    for row, query in zip(got_q, QUERIES):
+        np.testing.assert_allclose(row, by_hand(query_prompt, query), atol=1e-5)
+        assert not np.allclose(row, by_hand(query_prompt, query, skip=0), atol=1e-4)  # prompt pooled too
+    for row, doc in zip(got_d, DOCS):
+        np.testing.assert_allclose(row, by_hand(REASONIR_DOC_PROMPT, doc), atol=1e-5)
+
+    st = _mean_without_prompt_model(folder, MAX_LENGTH)
+    np.testing.assert_allclose(got_q, st.encode(QUERIES, prompt=query_prompt, batch_size=3), atol=1e-5)
+    np.testing.assert_allclose(got_d, st.encode(DOCS, prompt=REASONIR_DOC_PROMPT, batch_size=3), atol=1e-5)
