@@ -166,7 +166,6 @@ def test_relative_links_point_at_files_that_exist():
             path = (page.parent / target).resolve()
             if path.exists():
                 continue
-            rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else target
             broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
 
