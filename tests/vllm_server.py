@@ -82,10 +82,12 @@ class VLLMServer:
     """
 
     def __init__(
-        self, model_dir: Path, log_dir: Path, *, timeout_s: float = 420.0, served_model_name: str | None = None
+        self, model_dir: Path, log_dir: Path, *, timeout_s: float = 420.0, served_model_name: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.model_dir = Path(model_dir)
         self.served_model_name = served_model_name
+        self.extra_args = extra_args
         self.log_path = Path(log_dir) / "vllm_server.log"
         self.timeout_s = timeout_s
         self.port = free_port()
@@ -103,6 +105,7 @@ class VLLMServer:
         ]
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
+        cmd += list(self.extra_args)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the subprocess
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.timeout_s
