@@ -272,6 +272,26 @@ class GenerationCache:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Two processes opening a new cache at once can get "database is locked" at once, without
+        # the busy timeout: switching a fresh file to WAL and taking the schema lock can deadlock,
+        # which SQLite answers by failing one side. That side closes and tries again.
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                conn = self._open()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                    raise DataError(f"cannot open generation cache: {e}", self.path) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self._conn, self._pid = conn, os.getpid()
+            return conn
+
+    def _open(self) -> sqlite3.Connection:
+        """A connection in WAL mode with the schema in place (upgraded from versions 1 and 2)."""
+        conn = None
         try:
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -307,9 +327,17 @@ class GenerationCache:
                     self.path,
                 )
             conn.execute("COMMIT")
+        except sqlite3.OperationalError:
+            if conn is not None:
+                conn.close()
+            raise
         except sqlite3.DatabaseError as e:
+            if conn is not None:
+                conn.close()
             raise DataError(f"cannot open generation cache: {e}", self.path) from None
-        self._conn, self._pid = conn, os.getpid()
+        except DataError:
+            conn.close()  # type: ignore[union-attr]
+            raise
         return conn
 
     def close(self) -> None:

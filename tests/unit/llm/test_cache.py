@@ -1143,3 +1143,28 @@ def test_version_2_file_gains_logprobs_and_old_rows_read_as_before(tmp_path):
     assert cache.get("new").logprobs == top and cache.get("new").to_generation().logprobs == top
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT value FROM info WHERE name = 'schema_version'").fetchone()[0] == "3"
+
+
+def test_a_cache_locked_while_opening_is_opened_again(tmp_path, monkeypatch):
+    """Two processes opening a new cache at once: SQLite can fail one side at once with "database
+    is locked" (no busy wait when switching to WAL would deadlock). That side tries again until
+    the busy timeout, then stops with a clear message."""
+    import sqlite3
+
+    cache = GenerationCache(tmp_path / "g.sqlite", busy_timeout_s=2.0)
+    real = cache._open
+    calls = []
+
+    def locked_twice():
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real()
+
+    monkeypatch.setattr(cache, "_open", locked_twice)
+    assert cache.get_many(["k"]) == {}
+    assert len(calls) == 3
+    always = GenerationCache(tmp_path / "h.sqlite", busy_timeout_s=0.3)
+    monkeypatch.setattr(always, "_open", lambda: (_ for _ in ()).throw(sqlite3.OperationalError("database is locked")))
+    with pytest.raises(DataError, match="h.sqlite: cannot open generation cache: database is locked"):
+        always.get_many(["k"])
