@@ -203,7 +203,9 @@ def _loads(text: str, path: str | os.PathLike[str], lineno: int | None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         where = lineno if lineno is not None else e.lineno
-        raise DataError(f"malformed JSON ({e.msg} at column {e.colno})", path, where) from None
+        # json's own message for a control character already ends in "at" ("... character at")
+        what = e.msg[: -len(" at")] if e.msg.endswith(" at") else e.msg
+        raise DataError(f"malformed JSON ({what} at column {e.colno})", path, where) from None
     except RecursionError:
         raise DataError("malformed JSON (nested too deeply)", path, lineno) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's digit limit

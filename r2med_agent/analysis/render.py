@@ -148,6 +148,16 @@ def _csv_num(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
 
+COUNT_KEYS = ("generations", "cache_hits", "prompt_tokens", "completion_tokens")
+"""Stats that are counts: written as integers (``12``, not ``12.0``)."""
+
+
+def _csv_stat(key: str, value: float | None) -> str:
+    if value is not None and key in COUNT_KEYS and float(value).is_integer():
+        return str(int(value))
+    return _csv_num(value)
+
+
 def render_csv(table: ComparisonTable) -> str:
     """CSV with full-precision numbers (empty cells where there is no value).
 
@@ -201,7 +211,7 @@ def render_csv(table: ComparisonTable) -> str:
         if base:
             rec += test_cells(r.tests.get(OVERALL))
         if table.with_cost:
-            rec += [_csv_num(r.totals.get(k)) for k in STATS_KEYS]
+            rec += [_csv_stat(k, r.totals.get(k)) for k in STATS_KEYS]
         w.writerow(rec)
     return buf.getvalue()
 

@@ -165,8 +165,12 @@ def _locate(data_dir: Path, spec: TaskSpec) -> Path:
                 spec.name,
             )
         return data_dir
+    from r2med_agent.errors import did_you_mean
+
+    held = [p.name for p in children.values() if _detect_layout(p, spec.split or None) is not None]
     raise DataError(
-        f"no data for task {spec.name}: expected {data_dir / spec.name}/ or this folder itself to "
+        f"no data for task {spec.name}{did_you_mean(spec.name, held)}: expected {data_dir / spec.name}/ "
+        "or this folder itself to "
         "hold query.jsonl, corpus.jsonl and qrels.jsonl (R2MED layout) or queries.jsonl, "
         "corpus.jsonl and qrels/test.tsv (BEIR layout)"
         + (f", or corpus/ queries/ qrels/ with {spec.split} files (Nano layout)" if spec.split else ""),

@@ -110,3 +110,16 @@ def test_cli_report_out_existing_file_is_one_message(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is a file; the report needs a folder" in err and "Traceback" not in err
     assert existing.read_text() == "mine"
+
+
+def test_a_control_character_in_json_is_named_once(tmp_path):
+    """json's message for a raw control character ends in "at"; the file:line error says it once."""
+    from r2med_agent.errors import DataError
+    from r2med_agent.io import read_json
+
+    bad = tmp_path / "r.json"
+    bad.write_text('{"text": "a\tb"}')
+    with pytest.raises(DataError) as info:
+        read_json(bad, "result file")
+    assert "Invalid control character at column 12" in str(info.value)
+    assert "at at" not in str(info.value) and "r.json:1" in str(info.value)

@@ -344,6 +344,10 @@ def test_cost_columns_sum_stats_over_tasks(tmp_path):
     assert "cost_usd" not in table.rows[0].totals and "cost_usd" not in table.rows[2].totals
     recs = list(csv.DictReader(io.StringIO(render_csv(table))))
     assert float(recs[1]["prompt_tokens"]) == 350 and float(recs[1]["cost_usd"]) == 0.25
+    # counts are written as integers, times and dollars as numbers
+    assert (recs[1]["generations"], recs[1]["cache_hits"], recs[1]["prompt_tokens"], recs[1]["completion_tokens"]) == (
+        "8", "4", "350", "20")
+    assert recs[1]["llm_time_s"] == "3.0"
     assert recs[0]["cost_usd"] == "" and recs[2]["cost_usd"] == ""
     md = render_markdown(table).splitlines()
     header = next(line for line in md if line.startswith("| #"))

@@ -49,6 +49,18 @@ def test_a_folder_of_task_folders_names_each_after_its_folder(tmp_path):
         local_task_names(root / "notes")
 
 
+def test_a_misspelt_task_of_ones_own_gets_a_suggestion(tmp_path, capsys):
+    root = tmp_path / "mine"
+    _copy_sample(root / "MyClinic")
+    _copy_sample(root / "Oncology")
+    assert _main("run", "--data-dir", str(root), "--task", "MyClinc", "-o", str(tmp_path / "r"), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert "no data for task MyClinc (did you mean 'MyClinic'?)" in err
+    with pytest.raises(DataError) as info:
+        load_task("Pediatrics", root)
+    assert "did you mean" not in str(info.value)  # nothing close: no suggestion
+
+
 def test_an_unknown_name_with_data_dir_is_a_task_of_ones_own(tmp_path):
     data = _copy_sample(tmp_path / "folder")
     assert task_names("MyTask", data) == ["MyTask"]
