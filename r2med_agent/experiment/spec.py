@@ -28,7 +28,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from r2med_agent.errors import ConfigError
@@ -38,8 +38,6 @@ DEFAULT_TOP_K = 100
 
 FINAL_MODES = ("default", "fuse")
 GENERATION_SOURCES = ("fresh", "r2med")
-SPEC_VERSION = 1
-"""Version of the key format (bumped only if the canonical encoding itself changes)."""
 
 FLOAT_SAMPLING = ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
                   "min_p")
@@ -299,16 +297,18 @@ class RunSpec:
     @property
     def leaf(self) -> str:
         """The result folder's last part: ``<retriever>[__<tokens>][__<reranker>][__<digest>]``;
-        the digest is there whenever any setting beyond the named ones differs from its default."""
+        the digest is there whenever any setting beyond the named ones differs from its default,
+        or the name had to be cut at 150 characters."""
         parts = [_safe(self.retriever_name)]
         tokens = self.tokens()
         parts += tokens
         if self.reranker:
             parts.append(_safe(self.reranker))
         name = "__".join(parts)
-        if len(name) > 150:  # long fusion weights: the digest keeps it unique
+        cut = len(name) > 150  # long fusion weights: the digest keeps a cut name unique
+        if cut:
             name = name[:150].rstrip("_")
-        if self.settings():
+        if cut or self.settings():
             name += f"__{self.digest()}"
         return name
 
@@ -327,9 +327,6 @@ class RunSpec:
     def settings_label(self) -> str:
         """:meth:`settings` as ``name=value`` pairs (``sampling.temperature=0.9, top_k=10``)."""
         return ", ".join(f"{k}={_fmt(v)}" for k, v in self.settings().items())
-
-    def with_changes(self, **changes: Any) -> RunSpec:
-        return replace(self, **changes)
 
 
 def field_help(name: str) -> str:

@@ -216,3 +216,13 @@ def test_prompt_folders_are_part_of_the_identity(tmp_path: Path, monkeypatch) ->
     monkeypatch.setenv("R2MED_PROMPTS_DIR", str(other))
     assert RunConfig(tasks=("sample",), method="hyde", llm="smollm2").prompts == custom.prompts
     assert RunConfig(tasks=("sample",)).prompts is None
+
+
+def test_a_name_cut_for_length_keeps_specs_apart() -> None:
+    # Fusion weights are part of the readable name; past 150 characters it is cut, and the
+    # digest then keeps two fusions that differ only in their last weight apart.
+    members = "+".join(["bm25", "minilm", "bge", "nv", "e5", "grit", "sfr", "contriever", "medcpt", "inst-l",
+                        "inst-xl", "bmr-7b"])
+    a = RunSpec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.2,))
+    b = RunSpec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.3,))
+    assert a.leaf != b.leaf and a.leaf.endswith(a.digest()) and len(a.leaf) <= 160
