@@ -89,11 +89,6 @@ class RunConfig(RunSpec):
         if self.prompts is None:
             object.__setattr__(self, "prompts", prompts_in_use(self))
 
-    @property
-    def spec_only(self) -> RunSpec:
-        """The run's identity: the spec fields alone."""
-        return self.spec()
-
     def retriever_options(self, fused: bool = True) -> Any:
         """The typed options every retriever of the run is built with
         (:class:`~r2med_agent.retrieval.registry.RetrieverOptions`): the encoders' precision and
@@ -203,10 +198,13 @@ class _TaskRun:
 
 @dataclass
 class _Context:
-    """The run's shared parts: its config, LLM entry, reranker and the LLM itself."""
+    """The run's shared parts: its config, its spec and result store (made once), LLM entry,
+    reranker and the LLM itself."""
 
     cfg: RunConfig
     method: Any
+    spec: RunSpec
+    store: ResultStore
     llm_spec: Any = None
     reranker: Any = None
     llm: Any = None
@@ -344,10 +342,10 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     if beyond:
         log.info("scoring the top %d: %s left out (their cut-off is beyond the depth)",
                  cfg.top_k, ", ".join(beyond))
-    ctx = _Context(cfg, get_method(cfg.method)())
+    ctx = _Context(cfg, get_method(cfg.method)(), cfg.spec(), cfg.store)
     _check_models(ctx)
     released = _load_released(ctx, tasks)
-    out_dir = cfg.store.prepare(cfg.spec())
+    out_dir = ctx.store.prepare(ctx.spec)
     runs = _build_retrievers(ctx, tasks)
     for name, (gens, source) in released.items():
         runs[name].output = ctx.method.from_generations(runs[name].task, gens)
@@ -522,7 +520,7 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
     # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
     evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
     stats = _stats(ctx, r)
-    cfg.store.note_replacement(cfg.spec(), r.task.name)
+    ctx.store.note_replacement(ctx.spec, r.task.name)
     files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s)
     if ev.missing:
         log.warning("%s: %d of %d queries have no results and score 0", r.task.name,
@@ -564,7 +562,7 @@ def _write_summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) ->
         "config": _config_record(cfg),
         "precision": model_precisions(cfg),
     }
-    write_summary(out_dir, scores, cfg.spec(), extra)
+    write_summary(out_dir, scores, ctx.spec, extra)
     return ExperimentResult(cfg, outcomes, average, out_dir, llm_stats)
 
 
