@@ -13,7 +13,6 @@ from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.experiment.spec import RunSpec, capabilities
 from r2med_agent.experiment.store import (
     ResultStore,
-    legacy_leaf,
     read_task_record,
     spec_of_record,
 )
@@ -220,7 +219,7 @@ def _result_file(store: ResultStore, spec: RunSpec, task: str) -> Path | None:
     found = store.find(spec, task)
     if found is not None:
         return found
-    for folder in (store.folder(spec), store.root / spec.method / spec.llm_label / legacy_leaf(spec)):
+    for folder in store.places(spec):
         if (folder / f"{task}.json").exists():
             return folder / f"{task}.json"
     return None

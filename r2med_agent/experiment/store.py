@@ -182,10 +182,15 @@ class ResultStore:
         for folder in folders:
             yield from self._task_results(folder)
 
+    def places(self, spec: RunSpec) -> tuple[Path, Path]:
+        """Where ``spec``'s results can be: its own folder, and the folder versions before
+        ``spec.json`` gave it (the same folder for a spec of default settings)."""
+        return self.folder(spec), self.root / spec.method / spec.llm_label / legacy_leaf(spec)
+
     def find(self, spec: RunSpec, task: str) -> Path | None:
         """The result file of ``spec`` on ``task``: in the spec's folder, or in the folder an
         earlier version wrote it to (when its recorded config is this spec), else None."""
-        for folder in (self.folder(spec), self.root / spec.method / spec.llm_label / legacy_leaf(spec)):
+        for folder in self.places(spec):
             path = folder / f"{task}.json"
             if not path.exists():
                 continue
@@ -244,7 +249,7 @@ class ResultStore:
         """Rewrite a folder's spec.json and summary.json from the task results it now holds."""
         found = list(self._task_results(folder))
         specs = {f.spec.key(): f.spec for f in found if f.spec is not None}
-        if len(specs) == 1 and len(found) == len([f for f in found if f.spec is not None]):
+        if len(specs) == 1 and all(f.spec is not None for f in found):
             spec = next(iter(specs.values()))
             if self.folder(spec).resolve() == folder.resolve():
                 atomic_write_json(folder / SPEC_FILE, spec_file(spec))
