@@ -11,7 +11,6 @@ from typing import Any
 
 from r2med_agent.errors import DataError
 from r2med_agent.experiment.spec import RunSpec
-from r2med_agent.io import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -277,27 +276,24 @@ def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
 
     sources = [str(p) for p in paths]
     rows: dict[tuple[str, str], ResultRow] = {}
-    seen: set[Path] = set()
+    made_at: dict[Path, str] = {}  # each kept task file's evaluated_at
     for source in sources:
         for found in ResultStore(source).results():
-            if found.path.resolve() in seen:
+            path = found.path.resolve()
+            if path in made_at:
                 continue  # the same folder reached through two paths
-            seen.add(found.path.resolve())
+            made_at[path] = str(found.record.get("evaluated_at") or "")
             key = (source, found.spec.key()) if found.spec is not None else (source, str(found.folder.resolve()))
             row = rows.get(key)
             if row is None:
                 row = rows[key] = _new_row(found, source)
             result = _task_result(found.path, found.record)
             old = row.tasks.get(result.task)
-            if old is None or _made_at(found.record) >= _made_at(read_json(old.path, "result file")):
+            if old is None or made_at[path] >= made_at[old.path.resolve()]:
                 row.tasks[result.task] = result
                 if found.spec is not None and found.folder.name == found.spec.leaf:
                     row.directory = found.folder.resolve()
     return sorted(rows.values(), key=lambda r: _sort_key(r, sources))
-
-
-def _made_at(record: Mapping[str, Any]) -> str:
-    return str(record.get("evaluated_at") or "")
 
 
 def _new_row(found: Any, source: str) -> ResultRow:
