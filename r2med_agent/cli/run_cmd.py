@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from r2med_agent.cli.app import app
-from r2med_agent.experiment.spec import SAMPLING_FLAGS, field_help
+from r2med_agent.experiment.spec import field_help
 
 console = Console(stderr=False)
 
@@ -145,11 +145,12 @@ def run_command(
                 if v is not None}
     if seed is not None:
         sampling["seed"] = parse_seed(seed)
-    given = dict(locals())
-    spec = {name: given[name] for name in _SPEC_OPTIONS if name in given and name not in SAMPLING_FLAGS}
-    spec["fusion_weights"] = _parse_weights(fusion_weights)
     cfg = RunConfig(
-        **spec, sampling=sampling, tasks=tuple(names), data_dir=data_dir,
+        method=method, llm=llm, retriever=retriever, loop_retriever=loop_retriever, final=final, fusion=fusion,
+        fusion_weights=_parse_weights(fusion_weights), rrf_k=rrf_k, precision=precision, reranker=reranker,
+        rerank_k=rerank_k, rerank_cut=rerank_cut, first_pass=first_pass, generations=generations, top_k=top_k,
+        samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
+        sampling=sampling, tasks=tuple(names), data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
         output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
         chunk_size=chunk_size, show_progress=progress if progress is not None else sys.stderr.isatty(),
