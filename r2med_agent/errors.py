@@ -76,3 +76,18 @@ class HubUnavailableError(R2MedError):
     """The Hugging Face hub could not be reached."""
 
     exit_code = 5
+
+
+class DiskFullError(R2MedError):
+    """A write ran out of space (or quota); what was written before it is intact."""
+
+    exit_code = 6
+
+    def __init__(self, path: object, needed_bytes: int | None = None) -> None:
+        need = f" (about {needed_bytes / 1e6:.1f} MB more needed)" if needed_bytes else ""
+        super().__init__(
+            f"{path}: no space left on the device{need}; free some space (or point the cache "
+            "or output folder elsewhere) and run the same command again: finished work is kept"
+        )
+        self.path = path
+        self.needed_bytes = needed_bytes
