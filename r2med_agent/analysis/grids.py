@@ -45,7 +45,7 @@ from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
 
-TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano", "beyond")
+TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano", "beyond", "frontier")
 """Grid names: ``configs/reproduce/<name>.yaml``."""
 
 GPU_GIB = 80.0
@@ -58,6 +58,10 @@ RUN_ARGS: tuple[str, ...] = tuple(
     f.name for f in fields(RunSpec)
     if f.name not in ("method", "llm", "retriever", "reranker", "generations", "prompts", "candidates")
 )
+SCORE_SOURCES = ("entries", "published")
+"""Where a grid file's published scores come from: each entry's ``ndcg_at_10`` (checked against
+the packaged CSV), or the packaged CSVs alone (``scores: published``; the frontier grid, whose
+systems were often published as an average only)."""
 """Run settings a grid entry may set in ``args``: every run spec field the entry's own keys do not
 name (``rerank_k`` -> ``--rerank-k``; a true boolean is the bare flag, ``--rerank-cut``;
 ``sampling: {temperature: 0}`` -> ``--temperature 0``)."""
@@ -92,6 +96,11 @@ class GridEntry:
         generations: ``auto`` (R2MED's released generations when ``configs/reproduce/released.yaml``
             lists the entry's method and LLM and ``reproduce`` is not told ``--generations fresh``)
             or ``fresh`` (always generate).
+        candidates: for retriever ``candidates``, the hash of the first-stage run files the
+            published row reranked (:func:`~r2med_agent.retrieval.run_files.candidates_fingerprint`
+            over the grid's tasks); ``reproduce --candidates PATH`` gives the files, and other
+            files are refused.
+        candidates_from: where a user gets those files (shown by ``--dry-run``).
     """
 
     method: str
@@ -103,6 +112,8 @@ class GridEntry:
     ndcg_at_10: dict[str, float] = field(default_factory=dict)
     note: str = ""
     generations: str = "auto"
+    candidates: str = ""
+    candidates_from: str = ""
 
     @property
     def label(self) -> str:
@@ -122,12 +133,28 @@ class GridEntry:
 
     def run_config(
         self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None, generations: str = "fresh",
-        allow_count_mismatch: bool = False,
+        allow_count_mismatch: bool = False, candidates_path: Path | None = None,
     ):
         """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``); ``generations``
-        is the entry's resolved mode (:meth:`generations_mode`)."""
+        is the entry's resolved mode (:meth:`generations_mode`); ``candidates_path``: the run files
+        of a ``candidates`` entry (without them the spec carries the entry's hash, for planning)."""
         from r2med_agent.runner import RunConfig
 
+        if self.candidates:
+            if candidates_path is None:
+                return RunConfig(tasks=tuple(tasks), retriever=self.retriever, candidates=self.candidates,
+                                 reranker=self.reranker or None, output_dir=Path(output_dir), data_dir=data_dir,
+                                 allow_count_mismatch=allow_count_mismatch, **self.args)
+            cfg = RunConfig(tasks=tuple(tasks), retriever=self.retriever, candidates_path=Path(candidates_path),
+                            reranker=self.reranker or None, output_dir=Path(output_dir), data_dir=data_dir,
+                            allow_count_mismatch=allow_count_mismatch, **self.args)
+            if cfg.candidates != self.candidates:
+                raise ConfigError(
+                    f"--candidates {candidates_path}: these run files (hash {cfg.candidates}) are not the ones "
+                    f"the published row reranked (hash {self.candidates}, over the 8 tasks); "
+                    f"get them from {self.candidates_from or 'the source the entry names'}"
+                )
+            return cfg
         return RunConfig(
             tasks=tuple(tasks),
             method=self.method,
@@ -164,14 +191,17 @@ class GridEntry:
 
     def command(
         self, task: str, output_dir: Path, data_dir: Path | None = None, generations: str = "fresh",
-        allow_count_mismatch: bool = False,
+        allow_count_mismatch: bool = False, candidates_path: Path | None = None,
     ) -> str:
         """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value), built
-        from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`)."""
+        from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`); a
+        ``candidates`` entry names ``candidates_path`` (else ``<run files>``)."""
         from r2med_agent.experiment.spec import cli_args
 
         spec = self.run_config((), Path(output_dir), data_dir, generations).spec()
-        parts = ["r2med-agent", "run", *cli_args(spec), "--task", task, "--output-dir", str(output_dir)]
+        where = str(candidates_path) if candidates_path is not None else "<run files>"
+        args = cli_args(spec, where if self.candidates else None)
+        parts = ["r2med-agent", "run", *args, "--task", task, "--output-dir", str(output_dir)]
         if data_dir is not None:
             parts += ["--data-dir", str(data_dir)]
         if allow_count_mismatch:
@@ -186,6 +216,8 @@ class _GridFile:
     description: str = ""
     tasks: str = "all"
     """The tasks the grid's scores are for (a ``--task`` selection: ``all``, ``nano-all``, a list)."""
+    scores: str = "entries"
+    """SCORE_SOURCES: ``entries`` or ``published``."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +234,8 @@ class Grid:
     """Per entry (same order), ``{task: published ndcg_at_10}`` (empty for an unpublished entry)."""
     tasks: tuple[str, ...] = ()
     """The grid's tasks (its ``tasks:`` selection expanded; the 8 R2MED tasks by default)."""
+    averages: tuple[float | None, ...] = ()
+    """Per entry, the published average where the source gives one (frontier rows), else None."""
 
 
 def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
@@ -235,13 +269,15 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{path}: expected a mapping with 'title' and 'entries'")
     spec = build(_GridFile, doc, str(path))
+    if spec.scores not in SCORE_SOURCES:
+        raise ConfigError(f"{path}: scores must be one of {', '.join(SCORE_SOURCES)}, got {spec.scores!r}")
     pub = published_results()
     scores: list[dict[str, float]] = []
+    averages: list[float | None] = []
     seen: dict[tuple[str, ...], int] = {}
     from r2med_agent.data import task_names
 
     grid_tasks = tuple(task_names(spec.tasks))
-    all_tasks = set(grid_tasks)
     for i, entry in enumerate(spec.entries):
         where = f"{path}: entries[{i}] ({entry.label})"
         if entry.method != "none" and not entry.llm:
@@ -251,7 +287,10 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
             raise ConfigError(f"{where}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
         if entry.generations not in ("auto", "fresh"):
             raise ConfigError(f"{where}: generations must be auto or fresh, got {entry.generations!r}")
-        ident = (entry.method, entry.llm, entry.retriever, entry.reranker, repr(sorted(entry.args.items())))
+        if bool(entry.candidates) != (entry.retriever == "candidates"):
+            raise ConfigError(f"{where}: retriever candidates and a candidates hash go together")
+        ident = (entry.method, entry.llm, entry.retriever, entry.reranker, repr(sorted(entry.args.items())),
+                 entry.candidates)
         if ident in seen:
             raise ConfigError(f"{where}: duplicate of entries[{seen[ident]}]")
         seen[ident] = i
@@ -259,27 +298,51 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{where}: ndcg_at_10.{task} must be a number, got {value!r}")
         csv_scores = pub.scores(entry.published_key, "ndcg_at_10")
+        averages.append(pub.average(entry.published_key))
+        if spec.scores == "published":
+            _check_published_only(where, entry, pub, csv_scores, strict)
+            scores.append(csv_scores)
+            continue
         if strict:
-            if set(csv_scores) != all_tasks:
-                has = "only " + ", ".join(sorted(csv_scores)) if csv_scores else f"no row for {entry.published_key}"
-                raise ConfigError(
-                    f"{where}: the published scores ({pub.path.name}) have {has}; "
-                    "fix the names or add published: {retriever: <CSV name>, ...}"
-                )
-            if set(entry.ndcg_at_10) != all_tasks:
-                missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
-                raise ConfigError(
-                    f"{where}: ndcg_at_10 must give the published score of each of the "
-                    f"{len(grid_tasks)} tasks ({', '.join(grid_tasks)}); wrong or missing: {', '.join(missing)}"
-                )
-            differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]
-            if differ:
-                raise ConfigError(
-                    f"{where}: ndcg_at_10 differs from {pub.path.name} on "
-                    + ", ".join(f"{t} ({entry.ndcg_at_10[t]} vs {csv_scores[t]})" for t in differ)
-                )
+            _check_entry_scores(where, entry, csv_scores, grid_tasks, pub)
         scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
-    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores), grid_tasks)
+    return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores), grid_tasks, tuple(averages))
+
+
+def _check_entry_scores(where: str, entry: GridEntry, csv_scores: Mapping[str, float],
+                        grid_tasks: Sequence[str], pub: Any) -> None:
+    """(strict) ``entry`` gives the published score of each of the grid's tasks, equal to the CSV's."""
+    all_tasks = set(grid_tasks)
+    if set(csv_scores) != all_tasks:
+        has = "only " + ", ".join(sorted(csv_scores)) if csv_scores else f"no row for {entry.published_key}"
+        raise ConfigError(
+            f"{where}: the published scores ({pub.path.name}) have {has}; "
+            "fix the names or add published: {retriever: <CSV name>, ...}"
+        )
+    if set(entry.ndcg_at_10) != all_tasks:
+        missing = sorted(all_tasks - set(entry.ndcg_at_10)) or sorted(set(entry.ndcg_at_10) - all_tasks)
+        raise ConfigError(
+            f"{where}: ndcg_at_10 must give the published score of each of the "
+            f"{len(grid_tasks)} tasks ({', '.join(grid_tasks)}); wrong or missing: {', '.join(missing)}"
+        )
+    differ = [t for t in sorted(all_tasks) if float(entry.ndcg_at_10[t]) != csv_scores[t]]
+    if differ:
+        raise ConfigError(
+            f"{where}: ndcg_at_10 differs from {pub.path.name} on "
+            + ", ".join(f"{t} ({entry.ndcg_at_10[t]} vs {csv_scores[t]})" for t in differ)
+        )
+
+
+def _check_published_only(where: str, entry: GridEntry, pub: Any, csv_scores: Mapping[str, float],
+                          strict: bool) -> None:
+    """An entry of a ``scores: published`` grid gives no scores of its own; (strict) the packaged
+    CSVs have its published name, per task or as an average."""
+    if entry.ndcg_at_10:
+        raise ConfigError(f"{where}: a grid with 'scores: published' takes its scores from the packaged "
+                          "CSVs; remove ndcg_at_10")
+    if strict and not csv_scores and pub.average(entry.published_key) is None:
+        raise ConfigError(f"{where}: no published row for {entry.published_key} in "
+                          f"{', '.join(p.name for p in pub.paths)}")
 
 
 @lru_cache(maxsize=1)

@@ -304,7 +304,7 @@ class _NeedsFinder:
         from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
 
         for part in self.entry.retriever.split("+"):
-            if part in BM25_SPECS or part in SHIPPED:
+            if part in BM25_SPECS or part in SHIPPED or part == "candidates":  # given run files: no model
                 continue
             if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
                 part = DENSE_ENCODER

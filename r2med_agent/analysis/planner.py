@@ -39,6 +39,8 @@ class ReproduceOptions:
             (:meth:`GridEntry.generations_mode`); ``fresh``: generate every LLM row.
         allow_count_mismatch: use ``data_dir`` copies whose query or document counts differ
             from the registry's (as ``run --allow-count-mismatch``).
+        candidates: the first-stage run files of the grid's ``candidates`` entries (as ``run
+            --candidates``; checked against the hash each entry holds).
     """
 
     output_dir: Path = Path("results")
@@ -47,6 +49,7 @@ class ReproduceOptions:
     gpu_gib: float = GPU_GIB
     generations: str = "r2med"
     allow_count_mismatch: bool = False
+    candidates: Path | None = None
 
     def __post_init__(self) -> None:
         from r2med_agent.data.released import check_generations
@@ -74,14 +77,19 @@ class PlannedRun:
     stale: dict[str, str] = field(default_factory=dict)
     generations: str = "fresh"
     spec_key: str = ""
+    source_average: float | None = None
+    """The published 8-task average where the source gives one (frontier rows)."""
 
     @property
     def published_average(self) -> float | None:
-        """The paper's mean over the planned tasks (None when it lacks any of them)."""
+        """The published mean over the planned tasks (None when it lacks any of them); over the 8
+        R2MED tasks, the source's own average where it gives one (frontier rows)."""
         tasks = self.done + self.pending
-        if not tasks or any(t not in self.published for t in tasks):
-            return None
-        return sum(self.published[t] for t in tasks) / len(tasks)
+        if self.source_average is not None and set(tasks) == set(r2med_tasks()):
+            return self.source_average
+        if tasks and all(t in self.published for t in tasks):
+            return sum(self.published[t] for t in tasks) / len(tasks)
+        return None
 
 
 class _ExpectedData:
@@ -179,7 +187,8 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     expected_data = _ExpectedData(opts.data_dir, opts.allow_count_mismatch)
     store = ResultStore(opts.output_dir)
     out = []
-    for entry, scores in zip(grid.entries, grid.published):
+    averages = grid.averages or (None,) * len(grid.entries)
+    for entry, scores, average in zip(grid.entries, grid.published, averages):
         mode = entry.generations_mode(opts.generations)
         spec = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch).spec()
         stale: dict[str, str] = {}
@@ -199,7 +208,8 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
             PlannedRun(
                 entry=entry,
                 published=scores,
-                command=entry.command(task_arg, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch),
+                command=entry.command(task_arg, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch,
+                                      opts.candidates),
                 result_dir=store.folder(spec),
                 done=tuple(done),
                 pending=pending,
@@ -208,6 +218,7 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 stale=stale,
                 generations=mode,
                 spec_key=spec.key(),
+                source_average=average,
             )
         )
     return out
@@ -244,17 +255,21 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         else:
             status = "done" if not p.pending else ("partial" if p.done else "to run")
         avg = p.published_average
-        paper = f"paper nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
+        who = "published" if p.source_average is not None else "paper"
+        paper = f"{who} nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
         lines.append(f"[{i}] {p.entry.label}  ({status}; {paper})")
         lines.append(f"    {p.command}")
         scores = [f"{t} {p.published[t]}" for t in (*p.done, *p.pending) if t in p.published]
         if scores:
-            lines.append(f"    paper nDCG@10: {', '.join(scores)}")
+            lines.append(f"    {who} nDCG@10: {', '.join(scores)}")
         if p.done and p.pending:
             lines.append(f"    done: {', '.join(p.done)}; runs: {', '.join(p.pending)}")
         for task, reason in p.stale.items():
             lines.append(f"    stale {task} (runs again): {reason}")
         lines += [f"    {line}" for line in p.needs.lines()]
+        if p.entry.candidates:
+            lines.append(f"    first-stage run files: {p.entry.candidates_from} (hash {p.entry.candidates})")
+        lines += [f"    {line}" for line in _source_lines(p.entry)]
         if p.entry.note:
             lines.append(f"    note: {p.entry.note}")
     todo = sum(1 for p in planned if p.pending)
@@ -267,12 +282,34 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _source_lines(entry: GridEntry) -> list[str]:
+    """Where a frontier entry's published numbers come from (none for the paper's rows)."""
+    from r2med_agent.analysis.published import published_results
+
+    pub = published_results()
+    key = entry.published_key
+    if pub.kinds.get(key) != "frontier":
+        return []
+    info = pub.info(key)
+    out = [f"published as: {info.system}" + (f" over {info.first_stage}" if info.first_stage else "")
+           + f"; {info.source}"]
+    if info.checked:
+        out.append(f"checked: {info.checked}")
+    if info.note:
+        out.append(f"note: {info.note}")
+    return out
+
+
 def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> None:
     """Run one entry on ``tasks`` in-process through the runner (the one call to wire)."""
     from r2med_agent.runner import run_experiment
 
     mode = entry.generations_mode(opts.generations)
-    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch))
+    if entry.candidates and opts.candidates is None:
+        raise ConfigError(f"{entry.label} reranks given run files: pass them with --candidates PATH "
+                          f"({entry.candidates_from or 'see the grid entry'})")
+    run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch,
+                                    opts.candidates))
 
 
 def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
@@ -308,6 +345,7 @@ def results_table(
     tasks = [t for t in opts.tasks if any(t in r.tasks for r in rows)]
     aliases = {key: e.published_key for e in grid.entries for key in e.row_keys()}
     return build_table(
-        rows, "ndcg_at_10", tasks=tasks, published=any(grid.published), published_aliases=aliases
+        rows, "ndcg_at_10", tasks=tasks, published=any(grid.published) or any(a is not None for a in grid.averages),
+        published_aliases=aliases
     )
 

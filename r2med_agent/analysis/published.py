@@ -1,4 +1,6 @@
-"""The published R2MED scores (the paper's and the NanoR2MED card's), packaged as a CSV."""
+"""The published R2MED scores, packaged as CSVs: the paper's and the NanoR2MED card's
+(``published_results.csv``), and the systems published since (``frontier_results.csv``: reasoning
+embedders and reasoning rerankers, each row with its source and how it was checked)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ logger = logging.getLogger(__name__)
 PUBLISHED_METRICS: tuple[str, ...] = ("ndcg_at_10", "ndcg_at_100", "recall_at_100", "map_at_10", "mrr")
 """Metrics the packaged CSV of published scores has."""
 
+AVERAGE_TASK = "average"
+"""The ``task`` of a row that gives a configuration's published 8-task average (frontier rows,
+many of which were published as an average only)."""
+
+PAPER_SOURCE = "R2MED paper (arXiv 2505.14558)"
+"""The source of a row whose file gives none (the paper's CSV)."""
+
+DEFAULT_FILES: tuple[str, ...] = ("published_results.csv", "frontier_results.csv")
+"""The packaged files, read in this order (a configuration may be in only one of them)."""
+
 
 # ----------------------------------------------------------------------------------------------
 # Published scores (R2MED paper, packaged CSV)
@@ -31,45 +43,72 @@ class PublishedKey:
     reranker: str = ""
 
 
+@dataclass(frozen=True)
+class PublishedInfo:
+    """Where a published configuration's numbers come from (frontier rows; the paper's rows give
+    only ``source``)."""
+
+    source: str = PAPER_SOURCE
+    system: str = ""
+    """The name its source gives it (``GroupRank-32B``)."""
+    first_stage: str = ""
+    """What it reranked (``DIVER-Retriever-4B top 100``), empty for a first stage."""
+    checked: str = ""
+    """How the numbers were checked against the source before they shipped."""
+    note: str = ""
+    """A caveat shown with it (a disputed number)."""
+
+
 class PublishedResults:
-    """Published scores, read from ``r2med_agent/resources/published_results.csv``: the R2MED
+    """Published scores, read from ``r2med_agent/resources/``: ``published_results.csv``, the R2MED
     paper's (kinds ``retrieval``, ``gar``, ``rerank``, ...) on the 8 R2MED tasks, and the
     NanoR2MED card's three profiles (kind ``nano``: retrievers ``nano-bm25``, ``harrier``,
-    ``nano-hybrid``) on its 8 splits.
+    ``nano-hybrid``) on its 8 splits; ``frontier_results.csv``, the systems published since
+    (kind ``frontier``), per task where their source gives tasks and as an ``average`` row.
 
     Columns: ``kind, method, llm, retriever, reranker, task`` and one column per metric in
-    PUBLISHED_METRICS (empty where the source has no number).
+    PUBLISHED_METRICS (empty where the source has no number); optionally ``system, first_stage,
+    source, checked, note`` (:class:`PublishedInfo`).
     """
 
-    def __init__(self, path: str | Path | None = None) -> None:
-        self.path = Path(path) if path else resources_dir() / "published_results.csv"
+    def __init__(self, path: str | Path | None = None, *more: str | Path) -> None:
+        paths = [Path(path), *map(Path, more)] if path else [resources_dir() / f for f in DEFAULT_FILES]
+        self.path = paths[0]
+        self.paths = tuple(paths)
         self._scores: dict[PublishedKey, dict[str, dict[str, float]]] = {}
+        self._averages: dict[PublishedKey, dict[str, float]] = {}
+        self._info: dict[PublishedKey, PublishedInfo] = {}
         self.kinds: dict[PublishedKey, str] = {}
+        seen: dict[PublishedKey, Path] = {}
+        for p in paths:
+            self._read(p, seen)
+
+    def _read(self, path: Path, seen: dict[PublishedKey, Path]) -> None:
         try:
-            f = self.path.open(encoding="utf-8", newline="")
+            f = path.open(encoding="utf-8", newline="")
         except OSError as e:
-            raise DataError(f"cannot read published scores: {e.strerror}", self.path) from None
+            raise DataError(f"cannot read published scores: {e.strerror}", path) from None
         with f:
             reader = csv.DictReader(f)
             needed = {"kind", "method", "llm", "retriever", "reranker", "task"}
             if not needed <= set(reader.fieldnames or ()):
-                raise DataError(f"published scores need columns {', '.join(sorted(needed))}", self.path, 1)
+                raise DataError(f"published scores need columns {', '.join(sorted(needed))}", path, 1)
             for lineno, rec in enumerate(reader, start=2):
                 key = PublishedKey(rec["method"], rec["llm"], rec["retriever"], rec["reranker"])
+                if seen.setdefault(key, path) != path:
+                    raise DataError(f"{key} is also in {seen[key].name}", path, lineno)
                 self.kinds[key] = rec["kind"]
+                self._info.setdefault(key, PublishedInfo(
+                    source=(rec.get("source") or "").strip() or PAPER_SOURCE,
+                    **{k: (rec.get(k) or "").strip() for k in ("system", "first_stage", "checked", "note")}))
                 per_task = self._scores.setdefault(key, {})
-                if rec["task"] in per_task:
-                    raise DataError(f"duplicate row for {key} on task {rec['task']}", self.path, lineno)
-                values: dict[str, float] = {}
-                for metric in PUBLISHED_METRICS:
-                    cell = (rec.get(metric) or "").strip()
-                    if not cell:
-                        continue
-                    try:
-                        values[metric] = float(cell)
-                    except ValueError:
-                        raise DataError(f"{metric} '{cell}' is not a number", self.path, lineno) from None
-                per_task[rec["task"]] = values
+                if rec["task"] in per_task or (rec["task"] == AVERAGE_TASK and key in self._averages):
+                    raise DataError(f"duplicate row for {key} on task {rec['task']}", path, lineno)
+                values = _metric_values(rec, path, lineno)
+                if rec["task"] == AVERAGE_TASK:
+                    self._averages[key] = values
+                else:
+                    per_task[rec["task"]] = values
 
     def keys(self, kind: str | None = None) -> list[PublishedKey]:
         """Every published configuration (of ``kind``: retrieval, gar, rerank), in file order."""
@@ -83,8 +122,29 @@ class PublishedResults:
                 out[task] = values[metric]
         return out
 
+    def average(self, key: PublishedKey, metric: str = "ndcg_at_10") -> float | None:
+        """The published average of ``key`` where its source gives one (frontier rows), else None."""
+        return self._averages.get(key, {}).get(metric)
+
+    def info(self, key: PublishedKey) -> PublishedInfo:
+        """Source, system name, first stage, check and caveat of ``key``."""
+        return self._info.get(key, PublishedInfo())
+
     def __contains__(self, key: object) -> bool:
         return key in self._scores
+
+
+def _metric_values(rec: dict[str, str], path: Path, lineno: int) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for metric in PUBLISHED_METRICS:
+        cell = (rec.get(metric) or "").strip()
+        if not cell:
+            continue
+        try:
+            values[metric] = float(cell)
+        except ValueError:
+            raise DataError(f"{metric} '{cell}' is not a number", path, lineno) from None
+    return values
 
 
 @lru_cache(maxsize=1)

@@ -19,7 +19,7 @@ from r2med_agent.analysis.published import (
     PublishedResults,
     published_results,
 )
-from r2med_agent.analysis.results import NO_LLM, ResultRow, task_order
+from r2med_agent.analysis.results import NO_LLM, ResultRow, r2med_tasks, task_order
 
 PARTIAL_MARK = "†"
 BETTER_MARK = "▲"
@@ -85,7 +85,10 @@ class TableRow:
         average: mean of ``values`` over the tasks the row has (None when it has none).
         missing_tasks: table tasks the row lacks; the average is partial when not empty.
         published: task -> the paper's score (only with published=True; tasks without one absent).
-        published_average: the paper's mean over exactly the row's tasks (None when any is missing).
+        published_average: the paper's mean over exactly the row's tasks (None when any is missing);
+            for a configuration published as an 8-task average only (frontier rows), that average
+            when the row has the 8 R2MED tasks.
+        published_key: the published configuration matched (None: none).
         tests: task (and ``"all"``) -> paired test against the baseline (empty for the baseline).
         totals: ``stats`` summed over the table's tasks.
     """
@@ -99,6 +102,7 @@ class TableRow:
     published_average: float | None
     tests: dict[str, PairedTest]
     totals: dict[str, float]
+    published_key: PublishedKey | None = None
 
     @property
     def partial(self) -> bool:
@@ -119,6 +123,8 @@ class ComparisonTable:
     test: str = "permutation"
     n_resamples: int = 10_000
     with_cost: bool = False
+    published_scores: PublishedResults | None = None
+    """Where the published columns came from (for their sources' footnotes)."""
 
     def marker(self, row: TableRow, task: str) -> str:
         """``▲``/``▼`` when ``row`` differs significantly from the baseline on ``task`` (or ``"all"``)."""
@@ -158,7 +164,24 @@ class ComparisonTable:
                 "NanoR2MED card's, hakari-bench/NanoR2MED); its average covers the same "
                 f"tasks as ours and is {MISSING} when the paper lacks any of them"
             )
+            notes += self._source_notes()
         return notes
+
+    def _source_notes(self) -> list[str]:
+        """One note per row whose published numbers come from another source than the paper."""
+        pub = self.published_scores
+        if pub is None:
+            return []
+        out = []
+        for r in self.rows:
+            if r.published_key is None or pub.kinds.get(r.published_key) != "frontier":
+                continue
+            info = pub.info(r.published_key)
+            line = f"row {r.index} ({r.row.label}): published as {info.system}"
+            line += f" over {info.first_stage}" if info.first_stage else ""
+            line += f", {info.source}"
+            out.append(line + (f"; {info.note}" if info.note else ""))
+        return out
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -290,6 +313,7 @@ def build_table(rows: Sequence[ResultRow], metric: str = "ndcg_at_10", options: 
         test=opts.test,
         n_resamples=opts.n_resamples,
         with_cost=opts.cost,
+        published_scores=pub,
     )
 
 
@@ -340,6 +364,8 @@ def _table_row(i: int, r: ResultRow, metric: str, columns: Sequence[str], pub: P
         have = [t for t, v in values.items() if v is not None]
         if have and all(t in pub_values for t in have):
             pub_avg = _mean(pub_values[t] for t in have)
+        elif pub.average(key, metric) is not None and set(have) == set(r2med_tasks()):
+            pub_avg = pub.average(key, metric)
     return TableRow(
         index=i,
         row=r,
@@ -350,6 +376,7 @@ def _table_row(i: int, r: ResultRow, metric: str, columns: Sequence[str], pub: P
         published_average=pub_avg,
         tests=tests,
         totals=r.totals(columns) if cost else {},
+        published_key=key,
     )
 
 

@@ -157,7 +157,7 @@ def report_command(
 
 @app.command("reproduce")
 def reproduce_command(
-    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic, rerank or nano (configs/reproduce/<table>.yaml)."),
+    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic, rerank, nano, beyond or frontier (configs/reproduce/<table>.yaml)."),
     grid_file: Optional[Path] = typer.Option(None, "--grid", help="A grid YAML of your own instead of --table (same format)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published scores, done/stale/pending tasks and what it needs (GPU memory, API keys, hub access); run nothing."),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; tasks whose result files exist and were made with the entry's settings and data are skipped, stale ones run again."),
@@ -166,6 +166,7 @@ def reproduce_command(
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
     generations: str = typer.Option("r2med", "--generations", help="r2med (default): rows whose generations R2MED released (configs/reproduce/released.yaml) score those, with no LLM; the others generate. fresh: every LLM row generates."),
     allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="Use --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`)."),
+    candidates: Optional[Path] = typer.Option(None, "--candidates", help="First-stage run files for the grid's entries that rerank given runs (frontier: ReasonRank's runs/ folder); checked against the hash each entry holds."),
     fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
@@ -182,6 +183,7 @@ def reproduce_command(
         gpu_gib=gpu_gib,
         generations=generations,
         allow_count_mismatch=allow_count_mismatch,
+        candidates=candidates,
     )
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")

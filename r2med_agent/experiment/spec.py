@@ -614,23 +614,30 @@ SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever", "bm25_k1
 """Spec fields whose ``run`` option is not simply ``--<field-with-dashes>``."""
 
 
-def cli_args(spec: RunSpec) -> list[str]:
+def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
     """The ``r2med-agent run`` options that give ``spec`` (its non-default settings; the prompts
-    in use come from ``$R2MED_PROMPTS_DIR``, not from an option).
+    in use come from ``$R2MED_PROMPTS_DIR``, not from an option). A run over ``--candidates``
+    needs ``candidates_path``, the files its hash was made from.
 
     Raises:
-        ConfigError: a sampling override has no ``run`` option (set it in the LLM's entry).
+        ConfigError: a sampling override has no ``run`` option (set it in the LLM's entry); a
+            run over candidates without their path.
     """
     out = ["--method", spec.method]
     if spec.llm:
         out += ["--llm", spec.llm]
     if spec.generations != "fresh":
         out += ["--generations", spec.generations]
-    out += ["--retriever", spec.retriever]
+    if spec.candidates is not None and candidates_path is not None:
+        out += ["--candidates", candidates_path]
+    else:
+        out += ["--retriever", spec.retriever]
     if spec.reranker:
         out += ["--reranker", spec.reranker]
     for name, value in spec.non_default().items():
         if name in ("method", "llm", "generations", "retriever", "reranker", "prompts"):
+            continue
+        if name == "candidates" and candidates_path is not None:
             continue
         if name == "candidates":
             raise ConfigError("a run over --candidates is given by the files' path, which its spec (their hash) "
