@@ -12,6 +12,7 @@ from r2med_agent.config import build, load_yaml
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.spec import capabilities
 from r2med_agent.paths import configs_dir
+from r2med_agent.retrieval.fusion import member_names
 
 logger = logging.getLogger(__name__)
 from r2med_agent.analysis.grids import (
@@ -303,7 +304,7 @@ class _NeedsFinder:
         from r2med_agent.retrieval import BM25_SPECS
         from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT, SHIPPED
 
-        for part in self.entry.retriever.split("+"):
+        for part in member_names(self.entry.retriever):
             if part in BM25_SPECS or part in SHIPPED or part == "candidates":  # given run files: no model
                 continue
             if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
@@ -353,7 +354,7 @@ class _NeedsFinder:
         if llm_spec is None or llm_spec.backend != "vllm":
             return ()
         pins = {}
-        for part in entry.retriever.split("+"):
+        for part in member_names(entry.retriever):
             enc = reg.encoders.get(part)
             if enc is not None and _excludes_vllm(getattr(enc, "transformers", "")):
                 pins[part] = enc.transformers

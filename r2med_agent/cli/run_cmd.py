@@ -49,6 +49,7 @@ _SPEC_OPTIONS = {
     "final": typer.Option("default", "--final", help=field_help("final")),
     "fusion": typer.Option("rrf", "--fusion", help=field_help("fusion")),
     "fusion_weights": typer.Option(None, "--fusion-weights", help=field_help("fusion_weights")),
+    "fusion_depth": typer.Option(None, "--fusion-depth", help=field_help("fusion_depth")),
     "rrf_k": typer.Option(60, "--rrf-k", help=field_help("rrf_k")),
     "precision": typer.Option(None, "--precision", help=field_help("precision")),
     "reranker": typer.Option(None, "--reranker", help=field_help("reranker")),
@@ -98,6 +99,7 @@ def run_command(
     final: str = _O["final"],
     fusion: str = _O["fusion"],
     fusion_weights: Optional[str] = _O["fusion_weights"],
+    fusion_depth: Optional[str] = _O["fusion_depth"],
     rrf_k: int = _O["rrf_k"],
     precision: Optional[str] = _O["precision"],
     reranker: Optional[str] = _O["reranker"],
@@ -147,7 +149,7 @@ def run_command(
         sampling["seed"] = parse_seed(seed)
     cfg = RunConfig(
         method=method, llm=llm, retriever=retriever, loop_retriever=loop_retriever, final=final, fusion=fusion,
-        fusion_weights=_parse_weights(fusion_weights), rrf_k=rrf_k, precision=precision, reranker=reranker,
+        fusion_weights=_parse_weights(fusion_weights), fusion_depth=_parse_depths(fusion_depth), rrf_k=rrf_k, precision=precision, reranker=reranker,
         rerank_k=rerank_k, rerank_cut=rerank_cut, first_pass=first_pass, generations=generations, top_k=top_k,
         samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
         sampling=sampling, tasks=tuple(names), data_dir=data_dir,
@@ -176,6 +178,18 @@ def _parse_weights(text: Optional[str]) -> Optional[tuple[float, ...]]:
         raise ConfigError(
             f"--fusion-weights: '{text}' is not a comma-separated list of numbers (e.g. 0.3,0.7)"
         ) from None
+
+
+def _parse_depths(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    """``"1000,200"`` -> ``(1000, 200)``; anything else is a ConfigError naming the option."""
+    from r2med_agent.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--fusion-depth: '{text}' is not a comma-separated list of whole numbers (e.g. 1000,200)") from None
 
 
 def print_summary(result) -> None:

@@ -101,7 +101,8 @@ class RunConfig(RunSpec):
 
         fusion = None
         if fused and "+" in self.retriever:
-            fusion = FusionOptions(method=self.fusion, rrf_k=self.rrf_k, weights=self.fusion_weights)  # type: ignore[arg-type]
+            fusion = FusionOptions(method=self.fusion, rrf_k=self.rrf_k, weights=self.fusion_weights,  # type: ignore[arg-type]
+                                   member_depths=self.fusion_depth)
         return RetrieverOptions(
             encoder=EncoderOptions(precision=self.precision, backend=self.encoder_backend,
                                    show_progress=self.show_progress),
@@ -296,7 +297,9 @@ def model_precisions(cfg: RunConfig) -> dict[str, str]:
     from r2med_agent.retrieval.rerank.spec import get_reranker_spec
 
     encoders = encoder_registry()
-    names = {p.strip() for spec in (cfg.retriever, cfg.loop_retriever or "") for p in spec.split("+")}
+    from r2med_agent.retrieval.fusion import member_names
+
+    names = {p for spec in (cfg.retriever, cfg.loop_retriever or "") for p in member_names(spec)}
     out = {n: cfg.precision or encoders[n].precision
            for n in sorted(names) if n in encoders and encoders[n].kind == "hf"}
     if cfg.reranker:

@@ -159,6 +159,10 @@ class RunSpec:
     rerank_cut: bool = field(default=False, metadata=_help(
         "Keep only the --rerank-k reranked documents per query, as R2MED's reranker runs did "
         "(NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same."))
+    fusion_depth: tuple[int, ...] | None = field(default=None, metadata=_help(
+        "How deep each member of a '+'-joined --retriever searches before the fusion: one number for "
+        "all or one per member, e.g. 1000,200, each at least --top-k (default: --top-k). Deeper member "
+        "lists let the fusion lift a document one member ranks low."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part
@@ -208,8 +212,9 @@ class RunSpec:
         did not record has its default, which is what such runs did)."""
         names = {f.name for f in fields(RunSpec)}
         kwargs = {k: v for k, v in record.items() if k in names}
-        if kwargs.get("fusion_weights") is not None:
-            kwargs["fusion_weights"] = tuple(kwargs["fusion_weights"])
+        for key in ("fusion_weights", "fusion_depth"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = tuple(kwargs[key])
         if kwargs.get("sampling") is None:
             kwargs.pop("sampling", None)
         for key in ("rerank_k", "top_k", "samples", "rrf_k"):
@@ -395,6 +400,7 @@ _TOKENS: dict[str, Any] = {
     "rerank_k": _rerank_k_token,
     # rerank_cut shows through rerank_k's token (top<k>); with the default depth it is its own.
     "rerank_cut": lambda v, s: "" if s.rerank_k != 100 else "top100",
+    "fusion_depth": lambda v, s: "fd" + "-".join(str(d) for d in v),
 }
 
 
@@ -415,6 +421,7 @@ def _normalise(spec: RunSpec) -> None:
     _set(spec, "sampling", _canonical_sampling(spec.sampling))
     if spec.fusion_weights is not None:
         _set(spec, "fusion_weights", tuple(float(w) for w in spec.fusion_weights))
+    _normalise_fusion_depth(spec)
     if not caps.agentic or spec.loop_retriever == spec.retriever:
         _set(spec, "loop_retriever", None)
     if not caps.final_fuse and spec.final in FINAL_MODES:
@@ -431,7 +438,9 @@ def _normalise(spec: RunSpec) -> None:
         _set(spec, name, None if value is None or float(value) == default else float(value))
     if spec.candidates is not None and spec.retriever in ("bm25", CANDIDATES):
         _set(spec, "retriever", CANDIDATES)  # the files are the first stage
-    models = [p.strip() for p in (spec.retriever, spec.loop_retriever or "") for p in p.split("+") if p.strip()]
+    from r2med_agent.retrieval.fusion import member_names
+
+    models = [m for p in (spec.retriever, spec.loop_retriever or "") for m in member_names(p)]
     searched = models + ([spec.first_pass] if capabilities(method_cls).needs_first_pass else [])
     if not any(m in BM25_NAMES for m in searched):
         _set(spec, "bm25_k1", None)
@@ -577,11 +586,32 @@ def _check_choices(spec: RunSpec) -> None:
         raise ConfigError(f"--b must be between 0 and 1, got {spec.bm25_b}")
 
 
+def _normalise_fusion_depth(spec: RunSpec) -> None:
+    """One depth per member (a single number stands for all); depths all equal to top_k are the
+    default (None), so they neither split nor merge folders."""
+    if spec.fusion_depth is None:
+        return
+    depths = tuple(spec.fusion_depth)
+    n = len(spec.retriever.split("+"))
+    if n == 1:
+        raise ConfigError(f"--fusion-depth needs a '+'-joined --retriever (e.g. bm25+minilm), got '{spec.retriever}'")
+    if len(depths) == 1:
+        depths = depths * n
+    if len(depths) != n:
+        raise ConfigError(f"--fusion-depth: {len(depths)} depth(s) for {n} fused retriever(s); give one or one per retriever")
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < spec.top_k for d in depths):
+        raise ConfigError(f"--fusion-depth must be whole numbers of at least --top-k ({spec.top_k}), got {list(depths)}")
+    _set(spec, "fusion_depth", None if all(d == spec.top_k for d in depths) else depths)
+
+
 def _validate_models(spec: RunSpec) -> None:
     """Fusion and fixed candidate lists, checked by name."""
-    from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, check_fusion_options
+    from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, ORIGINAL_QUERY, check_fusion_options
 
     n = len(spec.retriever.split("+"))
+    if n == 1 and spec.retriever.endswith(ORIGINAL_QUERY):
+        raise ConfigError(f"--retriever {spec.retriever}: the {ORIGINAL_QUERY} suffix marks a fused member that "
+                          "searches with the original query; write e.g. bm25+minilm:query")
     if n == 1 and (spec.fusion != "rrf" or spec.fusion_weights is not None or spec.rrf_k != DEFAULT_RRF_K):
         raise ConfigError(
             f"--fusion, --fusion-weights and --rrf-k need a '+'-joined --retriever (e.g. bm25+minilm), "
@@ -595,11 +625,12 @@ def _validate_fixed_rankings(spec: RunSpec) -> None:
     """NanoR2MED's shipped candidate lists hold one ranking per task query: refuse, before any LLM
     work, a method whose queries are an LLM's (``--method`` other than none, ``--loop-retriever``)."""
     from r2med_agent.retrieval.candidates import candidate_names
+    from r2med_agent.retrieval.fusion import member_names
 
     fixed = set(candidate_names())
     used = [("--retriever", spec.retriever)] + ([("--loop-retriever", spec.loop_retriever)] if spec.loop_retriever else [])
     for option, name in used:
-        names = [p.strip() for p in name.split("+") if p.strip() in fixed]
+        names = [p for p in member_names(name) if p in fixed]
         if names and spec.method != "none":
             raise ConfigError(
                 f"{option} {name}: {', '.join(names)} answer the task's own queries from a fixed list "
@@ -649,7 +680,7 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
         if isinstance(value, bool):
             out += [flag] if value else []
         else:
-            out += [flag, _fmt(value).replace("-", ",") if name == "fusion_weights" else str(value)]
+            out += [flag, _fmt(value).replace("-", ",") if name in ("fusion_weights", "fusion_depth") else str(value)]
     return out
 
 

@@ -19,6 +19,28 @@ from r2med_agent.types import Run, SearchRequest
 
 logger = logging.getLogger(__name__)
 
+ORIGINAL_QUERY = ":query"
+"""Suffix of a fused member that searches with the original query, whatever the method generated
+(``bm25+reasonembed-qwen3-8b:query``: BM25 on the HyDE text, the embedder on the question)."""
+
+
+def member_names(spec: str) -> list[str]:
+    """The retriever names of a '+'-joined spec, each without its ``:query`` suffix."""
+    return [p.strip().removesuffix(ORIGINAL_QUERY) for p in spec.split("+") if p.strip()]
+
+
+class OriginalQueryRetriever:
+    """A member that searches with each request's original query (``combine`` none)."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner = inner
+        self.name = inner.name + ORIGINAL_QUERY
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
+        plain = [SearchRequest(r.query_id, r.query) for r in requests]
+        return self.inner.search(plain, k)
+
+
 FusionMethod = Literal["rrf", "weighted"]
 FUSION_METHODS: tuple[str, ...] = ("rrf", "weighted")
 DEFAULT_RRF_K = 60
@@ -145,7 +167,8 @@ class FusionRetriever:
         method: ``rrf`` or ``weighted`` (weighted min-max score sum).
         rrf_k: the RRF constant.
         weights: per-retriever weights for ``weighted`` (all 1.0 when None).
-        depth: how deep each member is searched before fusing.
+        depth: how deep each member is searched before fusing (at least ``k``).
+        member_depths: one depth per member instead of ``depth`` (each at least ``k``).
         name: defaults to :func:`fusion_label` of the members' names joined by ``+``.
     """
 
@@ -157,11 +180,15 @@ class FusionRetriever:
         rrf_k: int = DEFAULT_RRF_K,
         weights: Sequence[float] | None = None,
         depth: int = 100,
+        member_depths: Sequence[int] | None = None,
         name: str | None = None,
     ) -> None:
         if len(retrievers) < 1:
             raise ConfigError("fusion needs at least one retriever")
         check_fusion_options(len(retrievers), method, rrf_k, weights)
+        if member_depths is not None and len(member_depths) != len(retrievers):
+            raise ConfigError(f"fusion depths: {len(member_depths)} for {len(retrievers)} retriever(s)")
+        self.member_depths = list(member_depths) if member_depths is not None else None
         self.retrievers = list(retrievers)
         self.method = method
         self.rrf_k = rrf_k
@@ -171,8 +198,8 @@ class FusionRetriever:
         self.name = name or fusion_label(members, method, rrf_k, self.weights)
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
-        depth = max(self.depth, k)
-        runs = [r.search(requests, depth) for r in self.retrievers]
+        depths = self.member_depths or [self.depth] * len(self.retrievers)
+        runs = [r.search(requests, max(d, k)) for r, d in zip(self.retrievers, depths)]
         if self.method == "rrf":
             fused = rrf(runs, k=self.rrf_k, depth=k)
         else:
@@ -189,6 +216,7 @@ class FusionOptions:
     rrf_k: int = DEFAULT_RRF_K
     weights: Sequence[float] | None = None
     depth: int = 100
+    member_depths: Sequence[int] | None = None
 
     def check(self, n_members: int) -> None:
         """Raise a ConfigError when these settings do not fit ``n_members`` members."""
@@ -196,4 +224,5 @@ class FusionOptions:
 
     def retriever(self, members: Sequence[Retriever]) -> FusionRetriever:
         """The fusion of ``members`` with these settings."""
-        return FusionRetriever(members, method=self.method, rrf_k=self.rrf_k, weights=self.weights, depth=self.depth)
+        return FusionRetriever(members, method=self.method, rrf_k=self.rrf_k, weights=self.weights, depth=self.depth,
+                               member_depths=self.member_depths)

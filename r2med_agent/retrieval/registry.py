@@ -40,7 +40,7 @@ from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.retrieval.base import Retriever
 from r2med_agent.retrieval.bm25.retriever import BM25Options
 from r2med_agent.retrieval.dense.spec import EncoderOptions
-from r2med_agent.retrieval.fusion import FusionOptions
+from r2med_agent.retrieval.fusion import ORIGINAL_QUERY, FusionOptions, OriginalQueryRetriever
 
 if TYPE_CHECKING:  # pragma: no cover
     from r2med_agent.types import Task
@@ -220,7 +220,11 @@ def _spec_words(spec: str) -> list[str]:
     if len(set(parts)) != len(parts):
         raise ConfigError(f"retriever spec '{spec}' names a retriever twice")
     known = retriever_names()
-    for word in parts:
+    for part in parts:
+        word = part.removesuffix(ORIGINAL_QUERY)
+        if word != part and len(parts) == 1:
+            raise ConfigError(f"'{part}': the {ORIGINAL_QUERY} suffix marks a fused member that searches with "
+                              "the original query; write e.g. 'bm25+minilm:query'")
         if word not in known:
             raise ConfigError(
                 f"unknown retriever '{word}'{did_you_mean(word, known)}; allowed: {', '.join(known)}, "
@@ -230,6 +234,8 @@ def _spec_words(spec: str) -> list[str]:
 
 
 def _single(word: str, task: Task, options: RetrieverOptions) -> Retriever:
-    kind = next(k for k in RETRIEVER_KINDS.values() if word in k.names())  # _spec_words checked it
-    return kind.build(word, task, options)
+    name = word.removesuffix(ORIGINAL_QUERY)
+    kind = next(k for k in RETRIEVER_KINDS.values() if name in k.names())  # _spec_words checked it
+    built = kind.build(name, task, options)
+    return OriginalQueryRetriever(built) if name != word else built
 

@@ -201,6 +201,11 @@ def test_fusion_options_through_the_cli(sample_task, tmp_path: Path, capsys) -> 
         (["--retriever", "bm25+minilm", "--fusion", "weighted", "--rrf-k", "5"], "--rrf-k applies to --fusion rrf only"),
         (["--retriever", "bm25", "--fusion", "weighted"], "need a '+'-joined --retriever"),
         (["--retriever", "bm25+minilm", "--rrf-k", "-1"], "--rrf-k must be >= 0"),
+        (["--retriever", "bm25+minilm", "--fusion-depth", "200,100,50"], "3 depth(s) for 2 fused retriever(s)"),
+        (["--retriever", "bm25+minilm", "--fusion-depth", "50"], "at least --top-k (100)"),
+        (["--retriever", "bm25+minilm", "--fusion-depth", "1e3"], "not a comma-separated list of whole numbers"),
+        (["--retriever", "bm25", "--fusion-depth", "500"], "--fusion-depth needs a '+'-joined --retriever"),
+        (["--retriever", "minilm:query"], "marks a fused member"),
     ],
 )
 def test_bad_fusion_options_fail_before_any_work(args, message, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -214,3 +219,44 @@ def test_bad_fusion_options_fail_before_any_work(args, message, tmp_path: Path, 
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert not (tmp_path / "none").exists()
+
+
+# --------------------------------------------------------------------------- member depth and query
+
+
+def test_each_member_searches_at_its_own_depth() -> None:
+    a, b = StaticRetriever("bm25", RUN_A), StaticRetriever("minilm", RUN_B)
+    FusionRetriever([a, b], member_depths=[1000, 200]).search([SearchRequest("q1", "x")], k=100)
+    assert a.ks == [1000] and b.ks == [200]
+    FusionRetriever([a, b], member_depths=[1000, 200]).search([SearchRequest("q1", "x")], k=300)
+    assert a.ks[-1] == 1000 and b.ks[-1] == 300  # never shallower than the list asked for
+    with pytest.raises(ConfigError, match="1 for 2"):
+        FusionRetriever([a, b], member_depths=[10])
+
+
+def test_a_query_member_searches_with_the_original_query(sample_task) -> None:
+    """``bm25-compat:query`` gives the plain question's ranking while its partner reads the
+    generated text; the fused list is the RRF of exactly those two rankings."""
+    q = sample_task.queries[0]
+    hyde = SearchRequest(q.query_id, q.text, expansion="iron deficiency anaemia fatigue", combine="hyde")
+    fused = make_retriever("bm25+bm25-compat:query", sample_task, show_progress=False)
+    assert fused.name == "bm25+bm25-compat:query"
+    plain = make_retriever("bm25-compat", sample_task, show_progress=False).search([SearchRequest(q.query_id, q.text)], 100)
+    on_text = make_retriever("bm25", sample_task, show_progress=False).search([hyde], 100)
+    assert plain != make_retriever("bm25-compat", sample_task, show_progress=False).search([hyde], 100)
+    assert fused.search([hyde], 100) == rrf([on_text, plain], depth=100)
+
+
+def test_fusion_depth_is_part_of_the_run_spec() -> None:
+    from r2med_agent.experiment.spec import RunSpec, cli_args
+
+    base = dict(retriever="bm25+minilm:query")
+    assert RunSpec(**base, fusion_depth=(100,)).fusion_depth is None  # the default depth
+    deep = RunSpec(**base, fusion_depth=(1000,))
+    assert deep.fusion_depth == (1000, 1000) and deep == RunSpec(**base, fusion_depth=(1000, 1000))
+    mixed = RunSpec(**base, fusion_depth=(1000, 200))
+    assert mixed.folder() != deep.folder() != RunSpec(**base).folder()
+    assert "fd1000-200" in mixed.folder()
+    assert RunSpec.from_key(mixed.key()) == mixed == RunSpec.from_record(mixed.record())
+    args = cli_args(mixed)
+    assert args[args.index("--fusion-depth") + 1] == "1000,200"
