@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from r2med_agent.llm.cache import CacheRecord, GenerationCache, LeaseOwner
+from r2med_agent.llm.cache import CacheRecord, GenerationCache, LeaseOwner, request_key
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.types import Generation, SamplingParams
 from tests.fakes import ScriptedLLM
@@ -211,3 +211,33 @@ def test_texts_leased_by_a_live_run_are_waited_for_not_generated(tmp_path, monke
     assert [len(c) for c in backend.calls] == [2, 1]  # its own two, then the one given up
     assert llm.stats.generations == 3 and llm.stats.cache_hits == 1
     assert len(polls) == 2 and table_rows(cache.path, "leases") == 0
+
+
+class Sampler(ScriptedLLM):
+    """Draws ``n`` samples per prompt in one request (as vLLM's ``n``)."""
+
+    def generate_samples(self, prompts, params, n, *, template_hash="", meta=None):
+        self.calls.append([list(p) for p in prompts])
+        return [[Generation(text=f"{echo(p, params)} #{s}") for s in range(n)] for p in prompts]
+
+
+def test_samples_leased_by_another_run_are_waited_for(tmp_path, monkeypatch):
+    cache = GenerationCache(tmp_path / "g.sqlite")
+    backend = Sampler(echo, "fake-model")
+    llm = CachedLLM(backend, "fake-model", "plain", cache)
+    params = SamplingParams(seed=1)
+    req = llm.request(prompts(2)[1], params, sample_index=1)
+    holder = LeaseOwner.new()
+    cache.claim([request_key(req)], holder)  # another run is drawing sample 1 of prompt "1"
+
+    def poll(seconds: float) -> None:
+        rec = CacheRecord.from_generation(request_key(req), req, Generation(text="theirs", final="theirs"))
+        cache.put_many([rec], release=holder)
+
+    monkeypatch.setattr("r2med_agent.llm.cached.time.sleep", poll)
+    out = llm.generate_samples(prompts(2), params, 2)
+    # Prompt "1" is still drawn (its sample 0 is missing) but the leased sample is not stored
+    # over the other run's: it comes from that run.
+    assert [[g.text for g in row] for row in out] == [["gen 0 #0", "gen 0 #1"], ["gen 1 #0", "theirs"]]
+    assert len(backend.calls) == 1 and len(cache) == 4
+    assert cache.get(request_key(req)).text == "theirs" and table_rows(cache.path, "leases") == 0
