@@ -275,31 +275,37 @@ LEASE_TTL_S = 600.0
 runs on another host (on the same host the owner's pid decides at once)."""
 
 
-def _pid_start(pid: int) -> str:
-    """When process ``pid`` started (clock ticks since boot, from ``/proc``), or "" where that
-    cannot be read; with the pid it names one process even after the pid is reused."""
+def _proc_stat(pid: int) -> tuple[str, str]:
+    """Process ``pid``'s state letter and start time (clock ticks since boot) from ``/proc``, or
+    ``("", "")`` where they cannot be read; the pid with its start time names one process even
+    after the pid is reused."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return ""
+        return "", ""
     # The command name (field 2) may hold spaces and parentheses; the fields after its last ")"
-    # start with field 3, so field 22 (starttime) is the 20th of them.
+    # start with field 3 (the state), so field 22 (starttime) is the 20th of them.
     rest = stat[stat.rfind(")") + 2 :].split()
-    return rest[19] if len(rest) > 19 else ""
+    return (rest[0], rest[19]) if len(rest) > 19 else ("", "")
+
+
+def _pid_start(pid: int) -> str:
+    return _proc_stat(pid)[1]
 
 
 def _pid_alive(pid: int, start: str) -> bool:
-    """Whether process ``pid`` runs on this host and is the one that started at ``start``."""
+    """Whether process ``pid`` runs on this host and is the one that started at ``start`` (a
+    killed process its parent has not reaped yet, a zombie, is dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    if not start:
-        return True
-    now = _pid_start(pid)
-    return now == "" or now == start
+    state, now = _proc_stat(pid)
+    if state in ("Z", "X"):
+        return False
+    return not start or now == "" or now == start
 
 
 @dataclass(frozen=True)
@@ -350,7 +356,7 @@ def _is_full(e: BaseException) -> bool:
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     if isinstance(e, sqlite3.Error):
         code = getattr(e, "sqlite_errorcode", None)
-        return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(e)
+        return code == getattr(sqlite3, "SQLITE_FULL", 13) or "database or disk is full" in str(e)
     return False
 
 

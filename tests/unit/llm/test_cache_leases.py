@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from r2med_agent.llm.cache import CacheRecord, GenerationCache, LeaseOwner, request_key
+from r2med_agent.llm.cache import CacheRecord, GenerationCache, LeaseOwner, _pid_start, _proc_stat, request_key
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.types import Generation, SamplingParams
 from tests.fakes import ScriptedLLM
@@ -153,6 +153,18 @@ def test_claim_skips_rows_and_live_leases_and_takes_dead_ones(tmp_path):
     assert cache.claim(["d", "e"], dead).claimed == ["d", "e"]
     assert cache.claim(["f"], reused).claimed == ["f"]
     assert cache.claim(["d", "e", "f"], me).claimed == ["d", "e", "f"]
+
+    # A killed process its parent has not reaped yet (a zombie) is dead too.
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cache.claim(["z"], LeaseOwner(other.host, zombie.pid, _pid_start(zombie.pid), "zombie"))
+        assert set(cache.claim(["z"], me).held) == {"z"}  # alive: held
+        zombie.send_signal(signal.SIGKILL)
+        wait_for(lambda: _proc_stat(zombie.pid)[0] == "Z", "the zombie")
+        assert cache.claim(["z"], me).claimed == ["z"]
+    finally:
+        zombie.kill()
+        zombie.wait()
 
     # Another host's lease lives while its heartbeat is younger than the time to live.
     far = LeaseOwner("some-other-host", 1, "", "far")
