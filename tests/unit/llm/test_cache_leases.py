@@ -95,8 +95,9 @@ def test_three_runs_sharing_a_cache_generate_each_text_once(tmp_path):
 def test_leases_of_a_sigkilled_run_are_taken_over(tmp_path):
     path = tmp_path / "g.sqlite"
     (tmp_path / "go").touch()
-    # The first run claims all 12 and would take 12 s for its one backend call.
-    killed, _ = spawn(tmp_path, "killed", 12, 1.0)
+    # The first run claims all 12 and would take 36 s for its one backend call (it is killed
+    # long before, as soon as the others wait).
+    killed, _ = spawn(tmp_path, "killed", 12, 3.0)
     wait_for(lambda: path.exists() and _leases(path) == 12, "the first run's leases")
     others = [spawn(tmp_path, f"run{i}", 12, 0.05) for i in range(2)]
     # Both others see every text leased by a live run, and wait instead of generating.
