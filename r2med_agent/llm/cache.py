@@ -10,6 +10,16 @@ transaction, so a process killed mid-run (even by SIGKILL) loses at most the bat
 committed, and the file stays consistent. Two processes can share a file: writers take the lock
 with ``BEGIN IMMEDIATE`` and wait up to ``busy_timeout_s`` for each other.
 
+Leases: runs that share a file do not send the same request twice. Before calling its backend, a
+run claims the keys it is missing in a ``leases`` table (one short ``BEGIN IMMEDIATE``
+transaction); keys another live run holds are waited for, not generated. A lease names its owner
+(host, pid, the pid's start time, and a token per claim) and carries a heartbeat the owner
+refreshes; it is released when its row is written, or when the owner's call ends in an error. A
+run killed even by SIGKILL leaves its leases behind, and they count as dead at once on the same
+host (the pid is gone, or now belongs to a process started at another time) and, from another
+host, when the heartbeat is older than the lease's time to live. The table is created in place in
+older files; readers that do not know it ignore it.
+
 Besides the generations table, a ``uses`` table links a key to the (task, query id, method) that
 asked for it, so a cache can be exported in R2MED's ``query_with_hydoc.jsonl`` layout. One
 generation may serve several queries (identical prompts share one key); uses are not part of the key.
@@ -17,19 +27,23 @@ generation may serve several queries (identical prompts share one key); uses are
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from r2med_agent.errors import DataError
+from r2med_agent.errors import DataError, DiskFullError
 from r2med_agent.types import Generation, Message
 
 logger = logging.getLogger(__name__)
@@ -73,6 +87,14 @@ CREATE TABLE IF NOT EXISTS uses (
 );
 CREATE INDEX IF NOT EXISTS uses_task ON uses (task, method);
 CREATE TABLE IF NOT EXISTS info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    key TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    pid_start TEXT NOT NULL,
+    heartbeat REAL NOT NULL
+);
 """
 
 _COLUMNS = (
@@ -248,6 +270,96 @@ class ModelStats:
     last_created: float
 
 
+LEASE_TTL_S = 600.0
+"""Default lease time to live: a lease whose heartbeat is older counts as dead when its owner
+runs on another host (on the same host the owner's pid decides at once)."""
+
+
+def _proc_stat(pid: int) -> tuple[str, str]:
+    """Process ``pid``'s state letter and start time (clock ticks since boot) from ``/proc``, or
+    ``("", "")`` where they cannot be read; the pid with its start time names one process even
+    after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "", ""
+    # The command name (field 2) may hold spaces and parentheses; the fields after its last ")"
+    # start with field 3 (the state), so field 22 (starttime) is the 20th of them.
+    rest = stat[stat.rfind(")") + 2 :].split()
+    return (rest[0], rest[19]) if len(rest) > 19 else ("", "")
+
+
+def _pid_start(pid: int) -> str:
+    return _proc_stat(pid)[1]
+
+
+def _pid_alive(pid: int, start: str) -> bool:
+    """Whether process ``pid`` runs on this host and is the one that started at ``start`` (a
+    killed process its parent has not reaped yet, a zombie, is dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    state, now = _proc_stat(pid)
+    if state in ("Z", "X"):
+        return False
+    return not start or now == "" or now == start
+
+
+@dataclass(frozen=True)
+class LeaseOwner:
+    """Who holds a lease: this host and process, and a token that tells one claim from another
+    (two threads of one process never take each other's keys for their own).
+
+    Attributes:
+        host: the host name.
+        pid: the owner's process id.
+        pid_start: when that process started (see ``_pid_start``), "" where unknown.
+        token: unique per claim.
+    """
+
+    host: str
+    pid: int
+    pid_start: str
+    token: str
+
+    @classmethod
+    def new(cls) -> LeaseOwner:
+        """A fresh owner for this process."""
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, _pid_start(pid), uuid.uuid4().hex)
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+@dataclass(frozen=True)
+class LeaseClaim:
+    """What ``GenerationCache.claim`` found for each key asked for.
+
+    Attributes:
+        claimed: keys now leased to the caller (none had a row or a live lease), in input order.
+        done: keys that already have a row (written since the caller last looked).
+        held: keys leased by another live owner -> that owner.
+    """
+
+    claimed: list[str]
+    done: list[str]
+    held: dict[str, LeaseOwner]
+
+
+def _is_full(e: BaseException) -> bool:
+    """Whether an error means the file system (or quota) ran out of space."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(e, sqlite3.Error):
+        code = getattr(e, "sqlite_errorcode", None)
+        return code == getattr(sqlite3, "SQLITE_FULL", 13) or "database or disk is full" in str(e)
+    return False
+
+
 class GenerationCache:
     """Generation cache on one SQLite file (WAL mode), shareable between processes.
 
@@ -281,6 +393,8 @@ class GenerationCache:
             try:
                 conn = self._open()
             except sqlite3.OperationalError as e:
+                if _is_full(e):
+                    raise DiskFullError(self.path) from None
                 if "locked" not in str(e) or time.monotonic() + delay > deadline:
                     raise DataError(f"cannot open generation cache: {e}", self.path) from None
                 time.sleep(delay)
@@ -452,8 +566,38 @@ class GenerationCache:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def put_many(self, records: Iterable[CacheRecord], uses: Iterable[Use] = ()) -> None:
-        """Store records (replacing rows with the same key) and uses, in ONE transaction."""
+    @contextlib.contextmanager
+    def _transaction(self, needed_bytes: int | None = None) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` ... ``COMMIT`` (under the object's lock), rolled back on any
+        error, so what earlier transactions wrote stays intact.
+
+        Raises:
+            DiskFullError: the file system ran out of space (with the cache's path and
+                ``needed_bytes``, the size of what was being written).
+        """
+        with self._lock:
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if _is_full(e):
+                    raise DiskFullError(self.path, needed_bytes) from None
+                raise
+
+    def put_many(
+        self, records: Iterable[CacheRecord], uses: Iterable[Use] = (), release: LeaseOwner | None = None
+    ) -> None:
+        """Store records (replacing rows with the same key) and uses, in ONE transaction; with
+        ``release``, that owner's leases on the records' keys are dropped in the same transaction.
+
+        Raises:
+            DiskFullError: the disk is full; nothing of this call is stored, earlier rows are.
+        """
         grows = [
             (
                 r.key, r.model_id, r.sample_index, r.text, r.reasoning, r.final, r.finish_reason,
@@ -466,28 +610,116 @@ class GenerationCache:
         urows = [(u.key, u.task, u.query_id, u.method, canonical_json(u.extra), now) for u in uses]
         if not grows and not urows:
             return
+        with self._transaction(_row_bytes(grows) + _row_bytes(urows)) as conn:
+            conn.executemany(
+                f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                grows,
+            )
+            conn.executemany(
+                "INSERT OR IGNORE INTO uses (key, task, query_id, method, extra, created) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                urows,
+            )
+            if release is not None:
+                conn.executemany(
+                    "DELETE FROM leases WHERE key = ? AND owner = ?", [(g[0], release.token) for g in grows]
+                )
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def claim(
+        self, keys: Sequence[str], owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S, force: bool = False
+    ) -> LeaseClaim:
+        """Lease to ``owner`` every key of ``keys`` that has no row and no live lease of another
+        owner, in one short transaction; see :class:`LeaseClaim` for what comes back.
+
+        Args:
+            keys: the keys the caller is missing.
+            owner: the claiming owner.
+            ttl_s: a lease of another host whose heartbeat is older than this is dead.
+            force: take live leases of others too (a caller that waited long enough).
+        """
+        keys = list(dict.fromkeys(keys))
+        claimed: list[str] = []
+        done: list[str] = []
+        held: dict[str, LeaseOwner] = {}
+        now = time.time()
+        with self._transaction() as conn:
+            rows, leases = self._rows_and_leases(conn, keys)
+            for key in keys:
+                other = leases.get(key)
+                if key in rows:
+                    done.append(key)
+                elif other is not None and not force and other[0].token != owner.token and _lease_live(other, now, ttl_s):
+                    held[key] = other[0]
+                else:
+                    claimed.append(key)
+            conn.executemany(
+                "INSERT OR REPLACE INTO leases (key, owner, host, pid, pid_start, heartbeat) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(k, owner.token, owner.host, owner.pid, owner.pid_start, now) for k in claimed],
+            )
+        return LeaseClaim(claimed, done, held)
+
+    def held_by_others(
+        self, keys: Sequence[str], owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
+    ) -> dict[str, LeaseOwner]:
+        """Those ``keys`` without a row that another live owner holds, with that owner."""
+        now = time.time()
         with self._lock:
-            conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.executemany(
-                    f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    grows,
-                )
-                conn.executemany(
-                    "INSERT OR IGNORE INTO uses (key, task, query_id, method, extra, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    urows,
-                )
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            rows, leases = self._rows_and_leases(self._connect(), list(keys))
+        return {
+            k: lease[0]
+            for k, lease in leases.items()
+            if k not in rows and lease[0].token != owner.token and _lease_live(lease, now, ttl_s)
+        }
+
+    def heartbeat(self, owner: LeaseOwner) -> None:
+        """Mark ``owner``'s leases as still worked on (an owner on another host is judged by it)."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE leases SET heartbeat = ? WHERE owner = ?", (time.time(), owner.token))
+
+    def release(self, owner: LeaseOwner) -> None:
+        """Drop every lease ``owner`` still holds (its call ended, by success or error)."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM leases WHERE owner = ?", (owner.token,))
+
+    def _rows_and_leases(
+        self, conn: sqlite3.Connection, keys: Sequence[str]
+    ) -> tuple[set[str], dict[str, tuple[LeaseOwner, float]]]:
+        """Which ``keys`` have a row, and the leases (owner, heartbeat) on them."""
+        rows: set[str] = set()
+        leases: dict[str, tuple[LeaseOwner, float]] = {}
+        for i in range(0, len(keys), _SQL_BATCH):
+            chunk = keys[i : i + _SQL_BATCH]
+            marks = ",".join("?" * len(chunk))
+            rows.update(r[0] for r in conn.execute(f"SELECT key FROM generations WHERE key IN ({marks})", chunk))
+            for key, token, host, pid, start, beat in conn.execute(
+                f"SELECT key, owner, host, pid, pid_start, heartbeat FROM leases WHERE key IN ({marks})", chunk
+            ):
+                leases[key] = (LeaseOwner(host, int(pid), start, token), float(beat))
+        return rows, leases
 
     def add_uses(self, uses: Iterable[Use]) -> None:
         """Record uses only (for cache hits), in one transaction."""
         self.put_many((), uses)
+
+
+def _lease_live(lease: tuple[LeaseOwner, float], now: float, ttl_s: float) -> bool:
+    """Whether a lease's owner still works on it: on this host, whether its process still runs;
+    on another, whether its heartbeat is younger than ``ttl_s``."""
+    owner, beat = lease
+    if owner.host == socket.gethostname():
+        return _pid_alive(owner.pid, owner.pid_start)
+    return now - beat < ttl_s
+
+
+def _row_bytes(rows: Sequence[Sequence[Any]]) -> int:
+    """About how many bytes ``rows`` take in the file: their values' sizes, twice (once in the
+    write-ahead log, once when it is copied into the database)."""
+    size = sum(len(v.encode("utf-8")) if isinstance(v, str) else 8 for row in rows for v in row)
+    return 2 * size
 
 
 def _record(row: Sequence[Any]) -> CacheRecord:

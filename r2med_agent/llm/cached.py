@@ -23,16 +23,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError
 from r2med_agent.llm.base import LLM, PartialBatchError, PromptMeta, TemplateHashes
 from r2med_agent.llm.cache import (
+    LEASE_TTL_S,
     CacheRecord,
     GenerationCache,
+    LeaseOwner,
     Use,
     build_request,
     canonical_json,
@@ -63,6 +66,8 @@ class LLMStats:
         generations: outputs the backend produced (each unique miss once).
         cache_hits: outputs served from the cache (counted per input prompt).
         deduplicated: input prompts answered by an identical prompt earlier in the same call.
+        empty: replies that came back without any text (an OpenAI-compatible ``content: null``)
+            while the model reported a normal stop: returned as failed items, never cached.
         prompt_tokens: input tokens of the generations made (cache hits cost nothing).
         completion_tokens: output tokens of the generations made.
         model_time_s: wall seconds spent inside ``backend.generate``.
@@ -74,6 +79,7 @@ class LLMStats:
     generations: int = 0
     cache_hits: int = 0
     deduplicated: int = 0
+    empty: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model_time_s: float = 0.0
@@ -243,7 +249,20 @@ class CachedLLM:
             overrides the spec's.
 
     ``model_id`` is the backend's. The spec's name, base URLs and API key never reach the cache.
+
+    Runs sharing a cache file never send the same request twice: misses are leased in the cache
+    before the backend call, and misses another live run holds are waited for (the class
+    attributes below tune it; see ``GenerationCache.claim``).
     """
+
+    lease_ttl_s: float = LEASE_TTL_S
+    """A lease of another host whose heartbeat is older than this is taken over."""
+    lease_wait_s: float = 6 * 3600.0
+    """The longest wait for texts another live run is generating; then they are generated here."""
+    lease_poll_s: float = 0.5
+    """Seconds between looks at the cache while waiting."""
+    lease_note_s: float = 30.0
+    """Seconds between progress lines while waiting."""
 
     def __init__(
         self,
@@ -313,8 +332,12 @@ class CachedLLM:
     def _finished(self, out: Generation) -> Generation:
         """A backend's new generation with its reasoning and final answer parsed, counted in
         :attr:`stats`."""
-        reasoning, final = self.builder.finish(out.text, out.reasoning)
-        gen = replace(out, final=final, reasoning=reasoning, cached=False)
+        text, api_reasoning = out.text or "", out.reasoning or ""
+        reasoning, final = self.builder.finish(text, api_reasoning)
+        gen = replace(out, text=text, final=final, reasoning=reasoning, cached=False)
+        if _empty_reply(gen, api_reasoning):
+            self.stats.empty += 1
+            gen = replace(gen, finish_reason="error")
         self.stats.generations += 1
         self.stats.prompt_tokens += gen.prompt_tokens
         self.stats.completion_tokens += gen.completion_tokens
@@ -367,13 +390,7 @@ class CachedLLM:
             hit_uses = [u for k in hits for u in uses_of.get(k, ())]
             if hit_uses:
                 self.cache.add_uses(hit_uses)
-        if misses:
-            calls = -(-len(misses) // (self.chunk_size or len(misses)))
-            logger.info(
-                "%s: generating %d of %d texts (%d from the cache) in %d backend call%s",
-                self.model_id, len(misses), len(requests), len(hits), calls, "" if calls == 1 else "s",
-            )
-        made, model_time = self._generate_misses(misses, requests, params, uses_of, t_start)
+        made, model_time = self._generate_shared(misses, requests, params, uses_of, t_start, hits)
         out = self._in_prompt_order(keys, made, hits)
         self._count_time(model_time, t_start)
         if hits or misses:
@@ -403,12 +420,139 @@ class CachedLLM:
             return {}
         return self.cache.get_many(keys)
 
+    def _generate_shared(
+        self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
+        uses_of: Mapping[str, Sequence[Use]], t_start: float, hits: dict[str, CacheRecord],
+    ) -> tuple[dict[str, Generation], float]:
+        """Generate the ``misses`` that no other run is generating (see :meth:`_shared`)."""
+
+        def produce(keys: list[str], owner: LeaseOwner | None) -> tuple[dict[str, Generation], float]:
+            self._log_plan(len(keys), len(requests), len(hits), len(misses) - len(keys))
+            return self._generate_misses(keys, requests, params, uses_of, t_start, owner)
+
+        return self._shared(misses, produce, hits, uses_of)
+
+    def _shared(
+        self, misses: Sequence[str],
+        produce: Callable[[list[str], LeaseOwner | None], tuple[dict[str, Generation], float]],
+        hits: dict[str, CacheRecord], uses_of: Mapping[str, Sequence[Use]],
+    ) -> tuple[dict[str, Generation], float]:
+        """``produce`` (one backend call per chunk) the ``misses`` no other run is generating;
+        wait for the rest.
+
+        The misses are leased in the cache first (see ``GenerationCache.claim``): those this call
+        claims are produced together; those another live run holds are waited for, and their
+        rows are added to ``hits`` (with their uses) when that run writes them. A key whose
+        owner died or gave up (no row, no live lease) is claimed again and produced here.
+        Without a cache, or on ``refresh``, every miss is produced here.
+        """
+        if self.cache is None or self.refresh or not misses:
+            return produce(list(misses), None) if misses else ({}, 0.0)
+        made: dict[str, Generation] = {}
+        model_time = 0.0
+        pending, force = list(misses), False
+        while pending:
+            owner = LeaseOwner.new()
+            claim = self.cache.claim(pending, owner, ttl_s=self.lease_ttl_s, force=force)
+            self._take_rows(claim.done, hits, uses_of)
+            if claim.held:
+                logger.info("%s: %d texts are being generated by another run; waiting for them",
+                            self.model_id, len(claim.held))
+            if claim.claimed:
+                with self._holding(owner):
+                    new, dt = produce(claim.claimed, owner)
+                made.update(new)
+                model_time += dt
+            pending, force = self._wait_for_others(list(claim.held), hits, uses_of)
+        return made, model_time
+
+    def _log_plan(self, generating: int, total: int, cached: int, elsewhere: int) -> None:
+        if not generating:
+            return
+        calls = -(-generating // (self.chunk_size or generating))
+        logger.info(
+            "%s: generating %d of %d texts (%d from the cache%s) in %d backend call%s",
+            self.model_id, generating, total, cached,
+            f", {elsewhere} from another run" if elsewhere else "", calls, "" if calls == 1 else "s",
+        )
+
+    def _take_rows(
+        self, keys: Sequence[str], hits: dict[str, CacheRecord], uses_of: Mapping[str, Sequence[Use]]
+    ) -> list[str]:
+        """Add the rows of ``keys`` that are in the cache to ``hits``, recording their uses;
+        returns the keys still without a row."""
+        assert self.cache is not None
+        rows = self.cache.get_many(keys) if keys else {}
+        hits.update(rows)
+        uses = [u for k in rows for u in uses_of.get(k, ())]
+        if uses:
+            self.cache.add_uses(uses)
+        return [k for k in keys if k not in rows]
+
+    def _wait_for_others(
+        self, keys: list[str], hits: dict[str, CacheRecord], uses_of: Mapping[str, Sequence[Use]],
+    ) -> tuple[list[str], bool]:
+        """Poll the cache until another run has written every row of ``keys``, or some key has
+        no live owner any more (it died, or its item failed); returns the keys still missing, to
+        claim again, and whether to take them by force (after :attr:`lease_wait_s`)."""
+        assert self.cache is not None
+        started = last_note = time.monotonic()
+        while True:
+            keys = self._take_rows(keys, hits, uses_of)
+            if not keys:
+                return [], False
+            held = self.cache.held_by_others(keys, LeaseOwner.new(), ttl_s=self.lease_ttl_s)
+            if len(held) < len(keys):
+                return keys, False
+            waited = time.monotonic() - started
+            if waited >= self.lease_wait_s:
+                logger.warning(
+                    "%s: waited %.0fs for %d texts another run is generating; generating them here",
+                    self.model_id, waited, len(keys),
+                )
+                return keys, True
+            if time.monotonic() - last_note >= self.lease_note_s:
+                last_note = time.monotonic()
+                who = ", ".join(sorted({o.describe() for o in held.values()}))
+                logger.info("%s: waiting for %d texts being generated by %s (%.0fs so far)",
+                            self.model_id, len(keys), who, waited)
+            time.sleep(self.lease_poll_s)
+
+    @contextlib.contextmanager
+    def _holding(self, owner: LeaseOwner) -> Any:
+        """While the block runs, refresh ``owner``'s heartbeat every third of the lease's time to
+        live (from a thread); afterwards, by success or error, release its remaining leases."""
+        assert self.cache is not None
+        cache = self.cache
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.lease_ttl_s / 3):
+                try:
+                    cache.heartbeat(owner)
+                except Exception as e:  # a missed heartbeat only lets others take over sooner
+                    logger.warning("generation cache heartbeat failed: %s", e)
+
+        thread = threading.Thread(target=beat, name="cache-lease-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            try:
+                cache.release(owner)
+            except Exception as e:  # never hides the error that ended the block
+                logger.warning("%s: could not release its cache leases (%s); they lapse when this "
+                               "process ends", self.model_id, e)
+
     def _generate_misses(
         self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
-        uses_of: Mapping[str, Sequence[Use]], t_start: float,
+        uses_of: Mapping[str, Sequence[Use]], t_start: float, owner: LeaseOwner | None = None,
     ) -> tuple[dict[str, Generation], float]:
         """Generate the ``misses`` in chunks of :attr:`chunk_size`, committing each chunk to the
-        cache; returns the new generations by key and the seconds spent in the backend.
+        cache (releasing ``owner``'s leases on what it stores); returns the new generations by
+        key and the seconds spent in the backend.
 
         Raises:
             LLMError: as :meth:`generate` (a partly failed chunk is committed first).
@@ -425,7 +569,7 @@ class CachedLLM:
                 chunk = misses[start : start + step]
                 outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params)
                 model_time += dt
-                saved = self._commit_chunk(chunk, outs, requests, uses_of, made)
+                saved = self._commit_chunk(chunk, outs, requests, uses_of, made, owner)
                 if bar is not None and bar.n < start + len(chunk):
                     bar.update(start + len(chunk) - bar.n)  # a backend that reports nothing itself
                 logger.debug(
@@ -458,21 +602,31 @@ class CachedLLM:
     def _commit_chunk(
         self, chunk: Sequence[str], outs: Sequence[Generation | None],
         requests: Mapping[str, dict[str, Any]], uses_of: Mapping[str, Sequence[Use]],
-        made: dict[str, Generation],
+        made: dict[str, Generation], owner: LeaseOwner | None = None,
     ) -> int:
         """Finish a chunk's outputs into ``made`` and store them (with their uses) in the cache;
-        returns how many were stored (not failed items, which a later run retries)."""
+        returns how many were stored (not failed or empty items, which a later run retries)."""
         records, kept = [], []
+        empty = self.stats.empty
         for key, out in zip(chunk, outs):
             if out is None:
                 continue
             gen = made[key] = self._finished(out)
             if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
-                records.append(CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning))
+                records.append(CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning or ""))
                 kept.append(key)
+        self._warn_empty(self.stats.empty - empty, len(outs))
         if self.cache is not None:
-            self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())])
+            self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())], release=owner)
         return len(records)
+
+    def _warn_empty(self, count: int, of: int) -> None:
+        if count:
+            logger.warning(
+                "%s: %d of %d replies came back without any text (content null); they count as "
+                "failed, are not cached, and a re-run asks for them again",
+                self.model_id, count, of,
+            )
 
     def _partial_failure(self, failure: PartialBatchError, saved: int) -> LLMError:
         """The error a partly failed chunk raises: its first failure's kind, saying what was kept."""
@@ -544,7 +698,12 @@ class CachedLLM:
         ]
         keys = [[request_key(r) for r in row] for row in reqs]
         hits = self._cached([k for row in keys for k in row])
-        made, model_time = self._draw_missing_samples(reqs, keys, hits, params, n)
+        missing = list(dict.fromkeys(k for row in keys for k in row if k not in hits))
+
+        def produce(wanted: list[str], owner: LeaseOwner | None) -> tuple[dict[str, Generation], float]:
+            return self._draw_missing_samples(reqs, keys, set(wanted), params, n, owner)
+
+        made, model_time = self._shared(missing, produce, hits, {})
         out = self._samples_in_order(keys, made, hits, meta)
         self._count_time(model_time, t_start)
         return out
@@ -570,14 +729,14 @@ class CachedLLM:
 
     def _draw_missing_samples(
         self, reqs: Sequence[Sequence[dict[str, Any]]], keys: Sequence[Sequence[str]],
-        hits: Mapping[str, CacheRecord], params: SamplingParams, n: int,
+        wanted: Collection[str], params: SamplingParams, n: int, owner: LeaseOwner | None = None,
     ) -> tuple[dict[str, Generation], float]:
-        """Every prompt missing a sample, once, through ``backend.generate_samples`` with ``n``
-        (in chunks, each committed to the cache); returns the samples that were missing, by key,
-        and the seconds spent in the backend."""
+        """Every prompt with a sample in ``wanted``, once, through ``backend.generate_samples``
+        with ``n`` (in chunks, each committed to the cache, releasing ``owner``'s leases); returns
+        the ``wanted`` samples, by key, and the seconds spent in the backend."""
         todo: dict[str, int] = {}  # first key of a prompt missing a sample -> its prompt index
         for i, row in enumerate(keys):
-            if any(k not in hits for k in row):
+            if any(k in wanted for k in row):
                 todo.setdefault(row[0], i)
         made: dict[str, Generation] = {}
         model_time = 0.0
@@ -594,16 +753,18 @@ class CachedLLM:
             if len(outs) != len(chunk) or any(len(o) != n for o in outs):
                 raise LLMError(f"backend {self.model_id!r} did not return {n} samples for each of {len(chunk)} prompts")
             records = []
+            empty = self.stats.empty
             for i, samples in zip(chunk, outs):
                 for s, out in enumerate(samples):
                     key = keys[i][s]
-                    if key in hits:
+                    if key not in wanted:  # cached, or another run's to write
                         continue
                     gen = made[key] = self._finished(out)
                     if gen.finish_reason != "error":
-                        records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning))
+                        records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning or ""))
+            self._warn_empty(self.stats.empty - empty, len(chunk) * n)
             if self.cache is not None:
-                self.cache.put_many(records)
+                self.cache.put_many(records, release=owner)
         return made, model_time
 
     def _samples_in_order(
@@ -636,6 +797,14 @@ class CachedLLM:
                 spec.backend == "openai" and resolve_server(spec) in ("openai", "vllm")
             )
         return callable(getattr(self.backend, "generate_samples", None))
+
+
+def _empty_reply(gen: Generation, api_reasoning: str) -> bool:
+    """Whether a reply holds nothing although the model reported a normal end: no text (an
+    OpenAI-compatible ``content: null``, or only whitespace) and no reasoning returned apart.
+    Not a success: caching it would serve an empty text to every later run. A reply cut at the
+    token limit (``length``) or already failed (``error``) is judged as such, not here."""
+    return gen.finish_reason not in ("length", "error") and not gen.text.strip() and not api_reasoning.strip()
 
 
 def _template_hashes(template_hash: TemplateHashes, count: int) -> list[str]:

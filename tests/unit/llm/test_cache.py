@@ -606,7 +606,7 @@ def test_two_processes_share_one_cache(tmp_path):
     # The two writers really ran at the same time (each writes 60 chunks over ~1 s).
     assert max(float(start_a), float(start_b)) < min(float(end_a), float(end_b))
     assert gen_a + hit_a == 300 and gen_b + hit_b == 300
-    assert gen_a + gen_b >= 450  # every prompt made at least once (overlap may be made twice)
+    assert gen_a + gen_b == 450  # every prompt made once: the overlap is leased by whichever came first
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert raw.execute("SELECT COUNT(*) FROM generations").fetchone()[0] == 450
