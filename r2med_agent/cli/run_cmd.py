@@ -138,7 +138,7 @@ def run_command(
         set_user_config(config)
     progress_display.configure(interval_s=progress_interval)
     if task == "list":
-        tasks_command()
+        tasks_command(config=None)  # the --config above is already in force
         return
     if task is None:
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
@@ -256,9 +256,15 @@ def evaluate_command(
 
 
 @app.command("tasks")
-def tasks_command() -> None:
+def tasks_command(
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'tasks:' entries."),
+) -> None:
     """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
+    from r2med_agent.config import set_user_config
     from r2med_agent.data import list_tasks
+
+    if config is not None:
+        set_user_config(config)
 
     cols = ["name", "family", "group", "repo", "revision", "queries", "docs"]
     rows = []
