@@ -87,11 +87,26 @@ _CURRENT: contextvars.ContextVar[GenerationProgress | None] = contextvars.Contex
 )
 
 
+_PART: contextvars.ContextVar[str] = contextvars.ContextVar("r2med_progress_part", default="")
+
+
+@contextlib.contextmanager
+def part(label: str) -> Iterator[None]:
+    """Name the part of the work that progress opened inside the block counts (``sample 3/8``,
+    one of several passes over the same prompts): it follows their description."""
+    token = _PART.set(label)
+    try:
+        yield
+    finally:
+        _PART.reset(token)
+
+
 @contextlib.contextmanager
 def tracking(total: int, desc: str, **kwargs: Any) -> Iterator[GenerationProgress]:
     """One progress for ``total`` generations made over several backend calls; backends inside
-    the block feed it (:func:`for_backend`)."""
-    progress = GenerationProgress(total, desc, **kwargs)
+    the block feed it (:func:`for_backend`). Inside :func:`part`, its label follows ``desc``."""
+    label = _PART.get()
+    progress = GenerationProgress(total, f"{desc} {label}" if label else desc, **kwargs)
     token = _CURRENT.set(progress)
     try:
         yield progress

@@ -176,3 +176,21 @@ def test_real_local_generation_with_stderr_in_a_file(tmp_path: Path, smollm2_ggu
     assert [int(n) for n in generated][-1] == 12 and len(generated) >= 2, text
     assert "done in" in text
     assert "\r" not in text and "%|" not in text and "it/s]" not in text
+
+
+def test_each_sample_s_progress_says_which_sample_it_counts(tmp_path: Path, capsys) -> None:
+    """Item 11: ``--samples 8`` on a backend that draws one sample per call showed eight
+    identical bars."""
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.types import SamplingParams
+    from tests.fakes import ScriptedLLM
+
+    llm = CachedLLM(ScriptedLLM(lambda m, p: "text", model_id="m"), "m", "plain", GenerationCache(tmp_path / "g.sqlite"))
+    progress.configure(interval_s=1e9)
+    try:
+        llm.generate_samples([[{"role": "user", "content": f"q{i}"}] for i in range(2)], SamplingParams(seed=1), 3)
+    finally:
+        progress.configure(interval_s=progress.PLAIN_INTERVAL_S)
+    done = [re.sub(_STAMP, "", line) for line in capsys.readouterr().err.splitlines() if "generations" in line]
+    assert [line.split(":")[0] for line in done] == [f"generating (m) sample {s}/3" for s in (1, 2, 3)]
