@@ -194,3 +194,56 @@ def test_each_sample_s_progress_says_which_sample_it_counts(tmp_path: Path, caps
         progress.configure(interval_s=progress.PLAIN_INTERVAL_S)
     done = [re.sub(_STAMP, "", line) for line in capsys.readouterr().err.splitlines() if "generations" in line]
     assert [line.split(":")[0] for line in done] == [f"generating (m) sample {s}/3" for s in (1, 2, 3)]
+
+
+def _screen(text: str) -> list[str]:
+    """What a terminal shows after ``text``: carriage returns, line feeds and tqdm's cursor-up."""
+    rows: list[list[str]] = [[]]
+    r = c = i = 0
+    while i < len(text):
+        if text.startswith("\x1b[A", i):
+            r, i = max(r - 1, 0), i + 3
+            continue
+        ch, i = text[i], i + 1
+        if ch == "\r":
+            c = 0
+        elif ch == "\n":
+            r, c = r + 1, 0
+        else:
+            while len(rows) <= r:
+                rows.append([])
+            rows[r].extend(" " * (c + 1 - len(rows[r])))
+            rows[r][c], c = ch, c + 1
+    return ["".join(x).rstrip() for x in rows]
+
+
+def _shards_with_a_load_message(handler: logging.Handler, tty: _Terminal) -> list[str]:
+    """The corpus bar, the encoder's loading message, then the first shard's bar (MiniLM)."""
+    logger = logging.getLogger("r2med_agent.tests.shards")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        outer = stage_bar(total=2000, desc="corpus shards", unit="doc", stream=tty)
+        logger.warning("loaded encoder minilm on cpu in 0.4 s")
+        inner = stage_bar(total=1000, desc="encode minilm (doc)", unit="text", leave=False, stream=tty)
+        inner.update(500)
+        outer.refresh()
+        screen = _screen(tty.getvalue())
+        inner.close()
+        outer.close()
+        return screen
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_the_overall_bar_stays_above_the_shard_bar_when_a_message_is_logged() -> None:
+    """Item 11: a message logged while the corpus bar was drawn (the encoder loading in the first
+    shard) printed into the bar line, and the shard's bar ended up above the overall one."""
+    tty = _Terminal()
+    screen = _shards_with_a_load_message(log_handler(tty), tty)
+
+    def row(needle: str) -> int:
+        return next(i for i, line in enumerate(screen) if needle in line)
+
+    assert row("loaded encoder minilm") < row("corpus shards") < row("encode minilm (doc)"), screen
+    assert not any("loaded encoder" in line and "|" in line for line in screen), screen
