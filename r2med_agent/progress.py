@@ -1,16 +1,24 @@
-"""Progress of the slow part of a run, generation, for every backend.
+"""Progress of a run's long stages, for every backend and every log.
 
-:class:`GenerationProgress` counts generations done out of a total and shows the rate, the ETA
-and output tokens per second where the backend knows them: a tqdm bar when stderr is a terminal,
-and otherwise (a batch job's log file) one plain line at a steady interval
-(:data:`PLAIN_INTERVAL_S`, plus one when done), since a bar's carriage returns make one endless
-line in a file. ``run --no-progress`` turns both off (:func:`configure`).
+Two kinds of progress share one display rule: a tqdm bar when the stream (stderr) is a
+terminal, and otherwise (a SLURM or ``nohup`` log file) one plain, timestamped line at a steady
+interval (:data:`PLAIN_INTERVAL_S`), since a bar's carriage returns make one endless line in a
+file. Progress is on by default; ``run --no-progress`` turns both off and
+``--progress-interval`` sets the interval (:func:`configure`).
 
-The vLLM offline engine drives it through ``use_tqdm`` (vLLM accepts a tqdm-like factory), the
-HTTP backend per finished request, the in-process llama.cpp engine per prompt. The cache
-wrapper opens one progress for all the misses of a ``generate`` call (:func:`tracking`), so a
-run split into chunks shows one count over the whole run; a backend called directly gets its
-own (:func:`for_backend`).
+- :class:`GenerationProgress` counts generations done out of a total with the rate, the ETA and
+  output tokens per second where the backend knows them, and a final line when done. The vLLM
+  offline engine drives it through ``use_tqdm`` (vLLM accepts a tqdm-like factory), the HTTP
+  backend per finished request, the in-process llama.cpp engine per prompt. The cache wrapper
+  opens one progress for all the misses of a ``generate`` call (:func:`tracking`), so a run
+  split into chunks shows one count over the whole run; a backend called directly gets its own
+  (:func:`for_backend`). Its bar is drawn once the backend is ready (or the first generation is
+  done), so a model's loading messages never print into an empty bar.
+- :func:`stage_bar` is the one helper every other long stage (BM25 analysis and search, dense
+  encoding and its shards, reranking, embedding over an API) makes its bar with: tqdm's
+  signature, the same rule.
+
+:func:`log_handler` writes log records above a bar instead of through it.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ import contextlib
 import contextvars
 import logging
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any, TextIO
 
@@ -37,6 +46,10 @@ def configure(*, enabled: bool | None = None, interval_s: float | None = None) -
     if enabled is not None:
         _SETTINGS["enabled"] = bool(enabled)
     if interval_s is not None:
+        if interval_s < 0:
+            from r2med_agent.errors import ConfigError
+
+            raise ConfigError(f"the progress interval must be 0 seconds or more, got {interval_s:g}")
         _SETTINGS["interval_s"] = float(interval_s)
 
 
@@ -44,16 +57,56 @@ def enabled() -> bool:
     return bool(_SETTINGS["enabled"])
 
 
+def plain_interval() -> float:
+    """Seconds between plain progress lines (:func:`configure`)."""
+    return float(_SETTINGS["interval_s"])
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _stamped(text: str) -> str:
+    """A plain progress line as written to a log: the local wall time first."""
+    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
+
+
+def _print(text: str, stream: TextIO) -> None:
+    """Write one line, ignoring a closed or broken stream (progress never stops a run)."""
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 _CURRENT: contextvars.ContextVar[GenerationProgress | None] = contextvars.ContextVar(
     "r2med_generation_progress", default=None
 )
 
 
+_PART: contextvars.ContextVar[str] = contextvars.ContextVar("r2med_progress_part", default="")
+
+
+@contextlib.contextmanager
+def part(label: str) -> Iterator[None]:
+    """Name the part of the work that progress opened inside the block counts (``sample 3/8``,
+    one of several passes over the same prompts): it follows their description."""
+    token = _PART.set(label)
+    try:
+        yield
+    finally:
+        _PART.reset(token)
+
+
 @contextlib.contextmanager
 def tracking(total: int, desc: str, **kwargs: Any) -> Iterator[GenerationProgress]:
     """One progress for ``total`` generations made over several backend calls; backends inside
-    the block feed it (:func:`for_backend`)."""
-    progress = GenerationProgress(total, desc, **kwargs)
+    the block feed it (:func:`for_backend`). Inside :func:`part`, its label follows ``desc``."""
+    label = _PART.get()
+    progress = GenerationProgress(total, f"{desc} {label}" if label else desc, **kwargs)
     token = _CURRENT.set(progress)
     try:
         yield progress
@@ -111,18 +164,18 @@ class GenerationProgress:
         visible = enabled() if show is None else show
         self.show = bool(visible) and self.total >= int(_SETTINGS["min_total"])
         self._bar: Any = None
-        self.lines: list[str] = []  # the plain lines written (tests, logs)
-        if self.show and self._isatty():
+        self._tty = _isatty(self._stream)
+        self.lines: list[str] = []  # the plain lines written, without their time (tests, logs)
+
+    def _draw_bar(self) -> Any:
+        """The terminal bar, made when first needed: once the backend is ready or work is done,
+        never while a model loads (its messages would print into an empty bar)."""
+        if self._bar is None and self.show and self._tty and not self._closed:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, desc=desc, unit="gen", file=self._stream,
-                             dynamic_ncols=True, leave=False)
-
-    def _isatty(self) -> bool:
-        try:
-            return bool(self._stream.isatty())
-        except (AttributeError, ValueError):
-            return False
+            self._bar = tqdm(total=self.total, desc=self.desc, unit="gen", file=self._stream,
+                             dynamic_ncols=True, leave=False, initial=self.n)
+        return self._bar
 
     @property
     def elapsed(self) -> float:
@@ -133,6 +186,7 @@ class GenerationProgress:
         (minutes for a large one) does not count in the rate and the ETA."""
         if self.n == 0 and self.tokens == 0:
             self._start = self._last_line = self._clock()
+        self._draw_bar()
 
     def update(self, n: int = 1, tokens: int = 0) -> None:
         """``n`` more generations done, with ``tokens`` output tokens between them."""
@@ -140,11 +194,14 @@ class GenerationProgress:
         self.tokens += tokens
         if not self.show:
             return
-        if self._bar is not None:
+        if self._tty:
+            bar = self._draw_bar()
+            if bar is None:
+                return
             if self.tokens:
-                self._bar.set_postfix_str(f"{self.tokens / max(self.elapsed, 1e-9):.1f} tok/s",
-                                          refresh=False)
-            self._bar.update(n)
+                bar.set_postfix_str(f"{self.tokens / max(self.elapsed, 1e-9):.1f} tok/s", refresh=False)
+            if bar.n < self.n:
+                bar.update(self.n - bar.n)
             return
         now = self._clock()
         if now - self._last_line >= self._interval and self.n < self.total:
@@ -169,10 +226,7 @@ class GenerationProgress:
 
     def _write(self, text: str) -> None:
         self.lines.append(text)
-        try:
-            print(text, file=self._stream, flush=True)
-        except (OSError, ValueError):
-            pass
+        _print(_stamped(text), self._stream)
 
     def close(self) -> None:
         """Finish: the bar is removed; in plain mode a final line is written."""
@@ -181,8 +235,9 @@ class GenerationProgress:
         self._closed = True
         if not self.show:
             return
-        if self._bar is not None:
-            self._bar.close()
+        if self._tty:
+            if self._bar is not None:
+                self._bar.close()
             return
         self._write(self.line())
 
@@ -243,3 +298,184 @@ class _Shared:
 
     def close(self) -> None:
         pass
+
+
+# -- the other long stages: encoding, indexing, searching, reranking ------------------------------
+def stage_bar(
+    iterable: Iterable[Any] | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "it",
+    leave: bool = True,
+    **options: Any,
+) -> Any:
+    """The progress of one long stage, with tqdm's signature (``update``, ``close``, iteration):
+    a tqdm bar when stderr is a terminal, a :class:`StageProgress` writing plain timestamped
+    lines at the interval otherwise, nothing with progress off (:func:`configure`). A stage
+    opened inside another one is drawn below it.
+
+    ``options`` may hold ``stream`` (default stderr), ``clock`` and ``interval_s`` (tests);
+    the rest go to tqdm.
+    """
+    stream = options.pop("stream", None) or sys.stderr
+    clock = options.pop("clock", time.monotonic)
+    interval = options.pop("interval_s", None)
+    if total is None and iterable is not None and hasattr(iterable, "__len__"):
+        total = len(iterable)  # type: ignore[arg-type]
+    if not enabled():
+        return StageProgress(iterable, total=total, desc=desc, unit=unit, stream=stream, show=False)
+    if not _isatty(stream):
+        return StageProgress(iterable, total=total, desc=desc, unit=unit, stream=stream,
+                             interval_s=interval, clock=clock)
+    from tqdm import tqdm
+
+    # tqdm puts a bar opened while another is on screen on the next free line, below it.
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=stream, dynamic_ncols=True,
+                leave=leave, **options)
+
+
+class StageProgress:
+    """A stage's progress as plain lines (a log file): ``desc: n/total unit (pct%), rate, ETA``
+    with the wall time first, one per interval while it runs, and a last one when it ends if it
+    ran long enough to write any (a short stage writes nothing). Iterating over it iterates over
+    the wrapped iterable and counts each item.
+    """
+
+    def __init__(
+        self, iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str = "",
+        unit: str = "it", stream: TextIO | None = None, interval_s: float | None = None,
+        clock: Any = time.monotonic, show: bool = True,
+    ) -> None:
+        self.iterable = iterable
+        self.total = total
+        self.desc = desc
+        self.unit = unit
+        self.n = 0
+        self.show = show
+        self.lines: list[str] = []  # the lines written, without their time (tests)
+        self._stream = stream if stream is not None else sys.stderr
+        self._interval = plain_interval() if interval_s is None else float(interval_s)
+        self._clock = clock
+        self._start = self._last = clock()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for item in self.iterable or ():
+                yield item
+                self.update(1)
+        finally:
+            self.close()
+
+    def __len__(self) -> int:
+        return int(self.total or 0)
+
+    def __enter__(self) -> StageProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        with self._lock:
+            self.n += n
+            now = self._clock()
+            if self.show and now - self._last >= self._interval and (self.total is None or self.n < self.total):
+                self._last = now
+                self._write(self.line())
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        pass
+
+    def line(self) -> str:
+        elapsed = max(self._clock() - self._start, 1e-9)
+        rate = self.n / elapsed
+        head = f"{self.desc}: {self.n}" + (f"/{self.total}" if self.total else "") + f" {self.unit}"
+        if self.total:
+            head += f" ({100 * self.n / self.total:.0f}%)"
+        parts = [head, f"{rate:.2f}/s"]
+        if self.total and 0 < self.n < self.total:
+            parts.append(f"ETA {_fmt_eta((self.total - self.n) / rate)}")
+        elif self.total and self.n >= self.total:
+            parts.append(f"done in {_fmt_eta(elapsed)}")
+        return ", ".join(parts)
+
+    def _write(self, text: str) -> None:
+        self.lines.append(text)
+        _print(_stamped(text), self._stream)
+
+    def close(self) -> None:
+        """Finish: a last line when the stage wrote any before (a long stage)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.show and self.lines:
+            self._write(self.line())
+
+
+def vllm_stage(show: bool, desc: str) -> Any:
+    """What to pass as a vLLM engine's ``use_tqdm`` for a stage (embedding, scoring): False
+    when nothing is shown, True (vLLM's own bar) on a terminal, else a factory of
+    :class:`StageProgress` lines (vLLM also reads ``n``, ``format_dict`` and ``postfix``)."""
+    if not (show and enabled()):
+        return False
+    if _isatty(sys.stderr):
+        return True
+
+    def factory(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if iterable is not None:  # vLLM's prompt-rendering loop: left as it is
+            return iterable
+        return _VLLMStage(StageProgress(total=kwargs.get("total"), desc=desc, unit="text"))
+
+    return factory
+
+
+class _VLLMStage:
+    """tqdm's interface as vLLM's engine uses it, over a :class:`StageProgress`."""
+
+    def __init__(self, inner: StageProgress) -> None:
+        self._inner = inner
+        self.postfix = ""
+
+    @property
+    def n(self) -> int:
+        return self._inner.n
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        return {"elapsed": max(self._inner._clock() - self._inner._start, 1e-9)}
+
+    def update(self, n: int = 1) -> None:
+        self._inner.update(n)
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# -- log records above a bar ---------------------------------------------------------------------
+class _AboveBars(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stderr log handler that, while a tqdm bar is on screen, writes through ``tqdm.write``
+    (the bar is cleared, the message printed, the bar redrawn) instead of into the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            if getattr(tqdm, "_instances", None) and _isatty(self.stream):
+                tqdm.write(self.format(record), file=self.stream)
+                return
+        except Exception:  # noqa: BLE001 - fall back to a plain write
+            pass
+        super().emit(record)
+
+
+def log_handler(stream: TextIO | None = None) -> logging.Handler:
+    """The CLI's log handler on ``stream`` (stderr): messages as they are, above any bar."""
+    handler = _AboveBars(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    return handler

@@ -211,7 +211,9 @@ def entry_needs(
     generations: str = "fresh",
     n_queries: int = 0,
 ) -> Needs:
-    """How an entry runs and the GPU memory, API keys and hub access it needs.
+    """How an entry runs and the GPU memory, API keys and hub access it needs. An entry scored
+    from R2MED's released generations runs no LLM: no LLM weights, keys, tokens or
+    split-environment recipe are listed for it.
 
     Backends, hub ids, API key variables and tensor parallelism come from the registries
     (configs/llms.yaml, encoders.yaml, rerankers.yaml); sizes and gating from
@@ -236,7 +238,8 @@ def entry_needs(
         found.gpu.append(_together_line(found.per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
     if datasets:
         found.hub.append(f"datasets {', '.join(datasets)}")
-    split = found.split_environments(llm_spec)
+    # Released generations: the method's LLM never runs, so nothing is served or split off.
+    split = found.split_environments(llm_spec if generations != "r2med" else None)
     tokens = tuple(token_estimate(entry, n_queries, reg, released=generations == "r2med")) if n_queries else ()
     return Needs(tuple(found.gpu), tuple(dict.fromkeys(found.keys)), tuple(found.hub), tuple(found.problems),
                  tuple(found.setup), split, tokens)

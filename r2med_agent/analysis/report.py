@@ -518,3 +518,110 @@ def write_report(
     path = atomic_write_text(out / "report.html", page)
     logger.info("wrote %s (%d KiB) and %d plots", path, len(page) // 1024, len(plots))
     return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Where the drill-down's texts come from
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """Where the report loads one task from, and how.
+
+    Attributes:
+        data_dir: a task folder or a folder of task folders (None: the package or the hub).
+        allow_missing_qrels_docs: as the run that made the results (or ``report``'s option).
+        allow_count_mismatch: likewise.
+        origin: how it was chosen, for messages: ``--data-dir``, ``recorded`` or ``registry``.
+    """
+
+    data_dir: Path | None
+    allow_missing_qrels_docs: bool = False
+    allow_count_mismatch: bool = False
+    origin: str = "registry"
+
+
+def _recorded_folder(result: TaskResult) -> Path | None:
+    """The local task folder a result file records as its data ``source`` (runs on ``--data-dir``
+    data record the folder's absolute path; hub and package data record a name, not a folder),
+    when that folder still exists."""
+    try:
+        source = json.loads(result.path.read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(source, str) or not source:
+        return None
+    folder = Path(source.split(" (counts differ")[0])
+    return folder if folder.is_absolute() and folder.is_dir() else None
+
+
+def _holds(data_dir: Path, name: str) -> bool:
+    """Whether a ``--data-dir`` folder holds task ``name`` (itself or a sub-folder)."""
+    from r2med_agent.data import local_task_names
+    from r2med_agent.errors import DataError
+
+    try:
+        return name in local_task_names(data_dir)
+    except DataError:
+        return False
+
+
+def task_data(
+    table: ComparisonTable, data_dirs: Sequence[Path] = (), *, allow_missing_qrels_docs: bool = False,
+    allow_count_mismatch: bool = False,
+) -> dict[str, TaskData]:
+    """Where to load each task of ``table`` from: the first of ``data_dirs`` that holds it; else
+    the folder its result files record (with the run's own ``allow_*`` settings); else the
+    package or the hub. Several recorded folders for one task name: the first row's is used, with
+    a warning naming the others.
+    """
+    out: dict[str, TaskData] = {}
+    for name in table.tasks:
+        given = next((d for d in data_dirs if _holds(d, name)), None)
+        if given is None and len(data_dirs) == 1:
+            given = data_dirs[0]  # load_task says what the folder lacks
+        if given is not None:
+            out[name] = TaskData(given, allow_missing_qrels_docs, allow_count_mismatch, "--data-dir")
+            continue
+        recorded = [(r, folder) for r in (t.row.tasks.get(name) for t in table.rows) if r is not None
+                    for folder in [_recorded_folder(r)] if folder is not None]
+        if not recorded:
+            out[name] = TaskData(None, allow_missing_qrels_docs, allow_count_mismatch)
+            continue
+        first, folder = recorded[0]
+        others = sorted({str(f) for _, f in recorded} - {str(folder)})
+        if others:
+            logger.warning("task %s: results record data in several folders; the report shows texts from "
+                           "%s (not %s); pass --data-dir to choose", name, folder, ", ".join(others))
+        cfg = first.config
+        out[name] = TaskData(
+            folder,
+            allow_missing_qrels_docs or bool(cfg.get("allow_missing_qrels_docs")),
+            allow_count_mismatch or bool(cfg.get("allow_count_mismatch")),
+            "recorded",
+        )
+    return out
+
+
+def load_report_tasks(where: Mapping[str, TaskData]) -> dict[str, Task]:
+    """Load the tasks of ``where`` for the drill-down.
+
+    Raises:
+        R2MedError: a task that cannot be loaded, with what to pass instead (its exit code kept).
+    """
+    from r2med_agent.data import load_task
+    from r2med_agent.errors import R2MedError
+
+    loaded: dict[str, Task] = {}
+    for name, data in where.items():
+        try:
+            loaded[name] = load_task(name, data.data_dir, allow_missing_qrels_docs=data.allow_missing_qrels_docs,
+                                     allow_count_mismatch=data.allow_count_mismatch)
+        except R2MedError as e:
+            where_from = {"recorded": f" from {data.data_dir}, the folder its results record",
+                          "--data-dir": f" from --data-dir {data.data_dir}"}.get(data.origin, "")
+            err = R2MedError(f"{e}\n(the report loads task '{name}'{where_from} for its texts; pass "
+                             "--data-dir DIR (several allowed), or --no-texts for ids only)")
+            err.exit_code = e.exit_code
+            raise err from None
+    return loaded

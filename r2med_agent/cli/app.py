@@ -9,6 +9,7 @@ from typing import Any
 import typer
 from typer.core import TyperOption
 
+from r2med_agent import progress
 from r2med_agent.errors import R2MedError
 
 app = typer.Typer(
@@ -55,7 +56,8 @@ def _register() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: user errors print one message and exit non-zero, no traceback."""
     # Our own progress at INFO; other libraries (faiss, httpx, transformers) only when they warn.
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    # Records go above a progress bar on screen, not into it (progress.log_handler).
+    logging.basicConfig(level=logging.WARNING, handlers=[progress.log_handler(sys.stderr)])
     logging.getLogger("r2med_agent").setLevel(logging.INFO)
     _register()
     try:

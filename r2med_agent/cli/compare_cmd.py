@@ -111,7 +111,7 @@ def report_command(
     out: Path = typer.Option(..., "--out", help="Folder for report.html, per_task.png and quality_vs_cost.png."),
     metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots (ndcg_at_10, ndcg@10, ndcg_cut_10, ... as for compare)."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all' or 'nano-all' (default: every task found)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down. Default: the package/hub copy."),
+    data_dir: Optional[list[Path]] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down; repeat it for several folders (each task comes from the first that holds it). Default: the folder each task's results record as their data source, else the package/hub copy."),
     allow_missing_qrels_docs: bool = typer.Option(
         False, "--allow-missing-qrels-docs",
         help="Load tasks whose qrels name documents missing from the corpus (as `run --allow-missing-qrels-docs`).",
@@ -130,27 +130,20 @@ def report_command(
     cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks, to the table."),
     cost_axis: str = typer.Option("auto", "--cost-axis", help="x axis of the quality/cost plot: auto, usd, tokens, llm-time, time."),
     title: str = typer.Option("r2med-agent report", "--title", help="Page title."),
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for tasks, LLMs and encoders defined there)."),
 ) -> None:
     """Plots and one self-contained HTML page: the table, the plots and a per-query drill-down."""
-    from r2med_agent.analysis.report import write_report
+    from r2med_agent.analysis.report import load_report_tasks, task_data, write_report
+    from r2med_agent.config import set_user_config
 
+    if config is not None:
+        set_user_config(config)
     table = _load_table(results, metric, tasks, published, baseline, test, alpha, resamples, seed, cost)
     loaded = {}
     if texts:
-        from r2med_agent.data import load_task
-        from r2med_agent.errors import R2MedError
-
-        for name in table.tasks:
-            try:
-                loaded[name] = load_task(name, data_dir, allow_missing_qrels_docs=allow_missing_qrels_docs,
-                                         allow_count_mismatch=allow_count_mismatch)
-            except R2MedError as e:
-                err = R2MedError(
-                    f"{e}\n(the report loads task '{name}' for its texts; pass --data-dir DIR, "
-                    "or --no-texts for ids only)"
-                )
-                err.exit_code = e.exit_code
-                raise err from None
+        where = task_data(table, data_dir or (), allow_missing_qrels_docs=allow_missing_qrels_docs,
+                          allow_count_mismatch=allow_count_mismatch)
+        loaded = load_report_tasks(where)
     path = write_report(table, out, tasks=loaded, cost_axis=cost_axis, title=title)
     typer.echo(str(path))
 

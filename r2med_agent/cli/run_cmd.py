@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -84,7 +83,8 @@ _RUN_OPTIONS = {
     "candidates": typer.Option(None, "--candidates", help="First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
     "allow_missing_candidates": typer.Option(False, "--allow-missing-candidates", help="Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
     "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
-    "progress": typer.Option(None, "--progress/--no-progress", show_default=False, help="Show progress bars (default: only when standard error is a terminal, so piped logs get no bars)."),
+    "progress": typer.Option(True, "--progress/--no-progress", show_default=False, help="Progress of generation, encoding, indexing and reranking (default on): a bar when standard error is a terminal, else (a log file) a timestamped line every --progress-interval seconds, never a bar. --no-progress shows none."),
+    "progress_interval": typer.Option(30.0, "--progress-interval", min=0.0, help="Seconds between the plain progress lines written when standard error is not a terminal."),
 }
 _O = {**_SPEC_OPTIONS, **_RUN_OPTIONS}
 
@@ -127,17 +127,20 @@ def run_command(
     candidates: Optional[Path] = _O["candidates"],
     allow_missing_candidates: bool = _O["allow_missing_candidates"],
     config: Optional[Path] = _O["config"],
-    progress: Optional[bool] = _O["progress"],
+    progress: bool = _O["progress"],
+    progress_interval: float = _O["progress_interval"],
 ) -> None:
     """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
+    from r2med_agent import progress as progress_display
     from r2med_agent.config import set_user_config
     from r2med_agent.data import local_task_names, task_names
     from r2med_agent.runner import RunConfig, run_experiment
 
     if config is not None:
         set_user_config(config)
+    progress_display.configure(interval_s=progress_interval)
     if task == "list":
-        tasks_command()
+        tasks_command(config=None)  # the --config above is already in force
         return
     if task is None:
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
@@ -155,7 +158,7 @@ def run_command(
         sampling=sampling, tasks=tuple(names), data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
         output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
-        chunk_size=chunk_size, show_progress=progress if progress is not None else sys.stderr.isatty(),
+        chunk_size=chunk_size, show_progress=progress,
         candidates_path=candidates, allow_missing_candidates=allow_missing_candidates,
     )
     print_summary(run_experiment(cfg))
@@ -267,9 +270,15 @@ def evaluate_command(
 
 
 @app.command("tasks")
-def tasks_command() -> None:
+def tasks_command(
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'tasks:' entries."),
+) -> None:
     """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
+    from r2med_agent.config import set_user_config
     from r2med_agent.data import list_tasks
+
+    if config is not None:
+        set_user_config(config)
 
     cols = ["name", "family", "group", "repo", "revision", "queries", "docs"]
     rows = []

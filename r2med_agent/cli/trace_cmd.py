@@ -85,7 +85,10 @@ def _print_trace(console: Any, trace: Any, full: bool) -> None:
         f"{trace.method} · query {trace.query_id}{task} · finish: {trace.finish_reason} · "
         f"{len(trace.steps)} steps · searches: {searches} · tokens {p_in} in / {p_out} out"
     )
-    console.print(Rule(Text(title, style="bold")))
+    # A rule, then the header as text that wraps: a title inside the rule is cut to the width
+    # (80 columns when the output is not a terminal).
+    console.print(Rule())
+    console.print(Text(title, style="bold"))
     if extra.get("query"):
         console.print(Text.assemble(("Query: ", "bold"), _cut(str(extra["query"]), full)))
     condensed = {int(c["step"]): c for c in extra.get("condensed", []) if isinstance(c, dict) and "step" in c}

@@ -140,7 +140,26 @@ def settings_hash(request: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _describe_group(h: str, pairs: Sequence[tuple[Use, CacheRecord]]) -> str:
+def _flat_settings(request: Mapping[str, Any]) -> dict[str, str]:
+    """:func:`request_settings` one level deep (sampling fields by name), values as JSON."""
+    out: dict[str, str] = {}
+    for key, value in request_settings(request).items():
+        items = value.items() if key in ("params", "options") and isinstance(value, Mapping) else [(key, value)]
+        out.update((k, canonical_json(v)) for k, v in items)
+    return out
+
+
+_SHOWN = {*SETTINGS_FILTERS, "stop", "template_hash", "model_id"}
+
+
+def _differing(groups: Mapping[str, Sequence[tuple[Use, CacheRecord]]]) -> list[str]:
+    """The settings, beyond those every group line shows, whose values differ between groups."""
+    flat = [_flat_settings(ps[0][1].request) for ps in groups.values()]
+    keys = sorted({k for f in flat for k in f} - _SHOWN)
+    return [k for k in keys if len({f.get(k) for f in flat}) > 1]
+
+
+def _describe_group(h: str, pairs: Sequence[tuple[Use, CacheRecord]], differing: Sequence[str] = ()) -> str:
     settings = request_settings(pairs[0][1].request)
     params = settings.get("params", {})
     shown = " ".join(f"{k}={params[k]}" for k in SETTINGS_FILTERS if k in params)
@@ -150,6 +169,8 @@ def _describe_group(h: str, pairs: Sequence[tuple[Use, CacheRecord]]) -> str:
     newest = max(r.created for _, r in pairs)
     when = datetime.fromtimestamp(newest, timezone.utc).strftime("%Y-%m-%d %H:%M")
     queries = len({u.query_id for u, _ in pairs})
+    flat = _flat_settings(pairs[0][1].request)
+    shown += "".join(f" {k}={flat.get(k, '-')}" for k in differing)  # what sets the groups apart
     return f"  {h}  {queries} queries  {settings.get('model_id')}  {shown}  template {template}  newest {when} UTC"
 
 
@@ -274,7 +295,8 @@ def _check_one_configuration(pairs: Sequence[tuple[Use, CacheRecord]], cache: Ge
     for use, rec in pairs:
         by_settings.setdefault(settings_hash(rec.request), []).append((use, rec))
     if len(by_settings) > 1:
-        listed = "\n".join(_describe_group(h, ps) for h, ps in sorted(by_settings.items()))
+        differing = _differing(by_settings)
+        listed = "\n".join(_describe_group(h, ps, differing) for h, ps in sorted(by_settings.items()))
         raise DataError(
             f"the selection holds generations of {len(by_settings)} different request settings "
             f"(a file must hold one configuration):\n{listed}\n"

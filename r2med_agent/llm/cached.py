@@ -44,6 +44,7 @@ from r2med_agent.llm.cache import (
 from r2med_agent.llm.openai_compat import key_params, resolve_server
 from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.progress import part as progress_part
 from r2med_agent.progress import tracking
 from r2med_agent.types import Generation, Message, SamplingParams
 
@@ -720,11 +721,11 @@ class CachedLLM:
                 return None
             return [None if m is None else {**m, "sample": s} for m in meta]
 
-        per = [
-            self.generate(prompts, _sample_seed(params, s), sample_index=s, template_hash=hashes,
-                          meta=meta_of(s))
-            for s in range(n)
-        ]
+        per = []
+        for s in range(n):
+            with progress_part(f"sample {s + 1}/{n}" if n > 1 else ""):  # which bar is which
+                per.append(self.generate(prompts, _sample_seed(params, s), sample_index=s,
+                                         template_hash=hashes, meta=meta_of(s)))
         return [[per[s][i] for s in range(n)] for i in range(len(prompts))]
 
     def _draw_missing_samples(

@@ -172,9 +172,9 @@ class LuceneEnglishAnalyzer:
         first-occurrence order.
         """
         if show_progress:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            texts = tqdm(texts, desc="BM25 analyze", unit="doc", leave=False)
+            texts = stage_bar(texts, desc="BM25 analyze", unit="doc", leave=False)
         keys = count()
         candidates: dict[bytes, int] = {}  # ASCII candidate -> key (its first position)
         unicode_raw: dict[str, int] = {}  # raw token of a non-ASCII text -> key

@@ -109,9 +109,9 @@ class _ScoreMatrix:
 
         items = range(n_queries)
         if show_progress:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            items = tqdm(items, desc="BM25 search", unit="query", leave=False)
+            items = stage_bar(items, desc="BM25 search", unit="query", leave=False)
         return _map(one, items, n_threads)
 
 

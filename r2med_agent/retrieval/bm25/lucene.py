@@ -186,9 +186,9 @@ class _LuceneIndex(SavedArrays):
 
         blocks = range(0, n_queries, self.QUERY_BLOCK)
         if show_progress:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            blocks = tqdm(blocks, desc="BM25 search", unit="block", leave=False)
+            blocks = stage_bar(blocks, desc="BM25 search", unit="block", leave=False)
         out: list[tuple[np.ndarray, np.ndarray]] = []
         for start in blocks:
             stop = min(start + self.QUERY_BLOCK, n_queries)

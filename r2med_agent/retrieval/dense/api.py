@@ -192,9 +192,9 @@ class APIEncoder:
         headers = {"Authorization": f"Bearer {self._key()}"}
         bar = None
         if self.show_progress:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            bar = tqdm(total=len(inputs), desc=f"embed {self.name} ({side})", unit="text", leave=False)
+            bar = stage_bar(total=len(inputs), desc=f"embed {self.name} ({side})", unit="text", leave=False)
         try:
             with httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s) as client:
                 for s in range(0, len(inputs), spec.batch_size):

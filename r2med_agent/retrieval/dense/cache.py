@@ -257,9 +257,9 @@ class _Shards:
         bounds = self.bounds()
         bar = None
         if show_progress and len(bounds) > 1:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            bar = tqdm(total=self.n_docs, desc="corpus shards", unit="doc")
+            bar = stage_bar(total=self.n_docs, desc="corpus shards", unit="doc")
         try:
             for i, (start, end) in enumerate(bounds):
                 saved = self._saved(i, end - start, dim)

@@ -389,9 +389,9 @@ class HFEncoder:
         index_of = {b: i for i, b in enumerate(batches)}
         bar = None
         if self.show_progress:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            bar = tqdm(total=len(texts), desc=f"encode {self.name} ({side})", unit="text", leave=False)
+            bar = stage_bar(total=len(texts), desc=f"encode {self.name} ({side})", unit="text", leave=False)
         bar_lock = threading.Lock()
 
         def work(rep: int) -> None:

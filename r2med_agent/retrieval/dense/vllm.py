@@ -316,12 +316,14 @@ class VLLMEncoder:
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
 
+        from r2med_agent.progress import vllm_stage
+
         ids = self.token_ids(texts, side=side, prefix=prefix)
         llm = self._engine(self.spec.model_for(side))
         outputs = llm.embed(
             [TokensPrompt(prompt_token_ids=x) for x in ids],
             pooling_params=PoolingParams(use_activation=False),
-            use_tqdm=self.show_progress,
+            use_tqdm=vllm_stage(self.show_progress, f"encode {self.name}"),
         )
         out = np.asarray([o.outputs.embedding for o in outputs], dtype=np.float32)
         if self.spec.normalize:

@@ -105,9 +105,9 @@ class _TransformersScorer:
         out = np.empty(len(pairs), dtype=np.float32)
         bar = None
         if self.show_progress:
-            from tqdm.auto import tqdm
+            from r2med_agent.progress import stage_bar
 
-            bar = tqdm(total=len(pairs), desc=f"rerank {spec.name}", unit="pair", leave=False)
+            bar = stage_bar(total=len(pairs), desc=f"rerank {spec.name}", unit="pair", leave=False)
         try:
             with torch.inference_mode():
                 for s, e in batches:

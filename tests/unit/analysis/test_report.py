@@ -333,3 +333,72 @@ def test_cli_report_without_texts_and_with_missing_data(cli, tree: Path, tmp_pat
     assert "--no-texts" in str(res.exception) and "no data for task sample" in str(res.exception)
     res = runner.invoke(cli, ["report", str(tree), "--out", str(tmp_path / "c"), "--no-texts", "--cost-axis", "euros"])
     assert "usd, tokens" in str(res.exception)
+
+
+def _own_task(folder: Path, marker: str) -> None:
+    """A task of your own in R2MED layout; ``marker`` in d1's text tells the folders apart."""
+    write_r2med_task(folder)
+    lines = (folder / "corpus.jsonl").read_text().splitlines()
+    lines = [json.dumps({"id": "d1", "text": marker}) if json.loads(x)["id"] == "d1" else x for x in lines]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _run_own_tasks(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Two own-data folders, each run (real BM25, real CLI) into one result tree."""
+    from r2med_agent.cli.app import main
+
+    first, second = tmp_path / "lab-a", tmp_path / "lab-b"
+    _own_task(first / "Alpha", "insects fly towards light: alpha copy")
+    _own_task(second / "Beta", "insects fly towards light: beta copy")
+    results = tmp_path / "results"
+    for folder in (first, second):
+        assert main(["run", "--data-dir", str(folder), "-o", str(results), "--no-progress"]) == 0
+    return results, first, second
+
+
+def test_cli_report_on_own_data_uses_the_folders_the_results_record(cli, tmp_path: Path):
+    """Item 6: no --data-dir needed; each task's texts come from the folder its run used."""
+    results, _, _ = _run_own_tasks(tmp_path)
+    res = CliRunner().invoke(cli, ["report", str(results), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert sorted(data["tasks"]) == ["Alpha", "Beta"]
+    assert data["tasks"]["Alpha"]["queries"]["q1"] == QUERIES["q1"]
+    shown = {name: data["tasks"][name]["docs"].get("d1") for name in ("Alpha", "Beta")}
+    assert shown == {"Alpha": "insects fly towards light: alpha copy", "Beta": "insects fly towards light: beta copy"}
+
+
+def test_cli_report_takes_several_data_dirs_and_a_second_does_not_replace_the_first(cli, tmp_path: Path):
+    results, first, second = _run_own_tasks(tmp_path)
+    moved_a, moved_b = tmp_path / "moved-a", tmp_path / "moved-b"
+    first.rename(moved_a)  # the recorded folders are gone: only --data-dir can say where
+    second.rename(moved_b)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["report", str(results), "--out", str(tmp_path / "x")])
+    assert res.exit_code != 0 and "--data-dir" in str(res.exception)
+    res = runner.invoke(cli, ["report", str(results), "--out", str(tmp_path / "out"),
+                              "--data-dir", str(moved_a), "--data-dir", str(moved_b)])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert data["tasks"]["Alpha"]["docs"].get("d1") == "insects fly towards light: alpha copy"
+    assert data["tasks"]["Beta"]["docs"].get("d1") == "insects fly towards light: beta copy"
+
+
+def test_report_and_tasks_take_config(cli, tmp_path: Path):
+    """Item 6: a task defined in a user config (--config) is listed by ``tasks`` and found by
+    ``report``."""
+    folder = tmp_path / "cardio"
+    _own_task(folder, "insects fly towards light: cardio copy")
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text(f"tasks:\n  Cardio: {{family: case, domain: cardiology, source: local, path: {json.dumps(str(folder))}}}\n")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["tasks", "--config", str(cfg)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "Cardio" in res.output
+    results = tmp_path / "results"
+    res = runner.invoke(cli, ["run", "--task", "Cardio", "--config", str(cfg), "-o", str(results), "--no-progress"])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    res = runner.invoke(cli, ["report", str(results), "--config", str(cfg), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert data["tasks"]["Cardio"]["docs"].get("d1") == "insects fly towards light: cardio copy"

@@ -540,3 +540,32 @@ def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path)
     text = format_plan(planned)
     assert "tokens: qwen3-32b-listwise (9 windows of 20 per query): 7,884 calls" in text  # 876 queries x 9
     assert "--samples 4" in text and "reranker LLM qwen3-32b" in text and "PROBLEM" not in text
+
+
+@pytest.mark.parametrize("generations", ["r2med", "fresh"])
+def test_dry_run_advice_matches_how_each_row_runs(tmp_path, generations):
+    """Item 8: a row scored from R2MED's released generations runs no LLM, so its advice never
+    serves one under vLLM (nor names its weights, keys or tokens); a row that generates with a
+    vLLM model beside an encoder that pins another transformers gets the split recipe."""
+    from packaging.specifiers import SpecifierSet
+
+    registries = Registries.load()
+    planned = plan(load_grid("gar"), ReproduceOptions(output_dir=tmp_path, generations=generations))
+    released = [p for p in planned if p.generations == "r2med"]
+    assert generations == "fresh" or len(released) >= 12
+    for p in planned:
+        text = "\n".join(p.needs.lines())
+        llm = registries.llms[p.entry.llm]
+        if p.generations == "r2med":
+            assert "no LLM runs" in text, p.entry.label
+            for word in ("vllm", "vLLM", "SPLIT", "-served", llm.model, "LLM " + p.entry.llm, "tokens:"):
+                assert word not in text, (p.entry.label, word)
+            assert all(k != llm.api_key_env for k in p.needs.api_keys), p.entry.label
+        else:
+            encoders = [registries.encoders.get(part) for part in p.entry.retriever.split("+")]
+            pinned = any(getattr(e, "transformers", "") and not SpecifierSet(e.transformers).contains("5.16.1")
+                         for e in encoders)
+            split = any(line.startswith("SPLIT ENVIRONMENTS") for line in p.needs.split)
+            assert split == (pinned and llm.backend == "vllm"), p.entry.label
+            if split:
+                assert f"--model {llm.model}" in "\n".join(p.needs.split)
