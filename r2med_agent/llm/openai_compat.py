@@ -145,10 +145,30 @@ def retry_after_seconds(exc: BaseException) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+class MalformedReplyError(Exception):
+    """A 200 reply that is not a completion: a body that is not JSON (cut short, an HTML page
+    from a gateway or a captive portal) or one without choices. Retried like a 5xx."""
+
+
+def check_reply(response: Any) -> None:
+    """Raise :class:`MalformedReplyError` unless ``response`` is a completion with choices, each
+    with a message (chat) or a text (completions endpoint)."""
+    if isinstance(response, (str, bytes)):
+        text = response.decode("utf-8", "replace") if isinstance(response, bytes) else response
+        shown = " ".join(text.split())[:80]
+        raise MalformedReplyError(f"the reply is not JSON but {shown!r}")
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise MalformedReplyError("the reply has no choices")
+    for choice in choices:
+        if getattr(choice, "message", None) is None and not hasattr(choice, "text"):
+            raise MalformedReplyError("a choice of the reply has neither a message nor a text")
+
+
 def _is_retryable(exc: BaseException) -> bool:
     import openai
 
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(exc, (openai.APIConnectionError, MalformedReplyError)):  # incl. APITimeoutError
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
@@ -207,7 +227,7 @@ def _cools_url(exc: BaseException) -> bool:
     """True for failures that say the endpoint itself is unwell: no connection, a timeout, 5xx."""
     import openai
 
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(exc, (openai.APIConnectionError, MalformedReplyError)):  # incl. APITimeoutError
         return True
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
@@ -279,6 +299,8 @@ class OpenAICompatBackend:
         model_id: the served model name (``spec.model``).
         requests_per_url: HTTP attempts sent to each base URL since construction.
         attempts: all HTTP attempts sent since construction (retries included).
+        null_replies: replies whose message content was null (returned as generations with
+            ``finish_reason`` ``error``) since construction.
     """
 
     def __init__(self, spec: LLMSpec) -> None:
@@ -289,6 +311,7 @@ class OpenAICompatBackend:
         self.server = resolve_server(spec)
         self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
         self.attempts = 0
+        self.null_replies = 0
         self._noted_new_turn = False
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
@@ -376,11 +399,24 @@ class OpenAICompatBackend:
                 failures[i] = exc
             else:
                 raise exc
+        self._warn_null_content(results)
         if failures:
             if all(r is None for r in results):
                 raise failures[min(failures)]  # nothing to keep: the plain error
             raise PartialBatchError(results, failures)
         return results  # type: ignore[return-value]
+
+    def _warn_null_content(self, results: Sequence[Generation | list[Generation] | None]) -> None:
+        """Count the replies whose content was null (failed generations) and say so once."""
+        flat = [g for r in results if r is not None for g in (r if isinstance(r, list) else [r])]
+        empty = sum(g.finish_reason == "error" for g in flat)
+        self.null_replies += empty
+        if empty:
+            logger.warning(
+                "llm %s: %d of %d replies had no content (content: null); they count as failed "
+                "generations, which the cache does not keep, so a re-run asks for them again",
+                self.spec.name, empty, len(flat),
+            )
 
     def continuation_text(self, messages: Sequence[Message]) -> str:
         """The raw prompt that continues ``messages``' final assistant message, rendered with
@@ -542,7 +578,16 @@ class OpenAICompatBackend:
                         client = clients[last_url]
                         create = (client.completions.create if "prompt" in request
                                   else client.chat.completions.create)
-                        response = await create(**request)
+                        try:
+                            response = await create(**request)
+                        except (ValueError, openai.APIResponseValidationError) as e:
+                            # A 200 whose body is not the JSON it claims (json errors are
+                            # ValueErrors): the server's fault, like a 5xx.
+                            raise MalformedReplyError(
+                                f"the reply is not valid JSON ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:120]})"
+                            ) from None
+                        check_reply(response)
                     except BaseException as e:
                         failure = e
                         raise
@@ -610,6 +655,8 @@ class OpenAICompatBackend:
             text = "HTTP 401 (authentication failed)"
         elif isinstance(exc, openai.APIStatusError):
             text = f"HTTP {exc.status_code}: {_server_message(exc)}"
+        elif isinstance(exc, MalformedReplyError):
+            text = f"malformed reply: {exc}"
         else:
             text = f"{type(exc).__name__}: {exc}"
         return self._scrub(text, key)
@@ -663,6 +710,10 @@ class OpenAICompatBackend:
         if not isinstance(reasoning, str):
             reasoning = ""
         finish_reason = choice.finish_reason or "stop"
+        if message is not None and message.content is None and not reasoning.strip():
+            # ``content: null`` with no reasoning either: nothing was generated (a filtered or
+            # failed answer); a failed generation, which the cache does not keep.
+            finish_reason = "error"
         stop_reason = getattr(choice, "stop_reason", None)
         if not isinstance(stop_reason, str):
             stop_reason = None  # vLLM reports a token id (int) when a stop token ended it

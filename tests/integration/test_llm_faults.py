@@ -1,0 +1,95 @@
+"""LLM backends under faults: malformed 200 replies, ``content: null``, a hung server, an
+over-long prompt in a llama.cpp batch, and what ``server: auto`` finds behind a base URL.
+
+Every server here is real: ``llama_cpp.server`` over the SmolLM2 GGUF on loopback with the
+fault-injecting :class:`~tests.llm_server.FaultProxy` in front, plain loopback HTTP servers
+that answer like the native endpoints of other servers, and vLLM's own server (vllm tier).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from r2med_agent.errors import LLMError
+from r2med_agent.llm.registry import make_backend
+from r2med_agent.types import SamplingParams
+from tests.llm_server import FaultProxy, openai_spec
+
+COUNT = [{"role": "user", "content": "Count from 1 to 20, one number per line."}]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+def _prompts(n: int) -> list[list[dict[str, str]]]:
+    """``n`` distinct short prompts."""
+    return [[{"role": "user", "content": f"Say the number {i}."}] for i in range(n)]
+
+
+# ---------------------------------------------------------------- malformed 200 replies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["truncated", "html", "empty_choices"])
+def test_http_malformed_200_reply_is_retried(fault_proxy: FaultProxy, fault: str) -> None:
+    backend = make_backend(openai_spec([fault_proxy.base_url]))
+    fault_proxy.inject(fault, 1)
+    gens = backend.generate([COUNT], GREEDY)
+    assert gens[0].text and gens[0].completion_tokens > 0
+    assert fault_proxy.outcomes() == [fault, "forwarded"]
+    assert backend.attempts == 2
+
+
+@pytest.mark.slow
+def test_http_malformed_replies_that_persist_fail_alone_and_the_good_ones_are_cached(
+    fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    # No retries: the two requests that meet a fault fail for good.
+    spec = openai_spec([fault_proxy.base_url], max_concurrency=4, max_retries=0)
+    prompts = _prompts(12)
+    fault_proxy.inject("truncated", 1)
+    fault_proxy.inject("html", 1)
+
+    def wrapper() -> CachedLLM:
+        return CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+
+    first = wrapper()
+    with pytest.raises(LLMError) as err:
+        first.generate(prompts, GREEDY)
+    message = str(err.value)
+    assert "malformed reply" in message and "2 of 12 requests failed, 10 succeeded" in message
+    assert "10 generations of that batch were saved to the generation cache" in message
+    assert len(first.cache) == 10
+
+    fault_proxy.reset()
+    second = wrapper()
+    gens = second.generate(prompts, GREEDY)
+    assert sum(not g.cached for g in gens) == 2 and all(g.text for g in gens)
+    assert fault_proxy.outcomes() == ["forwarded", "forwarded"]
+
+
+@pytest.mark.slow
+def test_http_null_content_is_a_failed_generation_counted_and_never_cached(
+    fault_proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    spec = openai_spec([fault_proxy.base_url], max_concurrency=1)
+    backend = make_backend(spec)
+    llm = CachedLLM(backend, spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+    fault_proxy.inject("null_content", 1)
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.llm.openai_compat"):
+        gens = llm.generate(_prompts(3), GREEDY)
+    assert [g.finish_reason == "error" for g in gens] == [True, False, False]
+    assert gens[0].text == "" and gens[1].text and gens[2].text
+    assert backend.null_replies == 1
+    assert "1 of 3 replies had no content (content: null)" in caplog.text
+    assert len(llm.cache) == 2  # the failed one is asked for again by the next run
