@@ -93,3 +93,26 @@ def test_http_null_content_is_a_failed_generation_counted_and_never_cached(
     assert backend.null_replies == 1
     assert "1 of 3 replies had no content (content: null)" in caplog.text
     assert len(llm.cache) == 2  # the failed one is asked for again by the next run
+
+
+# ---------------------------------------------------------------- llama.cpp in-process
+
+
+@pytest.mark.slow
+def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(smollm2_spec, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    spec = replace(smollm2_spec, n_ctx=512)
+    prompts = _prompts(4)
+    prompts[2] = [{"role": "user", "content": "Too long: " + "lorem ipsum " * 400}]
+    llm = CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+    with pytest.raises(LLMError) as err:
+        llm.generate(prompts, GREEDY)
+    message = str(err.value)
+    assert message.startswith("prompt 3 of 4 ('Too long: lorem ipsum")
+    assert "raise n_ctx in its llms entry, now 512" in message
+    assert "1 of 4 requests failed, 3 succeeded" in message
+    assert len(llm.cache) == 3
