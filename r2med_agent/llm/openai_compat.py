@@ -76,6 +76,15 @@ OPENAI_MAX_STOP = 4
 
 _RETRY_STATUSES = frozenset({408, 429})
 
+HEARTBEAT_S = 30.0
+"""While replies are awaited and none has come for this many seconds, a line (logged at info
+level, which the CLI shows) says how many are awaited from where and the attempt timeout, so a
+hung server is not silent until the timeout."""
+
+CONNECT_TIMEOUT_S = 10.0
+"""The most of ``timeout_s`` spent connecting: a server that does not accept a connection in
+this time is down or unreachable, whatever the generation time allowed."""
+
 _NEW_TURN_NOTES = {
     "openai": "the OpenAI API has no assistant prefill: a final assistant message is answered "
     "in a new turn, not continued",
@@ -351,24 +360,32 @@ class OpenAICompatBackend:
         ``n`` > 1, a list of ``n`` samples per prompt."""
         import openai
 
+        import httpx
+
         key = self._api_key()
+        timeout = httpx.Timeout(self.spec.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.spec.timeout_s))
         clients = {
-            url: openai.AsyncOpenAI(
-                base_url=url, api_key=key, max_retries=0, timeout=self.spec.timeout_s
-            )
+            url: openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout)
             for url in self.spec.base_urls
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
         self._retry_lines: set[tuple[int, str]] = set()
         progress = for_backend(len(prompts), f"{self.spec.name}")
+        last_reply = [time.monotonic()]
+
+        def finished(task: asyncio.Future[Any]) -> None:
+            last_reply[0] = time.monotonic()
+            progress.update(1, _completion_tokens(task))
+
+        heartbeat = asyncio.ensure_future(self._heartbeat(last_reply))
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort, n))
                 for m in prompts
             ]
             for t in tasks:
-                t.add_done_callback(lambda t: progress.update(1, _completion_tokens(t)))
+                t.add_done_callback(finished)
             pending: set[asyncio.Future[Generation]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -380,6 +397,7 @@ class OpenAICompatBackend:
                     await asyncio.gather(*pending, return_exceptions=True)
                     break
         finally:
+            heartbeat.cancel()
             progress.close()
             for client in clients.values():
                 await client.close()
@@ -416,6 +434,26 @@ class OpenAICompatBackend:
                 "llm %s: %d of %d replies had no content (content: null); they count as failed "
                 "generations, which the cache does not keep, so a re-run asks for them again",
                 self.spec.name, empty, len(flat),
+            )
+
+    async def _heartbeat(self, last_reply: list[float]) -> None:
+        """Every :data:`HEARTBEAT_S` without a reply while requests are in flight, one line
+        saying how many are awaited from where (runs until cancelled)."""
+        last_line = time.monotonic()
+        while True:
+            quiet_since = max(last_reply[0], last_line)
+            await asyncio.sleep(max(quiet_since + HEARTBEAT_S - time.monotonic(), 0.01))
+            now = time.monotonic()
+            waiting = {u: k for u, k in self._pool.in_flight.items() if k}
+            if now - max(last_reply[0], last_line) < HEARTBEAT_S or not waiting:
+                continue
+            last_line = now
+            logger.info(
+                "llm %s: waiting for %d repl%s (%s); none came for %.0fs; an attempt times out "
+                "after %gs (timeout_s)", self.spec.name, sum(waiting.values()),
+                "y" if sum(waiting.values()) == 1 else "ies",
+                ", ".join(f"{k} at {u}" for u, k in waiting.items()), now - last_reply[0],
+                self.spec.timeout_s,
             )
 
     def continuation_text(self, messages: Sequence[Message]) -> str:

@@ -145,8 +145,11 @@ class LLMSpec:
     max_concurrency: int = 16
     """openai backend: most requests in flight at once (over all base URLs)."""
 
-    timeout_s: float = 600.0
-    """openai backend: seconds before one request attempt times out (and is retried)."""
+    timeout_s: float = 300.0
+    """openai backend: seconds one request attempt may wait for its reply before it times out
+    (and is retried); connecting gets at most 10 s of it. A reply is one whole generation, so
+    raise it for long generations on a slow or crowded server (10,000 tokens at 30 tokens/s
+    take 330 s). While replies are awaited, a line every 30 s says what is waited for."""
 
     max_retries: int = 5
     """openai backend: retries after the first attempt on 429, 5xx, timeouts and connection

@@ -116,3 +116,47 @@ def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(smollm2_s
     assert "raise n_ctx in its llms entry, now 512" in message
     assert "1 of 4 requests failed, 3 succeeded" in message
     assert len(llm.cache) == 3
+
+
+# ---------------------------------------------------------------- a hung server
+
+_HUNG_CLIENT = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)  # as the CLI
+logging.getLogger("r2med_agent").setLevel(logging.INFO)
+from r2med_agent.llm import openai_compat
+from r2med_agent.llm.registry import LLMSpec, make_backend
+from r2med_agent.types import SamplingParams
+from tests.llm_server import FaultProxy
+openai_compat.HEARTBEAT_S = 0.5
+proxy = FaultProxy("http://127.0.0.1:9/v1")  # never forwarded to: every request hangs
+proxy.inject("hang", 100)
+spec = LLMSpec(name="hung", backend="openai", model="m", base_urls=(proxy.base_url,))  # defaults
+print("sending", file=sys.stderr, flush=True)
+make_backend(spec).generate([[{"role": "user", "content": "hi"}]] * 2, SamplingParams(max_tokens=3))
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_server_with_the_default_config_is_not_silent(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    stderr_path = tmp_path / "stderr.txt"
+    root = Path(__file__).resolve().parents[2]
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HUNG_CLIENT)], cwd=root,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "none came for" not in stderr_path.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, stderr_path.read_text()
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    lines = [x for x in stderr_path.read_text().splitlines() if "none came for" in x]
+    assert lines, stderr_path.read_text()
+    assert lines[0].startswith("llm hung: waiting for 2 replies (2 at http://127.0.0.1:")
+    assert lines[0].endswith("an attempt times out after 300s (timeout_s)")
