@@ -176,7 +176,9 @@ class FaultProxy:
     ``Authorization: Bearer secret``. ``reject_when[marker] = 400`` answers that status to every
     chat request whose body contains ``marker`` (not retryable, so it stays rejected).
     ``add_reasoning = ("reasoning_content", "text")`` adds that field to the message of every
-    successful forwarded chat answer, as reasoning APIs return it. ``events`` records every
+    successful forwarded chat answer, as reasoning APIs return it. ``opaque = True`` answers
+    404 to every GET (the model list and the servers' own endpoints), so the server behind it
+    does not say what it is, as a hosted API or an unknown server would not. ``events`` records every
     request; ``peak_in_flight`` is the most chat requests the proxy held at once.
     """
 
@@ -193,6 +195,7 @@ class FaultProxy:
         self.require_key: str | None = None
         self.reject_when: dict[str, int] = {}
         self.add_reasoning: tuple[str, str] | None = None
+        self.opaque = False
         self.in_flight = 0
         self.peak_in_flight = 0
         self.events: list[ProxyEvent] = []
@@ -235,6 +238,7 @@ class FaultProxy:
             self.require_key = None
             self.reject_when.clear()
             self.add_reasoning = None
+            self.opaque = False
             self.peak_in_flight = 0
 
     def outcomes(self, path_suffix: str = "/chat/completions") -> list[str]:
@@ -297,6 +301,10 @@ class FaultProxy:
                     handler, 401, self._error(f"Incorrect API key provided: {sent}", "auth")
                 )
                 return
+        if self.opaque and handler.command == "GET":
+            self._record(handler, "404", body)
+            self._reply(handler, 404, self._error("not found", "not_found"))
+            return
         chat = handler.path.endswith("/chat/completions")
         if chat:
             with self._lock:

@@ -115,8 +115,11 @@ class LLMSpec:
     stop strings are sent (the rest are applied client-side) and top_k/repetition_penalty are
     not sent. ``vllm`` (vLLM, SGLang) and ``llamacpp`` (``llama_cpp.server``): every stop string,
     plus top_k, the repetition penalty (``repetition_penalty`` resp. llama.cpp's
-    ``repeat_penalty``) and chat_template_kwargs in the request body. ``auto``: ``openai`` when
-    the first base URL's host is ``api.openai.com``, else ``vllm``."""
+    ``repeat_penalty``) and chat_template_kwargs in the request body. ``auto``: ``openai`` for
+    ``api.openai.com``; otherwise the server is asked what it is, once per base URL and process
+    (vLLM and SGLang: ``vllm``; llama.cpp's ``llama-server`` and llama-cpp-python's server:
+    ``llamacpp``; one that does not say: ``openai``, with a warning; none answering: ``vllm``,
+    asked again next time). The choice is logged and is part of the generation cache keys."""
 
     tokenizer: str | None = None
     """openai backend with ``server: vllm``: the Hugging Face id or local folder whose chat

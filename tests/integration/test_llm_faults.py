@@ -160,3 +160,81 @@ def test_a_hung_server_with_the_default_config_is_not_silent(tmp_path: Path) -> 
     assert lines, stderr_path.read_text()
     assert lines[0].startswith("llm hung: waiting for 2 replies (2 at http://127.0.0.1:")
     assert lines[0].endswith("an attempt times out after 300s (timeout_s)")
+
+
+# ---------------------------------------------------------------- server: auto
+
+CONTINUE = [
+    {"role": "user", "content": "Count from 1 to 20, one number per line."},
+    {"role": "assistant", "content": "1\n2\n3\n"},
+]
+
+
+@pytest.fixture
+def fresh_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget what earlier tests found behind their URLs (ports are reused)."""
+    from r2med_agent.llm import openai_compat
+
+    monkeypatch.setattr(openai_compat, "_DETECTED", {}, raising=False)
+
+
+@pytest.mark.slow
+def test_auto_finds_llama_cpp_python_behind_the_url(
+    llama_server, fresh_detection: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from r2med_agent.llm.openai_compat import detect_server, resolve_server
+
+    spec = openai_spec([llama_server.base_url], server="auto")
+    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.openai_compat"):
+        assert resolve_server(spec) == "llamacpp"
+    assert detect_server(llama_server.base_url) == (
+        "llamacpp", f"llama-cpp-python's server (GET {llama_server.base_url.removesuffix('/v1')}/openapi.json)"
+    )
+    assert f"{llama_server.base_url} is llama-cpp-python's server" in caplog.text
+    # A continuation goes to the chat API as it is: no tokenizer is needed.
+    gen = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+    assert gen.completion_tokens > 0
+
+
+@pytest.mark.slow
+def test_auto_on_a_server_that_does_not_say_uses_the_chat_api_with_one_notice(
+    fault_proxy: FaultProxy, fresh_detection: None, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from r2med_agent.llm.cached import RequestBuilder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a tokenizer lookup would fail at once
+    fault_proxy.opaque = True
+    spec = openai_spec([fault_proxy.base_url], server="auto", model="smollm2")
+    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.openai_compat"):
+        first = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+        again = make_backend(spec).generate([CONTINUE, COUNT], GREEDY)
+    assert first.completion_tokens > 0 and all(g.completion_tokens > 0 for g in again)
+    sent = fault_proxy.events_for()[0].json()
+    assert sent["messages"][-1] == CONTINUE[-1] and "top_k" not in sent  # OpenAI's parameters
+    assert caplog.text.count("did not say what it is (not vLLM, SGLang or llama.cpp)") == 1
+    probes = [e for e in fault_proxy.events if e.method == "GET"]
+    assert len(probes) == 5  # asked once per URL and process
+    # The kind found is what the cache keys say: the same as an explicit server: openai.
+    explicit = openai_spec([fault_proxy.base_url], server="openai", model="smollm2")
+    assert RequestBuilder.from_spec(spec).key(CONTINUE, GREEDY) == RequestBuilder.from_spec(explicit).key(
+        CONTINUE, GREEDY)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_auto_finds_vllm_behind_the_url(
+    vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fresh_detection: None
+) -> None:
+    from r2med_agent.llm.openai_compat import detect_server, resolve_server
+    from r2med_agent.llm.registry import LLMSpec
+    from tests.vllm_server import VLLMServer
+
+    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server")) as server:
+        spec = LLMSpec(name="served", backend="openai", model=str(vllm_model_dir), server="auto",
+                       base_urls=(server.base_url,), seed=None, max_retries=1)
+        assert resolve_server(spec) == "vllm"
+        assert detect_server(server.base_url) == ("vllm", f"vLLM (GET {server.base_url}/models)")
+        # Continued as raw text on the completions endpoint, with the model's chat template.
+        gen = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+        assert gen.completion_tokens > 0
