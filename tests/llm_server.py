@@ -3,10 +3,11 @@
 - :class:`LlamaCppServer`: ``python -m llama_cpp.server`` over the SmolLM2 GGUF as a subprocess,
   an OpenAI-compatible endpoint on 127.0.0.1.
 - :class:`FaultProxy`: a small HTTP proxy on 127.0.0.1 in front of it that can be told to answer
-  the next requests with 429 (``Retry-After: 1``), 500, or to stall past the client's timeout,
-  to reject every request whose body contains a marker, to require a bearer key (401
-  otherwise), or to add a separate reasoning field to the server's real answers; every other
-  request is forwarded unchanged. It counts the chat requests in flight (peak included).
+  the next requests with 429 (``Retry-After: 1``), 500, a malformed 200 (truncated JSON, an
+  HTML page, no choices, ``content: null``), to stall past the client's timeout or hang, to
+  reject every request whose body contains a marker, to require a bearer key (401 otherwise),
+  or to add a separate reasoning field to the server's real answers; every other request is
+  forwarded unchanged. It counts the chat requests in flight (peak included).
 
 Everything binds to loopback only, and every wait has a deadline.
 """
@@ -153,18 +154,31 @@ class ProxyEvent:
         return json.loads(self.body) if self.body else None
 
 
+FAULTS = ("400", "422", "429", "500", "stall", "hang", "truncated", "html", "empty_choices",
+          "null_content")
+"""The faults :meth:`FaultProxy.inject` takes."""
+
+HTML_PAGE = b"<!DOCTYPE html><html><head><title>Gateway</title></head><body>Please sign in.</body></html>"
+
+
 class FaultProxy:
     """A loopback HTTP proxy in front of ``upstream`` (``http://127.0.0.1:<port>``) that injects
     faults on demand.
 
     ``inject(kind, n)`` queues a fault for the next ``n`` chat requests (faults are served in
     the order injected): ``"429"`` (with ``Retry-After: 1``), ``"500"``, ``"400"``, ``"422"``, or
-    ``"stall"`` (hold the request for :attr:`STALL_S` and close it unanswered).
+    ``"stall"`` (hold the request for :attr:`STALL_S` and close it unanswered), ``"hang"`` (hold
+    it unanswered until the proxy is closed), or a malformed 200 reply: ``"truncated"`` (the
+    server's real answer cut in half), ``"html"`` (an HTML page, as a captive portal or a
+    gateway sends), ``"empty_choices"`` (valid JSON whose ``choices`` is empty) or
+    ``"null_content"`` (the server's real answer with the message content set to null).
     ``require_key = "secret"`` answers 401 to any request without
     ``Authorization: Bearer secret``. ``reject_when[marker] = 400`` answers that status to every
     chat request whose body contains ``marker`` (not retryable, so it stays rejected).
     ``add_reasoning = ("reasoning_content", "text")`` adds that field to the message of every
-    successful forwarded chat answer, as reasoning APIs return it. ``events`` records every
+    successful forwarded chat answer, as reasoning APIs return it. ``opaque = True`` answers
+    404 to every GET (the model list and the servers' own endpoints), so the server behind it
+    does not say what it is, as a hosted API or an unknown server would not. ``events`` records every
     request; ``peak_in_flight`` is the most chat requests the proxy held at once.
     """
 
@@ -181,6 +195,7 @@ class FaultProxy:
         self.require_key: str | None = None
         self.reject_when: dict[str, int] = {}
         self.add_reasoning: tuple[str, str] | None = None
+        self.opaque = False
         self.in_flight = 0
         self.peak_in_flight = 0
         self.events: list[ProxyEvent] = []
@@ -211,7 +226,7 @@ class FaultProxy:
 
     # -------------------------------------------------------------- control
     def inject(self, kind: str, n: int = 1) -> None:
-        if kind not in ("400", "422", "429", "500", "stall"):
+        if kind not in FAULTS:
             raise ValueError(f"unknown fault {kind!r}")
         with self._lock:
             self._faults.extend([kind] * n)
@@ -223,6 +238,7 @@ class FaultProxy:
             self.require_key = None
             self.reject_when.clear()
             self.add_reasoning = None
+            self.opaque = False
             self.peak_in_flight = 0
 
     def outcomes(self, path_suffix: str = "/chat/completions") -> list[str]:
@@ -260,9 +276,10 @@ class FaultProxy:
         status: int,
         payload: bytes,
         headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
     ) -> None:
         handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(payload)))
         for k, v in (headers or {}).items():
             handler.send_header(k, v)
@@ -284,6 +301,10 @@ class FaultProxy:
                     handler, 401, self._error(f"Incorrect API key provided: {sent}", "auth")
                 )
                 return
+        if self.opaque and handler.command == "GET":
+            self._record(handler, "404", body)
+            self._reply(handler, 404, self._error("not found", "not_found"))
+            return
         chat = handler.path.endswith("/chat/completions")
         if chat:
             with self._lock:
@@ -330,12 +351,22 @@ class FaultProxy:
             leave()
             self._reply(handler, int(fault), self._error(f"injected {fault}", "injected"))
             return
-        if fault == "stall":
-            self._record(handler, "stall", body)
-            self._stop.wait(self.STALL_S)
+        if fault in ("stall", "hang"):
+            self._record(handler, fault, body)
+            self._stop.wait(self.STALL_S if fault == "stall" else None)
             handler.close_connection = True
             return
-        event = self._record(handler, "forwarded", body)
+        if fault in ("html", "empty_choices"):
+            self._record(handler, fault, body)
+            leave()
+            if fault == "html":
+                self._reply(handler, 200, HTML_PAGE, content_type="text/html; charset=utf-8")
+            else:
+                empty = {"id": "chatcmpl-0", "object": "chat.completion", "created": 0,
+                         "model": "smollm2", "choices": []}
+                self._reply(handler, 200, json.dumps(empty).encode())
+            return
+        event = self._record(handler, fault or "forwarded", body)
         conn = http.client.HTTPConnection(*self.upstream, timeout=120)
         try:
             headers = {
@@ -352,6 +383,12 @@ class FaultProxy:
                 answer = json.loads(payload)
                 answer["choices"][0]["message"][field_name] = text
                 payload = json.dumps(answer).encode()
+            if fault == "null_content" and resp.status == 200:
+                answer = json.loads(payload)
+                answer["choices"][0]["message"]["content"] = None
+                payload = json.dumps(answer).encode()
+            if fault == "truncated" and resp.status == 200:
+                payload = payload[: len(payload) // 2]
             leave()
             self._reply(handler, resp.status, payload)
         finally:

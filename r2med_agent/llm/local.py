@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.base import PromptMeta, TemplateHashes
+from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes
 from r2med_agent.llm.continuation import continues_final_message
 from r2med_agent.llm.openai_compat import truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
@@ -273,20 +273,36 @@ class LlamaCppBackend:
     ) -> list[Generation]:
         """One completion per prompt, sequentially (see the module docstring); a prompt ending
         in an assistant message continues that message. The request options are the cache's
-        (:class:`~r2med_agent.llm.base.LLM`)."""
+        (:class:`~r2med_agent.llm.base.LLM`).
+
+        Raises:
+            PartialBatchError: some prompts failed (one longer than ``n_ctx``), the others were
+                generated; the error names each failed prompt by its place and opening words.
+            LLMError: every prompt failed.
+        """
         if not prompts:
             return []
         loaded = self._model()
-        out: list[Generation] = []
+        out: list[Generation | None] = []
+        failures: dict[int, LLMError] = {}
         progress = for_backend(len(prompts), f"llama.cpp {self.spec.name}")
         progress.ready()
         with loaded.lock, keep_interrupts() as interrupts:
-            for messages in prompts:
-                out.append(self._one(loaded, list(messages), params))
+            for i, messages in enumerate(prompts):
+                try:
+                    gen: Generation | None = self._one(loaded, list(messages), params)
+                except LLMError as e:  # this prompt alone (one that does not fit n_ctx)
+                    gen, failures[i] = None, LLMError(f"prompt {i + 1} of {len(prompts)} "
+                                                      f"({_opening(messages)}): {e}")
+                out.append(gen)
                 interrupts.check()
-                progress.update(1, out[-1].completion_tokens)
+                progress.update(1, gen.completion_tokens if gen is not None else 0)
         progress.close()
-        return out
+        if failures:
+            if all(g is None for g in out):
+                raise failures[min(failures)]
+            raise PartialBatchError(out, failures)
+        return out  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ internals
     def _no_template_message(self) -> str:
@@ -398,6 +414,12 @@ class LlamaCppBackend:
             completion_tokens=completion_tokens,
             latency_s=time.perf_counter() - start,
         )
+
+
+def _opening(messages: Sequence[Message]) -> str:
+    """The start of a prompt's last message, to say which prompt failed."""
+    text = " ".join(str(messages[-1].get("content") or "").split()) if messages else ""
+    return repr(text[:60] + ("..." if len(text) > 60 else ""))
 
 
 def _chat_formatter(llama_cpp: Any, llama: Any) -> Any | None:

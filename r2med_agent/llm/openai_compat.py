@@ -3,9 +3,13 @@
 
 A batch is sent as concurrent requests (at most ``max_concurrency`` in flight) over one or more
 base URLs, least-loaded first; results come back in input order. Our retries are the only ones
-(the openai client's own are off): 429, 5xx, 408, timeouts and connection errors are retried
-with exponential backoff and jitter, or after the server's ``Retry-After``; 400/401/403/404/422
-raise :class:`LLMError` at once.
+(the openai client's own are off): 429, 5xx, 408, timeouts, connection errors and malformed
+200 replies (a body that is not JSON, an HTML page, no choices) are retried with exponential
+backoff and jitter, or after the server's ``Retry-After``; 400/401/403/404/422 raise
+:class:`LLMError` at once. A reply whose content is null (and that has no separate reasoning)
+is a generation with ``finish_reason`` ``error``, which the cache does not keep; such replies
+are counted (``null_replies``) and a batch that had some says so in one warning. While replies
+are awaited and none has come for :data:`HEARTBEAT_S`, a line says what is waited for.
 
 With several base URLs a retry goes to another URL than the attempt that failed, and a URL whose
 attempt failed with a connection error, a timeout or a 5xx is cooled down: skipped while any
@@ -23,7 +27,8 @@ The API key is read only from the environment variable the registry entry names
 
 A conversation whose last message is an assistant message asks the model to CONTINUE that text
 (the reasoning-search loops re-submit a trajectory's running text that way). What happens
-depends on the ``server`` of the registry entry:
+depends on the ``server`` of the registry entry (``auto``: asked of the server itself, see
+:func:`resolve_server`):
 
 - ``vllm`` (vLLM, SGLang): the prompt is rendered HERE, as the offline vLLM backend and the
   original Search-o1 do it: the messages before the final one through the model's own chat
@@ -76,6 +81,15 @@ OPENAI_MAX_STOP = 4
 
 _RETRY_STATUSES = frozenset({408, 429})
 
+HEARTBEAT_S = 30.0
+"""While replies are awaited and none has come for this many seconds, a line (logged at info
+level, which the CLI shows) says how many are awaited from where and the attempt timeout, so a
+hung server is not silent until the timeout."""
+
+CONNECT_TIMEOUT_S = 10.0
+"""The most of ``timeout_s`` spent connecting: a server that does not accept a connection in
+this time is down or unreachable, whatever the generation time allowed."""
+
 _NEW_TURN_NOTES = {
     "openai": "the OpenAI API has no assistant prefill: a final assistant message is answered "
     "in a new turn, not continued",
@@ -96,12 +110,121 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
+PROBE_TIMEOUT_S = 5.0
+"""Seconds each request of :func:`detect_server` may take."""
+
+_DETECTED: dict[str, tuple[str, str]] = {}
+_DETECT_LOCK = threading.Lock()
+
+
 def resolve_server(spec: LLMSpec) -> str:
-    """The server kind for ``spec``: ``openai``, ``vllm`` or ``llamacpp`` (``auto`` resolved)."""
+    """The server kind for ``spec``: ``openai``, ``vllm`` or ``llamacpp``.
+
+    ``auto`` is resolved by asking the server what it is (:func:`detect_server`, once per base
+    URL and process): vLLM and SGLang -> ``vllm``, llama.cpp's ``llama-server`` and
+    llama-cpp-python's server -> ``llamacpp``, ``api.openai.com`` -> ``openai`` without asking;
+    a server that answers but does not say gets the chat API with OpenAI's parameters
+    (``openai``), with a one-line warning. When no base URL answers at all, ``vllm`` (the guess
+    of earlier versions, whose cache keys a re-run from the cache then still finds), with a
+    warning, and the server is asked again next time. The choice is logged, and it is part of
+    every cache key of the entry."""
     if spec.server != "auto":
         return spec.server
-    host = urlparse(spec.base_urls[0]).hostname or ""
-    return "openai" if host == "api.openai.com" else "vllm"
+    if (urlparse(spec.base_urls[0]).hostname or "") == "api.openai.com":
+        return "openai"
+    key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+    for url in spec.base_urls:
+        found = detect_server(url, key)
+        if found is not None:
+            return found[0]
+    # Nothing answered: the guess of earlier versions, so keys made with them still match (a
+    # re-run from the cache while the server is down); asked again on the next resolve.
+    logger.warning(
+        "llm %s: could not ask %s what it serves (no answer); taking it for vLLM (server: vllm); "
+        "set server: in its llms entry to choose", spec.name, ", ".join(spec.base_urls),
+    )
+    return "vllm"
+
+
+def detect_server(base_url: str, api_key: str = "") -> tuple[str, str] | None:
+    """What serves ``base_url``: ``(kind, what answered)``, or None when nothing answered (not
+    remembered, so a server started later is asked again).
+
+    Asked in turn (:data:`_PROBES`): the model list under the base URL, whose ``owned_by``
+    vLLM, SGLang and llama.cpp's ``llama-server`` fill with their own names (``vllm``,
+    ``sglang``, ``llamacpp``); then each server's endpoint outside the OpenAI API: SGLang's
+    ``GET /get_model_info`` (``model_path``), ``llama-server``'s ``GET /props``
+    (``default_generation_settings``), vLLM's ``GET /version`` (``{"version": ...}`` alone),
+    and llama-cpp-python's FastAPI schema (``GET /openapi.json``, titled "llama.cpp Python API";
+    its model list says ``owned_by: me``).
+    A server that answers none of them is taken to be OpenAI-like: kind ``openai``. The answer
+    is remembered per base URL for the life of the process and logged once.
+    """
+    with _DETECT_LOCK:
+        if base_url in _DETECTED:
+            return _DETECTED[base_url]
+        found = _probe(base_url, api_key)
+        if found is None:
+            return None
+        _DETECTED[base_url] = found
+    kind, what = found
+    if what:
+        logger.info("%s is %s: server %s", base_url, what, kind)
+    else:
+        logger.warning(
+            "%s did not say what it is (not vLLM, SGLang or llama.cpp): using the chat API with "
+            "OpenAI's parameters (server: openai); a final assistant message is answered in a "
+            "new turn; set server: in the llms entry to choose", base_url,
+        )
+    return found
+
+
+_OWNERS = {"vllm": ("vllm", "vLLM"), "sglang": ("vllm", "SGLang"),
+           "llamacpp": ("llamacpp", "llama.cpp's llama-server")}
+"""``owned_by`` in a model list -> (kind, server) for the servers that put their own name there."""
+
+
+def _owner(j: dict[str, Any]) -> str | None:
+    owners = {str(m.get("owned_by")) for m in j.get("data") or [] if isinstance(m, dict)}
+    return next((name for name in _OWNERS if name in owners), None)
+
+
+_PROBES: tuple[tuple[str, Callable[[dict[str, Any]], tuple[str, str] | None]], ...] = (
+    ("models", lambda j: _OWNERS[o] if (o := _owner(j)) else None),
+    ("/get_model_info", lambda j: ("vllm", "SGLang") if "model_path" in j else None),
+    ("/props", lambda j: ("llamacpp", "llama.cpp's llama-server")
+     if "default_generation_settings" in j else None),
+    ("/version", lambda j: ("vllm", f"vLLM {j['version']}") if set(j) == {"version"} else None),
+    ("/openapi.json", lambda j: ("llamacpp", "llama-cpp-python's server")
+     if "llama.cpp" in str((j.get("info") or {}).get("title", "")) else None),
+)
+"""``(path, recognise)``: a path under the base URL, or with a leading ``/`` under the server's
+root (the base URL without ``/v1``); ``recognise`` turns a JSON object answered with 200 into
+``(kind, server)``, or None."""
+
+
+def _probe(base_url: str, api_key: str) -> tuple[str, str] | None:
+    import httpx
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    answered = False
+    with httpx.Client(timeout=PROBE_TIMEOUT_S, headers=headers, follow_redirects=False) as client:
+        for path, recognise in _PROBES:
+            url = f"{root}{path}" if path.startswith("/") else f"{base_url.rstrip('/')}/{path}"
+            try:
+                response = client.get(url)
+            except httpx.HTTPError:
+                break  # no connection, or no answer in time: asking more would not help
+            answered = True
+            try:
+                body = response.json() if response.status_code == 200 else None
+            except ValueError:
+                body = None
+            found = recognise(body) if isinstance(body, dict) else None
+            if found:
+                return found[0], f"{found[1]} (GET {url})"
+    return ("openai", "") if answered else None
 
 
 def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
@@ -145,10 +268,30 @@ def retry_after_seconds(exc: BaseException) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+class MalformedReplyError(Exception):
+    """A 200 reply that is not a completion: a body that is not JSON (cut short, an HTML page
+    from a gateway or a captive portal) or one without choices. Retried like a 5xx."""
+
+
+def check_reply(response: Any) -> None:
+    """Raise :class:`MalformedReplyError` unless ``response`` is a completion with choices, each
+    with a message (chat) or a text (completions endpoint)."""
+    if isinstance(response, (str, bytes)):
+        text = response.decode("utf-8", "replace") if isinstance(response, bytes) else response
+        shown = " ".join(text.split())[:80]
+        raise MalformedReplyError(f"the reply is not JSON but {shown!r}")
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise MalformedReplyError("the reply has no choices")
+    for choice in choices:
+        if getattr(choice, "message", None) is None and not hasattr(choice, "text"):
+            raise MalformedReplyError("a choice of the reply has neither a message nor a text")
+
+
 def _is_retryable(exc: BaseException) -> bool:
     import openai
 
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(exc, (openai.APIConnectionError, MalformedReplyError)):  # incl. APITimeoutError
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
@@ -207,7 +350,7 @@ def _cools_url(exc: BaseException) -> bool:
     """True for failures that say the endpoint itself is unwell: no connection, a timeout, 5xx."""
     import openai
 
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(exc, (openai.APIConnectionError, MalformedReplyError)):  # incl. APITimeoutError
         return True
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
@@ -279,6 +422,8 @@ class OpenAICompatBackend:
         model_id: the served model name (``spec.model``).
         requests_per_url: HTTP attempts sent to each base URL since construction.
         attempts: all HTTP attempts sent since construction (retries included).
+        null_replies: replies whose message content was null (returned as generations with
+            ``finish_reason`` ``error``) since construction.
     """
 
     def __init__(self, spec: LLMSpec) -> None:
@@ -286,14 +431,23 @@ class OpenAICompatBackend:
             raise ConfigError(f"llm '{spec.name}': OpenAICompatBackend needs backend 'openai'")
         self.spec = spec
         self.model_id = spec.model
-        self.server = resolve_server(spec)
+        self._server: str | None = None
         self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
         self.attempts = 0
+        self.null_replies = 0
         self._noted_new_turn = False
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._pool = _UrlPool(spec.base_urls, spec.backoff_initial_s, spec.backoff_max_s)
         self._retry_lines: set[tuple[int, str]] = set()
+
+    @property
+    def server(self) -> str:
+        """The server kind (:func:`resolve_server`), found on first use: ``auto`` asks the
+        server then, not when the backend is built."""
+        if self._server is None:
+            self._server = resolve_server(self.spec)
+        return self._server
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -328,24 +482,32 @@ class OpenAICompatBackend:
         ``n`` > 1, a list of ``n`` samples per prompt."""
         import openai
 
+        import httpx
+
         key = self._api_key()
+        timeout = httpx.Timeout(self.spec.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.spec.timeout_s))
         clients = {
-            url: openai.AsyncOpenAI(
-                base_url=url, api_key=key, max_retries=0, timeout=self.spec.timeout_s
-            )
+            url: openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout)
             for url in self.spec.base_urls
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
         self._retry_lines: set[tuple[int, str]] = set()
         progress = for_backend(len(prompts), f"{self.spec.name}")
+        last_reply = [time.monotonic()]
+
+        def finished(task: asyncio.Future[Any]) -> None:
+            last_reply[0] = time.monotonic()
+            progress.update(1, _completion_tokens(task))
+
+        heartbeat = asyncio.ensure_future(self._heartbeat(last_reply))
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort, n))
                 for m in prompts
             ]
             for t in tasks:
-                t.add_done_callback(lambda t: progress.update(1, _completion_tokens(t)))
+                t.add_done_callback(finished)
             pending: set[asyncio.Future[Generation]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -357,6 +519,7 @@ class OpenAICompatBackend:
                     await asyncio.gather(*pending, return_exceptions=True)
                     break
         finally:
+            heartbeat.cancel()
             progress.close()
             for client in clients.values():
                 await client.close()
@@ -376,11 +539,44 @@ class OpenAICompatBackend:
                 failures[i] = exc
             else:
                 raise exc
+        self._warn_null_content(results)
         if failures:
             if all(r is None for r in results):
                 raise failures[min(failures)]  # nothing to keep: the plain error
             raise PartialBatchError(results, failures)
         return results  # type: ignore[return-value]
+
+    def _warn_null_content(self, results: Sequence[Generation | list[Generation] | None]) -> None:
+        """Count the replies whose content was null (failed generations) and say so once."""
+        flat = [g for r in results if r is not None for g in (r if isinstance(r, list) else [r])]
+        empty = sum(g.finish_reason == "error" for g in flat)
+        self.null_replies += empty
+        if empty:
+            logger.warning(
+                "llm %s: %d of %d replies had no content (content: null); they count as failed "
+                "generations, which the cache does not keep, so a re-run asks for them again",
+                self.spec.name, empty, len(flat),
+            )
+
+    async def _heartbeat(self, last_reply: list[float]) -> None:
+        """Every :data:`HEARTBEAT_S` without a reply while requests are in flight, one line
+        saying how many are awaited from where (runs until cancelled)."""
+        last_line = time.monotonic()
+        while True:
+            quiet_since = max(last_reply[0], last_line)
+            await asyncio.sleep(max(quiet_since + HEARTBEAT_S - time.monotonic(), 0.01))
+            now = time.monotonic()
+            waiting = {u: k for u, k in self._pool.in_flight.items() if k}
+            if now - max(last_reply[0], last_line) < HEARTBEAT_S or not waiting:
+                continue
+            last_line = now
+            logger.info(
+                "llm %s: waiting for %d repl%s (%s); none came for %.0fs; an attempt times out "
+                "after %gs (timeout_s)", self.spec.name, sum(waiting.values()),
+                "y" if sum(waiting.values()) == 1 else "ies",
+                ", ".join(f"{k} at {u}" for u, k in waiting.items()), now - last_reply[0],
+                self.spec.timeout_s,
+            )
 
     def continuation_text(self, messages: Sequence[Message]) -> str:
         """The raw prompt that continues ``messages``' final assistant message, rendered with
@@ -542,7 +738,16 @@ class OpenAICompatBackend:
                         client = clients[last_url]
                         create = (client.completions.create if "prompt" in request
                                   else client.chat.completions.create)
-                        response = await create(**request)
+                        try:
+                            response = await create(**request)
+                        except (ValueError, openai.APIResponseValidationError) as e:
+                            # A 200 whose body is not the JSON it claims (json errors are
+                            # ValueErrors): the server's fault, like a 5xx.
+                            raise MalformedReplyError(
+                                f"the reply is not valid JSON ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:120]})"
+                            ) from None
+                        check_reply(response)
                     except BaseException as e:
                         failure = e
                         raise
@@ -610,6 +815,8 @@ class OpenAICompatBackend:
             text = "HTTP 401 (authentication failed)"
         elif isinstance(exc, openai.APIStatusError):
             text = f"HTTP {exc.status_code}: {_server_message(exc)}"
+        elif isinstance(exc, MalformedReplyError):
+            text = f"malformed reply: {exc}"
         else:
             text = f"{type(exc).__name__}: {exc}"
         return self._scrub(text, key)
@@ -663,6 +870,10 @@ class OpenAICompatBackend:
         if not isinstance(reasoning, str):
             reasoning = ""
         finish_reason = choice.finish_reason or "stop"
+        if message is not None and message.content is None and not reasoning.strip():
+            # ``content: null`` with no reasoning either: nothing was generated (a filtered or
+            # failed answer); a failed generation, which the cache does not keep.
+            finish_reason = "error"
         stop_reason = getattr(choice, "stop_reason", None)
         if not isinstance(stop_reason, str):
             stop_reason = None  # vLLM reports a token id (int) when a stop token ended it

@@ -115,8 +115,11 @@ class LLMSpec:
     stop strings are sent (the rest are applied client-side) and top_k/repetition_penalty are
     not sent. ``vllm`` (vLLM, SGLang) and ``llamacpp`` (``llama_cpp.server``): every stop string,
     plus top_k, the repetition penalty (``repetition_penalty`` resp. llama.cpp's
-    ``repeat_penalty``) and chat_template_kwargs in the request body. ``auto``: ``openai`` when
-    the first base URL's host is ``api.openai.com``, else ``vllm``."""
+    ``repeat_penalty``) and chat_template_kwargs in the request body. ``auto``: ``openai`` for
+    ``api.openai.com``; otherwise the server is asked what it is, once per base URL and process
+    (vLLM and SGLang: ``vllm``; llama.cpp's ``llama-server`` and llama-cpp-python's server:
+    ``llamacpp``; one that does not say: ``openai``, with a warning; none answering: ``vllm``,
+    asked again next time). The choice is logged and is part of the generation cache keys."""
 
     tokenizer: str | None = None
     """openai backend with ``server: vllm``: the Hugging Face id or local folder whose chat
@@ -145,8 +148,11 @@ class LLMSpec:
     max_concurrency: int = 16
     """openai backend: most requests in flight at once (over all base URLs)."""
 
-    timeout_s: float = 600.0
-    """openai backend: seconds before one request attempt times out (and is retried)."""
+    timeout_s: float = 300.0
+    """openai backend: seconds one request attempt may wait for its reply before it times out
+    (and is retried); connecting gets at most 10 s of it. A reply is one whole generation, so
+    raise it for long generations on a slow or crowded server (10,000 tokens at 30 tokens/s
+    take 330 s). While replies are awaited, a line every 30 s says what is waited for."""
 
     max_retries: int = 5
     """openai backend: retries after the first attempt on 429, 5xx, timeouts and connection

@@ -1,0 +1,240 @@
+"""LLM backends under faults: malformed 200 replies, ``content: null``, a hung server, an
+over-long prompt in a llama.cpp batch, and what ``server: auto`` finds behind a base URL.
+
+Every server here is real: ``llama_cpp.server`` over the SmolLM2 GGUF on loopback with the
+fault-injecting :class:`~tests.llm_server.FaultProxy` in front, plain loopback HTTP servers
+that answer like the native endpoints of other servers, and vLLM's own server (vllm tier).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from r2med_agent.errors import LLMError
+from r2med_agent.llm.registry import make_backend
+from r2med_agent.types import SamplingParams
+from tests.llm_server import FaultProxy, openai_spec
+
+COUNT = [{"role": "user", "content": "Count from 1 to 20, one number per line."}]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+def _prompts(n: int) -> list[list[dict[str, str]]]:
+    """``n`` distinct short prompts."""
+    return [[{"role": "user", "content": f"Say the number {i}."}] for i in range(n)]
+
+
+# ---------------------------------------------------------------- malformed 200 replies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["truncated", "html", "empty_choices"])
+def test_http_malformed_200_reply_is_retried(fault_proxy: FaultProxy, fault: str) -> None:
+    backend = make_backend(openai_spec([fault_proxy.base_url]))
+    fault_proxy.inject(fault, 1)
+    gens = backend.generate([COUNT], GREEDY)
+    assert gens[0].text and gens[0].completion_tokens > 0
+    assert fault_proxy.outcomes() == [fault, "forwarded"]
+    assert backend.attempts == 2
+
+
+@pytest.mark.slow
+def test_http_malformed_replies_that_persist_fail_alone_and_the_good_ones_are_cached(
+    fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    # No retries: the two requests that meet a fault fail for good.
+    spec = openai_spec([fault_proxy.base_url], max_concurrency=4, max_retries=0)
+    prompts = _prompts(12)
+    fault_proxy.inject("truncated", 1)
+    fault_proxy.inject("html", 1)
+
+    def wrapper() -> CachedLLM:
+        return CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+
+    first = wrapper()
+    with pytest.raises(LLMError) as err:
+        first.generate(prompts, GREEDY)
+    message = str(err.value)
+    assert "malformed reply" in message and "2 of 12 requests failed, 10 succeeded" in message
+    assert "10 generations of that batch were saved to the generation cache" in message
+    assert len(first.cache) == 10
+
+    fault_proxy.reset()
+    second = wrapper()
+    gens = second.generate(prompts, GREEDY)
+    assert sum(not g.cached for g in gens) == 2 and all(g.text for g in gens)
+    assert fault_proxy.outcomes() == ["forwarded", "forwarded"]
+
+
+@pytest.mark.slow
+def test_http_null_content_is_a_failed_generation_counted_and_never_cached(
+    fault_proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    spec = openai_spec([fault_proxy.base_url], max_concurrency=1)
+    backend = make_backend(spec)
+    llm = CachedLLM(backend, spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+    fault_proxy.inject("null_content", 1)
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.llm.openai_compat"):
+        gens = llm.generate(_prompts(3), GREEDY)
+    assert [g.finish_reason == "error" for g in gens] == [True, False, False]
+    assert gens[0].text == "" and gens[1].text and gens[2].text
+    assert backend.null_replies == 1
+    assert "1 of 3 replies had no content (content: null)" in caplog.text
+    assert len(llm.cache) == 2  # the failed one is asked for again by the next run
+
+
+# ---------------------------------------------------------------- llama.cpp in-process
+
+
+@pytest.mark.slow
+def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(smollm2_spec, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    spec = replace(smollm2_spec, n_ctx=512)
+    prompts = _prompts(4)
+    prompts[2] = [{"role": "user", "content": "Too long: " + "lorem ipsum " * 400}]
+    llm = CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+    with pytest.raises(LLMError) as err:
+        llm.generate(prompts, GREEDY)
+    message = str(err.value)
+    assert message.startswith("prompt 3 of 4 ('Too long: lorem ipsum")
+    assert "raise n_ctx in its llms entry, now 512" in message
+    assert "1 of 4 requests failed, 3 succeeded" in message
+    assert len(llm.cache) == 3
+
+
+# ---------------------------------------------------------------- a hung server
+
+_HUNG_CLIENT = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)  # as the CLI
+logging.getLogger("r2med_agent").setLevel(logging.INFO)
+from r2med_agent.llm import openai_compat
+from r2med_agent.llm.registry import LLMSpec, make_backend
+from r2med_agent.types import SamplingParams
+from tests.llm_server import FaultProxy
+openai_compat.HEARTBEAT_S = 0.5
+proxy = FaultProxy("http://127.0.0.1:9/v1")  # never forwarded to: every request hangs
+proxy.inject("hang", 100)
+spec = LLMSpec(name="hung", backend="openai", model="m", base_urls=(proxy.base_url,))  # defaults
+print("sending", file=sys.stderr, flush=True)
+make_backend(spec).generate([[{"role": "user", "content": "hi"}]] * 2, SamplingParams(max_tokens=3))
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_server_with_the_default_config_is_not_silent(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    stderr_path = tmp_path / "stderr.txt"
+    root = Path(__file__).resolve().parents[2]
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HUNG_CLIENT)], cwd=root,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "none came for" not in stderr_path.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, stderr_path.read_text()
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    lines = [x for x in stderr_path.read_text().splitlines() if "none came for" in x]
+    assert lines, stderr_path.read_text()
+    assert lines[0].startswith("llm hung: waiting for 2 replies (2 at http://127.0.0.1:")
+    assert lines[0].endswith("an attempt times out after 300s (timeout_s)")
+
+
+# ---------------------------------------------------------------- server: auto
+
+CONTINUE = [
+    {"role": "user", "content": "Count from 1 to 20, one number per line."},
+    {"role": "assistant", "content": "1\n2\n3\n"},
+]
+
+
+@pytest.fixture
+def fresh_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget what earlier tests found behind their URLs (ports are reused)."""
+    from r2med_agent.llm import openai_compat
+
+    monkeypatch.setattr(openai_compat, "_DETECTED", {}, raising=False)
+
+
+@pytest.mark.slow
+def test_auto_finds_llama_cpp_python_behind_the_url(
+    llama_server, fresh_detection: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from r2med_agent.llm.openai_compat import detect_server, resolve_server
+
+    spec = openai_spec([llama_server.base_url], server="auto")
+    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.openai_compat"):
+        assert resolve_server(spec) == "llamacpp"
+    assert detect_server(llama_server.base_url) == (
+        "llamacpp", f"llama-cpp-python's server (GET {llama_server.base_url.removesuffix('/v1')}/openapi.json)"
+    )
+    assert f"{llama_server.base_url} is llama-cpp-python's server" in caplog.text
+    # A continuation goes to the chat API as it is: no tokenizer is needed.
+    gen = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+    assert gen.completion_tokens > 0
+
+
+@pytest.mark.slow
+def test_auto_on_a_server_that_does_not_say_uses_the_chat_api_with_one_notice(
+    fault_proxy: FaultProxy, fresh_detection: None, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from r2med_agent.llm.cached import RequestBuilder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a tokenizer lookup would fail at once
+    fault_proxy.opaque = True
+    spec = openai_spec([fault_proxy.base_url], server="auto", model="smollm2")
+    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.openai_compat"):
+        first = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+        again = make_backend(spec).generate([CONTINUE, COUNT], GREEDY)
+    assert first.completion_tokens > 0 and all(g.completion_tokens > 0 for g in again)
+    sent = fault_proxy.events_for()[0].json()
+    assert sent["messages"][-1] == CONTINUE[-1] and "top_k" not in sent  # OpenAI's parameters
+    assert caplog.text.count("did not say what it is (not vLLM, SGLang or llama.cpp)") == 1
+    probes = [e for e in fault_proxy.events if e.method == "GET"]
+    assert len(probes) == 5  # asked once per URL and process
+    # The kind found is what the cache keys say: the same as an explicit server: openai.
+    explicit = openai_spec([fault_proxy.base_url], server="openai", model="smollm2")
+    assert RequestBuilder.from_spec(spec).key(CONTINUE, GREEDY) == RequestBuilder.from_spec(explicit).key(
+        CONTINUE, GREEDY)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_auto_finds_vllm_behind_the_url(
+    vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fresh_detection: None
+) -> None:
+    from r2med_agent.llm.openai_compat import detect_server, resolve_server
+    from r2med_agent.llm.registry import LLMSpec
+    from tests.vllm_server import VLLMServer
+
+    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server")) as server:
+        spec = LLMSpec(name="served", backend="openai", model=str(vllm_model_dir), server="auto",
+                       base_urls=(server.base_url,), seed=None, max_retries=1)
+        assert resolve_server(spec) == "vllm"
+        assert detect_server(server.base_url) == ("vllm", f"vLLM (GET {server.base_url}/models)")
+        # Continued as raw text on the completions endpoint, with the model's chat template.
+        gen = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+        assert gen.completion_tokens > 0
