@@ -147,6 +147,7 @@ def build_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+_SHORT_WRITE = re.compile(r"^[0-9]+ requested and [0-9]+ written$")
 
 
 def free_bytes(path: str | os.PathLike[str]) -> int | None:
@@ -164,8 +165,12 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
 
 def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str], size: int) -> None:
     """Raise DiskFullError for ``path`` (``size`` bytes were being written) when ``exc`` is a
-    full disk or quota; the caller has already removed its temporaries. Other errors return."""
-    if isinstance(exc, OSError) and exc.errno in _FULL:
+    full disk or quota; the caller has already removed its temporaries. Other errors return.
+
+    numpy's ``tofile`` (under ``np.save`` to a path) reports a full disk as a short write
+    ("N requested and M written") without an errno; that counts too."""
+    short_write = isinstance(exc, OSError) and exc.errno is None and _SHORT_WRITE.search(str(exc))
+    if isinstance(exc, OSError) and (exc.errno in _FULL or short_write):
         free = free_bytes(path)
         raise DiskFullError(path, max(size - (free or 0), 1)) from None
 
