@@ -66,15 +66,26 @@ def _bm25(folder: Path, n_docs: int) -> None:
     print("saved")
 
 
+def _write_one_by_one(folder: Path, task: str, files: dict[str, str]) -> None:
+    """How the runner wrote a task's files before result sets (each file atomic, the set not)."""
+    from r2med_agent.io import atomic_write_text
+
+    for suffix, text in files.items():
+        atomic_write_text(folder / f"{task}{suffix}", text)
+
+
 def _results(folder: Path, rounds: int) -> None:
-    from r2med_agent.experiment.store import write_task_set
+    try:
+        from r2med_agent.experiment.store import write_task_set
+    except ImportError:  # the code before result sets: to show what a kill did there
+        write_task_set = _write_one_by_one
 
     for i in range(rounds):
-        write_task_set(folder, "T", {
-            ".json": f'{{"dataset_name": "T", "round": {i}, "test": {{"ndcg_cut_10": {i}}}}}\n',
-            ".run": f"q Q0 d{i} 1 1.0 round{i}\n" * 2000,
-            ".generations.jsonl": f'{{"round": {i}}}\n' * 2000,
-        })
+        files = {".run": f"q Q0 d{i} 1 1.0 round{i}\n" * 2000}
+        if i % 2 == 0:  # a set with a file the next one lacks
+            files[".generations.jsonl"] = f'{{"round": {i}}}\n' * 2000
+        files[".json"] = f'{{"dataset_name": "T", "round": {i}, "test": {{"ndcg_cut_10": {i}}}}}\n'
+        write_task_set(folder, "T", files)
         print(i, flush=True)
 
 
