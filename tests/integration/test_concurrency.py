@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+HOST = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname())
+"""This host as temporaries name their writer (``.<target>.<host>~<pid>.<random>.tmp``)."""
 
 
 def worker(*args: object) -> subprocess.Popen[str]:
@@ -45,14 +49,14 @@ def test_concurrent_dense_builds_all_succeed_and_agree(tmp_path):
     lock, the first to finish removed the shard folder the others were writing into (their
     ``_atomic_save_npy`` died with FileNotFoundError). Now one encodes, the others wait for it and
     load its matrix: every process exits 0 with the same embeddings and nothing is left over."""
-    procs = [worker("dense", tmp_path, 120, 10, 0.02) for _ in range(8)]
+    procs = [worker("dense", tmp_path, 400, 10, 0.05) for _ in range(8)]
     results = [finish(p) for p in procs]
     failed = [(rc, err[-600:]) for rc, _, err in results if rc != 0]
     assert not failed, failed
     assert len({out.strip() for _, out, _ in results}) == 1
     (folder,) = tmp_path.iterdir()
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "embeddings.npy", "meta.json"]
-    assert np.load(folder / "embeddings.npy").shape == (120, 16)
+    assert np.load(folder / "embeddings.npy").shape == (400, 16)
 
 
 # ---------------------------------------------------------------------------- kills and orphans
@@ -74,11 +78,9 @@ def test_killed_dense_build_leaves_temporaries_the_next_run_removes(tmp_path):
     p = worker("dense", tmp_path, 400, 2, 0.05)
     _kill_when(p, lambda: len(list(tmp_path.rglob("0000[3-9].npy"))) > 0)
     # a leftover of a dead writer, as a kill inside the save leaves (the kill point is random)
-    from r2med_agent.io import temp_prefix
-
-    shards = next(tmp_path.rglob("shards"))
-    dead = temp_prefix(shards / "00099.npy").replace(f"~{os.getpid()}.", f"~{_dead_pid()}.")
-    (shards / f"{dead}abcd1234.tmp").write_bytes(b"x")
+    # what a merge killed in the middle leaves (the kill point above is random)
+    folder = next(tmp_path.rglob("shards")).parent
+    (folder / f".embeddings.npy.{HOST}~{_dead_pid()}.abcd1234.tmp").write_bytes(b"x" * 4096)
     rc, _, err = finish(worker("dense", tmp_path, 400, 2, 0.0))
     assert rc == 0, err
     assert temporaries(tmp_path) == []
@@ -92,14 +94,12 @@ def _dead_pid() -> int:
 
 def test_killed_bm25_save_folder_is_removed_by_the_next_save(tmp_path):
     """Issue 20 item 15: a BM25 save killed while writing leaves its temporary folder; the next
-    save next to it removes it (its writer is dead) and a live writer's folder is kept."""
-    from r2med_agent.io import temp_prefix
-
-    live = tmp_path / (temp_prefix(tmp_path / "other-index") + "live0000.tmp")
-    live.mkdir()  # this (live) process's own temporary: never removed
+    save next to it removes it (its writer is dead), and a live writer's folder is kept."""
     p = worker("bm25", tmp_path, 60000)
     _kill_when(p, lambda: any(tmp_path.glob(".conc-*.tmp")))
     assert any(tmp_path.glob(".conc-*.tmp"))
+    live = tmp_path / f".other-index.{HOST}~{os.getpid()}.live0000.tmp"
+    live.mkdir()  # this (live) process's own temporary: never removed
     rc, _, err = finish(worker("bm25", tmp_path, 60000))
     assert rc == 0, err
     assert [t.name for t in temporaries(tmp_path)] == [live.name]
@@ -149,3 +149,31 @@ def test_full_disk_in_the_bm25_save_is_one_message(tmp_path):
         assert "Traceback" not in err
         assert f"{disk}/conc-lucene-" in err and "no space left on the device" in err
         assert list(disk.iterdir()) == []
+
+
+def test_full_disk_in_a_result_set_keeps_the_old_set(tmp_path):
+    """Issue 20 item 14 (result writes): a task's new result set does not fit. DiskFullError
+    names the result file, the old set is whole and no temporary is left."""
+    from r2med_agent.errors import DiskFullError
+    from r2med_agent.experiment.store import write_task_set
+
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        folder = disk / "none" / "none" / "bm25"
+        write_task_set(folder, "T", {".run": "q Q0 d1 1 1.0 old\n", ".json": '{"round": 0}\n'})
+        with pytest.raises(DiskFullError, match=r"bm25/T.json: no space left on the device \(about"):
+            write_task_set(folder, "T", {".run": "q Q0 d2 1 1.0 new\n" * 100_000, ".json": "{}\n"})
+        assert (folder / "T.json").read_text() == '{"round": 0}\n'
+        assert (folder / "T.run").read_text() == "q Q0 d1 1 1.0 old\n"
+        assert sorted(p.name for p in folder.iterdir()) == [".lock", "T.json", "T.run"]
+
+
+def test_preallocate_on_a_full_disk_is_disk_full_not_sigbus(tmp_path):
+    """The guard under the memory-mapped merge: reserving more than the disk holds fails at once
+    with DiskFullError (a free-space check can be raced by another writer; this cannot)."""
+    from r2med_agent.errors import DiskFullError
+    from r2med_agent.io import preallocate
+
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        path = disk / "big.npy"
+        with open(path, "wb") as f, pytest.raises(DiskFullError, match=r"big.npy: no space left"):
+            preallocate(f.fileno(), 4 << 20, path)

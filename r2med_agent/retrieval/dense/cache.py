@@ -239,7 +239,7 @@ class EmbeddingCache:
         full disk would kill the process with SIGBUS and leave the temporary behind.
         """
         size = shards.n_docs * dim * 4 + 128  # rows + the .npy header (at most 128 bytes here)
-        check_space(self.dir, size)
+        check_space(self.embeddings_path, size)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=temp_prefix(self.embeddings_path), suffix=".tmp")
         os.close(fd)
         out = None
