@@ -242,19 +242,11 @@ class EmbeddingCache:
         check_space(self.embeddings_path, size)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=temp_prefix(self.embeddings_path), suffix=".tmp")
         os.close(fd)
-        out = None
         try:
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(shards.n_docs, dim))
-            with open(tmp, "r+b") as f:
-                preallocate(f.fileno(), os.path.getsize(tmp), self.embeddings_path)
-            for i, (start, end) in enumerate(shards.bounds()):
-                out[start:end] = np.load(shards.path(i))
-            out.flush()
-            del out
+            self._write_rows(tmp, shards, dim)
             set_default_mode(tmp)
             os.replace(tmp, self.embeddings_path)
         except BaseException as e:
-            out = None  # unmap before the file goes, so its space is freed now
             Path(tmp).unlink(missing_ok=True)
             raise_if_disk_full(e, self.embeddings_path, size)
             raise
@@ -263,6 +255,19 @@ class EmbeddingCache:
             {**self.meta, "key": self.key, "dim": dim, "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
         shutil.rmtree(shards.dir, ignore_errors=True)
+
+    def _write_rows(self, tmp: str, shards: _Shards, dim: int) -> None:
+        """Write every shard's rows into the ``.npy`` file ``tmp`` through a memory map, its
+        space reserved first."""
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(shards.n_docs, dim))
+        try:
+            with open(tmp, "r+b") as f:
+                preallocate(f.fileno(), os.path.getsize(tmp), self.embeddings_path)
+            for i, (start, end) in enumerate(shards.bounds()):
+                out[start:end] = np.load(shards.path(i))
+            out.flush()
+        finally:
+            del out  # unmapped now, also on an error (whose traceback would keep it mapped)
 
 
 @dataclass(frozen=True)
