@@ -177,3 +177,19 @@ def test_preallocate_on_a_full_disk_is_disk_full_not_sigbus(tmp_path):
         path = disk / "big.npy"
         with open(path, "wb") as f, pytest.raises(DiskFullError, match=r"big.npy: no space left"):
             preallocate(f.fileno(), 4 << 20, path)
+
+
+def test_full_disk_in_a_run_is_one_message_from_the_cli(tmp_path, capsys):
+    """Issue 20 item 14 (result writes), through ``r2med-agent run``: the results folder fits
+    spec.json but not the task's files. Before, an OSError traceback; now exit 6, one line naming
+    the result file, spec.json intact and no temporary left."""
+    from r2med_agent.cli.app import main
+
+    with small_disk(tmp_path / "disk", "32k") as disk:
+        code = main(["run", "--task", "sample", "--retriever", "bm25", "-o", str(disk), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 6, err
+        folder = disk / "none" / "none" / "bm25"
+        assert f"error: {folder}/sample.json: no space left on the device (about" in err
+        assert sorted(p.name for p in folder.iterdir()) == [".lock", "spec.json"]
+        assert (folder / "spec.json").read_text().startswith("{")
