@@ -146,6 +146,9 @@ def write_task_set(folder: Path, task: str, files: Mapping[str, str]) -> list[Pa
     Raises:
         DiskFullError: the set does not fit; the old set is intact and no temporary is left.
     """
+    unknown = set(files) - set(TASK_SUFFIXES)
+    if unknown or ".json" not in files:
+        raise ValueError(f"a task's set is <Task>.json and files of {TASK_SUFFIXES[1:]}, got {sorted(files)}")
     folder.mkdir(parents=True, exist_ok=True)
     with build_lock(folder / _LOCK):
         _finish_set(folder, task)

@@ -193,3 +193,17 @@ def test_full_disk_in_a_run_is_one_message_from_the_cli(tmp_path, capsys):
         assert f"error: {folder}/sample.json: no space left on the device (about" in err
         assert sorted(p.name for p in folder.iterdir()) == [".lock", "spec.json"]
         assert (folder / "spec.json").read_text().startswith("{")
+
+
+def test_full_disk_while_saving_shards_is_one_message(tmp_path):
+    """Issue 20 item 14: the shards themselves do not fit. Exit 6 naming the shard, the shards
+    saved before it intact, no temporary left."""
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        # shards of 1000 x 16 float32 (64 kB each): three fit, the fourth does not
+        rc, _, err = finish(worker("dense", disk, 12000, 1000, 0.0))
+        assert rc == 6, (rc, err[-800:])
+        assert "Traceback" not in err and "no space left on the device" in err
+        assert "/shards/000" in err
+        assert temporaries(disk) == []
+        saved = sorted(disk.rglob("shards/*.npy"))
+        assert saved and all(np.load(p).shape == (1000, 16) for p in saved)
