@@ -1,20 +1,30 @@
-"""Small file helpers: atomic writes (a killed process never leaves a half-written file) and
-reading UTF-8 text and JSONL with ``file:line`` errors (never a UnicodeDecodeError or a
-RecursionError from a deeply nested line)."""
+"""Small file helpers: atomic writes (a killed process never leaves a half-written file), shared
+caches under concurrency and faults (writer-named temporaries, stale-temporary cleanup, build
+locks, full-disk errors), and reading UTF-8 text and JSONL with ``file:line`` errors (never a
+UnicodeDecodeError or a RecursionError from a deeply nested line).
+
+Every temporary file or folder this package writes is named ``.<target>.<host>~<pid>.<random>.tmp``
+(:func:`temp_prefix`): :func:`remove_stale_temps` removes one only when its writer is known dead
+(same host, no such process) or, for a name without a writer, when it is old."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
+import shutil
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.errors import ConfigError, DataError, DiskFullError
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -38,18 +48,151 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             f.write(text)
         return given
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    data = text.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         set_default_mode(tmp)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        raise_if_disk_full(e, target, len(data))
         raise
     return given
+
+
+# -- concurrency and faults -------------------------------------------------------------------
+
+_HOST = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+_WRITER = re.compile(r"\.(?P<host>[A-Za-z0-9-]+)~(?P<pid>[0-9]+)\.[^.]*\.tmp$")
+STALE_AFTER_S = 24 * 3600
+"""A temporary whose writer cannot be checked (another host, an older version's name) is removed
+only when it has not changed for this long."""
+
+
+def temp_prefix(target: str | os.PathLike[str]) -> str:
+    """The name prefix of a temporary for ``target`` written by this process:
+    ``.<target name>.<host>~<pid>.`` (``tempfile`` adds a random part; the suffix is ``.tmp``)."""
+    return f".{Path(target).name}.{_HOST}~{os.getpid()}."
+
+
+def _writer_alive(name: str, age_s: float) -> bool:
+    """Whether the writer of the temporary ``name`` may still be writing it."""
+    m = _WRITER.search(name)
+    if m is None or m["host"] != _HOST:
+        return age_s < STALE_AFTER_S
+    pid = int(m["pid"])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a live process of another user
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries (``.*.tmp`` files and folders) in ``folder`` whose writer is dead.
+
+    A temporary named by :func:`temp_prefix` on this host is removed when no process has its pid
+    (a pid reused by a live process keeps it: never a live writer's file); one of another host or
+    without a writer in its name when it has not changed for :data:`STALE_AFTER_S`. Returns what
+    was removed; a folder that cannot be listed removes nothing.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if _writer_alive(entry.name, age):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def build_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (made if absent) while the block runs.
+
+    Processes that build the same shared artifact take its lock first; the second waits for the
+    first and then finds its result. The kernel drops the lock when its holder dies (even by
+    SIGKILL), so a killed builder never blocks later runs.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_SHORT_WRITE = re.compile(r"^[0-9]+ requested and [0-9]+ written$")
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes an unprivileged writer can still use on the file system of ``path`` (or of its
+    nearest existing parent); None when it cannot be asked."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str], size: int) -> None:
+    """Raise DiskFullError for ``path`` (``size`` bytes were being written) when ``exc`` is a
+    full disk or quota; the caller has already removed its temporaries. Other errors return.
+
+    numpy's ``tofile`` (under ``np.save`` to a path) reports a full disk as a short write
+    ("N requested and M written") without an errno; that counts too."""
+    short_write = isinstance(exc, OSError) and exc.errno is None and _SHORT_WRITE.search(str(exc))
+    if isinstance(exc, OSError) and (exc.errno in _FULL or short_write):
+        free = free_bytes(path)
+        raise DiskFullError(path, max(size - (free or 0), 1)) from None
+
+
+def check_space(path: str | os.PathLike[str], size: int) -> None:
+    """Raise DiskFullError when the file system of ``path`` has fewer than ``size`` bytes free
+    (checked before a large write, whose own ENOSPC is still handled where it happens)."""
+    free = free_bytes(path)
+    if free is not None and free < size:
+        raise DiskFullError(path, size - free)
+
+
+def preallocate(fd: int, size: int, path: str | os.PathLike[str]) -> None:
+    """Reserve ``size`` bytes for the open file ``fd`` before it is written through a memory map:
+    a full disk then fails here with DiskFullError, never later as a SIGBUS on a page write."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate
+            return
+        raise_if_disk_full(e, path, size)
+        raise
 
 
 def write_output(path: str | os.PathLike[str], text: str, option: str = "--out") -> None:

@@ -96,6 +96,9 @@ class TaskResult:
         missing_queries: queries the run returned nothing for (scored 0).
         config: the ``config`` block the runner recorded.
         stats: the ``stats`` block (generations, tokens, times, cost), absent keys left out.
+        files: where each of the task's files is (suffix -> path): the set the JSON belongs to,
+            read through a set still being moved into place (``experiment.store.task_set_files``);
+            empty: beside the JSON.
     """
 
     task: str
@@ -106,9 +109,10 @@ class TaskResult:
     missing_queries: tuple[str, ...]
     config: dict[str, Any]
     stats: dict[str, float]
+    files: Mapping[str, Path] = field(default_factory=dict)
 
     def _sibling(self, suffix: str) -> Path:
-        return self.path.with_name(self.task + suffix)
+        return self.files.get(suffix) or self.path.with_name(self.task + suffix)
 
     @property
     def run_path(self) -> Path:
@@ -221,7 +225,7 @@ def _number(value: Any, what: str, path: Path) -> float:
     return float(value)
 
 
-def _task_result(path: Path, obj: Mapping[str, Any]) -> TaskResult:
+def _task_result(path: Path, obj: Mapping[str, Any], files: Mapping[str, Path] | None = None) -> TaskResult:
     scores = {str(k): _number(v, f"test.{k}", path) for k, v in obj["test"].items()}
     per_query_raw = obj.get("per_query") or {}
     if not isinstance(per_query_raw, Mapping):
@@ -249,6 +253,7 @@ def _task_result(path: Path, obj: Mapping[str, Any]) -> TaskResult:
         missing_queries=tuple(str(q) for q in missing),
         config=dict(config) if isinstance(config, Mapping) else {},
         stats=stats,
+        files=dict(files or {}),
     )
 
 
@@ -287,7 +292,7 @@ def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
             row = rows.get(key)
             if row is None:
                 row = rows[key] = _new_row(found, source)
-            result = _task_result(found.path, found.record)
+            result = _task_result(found.path, found.record, found.files)
             old = row.tasks.get(result.task)
             if old is None or made_at[path] >= made_at[old.path.resolve()]:
                 row.tasks[result.task] = result

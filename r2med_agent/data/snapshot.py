@@ -9,7 +9,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from r2med_agent.io import atomic_write_json
+from r2med_agent.errors import DiskFullError
+from r2med_agent.io import atomic_write_json, remove_stale_temps
 from r2med_agent.paths import cache_dir
 from r2med_agent.types import Qrels, Query
 
@@ -72,7 +73,10 @@ class _TaskSnapshot:
             "notes": list(notes),
             "doc_ids": list(doc_ids),
         }
+        remove_stale_temps(self.path.parent)  # what killed saves left
         try:
             atomic_write_json(self.path, rec, indent=None)
         except OSError as e:  # a read-only cache only costs speed
             logger.warning("cannot write the task cache file %s (%s)", self.path, e.strerror)
+        except DiskFullError as e:  # so does a full one
+            logger.warning("cannot write the task cache file (%s)", e)

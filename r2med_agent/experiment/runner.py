@@ -20,8 +20,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, RunSpec
-from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary
-from r2med_agent.io import atomic_write_json, atomic_write_text
+from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary, write_task_set
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
 
 __all__ = ["DEFAULT_TOP_K", "FINAL_MODES", "ExperimentResult", "RunConfig", "RunSpec", "TaskOutcome", "cut_run",
@@ -575,7 +574,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
 
     task, out = r.task, r.output
     tag = f"r2med-agent.{cfg.method}.{cfg.llm_label}.{cfg.leaf}"
-    files = [atomic_write_text(out_dir / f"{task.name}.run", write_trec_run(run, tag, cfg.top_k))]
+    files = {".run": write_trec_run(run, tag, cfg.top_k)}
     record = {
         "dataset_name": task.name,
         "model_name": cfg.folder(),
@@ -595,20 +594,19 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         "source": task.source,
         "corpus_fingerprint": task.fingerprint,
     }
-    files.append(atomic_write_json(out_dir / f"{task.name}.json", record))
+    files[".json"] = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
     if out.generations is not None:
-        files.append(atomic_write_text(out_dir / f"{task.name}.generations.jsonl",
-                                       _generations_jsonl(task, out.generations, out.requests, out.samples)))
+        files[".generations.jsonl"] = _generations_jsonl(task, out.generations, out.requests, out.samples)
     if out.traces is not None:
         from r2med_agent.methods.agentic import trace_to_dict
 
-        text = "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n" for t in out.traces)
-        files.append(atomic_write_text(out_dir / f"{task.name}.traces.jsonl", text))
+        files[".traces.jsonl"] = "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n"
+                                         for t in out.traces)
     if r.rerank is not None:
         from r2med_agent.methods.loop import traces_to_jsonl
 
-        files.append(atomic_write_text(out_dir / f"{task.name}.rerank.jsonl", traces_to_jsonl(r.rerank.traces)))
-    return files
+        files[".rerank.jsonl"] = traces_to_jsonl(r.rerank.traces)
+    return write_task_set(out_dir, task.name, files)  # one set: a reader never mixes two runs' files
 
 
 def _generations_jsonl(task: Task, gens: Sequence[Generation], requests: Sequence[SearchRequest],

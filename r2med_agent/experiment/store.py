@@ -16,20 +16,39 @@ Writing a spec into a folder that holds another spec's results is refused; re-ru
 task replaces that task's files and says so. Folders written by versions before ``spec.json``
 existed are read through the ``config`` each result file records, and :meth:`ResultStore.migrate`
 moves each of their task results into the folder of its own spec.
+
+A task's files are one set, replaced as a whole (:func:`write_task_set`): they are written into a
+hidden staging folder, which one rename turns into ``.<Task>.set/`` (the commit: from then on the
+new set is the task's result), and then moved into place one by one, ``<Task>.json`` last, files
+of the old set that the new one lacks removed. A kill before the commit leaves the old set (and
+a staging folder the next write removes); a kill after it leaves ``.<Task>.set/``, which readers
+read through (:func:`task_set_files`) and the next write of the folder finishes. A reader thus
+never mixes two runs' files.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, RunSpec
-from r2med_agent.io import atomic_write_json, read_json
+from r2med_agent.io import (
+    atomic_write_json,
+    build_lock,
+    raise_if_disk_full,
+    read_json,
+    remove_stale_temps,
+    set_default_mode,
+    temp_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +56,124 @@ SPEC_FILE = "spec.json"
 SUMMARY_FILE = "summary.json"
 TASK_SUFFIXES = (".json", ".run", ".generations.jsonl", ".traces.jsonl", ".rerank.jsonl")
 """Every file a task leaves in its spec's folder (``<Task><suffix>``)."""
+_SET_MANIFEST = "set.json"
+_LOCK = ".lock"
+
+
+def _pending(folder: Path, task: str) -> Path:
+    """The committed set of ``task`` not yet moved into place."""
+    return folder / f".{task}.set"
+
+
+def _set_members(pending: Path) -> list[str] | None:
+    """The file names of a committed set (None: no set pending, or its moves are all done)."""
+    try:
+        names = json.loads((pending / _SET_MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
+def task_set_files(folder: Path, task: str) -> dict[str, Path]:
+    """Where each of ``task``'s files is (``suffix -> path``; the path need not exist).
+
+    While a committed set is pending, its members are read from ``.<Task>.set/`` or, once moved,
+    from the folder; a file of the old set that the new one lacks is absent (its path points into
+    the pending folder, where it is not). Otherwise the folder's own files.
+    """
+    pending = _pending(folder, task)
+    members = _set_members(pending)
+    out: dict[str, Path] = {}
+    for suffix in TASK_SUFFIXES:
+        name = task + suffix
+        if members is None:
+            out[suffix] = folder / name
+        elif name in members and not (pending / name).exists():
+            out[suffix] = folder / name
+        else:
+            out[suffix] = pending / name
+    return out
+
+
+def pending_tasks(folder: Path) -> list[str]:
+    """Tasks of ``folder`` whose committed set is still being moved into place."""
+    return sorted(p.name[1:-len(".set")] for p in folder.glob(".*.set") if _set_members(p) is not None)
+
+
+def _finish_set(folder: Path, task: str) -> None:
+    """Move a committed set of ``task`` into place (``<Task>.json`` last) and remove the files of
+    the set it replaces that it lacks; every step can be repeated after a kill."""
+    pending = _pending(folder, task)
+    if not pending.is_dir():
+        return
+    members = _set_members(pending)
+    if members is not None:
+        for suffix in (*TASK_SUFFIXES[1:], TASK_SUFFIXES[0]):
+            name = task + suffix
+            if (pending / name).exists():
+                os.replace(pending / name, folder / name)
+            elif name not in members:
+                (folder / name).unlink(missing_ok=True)
+        _fsync_dir(folder)
+    shutil.rmtree(pending, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def finish_pending_sets(folder: Path) -> None:
+    """Finish every committed set of ``folder`` and remove the staging folders of dead writers
+    (what a killed write leaves); a folder that is not writable is left as it is."""
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        return
+    with build_lock(folder / _LOCK):
+        for task in [p.name[1:-len(".set")] for p in folder.glob(".*.set")]:
+            _finish_set(folder, task)
+        remove_stale_temps(folder)
+
+
+def write_task_set(folder: Path, task: str, files: Mapping[str, str]) -> list[Path]:
+    """Replace ``task``'s files in ``folder`` by ``files`` (``suffix -> text``) as one set.
+
+    Returns:
+        the paths of the new files.
+
+    Raises:
+        DiskFullError: the set does not fit; the old set is intact and no temporary is left.
+    """
+    unknown = set(files) - set(TASK_SUFFIXES)
+    if unknown or ".json" not in files:
+        raise ValueError(f"a task's set is <Task>.json and files of {TASK_SUFFIXES[1:]}, got {sorted(files)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    with build_lock(folder / _LOCK):
+        _finish_set(folder, task)
+        remove_stale_temps(folder)
+        stage = Path(tempfile.mkdtemp(dir=folder, prefix=temp_prefix(folder / task), suffix=".tmp"))
+        contents = {task + suffix: text.encode("utf-8") for suffix, text in files.items()}
+        manifest = {"task": task, "files": list(contents)}
+        contents[_SET_MANIFEST] = (json.dumps(manifest) + "\n").encode("utf-8")
+        size = sum(len(data) for data in contents.values())
+        try:
+            for name, data in contents.items():
+                with open(stage / name, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                set_default_mode(stage / name)
+            _fsync_dir(stage)
+            os.rename(stage, _pending(folder, task))  # the commit
+        except BaseException as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise_if_disk_full(e, folder / f"{task}.json", size)
+            raise
+        _fsync_dir(folder)
+        _finish_set(folder, task)
+    return [folder / (task + suffix) for suffix in files]
 
 
 @dataclass(frozen=True)
@@ -47,6 +184,10 @@ class StoredResult:
     record: dict[str, Any]
     spec: RunSpec | None
     """None when the file records no config (very old results): ``compare`` then names it by its folder."""
+    files: dict[str, Path] = field(default_factory=dict)
+    """Where each of the task's files is (:func:`task_set_files`)."""
+    where: Path | None = None
+    """The result folder (None: the file's own folder)."""
 
     @property
     def task(self) -> str:
@@ -54,7 +195,7 @@ class StoredResult:
 
     @property
     def folder(self) -> Path:
-        return self.path.parent
+        return self.where if self.where is not None else self.path.parent
 
 
 def legacy_leaf(spec: RunSpec) -> str:
@@ -122,6 +263,7 @@ class ResultStore:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ConfigError(f"{folder}: the result folder is not writable; check --output-dir")
         self._check_owner(folder, spec)
+        finish_pending_sets(folder)
         atomic_write_json(folder / SPEC_FILE, spec_file(spec))
         return folder
 
@@ -163,12 +305,11 @@ class ResultStore:
     # -- reading -----------------------------------------------------------------------------
 
     def _task_results(self, folder: Path) -> Iterator[StoredResult]:
-        for path in sorted(folder.glob("*.json")):
-            if path.name in (SUMMARY_FILE, SPEC_FILE) or path.name.startswith("."):
-                continue
-            record = read_task_record(path)
+        for task in task_names(folder):
+            files = task_set_files(folder, task)
+            record = read_task_record(files[".json"])
             if record is not None:
-                yield StoredResult(path, record, spec_of_record(record))
+                yield StoredResult(files[".json"], record, spec_of_record(record), files, folder)
 
     def results(self) -> Iterator[StoredResult]:
         """Every task result under the root (any depth), in path order.
@@ -178,7 +319,9 @@ class ResultStore:
         """
         if not self.root.is_dir():
             raise DataError("results directory does not exist", self.root)
-        folders = sorted({p.parent for p in self.root.rglob("*.json")})
+        found = {p.parent for p in self.root.rglob("*.json")}
+        found |= {p.parent for p in self.root.rglob(".*.set")}
+        folders = sorted(f for f in found if not f.name.startswith("."))  # not a set's own folder
         for folder in folders:
             yield from self._task_results(folder)
 
@@ -191,7 +334,7 @@ class ResultStore:
         """The result file of ``spec`` on ``task``: in the spec's folder, or in the folder an
         earlier version wrote it to (when its recorded config is this spec), else None."""
         for folder in self.places(spec):
-            path = folder / f"{task}.json"
+            path = task_set_files(folder, task)[".json"]
             if not path.exists():
                 continue
             try:
@@ -234,6 +377,8 @@ class ResultStore:
             moves.append((found.path, dest))
             if dry_run:
                 continue
+            finish_pending_sets(found.folder)
+            finish_pending_sets(target)
             target.mkdir(parents=True, exist_ok=True)
             for suffix in TASK_SUFFIXES:
                 src = found.folder / f"{found.task}{suffix}"
@@ -291,9 +436,9 @@ def folder_scores(folder: Path, this_run: Mapping[str, Mapping[str, float]]) -> 
     """Mean scores of every ``<Task>.json`` in ``folder`` (this run's own where it made one),
     sorted by task name; files that cannot be read are skipped with a warning."""
     scores: dict[str, dict[str, float]] = {}
-    for path in sorted(folder.glob("*.json")):
-        task = path.stem
-        if path.name in (SUMMARY_FILE, SPEC_FILE) or path.name.startswith(".") or task in this_run:
+    for task in task_names(folder):
+        path = task_set_files(folder, task)[".json"]
+        if task in this_run:
             continue
         try:
             rec = read_json(path, "result file")
@@ -305,3 +450,10 @@ def folder_scores(folder: Path, this_run: Mapping[str, Mapping[str, float]]) -> 
             scores[task] = {k: float(v) for k, v in test.items() if isinstance(v, (int, float))}
     scores.update({k: dict(v) for k, v in this_run.items()})
     return dict(sorted(scores.items()))
+
+
+def task_names(folder: Path) -> list[str]:
+    """The tasks with a result file in ``folder`` (or a committed set pending there)."""
+    names = {p.stem for p in folder.glob("*.json")
+             if p.name not in (SUMMARY_FILE, SPEC_FILE) and not p.name.startswith(".")}
+    return sorted(names | set(pending_tasks(folder)))

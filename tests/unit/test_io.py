@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,61 @@ def test_a_control_character_in_json_is_named_once(tmp_path):
         read_json(bad, "result file")
     assert "Invalid control character at column 12" in str(info.value)
     assert "at at" not in str(info.value) and "r.json:1" in str(info.value)
+
+
+# -- temporaries of dead writers (issue 20 item 15) --------------------------------------------
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_temporaries_of_dead_writers_are_removed_never_a_live_ones(tmp_path):
+    from r2med_agent.io import STALE_AFTER_S, remove_stale_temps, temp_prefix
+
+    mine = temp_prefix(tmp_path / "a.json")
+    assert mine.startswith(".a.json.") and mine.endswith(f"~{os.getpid()}.")  # .<name>.<host>~<pid>.
+    host = mine[len(".a.json."):].split("~")[0]
+    live = tmp_path / f"{mine}live0001.tmp"
+    dead = tmp_path / f".a.json.{host}~{_dead_pid()}.dead0001.tmp"
+    dead_dir = tmp_path / f".idx.{host}~{_dead_pid()}.dead0002.tmp"
+    other_host_new = tmp_path / ".a.json.elsewhere~1.new00001.tmp"
+    other_host_old = tmp_path / ".a.json.elsewhere~1.old00001.tmp"
+    legacy_old = tmp_path / ".a.json.k2j3h4g5.tmp"  # an older version's name: no writer in it
+    legacy_new = tmp_path / ".b.json.k2j3h4g6.tmp"
+    for p in (live, dead, other_host_new, other_host_old, legacy_old, legacy_new):
+        p.write_text("x")
+    dead_dir.mkdir()
+    (dead_dir / "terms.txt").write_text("x")
+    old = time.time() - STALE_AFTER_S - 60
+    for p in (other_host_old, legacy_old):
+        os.utime(p, (old, old))
+    removed = remove_stale_temps(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(p.name for p in (dead, dead_dir, other_host_old, legacy_old))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (live, other_host_new, legacy_new))
+
+
+def test_atomic_write_names_its_temporary_by_its_writer(tmp_path, monkeypatch):
+    from r2med_agent import io
+
+    seen: list[str] = []
+    real = os.replace
+    monkeypatch.setattr(io.os, "replace", lambda a, b: (seen.append(os.path.basename(a)), real(a, b)))
+    atomic_write_text(tmp_path / "out.json", "{}\n")
+    (name,) = seen
+    assert name.startswith(io.temp_prefix(tmp_path / "out.json")) and name.endswith(".tmp")
+
+
+def test_a_short_numpy_write_counts_as_a_full_disk(tmp_path):
+    from r2med_agent.errors import DiskFullError
+    from r2med_agent.io import raise_if_disk_full
+
+    with pytest.raises(DiskFullError, match=r"x.npy: no space left on the device \(about"):
+        raise_if_disk_full(OSError("359993 requested and 141280 written"), tmp_path / "x.npy", 1 << 60)
+    raise_if_disk_full(OSError("something else"), tmp_path / "x.npy", 10)  # not a full disk: returns

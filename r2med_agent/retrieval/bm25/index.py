@@ -6,6 +6,11 @@ into place; later runs load it memory-mapped. A folder holds ``meta.json`` (the 
 the counts; written last), ``doc_ids.json``, ``terms.txt`` (the vocabulary), ``params.json`` and
 one ``.npy`` file per array of the scoring (:mod:`~r2med_agent.retrieval.bm25.lucene`,
 :mod:`~r2med_agent.retrieval.bm25.compat`).
+
+Processes that build the same index at once each write their own temporary folder (named with
+their pid); the first rename wins and the others keep its index. A save removes the temporary
+folders of dead writers beside it (a killed save's), and a full disk is a DiskFullError naming
+the folder, its temporary removed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from r2med_agent.io import atomic_write_json
+from r2med_agent.io import atomic_write_json, raise_if_disk_full, remove_stale_temps, temp_prefix
 from r2med_agent.retrieval.bm25.analysis import AnalyzedTexts
 from r2med_agent.types import Task
 
@@ -160,7 +165,9 @@ def load_saved(
 def save_index(folder: Path, index: ScoringIndex, key: str, doc_ids: list[str], show_progress: bool) -> None:
     """Write the index into a temporary sibling folder, then rename it into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    for stale in remove_stale_temps(folder.parent):
+        logger.info("removed %s, left by a killed save", stale)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=temp_prefix(folder), suffix=".tmp"))
     try:
         index.save(tmp, show_progress)
         (tmp / _DOC_IDS).write_text(json.dumps(doc_ids, ensure_ascii=False), encoding="utf-8")
@@ -174,6 +181,8 @@ def save_index(folder: Path, index: ScoringIndex, key: str, doc_ids: list[str], 
             # another process saved the same index first; keep theirs
             logger.info("BM25 index %s was saved by another process meanwhile", folder)
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        arrays = getattr(index, "arrays", {})
+        raise_if_disk_full(e, folder, sum(int(getattr(a, "nbytes", 0)) for a in arrays.values()))
         raise

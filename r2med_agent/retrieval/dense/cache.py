@@ -5,6 +5,12 @@ instruction, corpus fingerprint) under ``cache_dir()/embeddings/<encoder>__<key>
 shards of ``shard_size`` documents, each atomically, so a killed run resumes from its last shard;
 the shards are then merged into one float32 ``embeddings.npy`` (memory-mapped when reused) and a
 ``meta.json``, both written atomically.
+
+Concurrent runs that need the same embeddings take the folder's ``.lock`` (``build_lock``) before
+encoding: one encodes, the others wait and then load its result (or resume its shards when it
+was killed). Temporaries carry their writer's pid and those of dead writers are removed. The merge
+checks the free space and reserves the whole file before writing it through a memory map, so a
+full disk is a DiskFullError naming the path, never a SIGBUS.
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ from typing import Any
 import numpy as np
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.io import atomic_write_json, set_default_mode
+from r2med_agent.io import (
+    atomic_write_json,
+    build_lock,
+    check_space,
+    preallocate,
+    raise_if_disk_full,
+    remove_stale_temps,
+    set_default_mode,
+    temp_prefix,
+)
 from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.dense.models import model_fingerprint
 from r2med_agent.retrieval.dense.spec import DEFAULT_SHARD_SIZE, Encoder, EncoderSpec
@@ -106,16 +121,18 @@ def embedding_cache_key(
 
 
 def _atomic_save_npy(path: Path, arr: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.save(f, np.ascontiguousarray(arr, dtype=np.float32))
+            np.save(f, arr)
             f.flush()
             os.fsync(f.fileno())
         set_default_mode(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        raise_if_disk_full(e, path, arr.nbytes + 128)
         raise
 
 
@@ -166,9 +183,23 @@ class EmbeddingCache:
         """Encode the corpus shard by shard (resuming), then merge; returns the memory map.
 
         ``encode_chunk(start, end)`` returns the float32 rows of documents ``[start, end)``.
+        Runs under the folder's build lock: a process that waited for another one's build loads
+        its result instead of encoding again.
         """
         if shard_size < 1:
             raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with build_lock(self.dir / ".lock"):
+            done = self.load()
+            if done is not None:
+                logger.info("embeddings in %s were built by another process meanwhile", self.dir)
+                return done
+            remove_stale_temps(self.dir)
+            remove_stale_temps(self.dir / "shards")
+            return self._build_locked(encode_chunk, n_docs, shard_size, show_progress)
+
+    def _build_locked(self, encode_chunk: Callable[[int, int], np.ndarray], n_docs: int,
+                      shard_size: int, show_progress: bool) -> np.ndarray:
         t0 = time.perf_counter()
         shards = self._shards_for(shard_size, n_docs)
         dim, encoded = shards.encode(encode_chunk, show_progress)
@@ -201,25 +232,42 @@ class EmbeddingCache:
 
     def _merge(self, shards: _Shards, dim: int) -> None:
         """Merge the shards into ``embeddings.npy`` and write ``meta.json`` (each atomically),
-        then remove the shards."""
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".embeddings.npy.", suffix=".tmp")
+        then remove the shards.
+
+        The free space is checked first and the whole file is reserved (``posix_fallocate``)
+        before any row is written through the memory map: a page write into a sparse file on a
+        full disk would kill the process with SIGBUS and leave the temporary behind.
+        """
+        size = shards.n_docs * dim * 4 + 128  # rows + the .npy header (at most 128 bytes here)
+        check_space(self.embeddings_path, size)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=temp_prefix(self.embeddings_path), suffix=".tmp")
         os.close(fd)
         try:
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(shards.n_docs, dim))
-            for i, (start, end) in enumerate(shards.bounds()):
-                out[start:end] = np.load(shards.path(i))
-            out.flush()
-            del out
+            self._write_rows(tmp, shards, dim)
             set_default_mode(tmp)
             os.replace(tmp, self.embeddings_path)
-        except BaseException:
+        except BaseException as e:
             Path(tmp).unlink(missing_ok=True)
+            raise_if_disk_full(e, self.embeddings_path, size)
             raise
         atomic_write_json(
             self.meta_path,
             {**self.meta, "key": self.key, "dim": dim, "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
         shutil.rmtree(shards.dir, ignore_errors=True)
+
+    def _write_rows(self, tmp: str, shards: _Shards, dim: int) -> None:
+        """Write every shard's rows into the ``.npy`` file ``tmp`` through a memory map, its
+        space reserved first."""
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(shards.n_docs, dim))
+        try:
+            with open(tmp, "r+b") as f:
+                preallocate(f.fileno(), os.path.getsize(tmp), self.embeddings_path)
+            for i, (start, end) in enumerate(shards.bounds()):
+                out[start:end] = np.load(shards.path(i))
+            out.flush()
+        finally:
+            del out  # unmapped now, also on an error (whose traceback would keep it mapped)
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,7 @@ def test_cache_files_and_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert "encoded 10 docs" in caplog.text
     (folder,) = list(tmp_path.iterdir())
     assert folder.name.startswith("minilm__")
-    assert sorted(p.name for p in folder.iterdir()) == ["embeddings.npy", "meta.json"]  # shards merged
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "embeddings.npy", "meta.json"]  # + the build lock
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["n_docs"] == 10 and meta["dim"] == 8
     caplog.clear()
