@@ -191,3 +191,29 @@ def test_summary_covers_every_task_in_the_folder(tmp_path):
     means = {t: json.loads((folder / f"{t}.json").read_text())["test"] for t in summary["tasks"]}
     for metric, value in summary["average"].items():
         assert value == pytest.approx((means["sample"][metric] + means["r2med-demo"][metric]) / 2)
+
+
+@pytest.mark.parametrize("bad_id", ["q 1", "q\t1", "q\n1"])
+@pytest.mark.parametrize("which", ["query", "document"])
+def test_an_id_with_whitespace_is_refused_at_load_with_file_and_line(tmp_path, capsys, bad_id, which):
+    # A TREC run line is split on whitespace: such an id would make a .run file that `evaluate`
+    # and `report` reject (a newline adds a line), so it is refused where it is read.
+    data = _copy_sample(tmp_path / "mine")
+    name = "query.jsonl" if which == "query" else "corpus.jsonl"
+    path = data / name
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rec = json.loads(lines[2])
+    old = rec["id"]
+    rec["id"] = bad_id
+    lines[2] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    qrels = data / "qrels.jsonl"
+    key = "q_id" if which == "query" else "p_id"
+    rows = [json.loads(x) for x in qrels.read_text(encoding="utf-8").splitlines()]
+    qrels.write_text("".join(json.dumps({**r, key: bad_id if r[key] == old else r[key]}) + "\n" for r in rows),
+                     encoding="utf-8")
+    out = tmp_path / "results"
+    assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert f"{name}:3: {which} id {bad_id!r} holds whitespace" in err and "Traceback" not in err
+    assert not list(out.rglob("*.run"))
