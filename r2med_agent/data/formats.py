@@ -178,7 +178,7 @@ def _layout_reader(
         return layout, functools.partial(_read_nano, folder, split, allow_missing_docs)
     raise DataError(
         "no task files found: expected query.jsonl, corpus.jsonl and qrels.jsonl/qrels.txt "
-        "(R2MED), queries.jsonl, corpus.jsonl and qrels/test.tsv (BEIR)"
+        "(R2MED), queries.jsonl, corpus.jsonl and qrels/<split>.tsv (BEIR)"
         + (f", or corpus/ queries/ qrels/ with {split} files (Nano)" if split else ""),
         folder,
     )

@@ -186,7 +186,7 @@ def _locate(data_dir: Path, spec: TaskSpec) -> Path:
         f"no data for task {spec.name}{did_you_mean(spec.name, held)}: expected {data_dir / spec.name}/ "
         "or this folder itself to "
         "hold query.jsonl, corpus.jsonl and qrels.jsonl (R2MED layout) or queries.jsonl, "
-        "corpus.jsonl and qrels/test.tsv (BEIR layout)"
+        "corpus.jsonl and qrels/<split>.tsv (BEIR layout)"
         + (f", or corpus/ queries/ qrels/ with {spec.split} files (Nano layout)" if spec.split else ""),
         data_dir,
     )
