@@ -73,6 +73,10 @@ def load_task(
         use_task_cache=True,
         beir=BeirSplit(qrels_split, all_queries),
     )
+    if data_dir is None and spec.source != "local" and not task.qrels:
+        # A release always has qrels: a folder without them is a broken download, not new queries.
+        raise DataError(f"missing qrels: {spec.name}'s release has relevance judgments, this copy has none",
+                        folder)
     if data_dir is not None or spec.source == "local":
         task = _check_counts(task, spec, folder, allow_count_mismatch)
     return task

@@ -113,3 +113,20 @@ def test_no_eval_writes_generations_and_the_run_without_scores(tmp_path):
     assert {"mine.run", "mine.json", "mine.generations.jsonl"} <= set(names)
     assert len((result.result_dir / "mine.generations.jsonl").read_text().splitlines()) == 12
     assert json.loads((result.result_dir / "mine.json").read_text())["not_scored"] == "--no-eval"
+
+
+def test_a_hub_release_without_qrels_is_still_an_error(monkeypatch):
+    # Only a folder of one's own may be unjudged: a registry task's download without qrels is broken.
+    from r2med_agent.data import get_task_spec, load_task
+    from r2med_agent.errors import DataError
+    from tests.unit.data.test_data import CORPUS, QUERIES, FakeHub, _jsonl_bytes
+
+    spec = get_task_spec("Biology")
+    fake = FakeHub(spec.repo, spec.revision, {"query.jsonl": _jsonl_bytes(QUERIES),
+                                              "corpus.jsonl": _jsonl_bytes(CORPUS)})
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        with pytest.raises(DataError, match="missing qrels: Biology's release has relevance judgments"):
+            load_task("Biology")
+    finally:
+        fake.close()
