@@ -20,11 +20,17 @@ through the generation cache like any other model's (a re-run makes no call).
   ``{"role", "content"}`` dicts) in, one output string per conversation out.
 
 Documents are seen as ``Doc.full_text`` (title + " " + text) everywhere.
+
+``tasks`` is named as ``run`` names it: with ``data_dir`` and no ``tasks``, the task(s) in that
+folder, each named after its folder; without either, the packaged ``sample``. Errors are the
+CLI's ConfigError and DataError, with each option named as the keyword these functions take
+(``allow_count_mismatch=True``, ``data_dir``), not as its CLI flag.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.errors import ConfigError, DataError, LLMError
 from r2med_agent.types import Generation, Message, Run, SamplingParams, SearchRequest, Task
 
 log = logging.getLogger(__name__)
@@ -96,7 +102,7 @@ class UserEncoder:
 def evaluate_encoder(
     model: Any,
     name: str,
-    tasks: str | Sequence[str] | None = "sample",
+    tasks: str | Sequence[str] | None = None,
     *,
     batch_size: int = 64,
     **options: Any,
@@ -106,8 +112,8 @@ def evaluate_encoder(
     Args:
         model: the encoder object or function.
         name: its name in result paths (``results/none/none/<name>/``); not a registry name.
-        tasks: task names as ``--task`` takes them (``"sample"``, ``"all"``, a list), or None with
-            ``data_dir`` for the task folders found there.
+        tasks: task names as ``--task`` takes them (``"sample"``, ``"all"``, a list); None: the
+            task folders of ``data_dir``, each named after its folder (``sample`` without one).
         batch_size: passed to ``encode_queries``/``encode_corpus``.
         **options: :func:`run_options` (``method``, ``llm``, ``data_dir``, ``output_dir``, ...).
     """
@@ -160,7 +166,7 @@ class UserRetriever:
 def evaluate_retriever(
     search: Callable[..., Mapping[str, Mapping[str, float]]],
     name: str,
-    tasks: str | Sequence[str] | None = "sample",
+    tasks: str | Sequence[str] | None = None,
     **options: Any,
 ) -> Any:
     """Score a retriever of your own: ``search(corpus, queries, k)`` -> ``{qid: {doc_id: score}}``.
@@ -208,7 +214,7 @@ class PythonLLM:
 def evaluate_llm(
     generate: Callable[[list[list[Message]]], Sequence[str]],
     name: str,
-    tasks: str | Sequence[str] | None = "sample",
+    tasks: str | Sequence[str] | None = None,
     *,
     method: str = "hyde",
     retriever: str = "bm25",
@@ -256,7 +262,43 @@ def run_options() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("tasks", "retriever"))
 
 
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)((?: NAME| FOLDER)?)")
+
+
+def _api_words(message: str) -> str:
+    """``message`` with each CLI flag of a run option named as this module's keyword
+    (``--allow-count-mismatch`` -> ``allow_count_mismatch=True``, ``--task NAME`` -> ``tasks=NAME``)."""
+    import dataclasses
+
+    from r2med_agent.runner import RunConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+
+    def keyword(m: re.Match[str]) -> str:
+        key = "tasks" if m.group(1) == "task" else m.group(1).replace("-", "_")
+        if key not in defaults:
+            return m.group(0)
+        if defaults[key] is False:
+            return f"{key}=True"
+        return f"{key}={m.group(2).strip()}" if m.group(2) else key
+
+    return _FLAG.sub(keyword, message)
+
+
 def _run(tasks: str | Sequence[str] | None, *, retriever: str, **options: Any) -> Any:
+    """Run through the runner; its ConfigError and DataError are raised again in this module's
+    words (:func:`_api_words`)."""
+    try:
+        return _run_options(tasks, retriever=retriever, **options)
+    except DataError as e:
+        err = DataError(_api_words(str(e)))
+        err.path, err.line = e.path, e.line
+        raise err from None
+    except ConfigError as e:
+        raise ConfigError(_api_words(str(e))) from None
+
+
+def _run_options(tasks: str | Sequence[str] | None, *, retriever: str, **options: Any) -> Any:
     from r2med_agent.data import local_task_names, task_names
     from r2med_agent.runner import RunConfig, run_experiment
 
@@ -268,10 +310,8 @@ def _run(tasks: str | Sequence[str] | None, *, retriever: str, **options: Any) -
         options["data_dir"] = Path(data_dir)
     if "output_dir" in options:
         options["output_dir"] = Path(options["output_dir"])
-    if tasks is None:
-        if data_dir is None:
-            raise ConfigError("tasks=None needs data_dir (the task folders found there are run)")
-        names = local_task_names(data_dir)
+    if tasks is None:  # as `run` without --task
+        names = local_task_names(data_dir) if data_dir is not None else ["sample"]
     else:
         spec = tasks if isinstance(tasks, str) else ",".join(tasks)
         names = task_names(spec, data_dir)

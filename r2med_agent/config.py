@@ -46,8 +46,71 @@ def user_config_path() -> Path | None:
     return default if default.exists() else None
 
 
+MAX_YAML_ALIASES = 100
+"""Most aliases (``*name``) one YAML file may use: a configuration needs a few, and every alias
+can repeat a whole subtree, which is how an "alias bomb" of a few lines grows to gigabytes."""
+
+MAX_YAML_NODES = 1_000_000
+"""Most nodes a YAML file may hold once its aliases are expanded (each alias counted as the size
+of the subtree it repeats)."""
+
+
+class _YAMLLimit(yaml.YAMLError):
+    """A YAML file beyond :data:`MAX_YAML_ALIASES` or :data:`MAX_YAML_NODES` (with its line)."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.problem_mark = mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that counts aliases and the size of the document they expand to, and
+    stops at the limits before anything is built."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if not self.check_event(yaml.AliasEvent):
+            self._count(1, self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        mark = self.peek_event().start_mark
+        self._aliases += 1
+        if self._aliases > MAX_YAML_ALIASES:
+            raise _YAMLLimit(f"more than {MAX_YAML_ALIASES} aliases (*name); write the entries out", mark)
+        node = super().compose_node(parent, index)
+        self._count(self._size(node), mark)
+        return node
+
+    def _count(self, nodes: int, mark: Any) -> None:
+        self._expanded += nodes
+        if self._expanded > MAX_YAML_NODES:
+            raise _YAMLLimit(f"its aliases expand it beyond {MAX_YAML_NODES:,} nodes", mark)
+
+    def _size(self, node: Any) -> int:
+        """Nodes in ``node``'s subtree with every alias expanded (memoised per node)."""
+        known = self._sizes.get(id(node))
+        if known is not None:
+            return known
+        size = 1
+        if isinstance(node, yaml.SequenceNode):
+            size += sum(self._size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            size += sum(self._size(k) + self._size(v) for k, v in node.value)
+        self._sizes[id(node)] = size
+        return size
+
+
 def read_yaml(path: Path) -> Any:
-    """Parse a YAML file; unreadable, non-UTF-8 or malformed files raise ConfigError with file:line."""
+    """Parse a YAML file; unreadable, non-UTF-8 or malformed files raise ConfigError with file:line.
+
+    Only plain data is built (PyYAML's safe loader), and a file whose aliases repeat more than
+    :data:`MAX_YAML_ALIASES` times or expand it beyond :data:`MAX_YAML_NODES` nodes is refused
+    before it is built."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -55,14 +118,19 @@ def read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as e:
         line = e.object[: e.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not UTF-8 text ({e.reason}); save it as UTF-8") from None
+    loader = _BoundedLoader(text)
     try:
-        return yaml.safe_load(text)
+        return loader.get_single_data()
+    except _YAMLLimit as e:
+        raise ConfigError(f"{path}:{e.problem_mark.line + 1}: refused YAML: {e.problem}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{line}: malformed YAML: {getattr(e, 'problem', e)}") from None
     except RecursionError:
         raise ConfigError(f"{path}: malformed YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
 
 
 class _Cache:

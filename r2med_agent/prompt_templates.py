@@ -17,6 +17,7 @@ an empty string.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from functools import lru_cache
@@ -40,6 +41,13 @@ __all__ = [
 
 ENV_VAR = "R2MED_PROMPTS_DIR"
 """Environment variable naming a folder whose files override the package's prompts."""
+
+FALLBACK_KEYS = ("default", "medical sciences")
+"""Keys of a per-task or per-domain examples file used, in this order, for a task it does not
+list by name or domain (a task of your own is a Q&A task of domain ``medical``): the file's own
+``default`` list, else its medical-sciences list (the package's ``qa.yaml`` has no ``default``)."""
+
+log = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike[str]
 
@@ -225,7 +233,9 @@ def load_examples(
     The file holds either a list of ``{query, passage}`` mappings (the same examples for every
     task of the family) or a mapping whose keys are task names (``task``: examples of one task,
     as ``r2med-agent prompts import-examples`` writes them) or domains (Q&A tasks: one list per
-    domain); a task's own list comes first.
+    domain); a task's own list comes first, then its domain's, then the first of
+    :data:`FALLBACK_KEYS` the file has (logged: a task the registry does not know still gets
+    worked examples).
 
     Returns:
         The examples, each ``{"query": ..., "passage": ...}``.
@@ -241,20 +251,39 @@ def load_examples(
     from r2med_agent.config import read_yaml
 
     doc = read_yaml(path)
-    if isinstance(doc, Mapping) and task is not None and task in doc:
-        entries, where = doc[task], f"{path}: {task}"
-    elif isinstance(doc, Mapping):
-        if domain not in doc:
-            raise ConfigError(
-                f"{path}: no examples for domain '{domain}'{f' or task {task!r}' if task else ''}; "
-                f"keys: {', '.join(map(str, doc))} "
-                f"(add a '{domain}' list in a prompts folder of your own, see ${ENV_VAR})"
-            )
-        entries, where = doc[domain], f"{path}: {domain}"
+    if isinstance(doc, Mapping):
+        key = _examples_key(doc, path, domain, task)
+        entries, where = doc[key], f"{path}: {key}"
     else:
         entries, where = doc, str(path)
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{where}: expected a non-empty list of {{query, passage}} examples")
+    return _checked_examples(entries, where)
+
+
+def _examples_key(doc: Mapping[str, Any], path: Path, domain: str, task: str | None) -> str:
+    """The key of ``doc`` whose examples a task uses: its name, its domain, else a fallback."""
+    if task is not None and task in doc:
+        return task
+    if domain in doc:
+        return domain
+    for key in FALLBACK_KEYS:
+        if key in doc:
+            log.info(
+                "%s: no examples for %sdomain '%s'; using the '%s' examples (give the task its own: "
+                "a list under its name in <folder>/%s, with %s=<folder>)",
+                path, f"task {task!r} or " if task else "", domain, key, "/".join(path.parts[-3:]), ENV_VAR,
+            )
+            return key
+    raise ConfigError(
+        f"{path}: no examples for domain '{domain}'{f' or task {task!r}' if task else ''}; "
+        f"keys: {', '.join(map(str, doc))} "
+        f"(add a '{task or domain}' list in a prompts folder of your own, see ${ENV_VAR})"
+    )
+
+
+def _checked_examples(entries: Any, where: str) -> list[dict[str, str]]:
+    """``entries`` as ``[{query, passage}, ...]``, each checked."""
     out: list[dict[str, str]] = []
     for i, entry in enumerate(entries, 1):
         if not isinstance(entry, Mapping) or set(entry) != {"query", "passage"}:

@@ -282,11 +282,15 @@ def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
     sources = [str(p) for p in paths]
     rows: dict[tuple[str, str], ResultRow] = {}
     made_at: dict[Path, str] = {}  # each kept task file's evaluated_at
+    unscored: set[Path] = set()
     for source in sources:
         for found in ResultStore(source).results():
             path = found.path.resolve()
             if path in made_at:
                 continue  # the same folder reached through two paths
+            if found.record.get("not_scored"):  # `run --no-eval`, or a task without qrels
+                unscored.add(path)
+                continue
             made_at[path] = str(found.record.get("evaluated_at") or "")
             key = (source, found.spec.key()) if found.spec is not None else (source, str(found.folder.resolve()))
             row = rows.get(key)
@@ -298,6 +302,9 @@ def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
                 row.tasks[result.task] = result
                 if found.spec is not None and found.folder.name == found.spec.leaf:
                     row.directory = found.folder.resolve()
+    if unscored:
+        logger.info("left out %d result file(s) with no scores (run --no-eval, or tasks without qrels): %s",
+                 len(unscored), ", ".join(sorted(p.name for p in unscored)[:5]))
     return sorted(rows.values(), key=lambda r: _sort_key(r, sources))
 
 

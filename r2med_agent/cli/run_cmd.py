@@ -81,6 +81,9 @@ _RUN_OPTIONS = {
     "cache_path": typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
     "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
     "candidates": typer.Option(None, "--candidates", help="First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
+    "split": typer.Option("test", "--split", help="The qrels split of a BEIR folder (qrels/<split>.tsv); only the queries it names run, as BEIR's loader keeps them. Recorded in each result's source."),
+    "all_queries": typer.Option(False, "--all-queries", help="Also run a BEIR folder's queries that the split's qrels do not name (unscored)."),
+    "no_eval": typer.Option(False, "--no-eval", help="Run every stage and write the run, generations and traces, but score nothing (what a folder without qrels gets)."),
     "allow_missing_candidates": typer.Option(False, "--allow-missing-candidates", help="Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
     "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
     "progress": typer.Option(True, "--progress/--no-progress", show_default=False, help="Progress of generation, encoding, indexing and reranking (default on): a bar when standard error is a terminal, else (a log file) a timestamped line every --progress-interval seconds, never a bar. --no-progress shows none."),
@@ -111,6 +114,9 @@ def run_command(
     data_dir: Optional[Path] = _O["data_dir"],
     allow_missing_qrels_docs: bool = _O["allow_missing_qrels_docs"],
     allow_count_mismatch: bool = _O["allow_count_mismatch"],
+    split: str = _O["split"],
+    all_queries: bool = _O["all_queries"],
+    no_eval: bool = _O["no_eval"],
     output_dir: Path = _O["output_dir"],
     no_cache: bool = _O["no_cache"],
     refresh_cache: bool = _O["refresh_cache"],
@@ -157,6 +163,7 @@ def run_command(
         samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
         sampling=sampling, tasks=tuple(names), data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
+        split=split, all_queries=all_queries, no_eval=no_eval,
         output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
         chunk_size=chunk_size, show_progress=progress,
         candidates_path=candidates, allow_missing_candidates=allow_missing_candidates,
@@ -225,6 +232,10 @@ def print_summary(result) -> None:
         )
     console.print(table)
     console.print("empty = queries with no retrieved document (they score 0)", style="dim")
+    for o in result.outcomes:
+        if o.not_scored:
+            console.print(f"{o.task}: not scored ({o.not_scored}); its run, generations and traces are written",
+                          markup=False, highlight=False)
     gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)

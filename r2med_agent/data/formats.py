@@ -7,7 +7,10 @@ On-disk layouts read here:
   ``qrels.txt`` (TREC ``qid 0 docid rel`` or three columns ``qid docid rel``, tab or space
   separated, optional header line). This is also the layout of the hub repos ``R2MED/<task>``.
 * **BEIR**: ``queries.jsonl`` (``_id``, ``text``), ``corpus.jsonl`` (``_id``, ``title``, ``text``) and
-  ``qrels/test.tsv`` (header ``query-id corpus-id score``).
+  ``qrels/<split>.tsv`` (header ``query-id corpus-id score``; split ``test`` unless another is
+  asked for). As BEIR's own loader does, only the queries named in that split's qrels are kept
+  (``queries.jsonl`` often holds the train and dev queries too); the number left out is logged,
+  and ``all_queries`` keeps them all.
 * **Nano** (hub repo ``hakari-bench/NanoR2MED``): folders ``corpus/``, ``queries/``, ``qrels/`` each
   holding ``<split>.parquet`` or ``<split>-NNNNN-of-NNNNN.parquet`` (``_id``/``text``; qrels
   ``query-id``/``corpus-id``, optional ``score``); ``.jsonl`` files with the same stem work too.
@@ -15,6 +18,10 @@ On-disk layouts read here:
   candidate subsets, :data:`~r2med_agent.data.nano.NANO_CANDIDATE_SUBSETS`): folders ``bm25/``,
   ``harrier_oss_v1_270m/`` and ``reranking_hybrid/`` with ``query-id``/``corpus-ids`` rows, read by
   :func:`~r2med_agent.data.nano.read_nano_candidates`.
+
+A folder in R2MED or BEIR layout without qrels (no ``qrels.jsonl``/``qrels.txt``; no ``qrels/``
+folder) is a task of unjudged queries: it loads with empty qrels, every query kept, and a run over
+it is written but not scored.
 
 Every problem in the files raises :class:`~r2med_agent.errors.DataError` naming the file and line.
 Only qrels with a positive grade are kept (trec_eval counts ``rel <= 0`` as non-relevant anyway).
@@ -41,6 +48,8 @@ from r2med_agent.types import Corpus, Doc, Family, Qrels, Query, Task
 logger = logging.getLogger(__name__)
 
 R2MED_HUB_FILES = ("query.jsonl", "corpus.jsonl", "qrels.jsonl", "qrels.txt")
+DEFAULT_SPLIT = "test"
+"""The qrels split of a BEIR folder read unless another is asked for (``qrels/test.tsv``)."""
 NANO_CONFIGS = ("corpus", "queries", "qrels")
 
 _Read = tuple[list[Query], list[Doc], Qrels, list[str]]
@@ -76,14 +85,38 @@ def load_task_dir(
         allow_missing_qrels_docs: keep qrels naming documents missing from the corpus (warned);
             see :func:`~r2med_agent.data.load.load_task`.
         use_task_cache: read and write the task cache.
+
+    A BEIR folder is read with its ``test`` split here; :func:`~r2med_agent.data.load.load_task`
+    chooses another (and can keep every query).
     """
-    folder = Path(folder)
+    return _load_task_dir(Path(folder), name=name, family=family, domain=domain, split=split, source=source,
+                          allow_missing_qrels_docs=allow_missing_qrels_docs, use_task_cache=use_task_cache,
+                          beir=BeirSplit())
+
+
+def _load_task_dir(
+    folder: Path,
+    *,
+    name: str,
+    family: Family,
+    domain: str,
+    split: str | None,
+    source: str | None,
+    allow_missing_qrels_docs: bool,
+    use_task_cache: bool,
+    beir: BeirSplit,
+) -> Task:
+    """:func:`load_task_dir` with the split of a BEIR folder to read."""
     started = time.perf_counter()
-    layout, read = _layout_reader(folder, split, allow_missing_qrels_docs)
+    layout, read = _layout_reader(folder, split, allow_missing_qrels_docs, beir)
+    if layout != "beir" and beir != BeirSplit():
+        logger.warning("%s: --split and --all-queries apply to BEIR folders (qrels/<split>.tsv); this "
+                       "%s folder has one set of qrels, read as it is", folder, layout)
     snapshot = None
     if use_task_cache:
+        key = beir.key if layout == "beir" else split
         snapshot = _TaskSnapshot.for_files(
-            _layout_files(folder, layout, split), layout, split, allow_missing_qrels_docs
+            _layout_files(folder, layout, split, beir), layout, key, allow_missing_qrels_docs
         )
     contents = _read_contents(read, snapshot, folder)
     for note in contents.notes:
@@ -95,15 +128,41 @@ def load_task_dir(
         queries=tuple(contents.queries),
         corpus=contents.corpus,
         qrels=contents.qrels,
-        source=source or str(folder.resolve()),
+        source=(source or str(folder.resolve())) + (beir.source_note if layout == "beir" else ""),
         fingerprint=contents.fingerprint,
     )
     _log_loaded(task, layout, contents.how, started)
     return task
 
 
+@dataclass(frozen=True)
+class BeirSplit:
+    """Which qrels of a BEIR folder are read (``qrels/<split>.tsv``), and whether the queries they do
+    not name are kept (``all_queries``) or left out as BEIR's loader leaves them out."""
+
+    split: str = DEFAULT_SPLIT
+    all_queries: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.split or "/" in self.split or "\\" in self.split or self.split.startswith("."):
+            raise DataError(f"--split '{self.split}' cannot name a qrels file (qrels/<split>.tsv)")
+
+    @property
+    def key(self) -> str:
+        """Part of the task cache key: the same files read with another split load differently."""
+        return f"beir:{self.split}:{'all' if self.all_queries else 'judged'}"
+
+    @property
+    def source_note(self) -> str:
+        """What the task's ``source`` records of it (the split is a fact of the data, as the folder is)."""
+        return f" (split {self.split}" + (", all queries)" if self.all_queries else ")")
+
+    def qrels_file(self, folder: Path) -> Path:
+        return folder / "qrels" / f"{self.split}.tsv"
+
+
 def _layout_reader(
-    folder: Path, split: str | None, allow_missing_docs: bool
+    folder: Path, split: str | None, allow_missing_docs: bool, beir: BeirSplit
 ) -> tuple[str, Callable[[], _Read]]:
     """The folder's layout and a call that reads and validates its files.
 
@@ -114,12 +173,12 @@ def _layout_reader(
     if layout == "r2med":
         return layout, functools.partial(_read_r2med, folder, allow_missing_docs)
     if layout == "beir":
-        return layout, functools.partial(_read_beir, folder, allow_missing_docs)
+        return layout, functools.partial(_read_beir, folder, allow_missing_docs, beir)
     if layout == "nano" and split:
         return layout, functools.partial(_read_nano, folder, split, allow_missing_docs)
     raise DataError(
         "no task files found: expected query.jsonl, corpus.jsonl and qrels.jsonl/qrels.txt "
-        "(R2MED), queries.jsonl, corpus.jsonl and qrels/test.tsv (BEIR)"
+        "(R2MED), queries.jsonl, corpus.jsonl and qrels/<split>.tsv (BEIR)"
         + (f", or corpus/ queries/ qrels/ with {split} files (Nano)" if split else ""),
         folder,
     )
@@ -176,15 +235,16 @@ def _reread_corpus(read: Callable[[], _Read], fingerprint: str, folder: Path) ->
     return docs
 
 
-def _layout_files(folder: Path, layout: str, split: str | None) -> list[Path] | None:
-    """Every file the layout's reader reads, in a fixed order; None when one is missing (the reader
-    then says which)."""
+def _layout_files(folder: Path, layout: str, split: str | None, beir: BeirSplit) -> list[Path] | None:
+    """Every file the layout's reader reads, in a fixed order (no qrels file for an unjudged
+    folder); None when one is missing (the reader then says which)."""
     if layout == "r2med":
-        qrels = folder / "qrels.jsonl"
-        files = [folder / "query.jsonl", folder / "corpus.jsonl",
-                 qrels if qrels.is_file() else folder / "qrels.txt"]
+        qrels = [p for p in (folder / "qrels.jsonl", folder / "qrels.txt") if p.is_file()][:1]
+        files = [folder / "query.jsonl", folder / "corpus.jsonl", *qrels]
     elif layout == "beir":
-        files = [folder / "queries.jsonl", folder / "corpus.jsonl", folder / "qrels" / "test.tsv"]
+        qrels_file = beir.qrels_file(folder)
+        files = [folder / "queries.jsonl", folder / "corpus.jsonl",
+                 *([qrels_file] if (folder / "qrels").is_dir() else [])]
     else:
         files = []
         for cfg in NANO_CONFIGS:
@@ -239,7 +299,7 @@ def _read_r2med(folder: Path, allow_missing_docs: bool) -> _Read:
         rows = _qrels_from_text(txt)
         qrels_path = txt
     else:
-        raise DataError("missing qrels: expected qrels.jsonl or qrels.txt beside query.jsonl", folder)
+        return queries, corpus, {}, [_unjudged_note(folder, "no qrels.jsonl or qrels.txt")]
     qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
     return queries, corpus, qrels, notes
 
@@ -247,15 +307,36 @@ def _read_r2med(folder: Path, allow_missing_docs: bool) -> _Read:
 # --- BEIR layout --------------------------------------------------------------------------------
 
 
-def _read_beir(folder: Path, allow_missing_docs: bool) -> _Read:
+def _unjudged_note(folder: Path, why: str) -> str:
+    return (f"{folder}: no relevance judgments ({why}): every stage runs and the run is written, "
+            "but nothing is scored")
+
+
+def _read_beir(folder: Path, allow_missing_docs: bool, beir: BeirSplit) -> _Read:
     query_path = _require(folder / "queries.jsonl")
     corpus_path = _require(folder / "corpus.jsonl")
-    qrels_path = _require(folder / "qrels" / "test.tsv")
+    qrels_path = beir.qrels_file(folder)
+    if (folder / "qrels").is_dir() and not qrels_path.is_file():
+        held = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
+        raise DataError(f"no qrels for split '{beir.split}': expected {qrels_path.name} here"
+                        + (f"; this folder has qrels for {', '.join(held)} (pass --split NAME)" if held else ""),
+                        folder / "qrels")
     queries = _parse_queries(iter_jsonl(query_path), query_path, id_keys=("_id", "id"))
     corpus = _parse_docs(iter_jsonl(corpus_path), corpus_path, id_keys=("_id", "id"))
+    if not qrels_path.is_file():
+        return queries, corpus, {}, [_unjudged_note(folder, "no qrels/ folder")]
     rows = _qrels_from_text(qrels_path)
-    qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
-    return queries, corpus, qrels, notes
+    notes: list[str] = []
+    if not beir.all_queries:
+        named = {row[2] for row in rows}
+        kept = [q for q in queries if q.query_id in named]
+        if len(kept) < len(queries):
+            notes.append(f"{query_path}: {len(queries) - len(kept)} of {len(queries)} queries have no row in "
+                         f"qrels/{qrels_path.name} and are left out, as BEIR's loader does (--all-queries "
+                         "keeps them, unscored)")
+        queries = kept
+    qrels, more = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
+    return queries, corpus, qrels, notes + more
 
 
 # --- Nano layout --------------------------------------------------------------------------------

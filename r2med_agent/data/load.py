@@ -7,7 +7,14 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from r2med_agent.data.formats import NANO_CONFIGS, R2MED_HUB_FILES, _detect_layout, load_task_dir
+from r2med_agent.data.formats import (
+    DEFAULT_SPLIT,
+    NANO_CONFIGS,
+    R2MED_HUB_FILES,
+    BeirSplit,
+    _detect_layout,
+    _load_task_dir,
+)
 from r2med_agent.data.registry import TaskSpec, _aliases, get_task_spec, local_task_spec
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.paths import resources_dir
@@ -22,6 +29,8 @@ def load_task(
     *,
     allow_missing_qrels_docs: bool = False,
     allow_count_mismatch: bool = False,
+    qrels_split: str = DEFAULT_SPLIT,
+    all_queries: bool = False,
 ) -> Task:
     """Load and validate one task.
 
@@ -39,6 +48,9 @@ def load_task(
             queries or documents differ from the registry's (refused otherwise: a 12-query
             folder labelled Biology would be compared with the paper's 103-query scores). The
             difference is recorded in the task's ``source``.
+        qrels_split: the qrels split of a BEIR folder (``qrels/<qrels_split>.tsv``; recorded in
+            the task's ``source``).
+        all_queries: keep a BEIR folder's queries that the split's qrels do not name.
 
     Raises:
         ConfigError: unknown task name (without ``data_dir``; with it, an unknown name is a
@@ -50,7 +62,7 @@ def load_task(
     """
     spec = _task_spec(name, data_dir)
     folder, source = _task_folder(spec, data_dir)
-    task = load_task_dir(
+    task = _load_task_dir(
         folder,
         name=spec.name,
         family=spec.family,
@@ -58,7 +70,13 @@ def load_task(
         split=spec.split or None,
         source=source,
         allow_missing_qrels_docs=allow_missing_qrels_docs or spec.allow_missing_qrels_docs,
+        use_task_cache=True,
+        beir=BeirSplit(qrels_split, all_queries),
     )
+    if data_dir is None and spec.source != "local" and not task.qrels:
+        # A release always has qrels: a folder without them is a broken download, not new queries.
+        raise DataError(f"missing qrels: {spec.name}'s release has relevance judgments, this copy has none",
+                        folder)
     if data_dir is not None or spec.source == "local":
         task = _check_counts(task, spec, folder, allow_count_mismatch)
     return task
@@ -172,7 +190,7 @@ def _locate(data_dir: Path, spec: TaskSpec) -> Path:
         f"no data for task {spec.name}{did_you_mean(spec.name, held)}: expected {data_dir / spec.name}/ "
         "or this folder itself to "
         "hold query.jsonl, corpus.jsonl and qrels.jsonl (R2MED layout) or queries.jsonl, "
-        "corpus.jsonl and qrels/test.tsv (BEIR layout)"
+        "corpus.jsonl and qrels/<split>.tsv (BEIR layout)"
         + (f", or corpus/ queries/ qrels/ with {spec.split} files (Nano layout)" if spec.split else ""),
         data_dir,
     )

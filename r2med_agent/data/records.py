@@ -6,6 +6,7 @@ Every problem raises :class:`~r2med_agent.errors.DataError` naming the file and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,11 @@ from typing import Any
 from r2med_agent.errors import DataError, MissingExtraError
 from r2med_agent.io import iter_jsonl
 from r2med_agent.types import Doc, Query
+
+
+_INNER_SPACE = re.compile(r"\s")
+"""Whitespace inside an id: a TREC run or qrels line is split on it, so such an id cannot be written
+into the run file (a newline would even add lines) and is refused where it is read."""
 
 
 def _check_unique(ids: list[tuple[str, Path]], paths: list[Path], what: str) -> None:
@@ -56,6 +62,9 @@ def _get_id(obj: dict[str, Any], keys: Sequence[str], path: Path, line: int, wha
             text = str(value).strip()
             if not text:
                 raise DataError(f"empty {what} field '{key}'", path, line)
+            if _INNER_SPACE.search(text):
+                raise DataError(f"{what} id {text!r} holds whitespace (field '{key}'), which a TREC run "
+                                "file cannot hold; use ids without spaces, tabs or line breaks", path, line)
             return text
     raise DataError(f"missing field '{keys[0]}' (the {what} id)", path, line)
 
@@ -101,8 +110,7 @@ def _parse_docs(
     for line, obj in records:
         # Fast path for the common well-formed record; anything unusual goes through the checks.
         doc_id = obj.get(key)
-        if not (type(doc_id) is str and doc_id and not doc_id[0].isspace()
-                and not doc_id[-1].isspace()):
+        if not (type(doc_id) is str and doc_id and not _INNER_SPACE.search(doc_id)):
             doc_id = _get_id(obj, id_keys, path, line, "document")
         if doc_id in seen:
             raise DataError(f"duplicate document id {doc_id!r} (first on line {seen[doc_id]})", path, line)

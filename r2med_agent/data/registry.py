@@ -196,7 +196,7 @@ def local_task_names(data_dir: str | Path) -> list[str]:
         raise DataError(
             "no task files here or in its sub-folders: expected query.jsonl, corpus.jsonl and "
             "qrels.jsonl or qrels.txt (R2MED layout), or queries.jsonl, corpus.jsonl and "
-            "qrels/test.tsv (BEIR layout)",
+            "qrels/<split>.tsv (BEIR layout); without qrels the queries run unscored",
             folder,
         )
     return [named(p) for p in children]

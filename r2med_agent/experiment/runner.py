@@ -29,7 +29,8 @@ __all__ = ["DEFAULT_TOP_K", "FINAL_MODES", "ExperimentResult", "RunConfig", "Run
 log = logging.getLogger(__name__)
 
 RUN_OPTIONS = ("tasks", "data_dir", "allow_missing_qrels_docs", "allow_count_mismatch", "output_dir", "use_cache",
-               "refresh_cache", "cache_path", "chunk_size", "metrics", "show_progress", "prompts_dir")
+               "refresh_cache", "cache_path", "chunk_size", "metrics", "show_progress", "prompts_dir", "split",
+               "all_queries", "no_eval")
 """RunConfig's fields that are not part of the run's identity (they cannot change a result)."""
 
 
@@ -59,6 +60,11 @@ class RunConfig(RunSpec):
             (:mod:`r2med_agent.retrieval.run_files`); their hash becomes the spec's ``candidates``.
         allow_missing_candidates: leave out (warned, counted) candidate documents the corpus
             lacks instead of stopping.
+        split: the qrels split of a BEIR folder (``qrels/<split>.tsv``). A fact of the data, as
+            ``data_dir`` is: recorded in each result's ``source``, not in the spec.
+        all_queries: also run a BEIR folder's queries that the split's qrels do not name.
+        no_eval: run every stage and write the run, generations and traces, but score nothing
+            (as for a task without qrels).
     """
 
     tasks: tuple[str, ...] = ()
@@ -75,6 +81,9 @@ class RunConfig(RunSpec):
     prompts_dir: Path | None = None
     candidates_path: Path | None = None
     allow_missing_candidates: bool = False
+    split: str = "test"
+    all_queries: bool = False
+    no_eval: bool = False
 
     def __post_init__(self) -> None:
         if self.candidates_path is not None:
@@ -171,6 +180,8 @@ class TaskOutcome:
     evaluation: Evaluation
     files: list[Path]
     stats: dict[str, Any]
+    not_scored: str = ""
+    """Why the task's run was not scored ("" when it was): ``--no-eval``, or no qrels."""
 
 
 @dataclass
@@ -338,7 +349,8 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     from r2med_agent.methods import get_method
 
     tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
-                       allow_count_mismatch=cfg.allow_count_mismatch)
+                       allow_count_mismatch=cfg.allow_count_mismatch, qrels_split=cfg.split,
+                       all_queries=cfg.all_queries)
              for name in cfg.tasks]
     beyond = [m for m in cfg.metrics if m not in cfg.scored_metrics]
     if beyond:
@@ -518,16 +530,28 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
     run = r.run
     if ctx.reranker is not None and cfg.rerank_cut:
         run = cut_run(run, cfg.rerank_k)
-    ev = evaluate(run, r.task.qrels, cfg.scored_metrics, depth=cfg.top_k)
+    unscored = _not_scored(cfg, r.task)
+    if unscored:
+        log.warning("%s: not scored: %s; the run, generations and traces are written", r.task.name, unscored)
+        ev = Evaluation({}, {}, 0, tuple(q.query_id for q in r.task.queries if not run.get(q.query_id)))
+    else:
+        ev = evaluate(run, r.task.qrels, cfg.scored_metrics, depth=cfg.top_k)
     # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
     evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
     stats = _stats(ctx, r)
     ctx.store.note_replacement(ctx.spec, r.task.name)
-    files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s)
-    if ev.missing:
+    files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s, unscored)
+    if ev.missing and not unscored:
         log.warning("%s: %d of %d queries have no results and score 0", r.task.name,
                     len(ev.missing), ev.num_queries)
-    return TaskOutcome(r.task.name, ev, files, stats)
+    return TaskOutcome(r.task.name, ev, files, stats, unscored)
+
+
+def _not_scored(cfg: RunConfig, task: Task) -> str:
+    """Why a task's run is not scored ("" when it is)."""
+    if cfg.no_eval:
+        return "--no-eval"
+    return "" if task.qrels else "no relevance judgments (qrels) in its folder"
 
 
 def _stats(ctx: _Context, r: _TaskRun) -> dict[str, Any]:
@@ -551,7 +575,7 @@ def _write_summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) ->
     """The folder's summary covers every task result in it (a second --task run adds to it);
     the "run" block is this run's own."""
     cfg, llm = ctx.cfg, ctx.llm
-    average = average_over_tasks([o.evaluation.mean for o in outcomes])
+    average = average_over_tasks([o.evaluation.mean for o in outcomes if not o.not_scored])
     llm_stats = asdict(llm.stats) if llm is not None and hasattr(llm, "stats") else {}
     rerank_llm = getattr(ctx.reranker, "built_llm", None)
     if rerank_llm is not None and rerank_llm is not llm and hasattr(rerank_llm, "stats"):
@@ -569,7 +593,7 @@ def _write_summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) ->
 
 
 def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: Evaluation,
-                      stats: dict[str, Any], evaluation_s: float) -> list[Path]:
+                      stats: dict[str, Any], evaluation_s: float, unscored: str) -> list[Path]:
     from r2med_agent.evaluation import write_trec_run
 
     task, out = r.task, r.output
@@ -582,6 +606,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         "evaluated_at": _now(),
         "generations": cfg.generations,
         "test": ev.mean,
+        **({"not_scored": unscored} if unscored else {}),
         "depth": cfg.top_k,
         "num_queries": ev.num_queries,
         "missing_queries": len(ev.missing),
@@ -639,7 +664,7 @@ def _config_record(cfg: RunConfig) -> dict[str, Any]:
         value = getattr(cfg, key)
         rec[key] = str(value) if value is not None else None
     for key in ("allow_missing_qrels_docs", "allow_count_mismatch", "use_cache", "refresh_cache", "chunk_size",
-                "allow_missing_candidates"):
+                "allow_missing_candidates", "split", "all_queries", "no_eval"):
         rec[key] = getattr(cfg, key)
     return rec
 

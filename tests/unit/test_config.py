@@ -93,3 +93,34 @@ def test_the_real_sections_are_the_package_registries(tmp_path):
     config.set_user_config(user)
     with pytest.raises(ConfigError, match=r"user\.yaml:2: unknown top-level section\(s\) 'llm'; allowed: encoders, llms"):
         load_llm_specs()
+
+
+def _alias_bomb(levels: int, width: int = 9) -> str:
+    """A few lines whose aliases repeat each level ``width`` times: ``width ** levels`` leaves."""
+    lines = ["llms:", f"  l0: &l0 [{', '.join(['lol'] * width)}]"]
+    for n in range(1, levels):
+        lines.append(f"  l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_with_its_line_before_it_is_built(tmp_path, capsys):
+    from r2med_agent.cli import main
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb(8), encoding="utf-8")  # 43 million leaves in 9 lines
+    with pytest.raises(ConfigError, match=r"bomb\.yaml:8: refused YAML: its aliases expand it beyond 1,000,000"):
+        config.read_yaml(bomb)
+    # The same file as a user config stops the CLI with that line, no traceback.
+    assert main(["llms", "--config", str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert "bomb.yaml:8: refused YAML" in err and "Traceback" not in err
+    # Many small aliases are refused by their number, at the first one past the limit.
+    many = tmp_path / "many.yaml"
+    many.write_text("base: &b {x: 1}\n" + "".join(f"k{n}: *b\n" for n in range(config.MAX_YAML_ALIASES + 1)),
+                    encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"many\.yaml:{config.MAX_YAML_ALIASES + 2}: refused YAML: more than 100 aliases"):
+        config.read_yaml(many)
+    # A file with a few aliases (the package's encoders.yaml has some) still loads.
+    few = tmp_path / "few.yaml"
+    few.write_text("base: &b {x: 1}\none: *b\ntwo: {<<: *b, y: 2}\n", encoding="utf-8")
+    assert config.read_yaml(few) == {"base": {"x": 1}, "one": {"x": 1}, "two": {"x": 1, "y": 2}}

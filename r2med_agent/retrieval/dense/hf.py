@@ -44,6 +44,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+CHARS_PER_TOKEN_BOUND = 32
+"""Texts are cut to ``max_length`` times this many characters before the tokenizer sees them: a
+fast tokenizer tokenizes a whole text before truncating it, so one 50 MB document took gigabytes.
+A text whose cut still fills ``max_length`` tokens embeds exactly as before (the tokens past the
+cut are dropped by truncation anyway); a cut one that falls short (very long "words") is
+tokenized again in full, so the tokens never change."""
+
 
 @dataclass
 
@@ -274,11 +281,25 @@ class HFEncoder:
     def _tokenize(
         self, lo: _Loaded, texts: list[str], titles: Sequence[str] | None, max_length: int
     ) -> tuple[list[list[int]], list[list[int]] | None]:
-        """Token ids per text, unpadded (plus segment ids for (title, text) pairs)."""
-        return encoder_token_ids(
-            self.spec, lo.tokenizer, texts, max_length, titles=titles, token_types=lo.uses_token_types,
-            eos_id=lo.eos_id,
-        )
+        """Token ids per text, unpadded (plus segment ids for (title, text) pairs); each text and
+        title cut to :data:`CHARS_PER_TOKEN_BOUND` characters per token of ``max_length`` first."""
+        bound = max_length * CHARS_PER_TOKEN_BOUND
+
+        def ids_of(these: list[str], these_titles: Sequence[str] | None) -> Any:
+            return encoder_token_ids(self.spec, lo.tokenizer, these, max_length, titles=these_titles,
+                                     token_types=lo.uses_token_types, eos_id=lo.eos_id)
+
+        cut_titles = [t[:bound] for t in titles] if titles is not None else None
+        ids, types = ids_of([t[:bound] for t in texts], cut_titles)
+        redo = [i for i, t in enumerate(texts)
+                if (len(t) > bound or (titles is not None and len(titles[i]) > bound)) and len(ids[i]) < max_length]
+        if redo:  # the cut dropped tokens that truncation would have kept: these in full
+            full_ids, full_types = ids_of([texts[i] for i in redo], [titles[i] for i in redo] if titles else None)
+            for n, i in enumerate(redo):
+                ids[i] = full_ids[n]
+                if types is not None and full_types is not None:
+                    types[i] = full_types[n]
+        return ids, types
 
     def _prefix_token_count(self, lo: _Loaded, prefix: str) -> int:
         if not prefix or not self.spec.pool_exclude_prefix:

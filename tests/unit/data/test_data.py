@@ -490,9 +490,9 @@ def test_beir_bad_qrels_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_missing_files_are_data_errors(tmp_path: Path) -> None:
+    # No qrels is not an error: a task of unjudged queries (tests/unit/data/test_beir_splits_and_unjudged.py).
     folder = make_r2med_dir(tmp_path / "noqrels", qrels=None)
-    with pytest.raises(DataError, match="missing qrels"):
-        load_dir(folder)
+    assert load_dir(folder).qrels == {}
     only_corpus = tmp_path / "onlycorpus"
     write_jsonl(only_corpus / "corpus.jsonl", CORPUS)
     with pytest.raises(DataError, match="missing file query.jsonl"):

@@ -191,3 +191,56 @@ def test_summary_covers_every_task_in_the_folder(tmp_path):
     means = {t: json.loads((folder / f"{t}.json").read_text())["test"] for t in summary["tasks"]}
     for metric, value in summary["average"].items():
         assert value == pytest.approx((means["sample"][metric] + means["r2med-demo"][metric]) / 2)
+
+
+@pytest.mark.parametrize("bad_id", ["q 1", "q\t1", "q\n1"])
+@pytest.mark.parametrize("which", ["query", "document"])
+def test_an_id_with_whitespace_is_refused_at_load_with_file_and_line(tmp_path, capsys, bad_id, which):
+    # A TREC run line is split on whitespace: such an id would make a .run file that `evaluate`
+    # and `report` reject (a newline adds a line), so it is refused where it is read.
+    data = _copy_sample(tmp_path / "mine")
+    name = "query.jsonl" if which == "query" else "corpus.jsonl"
+    path = data / name
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rec = json.loads(lines[2])
+    old = rec["id"]
+    rec["id"] = bad_id
+    lines[2] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    qrels = data / "qrels.jsonl"
+    key = "q_id" if which == "query" else "p_id"
+    rows = [json.loads(x) for x in qrels.read_text(encoding="utf-8").splitlines()]
+    qrels.write_text("".join(json.dumps({**r, key: bad_id if r[key] == old else r[key]}) + "\n" for r in rows),
+                     encoding="utf-8")
+    out = tmp_path / "results"
+    assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert f"{name}:3: {which} id {bad_id!r} holds whitespace" in err and "Traceback" not in err
+    assert not list(out.rglob("*.run"))
+
+
+def _bag_of_words(texts: list[str]) -> np.ndarray:
+    table = np.random.default_rng(0).standard_normal((256, 16)).astype(np.float32)
+    return np.stack([table[[sum(map(ord, w)) % 256 for w in t.lower().split()]].sum(0) for t in texts])
+
+
+def test_the_python_api_names_a_folder_as_the_cli_does_and_speaks_its_own_words(tmp_path):
+    import r2med_agent
+
+    data = _copy_sample(tmp_path / "my-medicine")
+    out = tmp_path / "results"
+    result = r2med_agent.evaluate_encoder(_bag_of_words, "bow-256", data_dir=data, output_dir=out)
+    assert [o.task for o in result.outcomes] == ["my-medicine"]
+    folder = out / "none" / "none" / "bow-256"
+    assert json.loads((folder / "my-medicine.json").read_text())["source"] == str(data.resolve())
+    assert not (folder / "sample.json").exists()
+    # Errors name the API's keywords, not the CLI's flags.
+    parent = tmp_path / "data"
+    _copy_sample(parent / "Biology")
+    with pytest.raises(DataError) as info:
+        r2med_agent.evaluate_encoder(_bag_of_words, "bow-256", "Biology", data_dir=parent, output_dir=out)
+    assert "12 queries where the registry's Biology has 103" in str(info.value)
+    assert "allow_count_mismatch=True" in str(info.value) and "--" not in str(info.value)
+    assert info.value.path == parent / "Biology"
+    with pytest.raises(DataError, match=r"data_dir is not a directory$"):
+        r2med_agent.evaluate_encoder(_bag_of_words, "bow-256", data_dir=tmp_path / "nowhere", output_dir=out)

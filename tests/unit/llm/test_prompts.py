@@ -260,9 +260,14 @@ def test_qa_examples_differ_by_domain():
     assert {e["query"] for e in bio}.isdisjoint({e["query"] for e in bioinf})
 
 
-def test_unknown_domain_is_an_error():
+def test_unknown_domain_is_an_error_where_the_file_has_no_fallback(tmp_path):
+    # (The package's qa.yaml falls back to its medical-sciences examples: tests/unit/methods/
+    # test_query2doc_own_data.py.)
+    (tmp_path / "query2doc" / "examples").mkdir(parents=True)
+    (tmp_path / "query2doc" / "examples" / "qa.yaml").write_text(
+        "biology:\n  - query: q\n    passage: p\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="no examples for domain 'chemistry'.*biology"):
-        prompt_templates.load_examples("query2doc", "qa", "chemistry")
+        prompt_templates.load_examples("query2doc", "qa", "chemistry", prompts_dir=tmp_path)
 
 
 @pytest.mark.parametrize(
