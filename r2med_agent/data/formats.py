@@ -122,7 +122,7 @@ def _load_task_dir(
     for note in contents.notes:
         logger.warning("%s", note)
     task = Task(
-        name=name,
+        name=name + (beir.suffix if layout == "beir" else ""),
         family=family,
         domain=domain,
         queries=tuple(contents.queries),
@@ -151,6 +151,15 @@ class BeirSplit:
     def key(self) -> str:
         """Part of the task cache key: the same files read with another split load differently."""
         return f"beir:{self.split}:{'all' if self.all_queries else 'judged'}"
+
+    @property
+    def suffix(self) -> str:
+        """What the task's name gets for a split other than the default (``mybeir@dev``,
+        ``mybeir@test-all``): another query set is another task, so its results are files of their
+        own and never replace the default split's."""
+        if self == BeirSplit():
+            return ""
+        return f"@{self.split}" + ("-all" if self.all_queries else "")
 
     @property
     def source_note(self) -> str:

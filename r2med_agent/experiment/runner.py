@@ -416,8 +416,9 @@ def _build_retrievers(ctx: _Context, tasks: Sequence[Task]) -> dict[str, _TaskRu
     out = {}
     for task in tasks:
         t0 = time.perf_counter()
-        if task.name in files:
-            retriever = CandidateRunRetriever.for_task(task, files[task.name], ctx.cfg.allow_missing_candidates)
+        given = files.get(task.name) or files.get(task.name.split("@")[0])  # a BEIR split's task: name@split
+        if given is not None:
+            retriever = CandidateRunRetriever.for_task(task, given, ctx.cfg.allow_missing_candidates)
         else:
             retriever = make_retriever(ctx.cfg.retriever, task, options=ctx.cfg.retriever_options())
         out[task.name] = _TaskRun(task, retriever, index_time=time.perf_counter() - t0)

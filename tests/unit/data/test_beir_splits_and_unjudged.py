@@ -53,15 +53,19 @@ def test_a_beir_folder_runs_the_queries_of_its_split_only(tmp_path, caplog):
     assert rec["num_queries"] == 2 and rec["source"] == f"{data.resolve()} (split test)"
     assert "2 of 4 queries have no row in qrels/test.tsv and are left out" in caplog.text
 
+    # Another split (or every query) is another query set: a task of its own, whose results never
+    # replace the test split's.
     assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress", "--split", "dev") == 0
-    assert _run_ids(folder / "mybeir.run") == ["q3"]
-    rec = json.loads((folder / "mybeir.json").read_text())
+    assert _run_ids(folder / "mybeir@dev.run") == ["q3"]
+    rec = json.loads((folder / "mybeir@dev.json").read_text())
     assert rec["source"].endswith("(split dev)") and rec["config"]["split"] == "dev"
+    assert rec["dataset_name"] == "mybeir@dev"
 
     assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress", "--all-queries") == 0
-    assert _run_ids(folder / "mybeir.run") == ["q1", "q2", "q3", "q4"]
-    rec = json.loads((folder / "mybeir.json").read_text())
+    assert _run_ids(folder / "mybeir@test-all.run") == ["q1", "q2", "q3", "q4"]
+    rec = json.loads((folder / "mybeir@test-all.json").read_text())
     assert rec["num_queries"] == 2 and rec["source"].endswith("(split test, all queries)")
+    assert _run_ids(folder / "mybeir.run") == ["q1", "q2"]  # the test split's run is still there
 
 
 def test_a_split_the_folder_lacks_names_those_it_has(tmp_path, capsys):
