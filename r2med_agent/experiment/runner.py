@@ -96,6 +96,8 @@ class RunConfig(RunSpec):
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
         if self.prompts is None:
             object.__setattr__(self, "prompts", prompts_in_use(self))
+        if self.entries is None:
+            object.__setattr__(self, "entries", entries_in_use(self))
 
     def retriever_options(self, fused: bool = True) -> Any:
         """The typed options every retriever of the run is built with
@@ -158,6 +160,41 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
     if len(folders) < 2:
         return None
     return folder_fingerprint(folders[0])
+
+
+def entries_in_use(cfg: RunConfig) -> str | None:
+    """Hash of the registry entries the run uses that do not come from the package's files (a
+    user config's, or registered from Python): an LLM, encoder or reranker of the same name but
+    other settings is another run. None when every entry it uses is shipped (or unknown: the
+    run's own checks name an unknown one)."""
+    import hashlib
+    import json
+
+    from r2med_agent.config import registry_entries
+    from r2med_agent.paths import configs_dir
+    from r2med_agent.retrieval.fusion import member_names
+
+    used: dict[str, set[str]] = {"llms": set(), "encoders": set(), "rerankers": set()}
+    if cfg.method != "none" and cfg.generations == "fresh" and cfg.llm:
+        used["llms"].add(cfg.llm)
+    for spec in (cfg.retriever, cfg.loop_retriever or "", cfg.first_pass):
+        used["encoders"].update(member_names(spec))
+    entries = {section: registry_entries(section) for section in used}
+    if cfg.reranker:
+        used["rerankers"].add(cfg.reranker)
+        llm = entries["rerankers"].get(cfg.reranker, ({}, None))[0].get("llm")
+        if llm:
+            used["llms"].add(str(llm))
+    own = []
+    for section, names in used.items():
+        shipped = configs_dir() / f"{section}.yaml"
+        for name in sorted(names):
+            fields, path = entries[section].get(name, (None, shipped))
+            if path != shipped:
+                own.append([section, name, fields])
+    if not own:
+        return None
+    return hashlib.sha256(json.dumps(own, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def folder_fingerprint(folder: Path) -> str:

@@ -163,6 +163,9 @@ class RunSpec:
         "How deep each member of a '+'-joined --retriever searches before the fusion: one number for "
         "all or one per member, e.g. 1000,200, each at least --top-k (default: --top-k). Deeper member "
         "lists let the fusion lift a document one member ranks low."))
+    entries: str | None = field(default=None, metadata=_help(
+        "Hash of the registry entries the run uses that are not the shipped ones (LLMs, encoders, "
+        "rerankers from a user config or registered from Python); None: every entry it uses is shipped."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part
@@ -401,6 +404,7 @@ _TOKENS: dict[str, Any] = {
     # rerank_cut shows through rerank_k's token (top<k>); with the default depth it is its own.
     "rerank_cut": lambda v, s: "" if s.rerank_k != 100 else "top100",
     "fusion_depth": lambda v, s: "fd" + "-".join(str(d) for d in v),
+    "entries": lambda v, s: f"entries-{str(v)[:6]}",
 }
 
 
@@ -666,7 +670,7 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
     if spec.reranker:
         out += ["--reranker", spec.reranker]
     for name, value in spec.non_default().items():
-        if name in ("method", "llm", "generations", "retriever", "reranker", "prompts"):
+        if name in ("method", "llm", "generations", "retriever", "reranker", "prompts", "entries"):
             continue
         if name == "candidates" and candidates_path is not None:
             continue
