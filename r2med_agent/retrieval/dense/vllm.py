@@ -11,9 +11,11 @@ here as the transformers path applies it. The weights run in the precision the t
 would pick (:func:`~r2med_agent.retrieval.dense.torch_utils.resolve_dtype`: float32 on CPU).
 
 What vLLM cannot express exactly stays on transformers (:func:`vllm_unsupported_reason`):
-pooling that leaves the instruction out (Instructor, GritLM), a model's own ``encode``
+pooling that leaves the instruction out (Instructor, GritLM, ReasonIR), a model's own ``encode``
 (NV-Embed-v2), (title, text) pairs with segment ids (MedCPT's article encoder), extra forward
-arguments (GritLM's bidirectional attention) and sentence-transformers Dense layers after pooling.
+arguments (GritLM's bidirectional attention), a repository's own model code (RaDeR, ReasonIR:
+vLLM would run its own implementation of the architecture) and sentence-transformers Dense
+layers after pooling.
 
 ``backend: auto`` picks vLLM when it is installed, torch sees a GPU, the device is not forced to
 the CPU, and the entry is expressible; otherwise transformers. The choice is logged.
