@@ -11,9 +11,11 @@ here as the transformers path applies it. The weights run in the precision the t
 would pick (:func:`~r2med_agent.retrieval.dense.torch_utils.resolve_dtype`: float32 on CPU).
 
 What vLLM cannot express exactly stays on transformers (:func:`vllm_unsupported_reason`):
-pooling that leaves the instruction out (Instructor, GritLM), a model's own ``encode``
+pooling that leaves the instruction out (Instructor, GritLM, ReasonIR), a model's own ``encode``
 (NV-Embed-v2), (title, text) pairs with segment ids (MedCPT's article encoder), extra forward
-arguments (GritLM's bidirectional attention) and sentence-transformers Dense layers after pooling.
+arguments (GritLM's bidirectional attention), a repository's own model code (RaDeR, ReasonIR:
+vLLM would run its own implementation of the architecture) and sentence-transformers Dense
+layers after pooling.
 
 ``backend: auto`` picks vLLM when it is installed, torch sees a GPU, the device is not forced to
 the CPU, and the entry is expressible; otherwise transformers. The choice is logged.
@@ -93,31 +95,39 @@ def _has_dense_layers(model: str) -> bool:
 def vllm_unsupported_reason(spec: EncoderSpec) -> str | None:
     """Why vLLM's pooling engine cannot reproduce this entry's vectors exactly, or None.
 
-    Only the entry's settings and the model's sentence-transformers modules (local folder or
-    hub cache) are read; whether vLLM knows the model's architecture shows when the engine loads
-    (a ConfigError naming the way back to transformers).
+    Every reason that applies is given, joined by "; " (ReasonIR has two: its pooling and its
+    own model code). Only the entry's settings and the model's sentence-transformers modules
+    (local folder or hub cache) are read; whether vLLM knows the model's architecture shows when
+    the engine loads (a ConfigError naming the way back to transformers).
     """
     if spec.kind != "hf":
         return "an embedding API is not a local model"
+    reasons: list[str] = []
     if spec.pooling == "model":
-        return "it pools with the model's own encode() (NV-Embed's latent attention), which vLLM does not run"
+        reasons.append("it pools with the model's own encode() (NV-Embed's latent attention), which vLLM does not run")
     if spec.pool_exclude_prefix:
-        return (
-            "its mean pooling leaves the instruction tokens out, and vLLM's MEAN pooler averages "
-            "every token"
+        # vLLM's per-token output (LLM.encode, token_embed) could be averaged here without the
+        # instruction, but every entry that pools so also needs model code vLLM does not run
+        # (a T5 encoder, GritLM's and ReasonIR's bidirectional attention), so this backend pools
+        # with vLLM's sequence poolers only.
+        reasons.append(
+            "its mean pooling leaves the instruction tokens out, and this backend pools with vLLM's "
+            "sequence poolers, whose MEAN averages every token"
         )
     if spec.doc_title_pair:
-        return "documents are (title, text) pairs with segment ids, which vLLM's embed API does not take"
+        reasons.append("documents are (title, text) pairs with segment ids, which vLLM's embed API does not take")
     if spec.forward_kwargs:
-        return f"its forward call needs {dict(spec.forward_kwargs)}, which vLLM does not pass"
+        reasons.append(f"its forward call needs {dict(spec.forward_kwargs)}, which vLLM does not pass")
     if spec.trust_remote_code:
-        return "it runs its repository's own modelling code"
-    if spec.pooling not in VLLM_POOLING:
-        return f"pooling '{spec.pooling}' has no vLLM equivalent"
-    for side in ("query", "doc"):
-        if _has_dense_layers(spec.model_for(side)):  # type: ignore[arg-type]
-            return "its sentence-transformers Dense layers after pooling are not applied by vLLM's pooler"
-    return None
+        reasons.append(
+            "it runs its repository's own modelling code, which vLLM would replace with its own "
+            "implementation of the architecture"
+        )
+    if spec.pooling not in VLLM_POOLING and spec.pooling != "model":
+        reasons.append(f"pooling '{spec.pooling}' has no vLLM equivalent")
+    if any(_has_dense_layers(spec.model_for(side)) for side in ("query", "doc")):  # type: ignore[arg-type]
+        reasons.append("its sentence-transformers Dense layers after pooling are not applied by vLLM's pooler")
+    return "; ".join(reasons) or None
 
 
 def _gpu_count() -> int:

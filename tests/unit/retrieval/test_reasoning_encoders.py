@@ -168,10 +168,11 @@ def _byte_bpe_tokenizer(template: str, specials: dict[str, str]):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
 
 
-def _tiny_model(arch: str, folder: Path, tok):
+def _tiny_model(arch: str, folder: Path, tok, head_dim: int = 8):
     """A random model of the architecture class, saved with ``tok`` in ``folder``; returns it and
     the tokenizer as ``AutoTokenizer`` loads it back from there (as FlagEmbedding and the encoder
-    load it: transformers may pick the architecture's own tokenizer class)."""
+    load it: transformers may pick the architecture's own tokenizer class). Two attention heads of
+    ``head_dim`` (vLLM's CPU attention takes 32 and up)."""
     import torch
     import transformers
 
@@ -180,8 +181,9 @@ def _tiny_model(arch: str, folder: Path, tok):
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
         "llama": (transformers.LlamaConfig, transformers.LlamaModel),
     }[arch]
-    extra = {"head_dim": 8} if arch == "qwen3" else {}
-    cfg = config_cls(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+    extra = {"head_dim": head_dim} if arch == "qwen3" else {}
+    cfg = config_cls(vocab_size=len(tok), hidden_size=2 * head_dim, intermediate_size=4 * head_dim,
+                     num_hidden_layers=2,
                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **extra)
     torch.manual_seed(0)
