@@ -301,7 +301,8 @@ def test_search_o1_reason_in_documents_is_one_extra_batched_call():
     assert step.search_query == "iron deficiency anemia" and len(step.doc_ids) >= 2
     assert step.inserted == "\n\n<|begin_search_result|>Iron deficiency causes anemia.<|end_search_result|>\n\n"
     rid = llm.calls[1][0][0]["content"]
-    assert "Step 1: Step 0: I need facts." in rid and "**Document 1**\nAnemia is a low level" in rid and "d4" not in rid
+    assert "Step 1: Step 0: I need facts." in rid and "d4" not in rid
+    assert '**Web Page 1:**\n{\n  "id": 1,\n  "title": "",' in rid and '"context": "Anemia is a low level' in rid
     assert 'current search query "iron deficiency anemia"' in rid
     assert trace.extra["condensed"][0]["information"] == "Iron deficiency causes anemia."
     assert trace.extra["condensed"][0]["step"] == 0
@@ -346,7 +347,7 @@ def test_search_o1_search_limit():
 def o1_endless(messages, params):
     """A Search-o1 model that never stops searching (a new query every turn)."""
     if is_condense(messages):
-        return "**Final Information**\n\nnothing"
+        return "Read.\n**Final Information**\n\nnothing"
     n = last_text(messages).count("<|begin_search_query|>")
     return f"<|begin_search_query|>fever query {n}<|end_search_query|>"
 
@@ -380,7 +381,7 @@ def test_search_o1_protocol_defaults():
     for step, call in zip(trace.steps, condense):
         assert len(step.doc_ids) == 10
         prompt = call[0][0]["content"]
-        assert "**Document 10**\n" in prompt and "**Document 11**" not in prompt
+        assert "**Web Page 10:**\n" in prompt and "**Web Page 11:**" not in prompt
     sampling = {(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.max_tokens, p.stop) for p in seen}
     # the main loop and Reason-in-Documents (repetition penalty 1.05 for every model)
     assert sampling == {(0.7, 0.8, 20, 1.0, 8192, ("<|end_search_query|>",)), (0.7, 0.8, 20, 1.05, 8192, ())}
@@ -439,7 +440,7 @@ def _two_step_script(first: str, second: str):
 
     def script(messages, params):
         if is_condense(messages):
-            return "**Final Information**\n\nIron deficiency causes anemia."
+            return "Read.\n**Final Information**\n\nIron deficiency causes anemia."
         return second if "<|begin_search_result|>" in last_text(messages) else first
 
     return script
@@ -581,7 +582,7 @@ def test_one_generate_call_per_step_and_one_search_call_per_task():
 
     def script(messages, params):
         if is_condense(messages):
-            return "**Final Information**\n\nfacts"
+            return "Read.\n**Final Information**\n\nfacts"
         text = last_text(messages)
         q = messages[0]["content"]
         # Queries differ in how long they keep searching: 1, 2 or 3 searches.
@@ -779,7 +780,7 @@ def test_fuse_returns_rrf_of_every_search_plus_the_final_query():
 def test_fuse_ranks_with_the_final_retriever_and_only_searches_that_ran():
     def script(messages, params):
         if is_condense(messages):
-            return "**Final Information**\n\nfacts"
+            return "Read.\n**Final Information**\n\nfacts"
         n = last_text(messages).count("<|begin_search_query|>")
         return f"<|begin_search_query|>{['fever', 'fever', 'anemia'][n]}<|end_search_query|>" if n < 3 else "Done."
 
@@ -829,20 +830,51 @@ def test_registry_entries():
 # Helpers of Search-o1
 
 
-def test_previous_steps_keeps_first_last_and_search_steps():
-    text = "\n".join(["a", "b", "c", "<|begin_search_query|>q<|end_search_query|>", "d", "e", "f", "g", "h", "i"])
-    out = previous_steps(text, "<|begin_search_query|>", "<|begin_search_result|>")
-    assert out.split("\n\n") == [
-        "Step 1: a", "...", "Step 4: <|begin_search_query|>q<|end_search_query|>", "...",
-        "Step 7: f", "Step 8: g", "Step 9: h", "Step 10: i",
+def test_previous_steps_counts_and_shortens_as_the_original():
+    """run_search_o1.py: blank lines halved, then every line a step (blank ones too); counted with
+    the empty text after the last step, so more than 4 steps are shortened and the last 3 kept."""
+    q, r = "<|begin_search_query|>", "<|begin_search_result|>"
+    text = f"a\n\nb\nc\n{q}x<|end_search_query|>\n\n\nd\ne\nf\ng"
+    assert previous_steps(text, q, r).split("\n\n") == [
+        "Step 1: a", "...", f"Step 4: {q}x<|end_search_query|>", "...", "Step 7: e", "Step 8: f", "Step 9: g",
     ]
-    assert previous_steps("a\n\nb", "<q>", "<r>") == "Step 1: a\n\nStep 2: b"
+    # a blank line left after halving is a step of its own; 4 steps are not shortened
+    assert previous_steps("a\n\n\nb", q, r) == "Step 1: a\n\nStep 2: \n\nStep 3: b"
+    assert previous_steps("a\nb\nc\nd", q, r) == "Step 1: a\n\nStep 2: b\n\nStep 3: c\n\nStep 4: d"
+    assert previous_steps("a\nb\nc\nd\ne", q, r) == "Step 1: a\n\n...\n\nStep 3: c\n\nStep 4: d\n\nStep 5: e"
 
 
-def test_extract_final_information():
-    assert extract_final_information("x **Final Information**\n\n```Iron.```\n") == "Iron."
-    assert extract_final_information("nothing here") == NO_INFORMATION
-    assert extract_final_information("**Final Information**\n\n") == NO_INFORMATION
+def test_extract_final_information_as_the_original():
+    """scripts/evaluate.py (mode infogen): the text after the last newline-led marker, newlines
+    removed, backticks stripped; the Modified Reasoning Steps marker next; else the fallback."""
+    raw = "<think>\n**Final Information**\nearly</think>I read them.\n**Final Information**\n\n```\nIron deficiency\ncauses anemia.\n```\n"
+    assert extract_final_information(raw) == "Iron deficiencycauses anemia."
+    assert extract_final_information("x **Final Information** Iron.") == NO_INFORMATION == "No helpful information found."
+    assert extract_final_information("a\n**Modified Reasoning Steps**\nStep 3: x\nStep 4: y\n") == "Step 3: x\nStep 4: y"
+    assert extract_final_information("\n**Final Information**\n\n") == ""
+    # the raw output is read, reasoning included, not the parsed final response
+    gen = Generation(text="<think>\n**Final Information**\nfrom the reasoning</think>none here",
+                     final="none here", reasoning="\n**Final Information**\nfrom the reasoning")
+    info, inserted = SearchO1().condense_insert(gen)
+    assert info == "from the reasoning</think>none here"
+    assert inserted == f"\n\n<|begin_search_result|>{info}<|end_search_result|>\n\n"
+
+
+def test_search_o1_documents_are_the_original_records():
+    """Reason-in-Documents reads each document as run_search_o1.py writes a web page: a
+    "**Web Page i:**" line and the JSON record (the rank as id, never the document id), its
+    context the first 6,000 characters."""
+    from r2med_agent.methods.agentic import format_docs_o1
+
+    docs = (Doc("secret_id", "x" * 7000, title="Anemia"), Doc("other", "Fever \"high\" é"))
+    block = format_docs_o1(docs, 6000)
+    head, _, rest = block.partition("\n")
+    assert head == "**Web Page 1:**"
+    first = json.loads(rest[: rest.index("\n**Web Page 2:**")])
+    assert first == {"id": 1, "title": "Anemia", "url": "", "site_name": "", "date": "", "snippet": "",
+                     "context": "x" * 6000}
+    assert block.endswith('  "context": "Fever \\"high\\" é"\n}\n') and "secret_id" not in block
+    assert SearchO1().max_doc_chars == 6000
 
 
 # ------------------------------------------------------------------------------------------
@@ -1110,11 +1142,11 @@ class SystemPromptBackend:
         return self.inner.generate(prompts, params)
 
 
-def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script):
+def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, specs=None, **fields):
     from r2med_agent.llm.registry import LLMSpec
     from r2med_agent.runner import RunConfig, run_experiment
 
-    spec = LLMSpec(name="m", backend="vllm", model=model)  # the registry's default system prompt
+    spec = LLMSpec(name="m", backend="vllm", model=model, **fields)  # the registry's default system prompt
     assert spec.system_prompt == "You are a helpful assistant."
     monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec", lambda name: spec)
     monkeypatch.setattr("r2med_agent.llm.get_llm_spec", lambda name: spec)
@@ -1129,7 +1161,19 @@ def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script):
                     cache_path=tmp_path / "cache.sqlite", show_progress=False)
     run_experiment(cfg)
     assert len(backends) == 1
+    if specs is not None:
+        specs.append(backends[0].spec)
     return backends[0].received
+
+
+@pytest.mark.parametrize(("method", "context"), [("search-o1", None), ("search-r1", 32768)])
+def test_search_o1_runs_the_model_at_its_own_context_length(tmp_path, monkeypatch, method, context):
+    """run_search_o1.py starts vLLM without max_model_len: Search-o1's engine gets the model's own
+    context whatever the entry fixes (32,768 for QwQ and Qwen3 here); other methods keep it."""
+    specs: list = []
+    script = o1_script(["fever"]) if method == "search-o1" else r1_script
+    _run_with_model(tmp_path, monkeypatch, method, "Qwen/QwQ-32B", script, specs, max_model_len=32768)
+    assert [s.max_model_len for s in specs] == [context]
 
 
 @pytest.mark.parametrize(
