@@ -5,9 +5,11 @@ Both run on the batched engine of :mod:`r2med_agent.methods.loop` and return, pe
 the final response as the expansion), the traces, and with ``final="fuse"`` a fused Run.
 
 Search-R1 (its repo's evaluation loop): tags ``<think>``, ``<search>q</search>``,
-``<information>...</information>``, ``<answer>a</answer>``; generation stops at ``</search>`` (and
-at ``</answer>``, which only saves tokens); the top-3 documents are inserted as
-``Doc i(Title: t) text``; a turn with neither a search nor an answer gets a corrective message;
+``<information>...</information>``, ``<answer>a</answer>``; the question stripped, with a ``?``
+appended when it has none; generation stops at ``</search>`` (and at ``</answer>``, which only
+saves tokens), at most 500 tokens a step; the top-3 documents are inserted as
+``Doc i(Title: t) text``, the block cut to 500 tokens of the model's tokenizer; a turn with
+neither a search nor an answer (a step cut at 500 tokens included) gets a corrective message;
 up to 4 turns that may search, then one final turn in which a search is not run; greedy decoding.
 Final response: the ``<answer>`` span; with none, the model's reasoning-output parser applied to
 everything the model generated in the trajectory (inserted text excluded), tags removed.
