@@ -1068,12 +1068,14 @@ def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
         first = trace.steps[0]
         assert first.search_query == "iron deficiency anemia" and set(first.doc_ids[:2]) == {"d4", "d5"}
         texts = {d.doc_id: d.text for d in task.corpus}
-        assert all(f"**Document {i}**\n{texts[d]}" in prompt[0]["content"] for i, d in enumerate(first.doc_ids, 1))
+        content = prompt[0]["content"]
+        assert all(f"**Web Page {i}:**\n{{\n  \"id\": {i}," in content for i in range(1, len(first.doc_ids) + 1))
+        assert all(f'"context": {json.dumps(texts[d], ensure_ascii=False)}' in content for d in first.doc_ids)
         assert not any(d in prompt[0]["content"] for d in first.doc_ids)  # texts, never ids
         record = trace.extra["condensed"][0]
         assert record["step"] == 0 and record["prompt_tokens"] > 100 and record["completion_tokens"] > 0
         # What is inserted is the condensed text of the real model's output, nothing else.
-        info = extract_final_information(record["raw"].strip())
+        info = extract_final_information(record["raw"])
         assert record["information"] == info
         assert first.inserted == f"\n\n<|begin_search_result|>{info}<|end_search_result|>\n\n"
         # The scripted step made no tokens: the step's counts are Reason-in-Documents'.
