@@ -1192,6 +1192,29 @@ def test_search_r1_runner_cuts_the_observation_with_the_model_tokenizer(tmp_path
     assert inserted == vocab.detokenize(ids[:500]).decode() and full.startswith(inserted)
 
 
+def test_search_r1_token_cut_with_the_transformers_tokenizer_of_a_vllm_entry():
+    """A vLLM entry's tokenizer (files only; the real SmolLM2 folder of the vLLM test tier) cuts
+    the block to 500 of its tokens, counted without special tokens."""
+    import os
+
+    root = os.environ.get("R2MED_TEST_MODELS")
+    folder = os.path.join(root, "smollm2-135m-instruct-hf") if root else ""
+    if not folder or not os.path.isdir(folder):
+        pytest.skip("R2MED_TEST_MODELS has no smollm2-135m-instruct-hf (tests/vllm_model.py makes it)")
+    from transformers import AutoTokenizer
+
+    from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.methods.loop import load_token_cut
+
+    cut = load_token_cut(LLMSpec(name="smol", backend="vllm", model=folder))
+    tok = AutoTokenizer.from_pretrained(folder)
+    full = SearchR1(max_obs_tokens=None).insert_documents(None, "fever", LONG_CORPUS)
+    ids = tok.encode(full, add_special_tokens=False)
+    assert len(ids) > 1000
+    assert cut(full, 500) == tok.decode(ids[:500]) and full.startswith(cut(full, 500))
+    assert cut("short text", 500) == "short text"
+
+
 def test_search_r1_title_is_the_title_field_or_the_first_line():
     from r2med_agent.methods.agentic import format_docs_r1
 
