@@ -23,6 +23,11 @@ P(yes) / (P(yes) + P(no)) summed over the token spellings of each word
 the parsed judgment is the score: 1 for yes, 0 for no, 0.5 when none was found. Ties keep the
 first-stage order.
 
+**Published formats** (``format:`` of the entry): ReasonRank's and InsertRank's listwise prompts
+and Rank1's pointwise one, with their own answer reading and scores
+(:mod:`~r2med_agent.retrieval.rerank.formats`); InsertRank's scores are those of the run being
+reranked.
+
 Batching, as the reasoning loops: the listwise reranker makes ONE ``generate`` call per window
 position for all queries of all tasks (nine calls for the top 100), the pointwise reranker one
 call for all pairs (two with log-probabilities). Every call goes through the generation cache,

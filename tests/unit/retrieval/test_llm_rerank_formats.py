@@ -242,3 +242,54 @@ def test_a_lone_assistant_message_is_raw_text_for_every_backend() -> None:
     convo = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
     assert continuation_prompt(Tok(), convo) == "<user>u<assistant>a"
     assert with_system_prompt(convo, "S")[0] == {"role": "system", "content": "S"}
+
+
+# --------------------------------------------------------------------------- end to end, real model
+
+
+def _tiny_data(root):  # noqa: ANN001, ANN202
+    """A tiny stand-in in R2MED layout (the embedded sample's 12 queries take SmolLM2 over 15
+    minutes on a shared 2-core machine for the three entries)."""
+    import json
+
+    data = root / "data" / "Biology"
+    data.mkdir(parents=True)
+    (data / "query.jsonl").write_text(
+        json.dumps({"id": "q1", "text": "What enzyme digests starch in saliva?"}) + "\n"
+        + json.dumps({"id": "q2", "text": "Which organ makes insulin?"}) + "\n")
+    docs = ["Salivary amylase digests starch.", "The pancreas makes insulin in islet cells.",
+            "Starch is a polymer of glucose.", "Insulin lowers blood glucose.", "Saliva is mostly water."]
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
+    (data / "qrels.jsonl").write_text(json.dumps({"q_id": "q1", "p_id": "d0", "score": 1}) + "\n"
+                                      + json.dumps({"q_id": "q2", "p_id": "d1", "score": 1}) + "\n")
+    return data.parent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-reasonrank", "smollm2-insertrank", "smollm2-rank1"])
+def test_format_entries_run_end_to_end_with_the_local_model(name, tmp_path, smollm2_spec) -> None:
+    """``run`` with each shipped offline entry (SmolLM2 on llama.cpp): the result, its traces and
+    stats; the second run is served by the cache (no generate call)."""
+    from r2med_agent.methods.loop import read_traces
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    cfg = RunConfig(tasks=("Biology",), reranker=name, rerank_k=3, data_dir=_tiny_data(tmp_path),
+                    allow_count_mismatch=True, output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite",
+                    show_progress=False)
+    first = run_experiment(cfg)
+    stats = first.outcomes[0].stats["rerank"]
+    assert stats["format"] == name.split("-")[1] and stats["generations"] > 0
+    assert stats["prompt_tokens"] > 0 and stats["completion_tokens"] > 0
+    traces = read_traces(first.result_dir / "Biology.rerank.jsonl")
+    assert [t.query_id for t in traces] == ["q1", "q2"] and all(t.extra["format"] == stats["format"] for t in traces)
+    if name == "smollm2-rank1":
+        # One judgment per candidate BM25 found (q2's words match two documents only).
+        assert stats["pairs"] == 5 and stats["scored_by_logprobs"] == 0  # llama.cpp: the parsed judgment
+        assert all(r["score"] in (0.0, 0.5, 1.0) for t in traces for r in t.extra["judgments"])
+        assert stats["generations"] == 5  # all pairs, no forced end without log-probabilities
+    else:
+        assert stats["windows"] == 2 and stats["answers_repaired"] <= 2
+        assert sorted(traces[0].extra["windows"][0]["permutation"]) == [1, 2, 3]
+    again = run_experiment(cfg)
+    assert again.outcomes[0].stats["rerank"]["generations"] == 0  # all from the cache
+    assert again.average == first.average
