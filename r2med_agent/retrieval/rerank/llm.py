@@ -561,8 +561,16 @@ class LLMReranker:
 
 
 def _sort_by_score(queries: Sequence[_Query]) -> None:
-    """Each query's candidates by descending score; ties keep the first-stage order."""
+    """Each query's candidates by descending score; ties keep the first-stage order.
+
+    A tied score is lowered to the next float below the one above it, so the run's scores
+    strictly decrease: evaluation (trec_eval) would otherwise order ties by document id. The
+    judgments' records keep the scores as they were.
+    """
     for q in queries:
         order = sorted(range(len(q.head)), key=lambda i: (-q.scores[i], i))
         q.head = [q.head[i] for i in order]
-        q.scores = [q.scores[i] for i in order]
+        scores = [q.scores[i] for i in order]
+        for i in range(1, len(scores)):
+            scores[i] = min(scores[i], math.nextafter(scores[i - 1], -math.inf))
+        q.scores = scores

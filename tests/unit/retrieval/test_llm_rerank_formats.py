@@ -212,8 +212,24 @@ def test_rank1_without_logprobs_scores_the_judgment_from_the_stop_string() -> No
     spec = RerankerSpec(name="r1", kind="pointwise-reasoning", format="rank1", llm="x")
     out = LLMReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(_task("A", 4))], 4)[0]
     assert len(fake.calls) == 1  # no forced end without log-probabilities
-    assert out.run["A-q0"] == {"A-d1": 1.0, "A-d3": 1.0, "A-d2": 0.5, "A-d0": 0.0}
+    assert _ranked(out.run["A-q0"]) == ["A-d1", "A-d3", "A-d2", "A-d0"]
+    assert {r["doc_id"]: r["score"] for r in out.traces[0].extra["judgments"]} == {
+        "A-d0": 0.0, "A-d1": 1.0, "A-d2": 0.5, "A-d3": 1.0}
+    assert out.run["A-q0"]["A-d1"] == 1.0 and out.run["A-q0"]["A-d3"] == pytest.approx(1.0)
     assert out.stats["no_judgment"] == 2 and out.stats["scored_by_logprobs"] == 0
+
+
+def test_tied_scores_keep_the_first_stage_order_in_evaluation() -> None:
+    """Rank1 on llama.cpp often finds no judgment (0.5 for all): the written run must still rank
+    ties in first-stage order, not by document id as trec_eval breaks ties."""
+    from r2med_agent.evaluation import trec_sorted
+
+    fake = ScriptedLLM(lambda m, p: "I keep thinking")
+    spec = RerankerSpec(name="r1", kind="pointwise-reasoning", format="rank1", llm="x")
+    out = LLMReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(_task("A", 5))], 4)[0]
+    assert [d for d, _ in trec_sorted(out.run["A-q0"])] == [f"A-d{i}" for i in range(5)]
+    assert out.run["A-q0"]["A-d0"] == 0.5 and out.run["A-q0"]["A-d1"] < 0.5
+    assert all(r["score"] == 0.5 for r in out.traces[0].extra["judgments"])
 
 
 def test_rank1_parts() -> None:
