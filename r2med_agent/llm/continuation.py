@@ -24,8 +24,11 @@ def continuation_prompt(
 ) -> str:
     """The prompt text that continues the final assistant message of ``conversation``: the
     messages before it rendered by ``tokenizer``'s chat template with the generation prompt,
-    then that message's text exactly as it is (see the vLLM backend's module docstring)."""
+    then that message's text exactly as it is (see the vLLM backend's module docstring). A
+    conversation of that one message is raw text (no chat template): its text is the prompt."""
     head = [dict(m) for m in conversation[:-1]]
+    if not head:
+        return str(conversation[-1].get("content") or "")
     rendered = tokenizer.apply_chat_template(
         head, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
     )

@@ -155,7 +155,10 @@ def resolve_gguf(model: str) -> Path:
 def continuation_prompt(formatter: Any, conversation: Sequence[Message]) -> str:
     """The prompt that continues the final assistant message of ``conversation``: the messages
     before it rendered by ``formatter`` (a ``Jinja2ChatFormatter`` with the generation prompt),
-    then that message's text exactly as it is (see the module docstring)."""
+    then that message's text exactly as it is (see the module docstring); a conversation of that
+    one message is raw text, the prompt as it is."""
+    if len(conversation) == 1:
+        return str(conversation[-1].get("content") or "")
     head = formatter(messages=[dict(m) for m in conversation[:-1]])
     return str(head.prompt) + str(conversation[-1].get("content") or "")
 

@@ -297,7 +297,10 @@ def make_backend(spec: LLMSpec) -> LLM:
 
 def with_system_prompt(messages: list[dict[str, str]], system_prompt: str) -> list[dict[str, str]]:
     """``messages`` with ``system_prompt`` prepended unless it already has a system message
-    (or the prompt is empty). Returns a new list; the input is not changed."""
-    if not system_prompt or any(m.get("role") == "system" for m in messages):
+    (or the prompt is empty, or ``messages`` is one assistant message: a raw text to continue,
+    see :func:`~r2med_agent.llm.continuation.continuation_prompt`). Returns a new list; the
+    input is not changed."""
+    raw = len(messages) == 1 and messages[0].get("role") == "assistant"
+    if not system_prompt or raw or any(m.get("role") == "system" for m in messages):
         return list(messages)
     return [{"role": "system", "content": system_prompt}, *messages]

@@ -12,6 +12,8 @@ One job per module (import from the module that holds a name):
   reasoning; ``batches_tasks`` True, ``rerank_tasks(jobs, k)`` over :class:`RerankJob`), and the
   pure parts it is made of (:func:`window_positions`, :func:`parse_permutation`,
   :func:`parse_judgment`, :func:`yes_probability`).
+* :mod:`~r2med_agent.retrieval.rerank.formats`: the published formats an LLM entry's ``format``
+  selects (ReasonRank, InsertRank, Rank1): system message, answer reading, P(true).
 * :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker
   (also :func:`r2med_agent.retrieval.make_reranker`).
 

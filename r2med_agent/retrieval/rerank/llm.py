@@ -23,6 +23,11 @@ P(yes) / (P(yes) + P(no)) summed over the token spellings of each word
 the parsed judgment is the score: 1 for yes, 0 for no, 0.5 when none was found. Ties keep the
 first-stage order.
 
+**Published formats** (``format:`` of the entry): ReasonRank's and InsertRank's listwise prompts
+and Rank1's pointwise one, with their own answer reading and scores
+(:mod:`~r2med_agent.retrieval.rerank.formats`); InsertRank's scores are those of the run being
+reranked.
+
 Batching, as the reasoning loops: the listwise reranker makes ONE ``generate`` call per window
 position for all queries of all tasks (nine calls for the top 100), the pointwise reranker one
 call for all pairs (two with log-probabilities). Every call goes through the generation cache,
@@ -42,6 +47,7 @@ from typing import Any
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.retrieval.fusion import ranked
+from r2med_agent.retrieval.rerank import formats
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep
 
 logger = logging.getLogger(__name__)
@@ -50,10 +56,19 @@ LLM_KINDS = ("listwise", "pointwise-reasoning")
 """``kind`` values of ``configs/rerankers.yaml`` entries reranked by an LLM."""
 
 PROMPT_FOLDERS = {"listwise": "rerank-listwise", "pointwise-reasoning": "rerank-pointwise"}
-"""Prompt folder of each kind: ``prompts/<folder>/<family>.j2``."""
+"""Prompt folder of each kind: ``prompts/<folder>/<family>.j2``; a ``format`` other than
+``default`` has its own, ``<folder>-<format>`` (:func:`prompt_folder`)."""
+
+
+def prompt_folder(kind: str, fmt: str = "default") -> str:
+    """The prompt folder of a reranker kind and format (``rerank-listwise-reasonrank``...)."""
+    return PROMPT_FOLDERS[kind] if fmt == "default" else f"{PROMPT_FOLDERS[kind]}-{fmt}"
 
 JUDGMENT_MARKER = "Relevant:"
 """What the pointwise prompt asks the answer to end with, before ``yes`` or ``no``."""
+
+SCORE_DECIMALS = 3
+"""InsertRank: decimals of the first-stage score shown beside each candidate."""
 
 TOP_LOGPROBS = 20
 """Alternatives asked for at the judgment position (vLLM's and OpenAI's limit)."""
@@ -203,6 +218,7 @@ class _Query:
     head: list[str]
     tail: list[str]
     corpus: Mapping[str, str]
+    first: Mapping[str, float] = field(default_factory=dict)
     gens: list[Generation] = field(default_factory=list)
     windows: list[tuple[int, int]] = field(default_factory=list)
     steps: list[TraceStep] = field(default_factory=list)
@@ -239,6 +255,8 @@ class LLMReranker:
         self.spec = spec
         self.name = spec.name
         self.kind = spec.kind
+        self.format = getattr(spec, "format", "default")
+        self.folder = prompt_folder(spec.kind, self.format)
         self._llm = llm
         self._llm_opts = dict(cache_path=cache_path, use_cache=use_cache, refresh=refresh, chunk_size=chunk_size)
         self.prompts_dir = prompts_dir
@@ -254,7 +272,7 @@ class LLMReranker:
         """Fail now (ConfigError) on an unknown LLM or a missing prompt; loads nothing."""
         self.llm_spec()
         for family in ("qa", "exam", "treatment", "case"):
-            prompts.template_hash(PROMPT_FOLDERS[self.kind], family, prompts_dir=self.prompts_dir)
+            prompts.template_hash(self.folder, family, prompts_dir=self.prompts_dir)
 
     def share_llm(self, llm: Any) -> None:
         """Use ``llm`` (the run's own, when it is this reranker's LLM) unless one is built."""
@@ -322,20 +340,44 @@ class LLMReranker:
                         raise DataError(
                             f"{job.task.name}: query {req.query_id}: document '{doc_id}' of the run is not in the corpus"
                         )
-                queries.append(_Query(j, job.task, req, items[:k], items[k:], job.corpus))
+                queries.append(_Query(j, job.task, req, items[:k], items[k:], job.corpus,
+                                      first=job.run.get(req.query_id, {})))
         if self.kind == "listwise":
             self._listwise(queries)
+        elif self.format == "rank1":
+            self._rank1(queries)
         else:
             self._pointwise(queries)
         return self._outputs(jobs, queries)
 
     def _prompt(self, task: Task, **variables: Any) -> list[dict[str, str]]:
-        path = f"{PROMPT_FOLDERS[self.kind]}/{task.family}.j2"
+        """The messages of one prompt: the template's text as the user turn; ReasonRank's system
+        message before it; for Rank1 the text alone, as an assistant message to be continued
+        (a conversation of one assistant message is raw text, no chat template)."""
+        path = f"{self.folder}/{task.family}.j2"
         text = prompts.render(path, prompts_dir=self.prompts_dir, domain=task.domain, **variables).rstrip()
+        if self.format == "rank1":
+            return [{"role": "assistant", "content": text}]
+        if self.format == "reasonrank":
+            return [{"role": "system", "content": formats.REASONRANK_SYSTEM}, {"role": "user", "content": text}]
         return [{"role": "user", "content": text}]
 
     def _hash(self, task: Task) -> str:
-        return prompts.template_hash(PROMPT_FOLDERS[self.kind], task.family, prompts_dir=self.prompts_dir)
+        return prompts.template_hash(self.folder, task.family, prompts_dir=self.prompts_dir)
+
+    def _window_prompt(self, q: _Query, start: int, end: int) -> list[dict[str, str]]:
+        """One window's prompt: its candidates cut to ``max_doc_words`` in window order (ReasonRank:
+        bracketed numbers rewritten; InsertRank: each with its first-stage score)."""
+        shown = q.head[start:end]
+        passages = [cut_words(self._corpus_text(q, d), self.spec.max_doc_words) for d in shown]
+        query = q.request.query
+        extra: dict[str, Any] = {}
+        if self.format == "reasonrank":
+            passages = [formats.replace_numbers(p) for p in passages]
+            query = formats.replace_numbers(query).strip()
+        elif self.format == "insertrank":
+            extra["scores"] = [f"{q.first[d]:.{SCORE_DECIMALS}f}" for d in shown]
+        return self._prompt(q.task, query=query, passages=passages, **extra)
 
     def _meta(self, q: _Query, **extra: Any) -> dict[str, Any]:
         return {"task": q.task.name, "query_id": q.request.query_id, "method": f"rerank-{self.kind}",
@@ -354,8 +396,7 @@ class LLMReranker:
             prompts_, hashes, metas = [], [], []
             for q in batch:
                 start, end = q.windows[position]
-                passages = [cut_words(self._corpus_text(q, d), spec.max_doc_words) for d in q.head[start:end]]
-                prompts_.append(self._prompt(q.task, query=q.request.query, passages=passages))
+                prompts_.append(self._window_prompt(q, start, end))
                 hashes.append(self._hash(q.task))
                 metas.append(self._meta(q, window=[start, end]))
             logger.info("%s: window %d, %d queries in one batch", self.name, position + 1, len(batch))
@@ -364,10 +405,14 @@ class LLMReranker:
                 q.gens.append(gen)
                 start, end = q.windows[position]
                 shown = q.head[start:end]
-                order, repair = parse_permutation(gen.final, len(shown))
+                answer, block = gen.final, None
+                if self.format == "reasonrank":
+                    answer, block = formats.answer_block(gen.text)
+                order, repair = parse_permutation(answer, len(shown))
                 q.head[start:end] = [shown[i] for i in order]
                 q.records.append({"start": start, "end": end, "permutation": [i + 1 for i in order],
-                                  **repair.to_dict(), "finish_reason": gen.finish_reason})
+                                  **repair.to_dict(), "finish_reason": gen.finish_reason,
+                                  **({} if block is None else {"answer_block": block})})
                 note = " > ".join(f"[{i + 1}]" for i in order)
                 if repair.any:
                     note += " (repaired: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in repair.to_dict().items() if n) + ")"
@@ -413,10 +458,52 @@ class LLMReranker:
             note = f"judgment: {label}; " + (f"P(yes) = {p:.4f}" if p is not None else "score from the judgment")
             q.steps.append(TraceStep(generated=gen.text, doc_ids=(d,), inserted=note,
                                      prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens))
-        for q in queries:
-            order = sorted(range(len(q.head)), key=lambda i: (-q.scores[i], i))
-            q.head = [q.head[i] for i in order]
-            q.scores = [q.scores[i] for i in order]
+        _sort_by_score(queries)
+
+    def _rank1(self, queries: list[_Query]) -> None:
+        """Rank1 (:mod:`~r2med_agent.retrieval.rerank.formats`): all pairs in one call that stops
+        at the judgment token. With log-probabilities the score is P(true) of that token, and
+        the answers lacking it are ended by force in one more call (0.5 when even that lacks
+        it, as Rank1 does); without them, the parsed judgment (1, 0, or 0.5 when none)."""
+        spec = self.spec
+        logprobs = self.returns_logprobs()
+        params = replace(self.sampling(), stop=formats.RANK1_STOPS, logprobs=TOP_LOGPROBS if logprobs else 0)
+        pairs = [(q, d) for q in queries for d in q.head]
+        prompts_ = [
+            self._prompt(q.task, query=q.request.query, document=cut_words(self._corpus_text(q, d), spec.max_doc_words))
+            for q, d in pairs
+        ]
+        hashes = [self._hash(q.task) for q, _ in pairs]
+        logger.info("%s: %d (query, document) pairs in one batch", self.name, len(pairs))
+        first = self.llm.generate(prompts_, params, template_hash=hashes,
+                                  meta=[self._meta(q, doc_id=d) for q, d in pairs])
+        for (q, _), g in zip(pairs, first):
+            q.gens.append(g)
+        probs = [formats.true_probability(g.logprobs[-1]) if logprobs and g.logprobs else None for g in first]
+        forced = [i for i, p in enumerate(probs) if p is None] if logprobs else []
+        if forced:
+            end = replace(params, temperature=0.0, max_tokens=1, stop=())
+            follow = [[{"role": "assistant", "content": formats.forced_end(prompts_[i][0]["content"], first[i].text)}]
+                      for i in forced]
+            second = self.llm.generate(follow, end, template_hash=[hashes[i] for i in forced],
+                                       meta=[self._meta(pairs[i][0], doc_id=pairs[i][1], step="forced end") for i in forced])
+            for i, g in zip(forced, second):
+                pairs[i][0].gens.append(g)
+                probs[i] = formats.true_probability(g.logprobs[0] if g.logprobs else None)
+        for i, ((q, d), gen, p) in enumerate(zip(pairs, first, probs)):
+            judged = formats.rank1_judgment(gen.text, gen.stop_reason)
+            fallback = 0.5 if logprobs or judged is None else float(judged)
+            score = p if p is not None else fallback
+            q.scores.append(score)
+            q.records.append({"doc_id": d, "judgment": None if judged is None else ("true" if judged else "false"),
+                              "p_true": None if p is None else round(p, 6), "score": round(score, 6),
+                              "forced": i in forced, "finish_reason": gen.finish_reason})
+            label = "none found" if judged is None else ("true" if judged else "false")
+            how = f"P(true) = {p:.4f}" if p is not None else ("no judgment token: 0.5" if logprobs else "score from the judgment")
+            note = f"judgment: {label}; {how}" + ("; thinking ended by force" if i in forced else "")
+            q.steps.append(TraceStep(generated=gen.text, doc_ids=(d,), inserted=note,
+                                     prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens))
+        _sort_by_score(queries)
 
     @staticmethod
     def _corpus_text(q: _Query, doc_id: str) -> str:
@@ -433,6 +520,8 @@ class LLMReranker:
             out.run[q.request.query_id] = new
             extra: dict[str, Any] = {"task": q.task.name, "query": q.request.query, "reranker": self.name,
                                      "kind": self.kind}
+            if self.format != "default":
+                extra["format"] = self.format
             extra["windows" if self.kind == "listwise" else "judgments"] = q.records
             out.traces.append(Trace(
                 query_id=q.request.query_id, method=f"rerank-{self.kind}", steps=tuple(q.steps),
@@ -452,14 +541,36 @@ class LLMReranker:
                 "llm_time_s": round(sum(g.latency_s for g in gens), 4),
                 "llm_time_new_s": round(sum(g.latency_s for g in made), 4),
             }
+            if self.format != "default":
+                stats["format"] = self.format
             if self.kind == "listwise":
                 stats["windows"] = len(records)
                 stats["repairs"] = {k: sum(r[k] for r in records) for k in ("missing", "repeated", "out_of_range")}
                 stats["answers_repaired"] = sum(1 for r in records if r["missing"] or r["repeated"] or r["out_of_range"])
+                if self.format == "reasonrank":
+                    stats["no_answer_block"] = sum(1 for r in records if not r["answer_block"])
             else:
                 stats["pairs"] = len(records)
-                stats["scored_by_logprobs"] = sum(1 for r in records if r["p_yes"] is not None)
+                prob = "p_true" if self.format == "rank1" else "p_yes"
+                stats["scored_by_logprobs"] = sum(1 for r in records if r[prob] is not None)
                 stats["no_judgment"] = sum(1 for r in records if r["judgment"] is None)
+                if self.format == "rank1":
+                    stats["forced_end"] = sum(1 for r in records if r["forced"])
             out.stats = stats
         return outputs
 
+
+def _sort_by_score(queries: Sequence[_Query]) -> None:
+    """Each query's candidates by descending score; ties keep the first-stage order.
+
+    A tied score is lowered to the next float below the one above it, so the run's scores
+    strictly decrease: evaluation (trec_eval) would otherwise order ties by document id. The
+    judgments' records keep the scores as they were.
+    """
+    for q in queries:
+        order = sorted(range(len(q.head)), key=lambda i: (-q.scores[i], i))
+        q.head = [q.head[i] for i in order]
+        scores = [q.scores[i] for i in order]
+        for i in range(1, len(scores)):
+            scores[i] = min(scores[i], math.nextafter(scores[i - 1], -math.inf))
+        q.scores = scores

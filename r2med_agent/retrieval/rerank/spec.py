@@ -63,6 +63,12 @@ class RerankerSpec:
     """Allow the model repo's own modelling code."""
     transformers: str = ""
     """Version specifier the installed transformers must satisfy (as for encoders); empty: any."""
+    format: Literal["default", "reasonrank", "insertrank", "rank1"] = "default"
+    """LLM kinds: the input and answer format. ``default``: the project's prompts;
+    ``reasonrank`` (listwise): ReasonRank's trained format, reasoning in ``<think>``, the order in
+    ``<answer>``; ``insertrank`` (listwise): each candidate shown with its first-stage score;
+    ``rank1`` (pointwise-reasoning): Rank1's raw-text format, scored by P(true) of the judgment
+    token (see :mod:`r2med_agent.retrieval.rerank.llm`)."""
 
     @property
     def dtype(self) -> str:
@@ -77,11 +83,14 @@ class RerankerSpec:
                 raise ValueError("window must be >= 2 and step between 1 and window - 1")
             if self.max_doc_words < 1 or self.max_tokens < 0 or self.temperature < 0:
                 raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
+            needs = {"reasonrank": "listwise", "insertrank": "listwise", "rank1": "pointwise-reasoning"}
+            if self.format in needs and needs[self.format] != self.kind:
+                raise ValueError(f"format {self.format} is for kind {needs[self.format]}")
             return
         if not self.model:
             raise ValueError("a cross-encoder needs 'model'")
-        if self.llm:
-            raise ValueError("'llm' is for kind listwise or pointwise-reasoning")
+        if self.llm or self.format != "default":
+            raise ValueError("'llm' and 'format' are for kind listwise or pointwise-reasoning")
         if "{query}" not in self.query_template or "{text}" not in self.doc_template:
             raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
         if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
