@@ -12,6 +12,11 @@ One job per module (import from the module that holds a name):
   reasoning; ``batches_tasks`` True, ``rerank_tasks(jobs, k)`` over :class:`RerankJob`), and the
   pure parts it is made of (:func:`window_positions`, :func:`parse_permutation`,
   :func:`parse_judgment`, :func:`yes_probability`).
+* :mod:`~r2med_agent.retrieval.rerank.groupwise`: :class:`GroupwiseReranker` (GroupRank: groups
+  of candidates scored 0-10, averaged over seeded passes; :func:`parse_group_scores`), and
+  :class:`JobReranker`, the setup it shares with the setwise reranker.
+* :mod:`~r2med_agent.retrieval.rerank.setwise`: :class:`SetwiseReranker` (Rank-R1: the best of
+  small sets, llm-rankers' heap sort, :func:`heapsort_selection`).
 * :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker
   (also :func:`r2med_agent.retrieval.make_reranker`).
 
