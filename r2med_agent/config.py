@@ -205,6 +205,8 @@ def _check_user_sections(path: Path, doc: Mapping[str, Any]) -> None:
 _PYTHON_ENTRIES: dict[str, dict[str, dict[str, Any]]] = {}
 """Entries registered from Python (:func:`register_entry`): section -> name -> fields."""
 _PYTHON_SOURCE = Path("<registered from Python>")
+PYTHON_SOURCE = _PYTHON_SOURCE
+"""Where an entry registered from Python says it came from."""
 
 
 def register_entry(section: str, name: str, fields: Mapping[str, Any]) -> None:

@@ -163,14 +163,14 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
 
 
 def entries_in_use(cfg: RunConfig) -> str | None:
-    """Hash of the registry entries the run uses that do not come from the package's files (a
-    user config's, or registered from Python): an LLM, encoder or reranker of the same name but
-    other settings is another run. None when every entry it uses is shipped (or unknown: the
-    run's own checks name an unknown one)."""
+    """Hash of the registry entries the run uses that come from a user config file rather than
+    the package's: an LLM, encoder or reranker of the same name but other settings is another run.
+    None when every entry it uses is shipped, registered from Python (its behaviour is code, which
+    no hash of its fields can see) or unknown (the run's own checks name an unknown one)."""
     import hashlib
     import json
 
-    from r2med_agent.config import registry_entries
+    from r2med_agent.config import PYTHON_SOURCE, registry_entries
     from r2med_agent.paths import configs_dir
     from r2med_agent.retrieval.fusion import member_names
 
@@ -190,7 +190,7 @@ def entries_in_use(cfg: RunConfig) -> str | None:
         shipped = configs_dir() / f"{section}.yaml"
         for name in sorted(names):
             fields, path = entries[section].get(name, (None, shipped))
-            if path != shipped:
+            if path not in (shipped, PYTHON_SOURCE):
                 own.append([section, name, fields])
     if not own:
         return None

@@ -164,8 +164,8 @@ class RunSpec:
         "all or one per member, e.g. 1000,200, each at least --top-k (default: --top-k). Deeper member "
         "lists let the fusion lift a document one member ranks low."))
     entries: str | None = field(default=None, metadata=_help(
-        "Hash of the registry entries the run uses that are not the shipped ones (LLMs, encoders, "
-        "rerankers from a user config or registered from Python); None: every entry it uses is shipped."))
+        "Hash of the registry entries the run uses that come from a user config (LLMs, encoders, "
+        "rerankers of the same name as a shipped one, or your own); None: every entry it uses is shipped."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part

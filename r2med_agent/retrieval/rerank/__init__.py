@@ -14,6 +14,11 @@ One job per module (import from the module that holds a name):
   :func:`parse_judgment`, :func:`yes_probability`).
 * :mod:`~r2med_agent.retrieval.rerank.formats`: the published formats an LLM entry's ``format``
   selects (ReasonRank, InsertRank, Rank1): system message, answer reading, P(true).
+* :mod:`~r2med_agent.retrieval.rerank.groupwise`: :class:`GroupwiseReranker` (GroupRank: groups
+  of candidates scored 0-10, averaged over seeded passes; :func:`parse_group_scores`), and
+  :class:`JobReranker`, the setup it shares with the setwise reranker.
+* :mod:`~r2med_agent.retrieval.rerank.setwise`: :class:`SetwiseReranker` (Rank-R1: the best of
+  small sets, llm-rankers' heap sort, :func:`heapsort_selection`).
 * :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker
   (also :func:`r2med_agent.retrieval.make_reranker`).
 

@@ -19,10 +19,18 @@ def make_reranker(
     """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use.
     ``precision`` overrides the entry's (None: the entry's, the reference's).
 
-    ``llm_options`` go to :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker` for the LLM
-    kinds (``llm``, ``cache_path``, ``use_cache``, ``refresh``, ``chunk_size``) and are ignored by
-    cross-encoders."""
+    ``llm_options`` go to :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker` (or the groupwise
+    and setwise rerankers built on it) for the LLM kinds (``llm``, ``cache_path``, ``use_cache``,
+    ``refresh``, ``chunk_size``) and are ignored by cross-encoders."""
     spec = get_reranker_spec(name)
+    if spec.kind == "groupwise":
+        from r2med_agent.retrieval.rerank.groupwise import GroupwiseReranker
+
+        return GroupwiseReranker(spec, **llm_options)  # type: ignore[return-value]
+    if spec.kind == "setwise":
+        from r2med_agent.retrieval.rerank.setwise import SetwiseReranker
+
+        return SetwiseReranker(spec, **llm_options)  # type: ignore[return-value]
     if spec.kind != "cross-encoder":
         from r2med_agent.retrieval.rerank.llm import LLMReranker
 

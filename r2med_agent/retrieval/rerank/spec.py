@@ -24,10 +24,13 @@ class RerankerSpec:
     model: str = ""
     """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
     adapter when ``base_model`` is set (empty for the LLM kinds)."""
-    kind: Literal["cross-encoder", "listwise", "pointwise-reasoning"] = "cross-encoder"
+    kind: Literal["cross-encoder", "listwise", "pointwise-reasoning", "groupwise", "setwise"] = "cross-encoder"
     """``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
     orders sliding windows of candidates; ``pointwise-reasoning``: an LLM reasons about each
-    (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.rerank.llm`)."""
+    (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.rerank.llm`);
+    ``groupwise``: an LLM scores groups of candidates, GroupRank's way
+    (:mod:`~r2med_agent.retrieval.rerank.groupwise`); ``setwise``: an LLM picks the most relevant
+    of small sets in a heap sort, Rank-R1's way (:mod:`~r2med_agent.retrieval.rerank.setwise`)."""
     llm: str = ""
     """The LLM registry name of the LLM kinds."""
     window: int = 20
@@ -36,6 +39,23 @@ class RerankerSpec:
     """Listwise: how far each window moves up the list (RankGPT: 10)."""
     max_doc_words: int = 300
     """LLM kinds: each candidate is cut to its first this many whitespace-separated words."""
+    max_doc_chars: int = 0
+    """Groupwise: when set, each candidate is cut to this many characters instead (its runs of
+    newlines made one space first), as GroupRank cuts them (3000); 0: ``max_doc_words``."""
+    group_size: int = 20
+    """Groupwise: candidates the model scores in one answer (GroupRank: 20)."""
+    passes: int = 1
+    """Groupwise: times the candidates are shuffled into new groups and scored; each document's
+    score is the mean over passes (GroupRank's test-time scaling ran 6)."""
+    seed: int = 0
+    """Groupwise and setwise: seed of the shuffles (pass ``p`` of a groupwise reranker uses
+    ``seed + p``); recorded in the traces and stats."""
+    num_child: int = 19
+    """Setwise: children compared with their parent in one heap step, so sets of ``num_child + 1``
+    (Rank-R1: 19, at most 19)."""
+    select_k: int = 10
+    """Setwise: documents the heap sort brings to the top, in order; the others keep their
+    first-stage order below them (Rank-R1: 10)."""
     max_tokens: int = 0
     """LLM kinds: most tokens per answer (0: the LLM entry's ``max_tokens``)."""
     temperature: float = 0.0
@@ -86,11 +106,15 @@ class RerankerSpec:
             needs = {"reasonrank": "listwise", "insertrank": "listwise", "rank1": "pointwise-reasoning"}
             if self.format in needs and needs[self.format] != self.kind:
                 raise ValueError(f"format {self.format} is for kind {needs[self.format]}")
+            if self.group_size < 1 or self.passes < 1 or self.max_doc_chars < 0:
+                raise ValueError("group_size and passes must be >= 1, max_doc_chars >= 0")
+            if not 1 <= self.num_child <= 19 or self.select_k < 1:
+                raise ValueError("num_child must be between 1 and 19 (sets of at most 20), select_k >= 1")
             return
         if not self.model:
             raise ValueError("a cross-encoder needs 'model'")
         if self.llm or self.format != "default":
-            raise ValueError("'llm' and 'format' are for kind listwise or pointwise-reasoning")
+            raise ValueError("'llm' and 'format' are for the LLM kinds (listwise, pointwise-reasoning, groupwise, setwise)")
         if "{query}" not in self.query_template or "{text}" not in self.doc_template:
             raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
         if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:

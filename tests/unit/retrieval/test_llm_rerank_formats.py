@@ -109,7 +109,7 @@ def test_reasonrank_reads_the_answer_block_not_the_reasoning_and_counts_repairs(
     # A spec validates its format against its kind.
     with pytest.raises(ValueError, match="format rank1 is for kind pointwise-reasoning"):
         RerankerSpec(name="x", kind="listwise", format="rank1", llm="y")
-    with pytest.raises(ValueError, match="'format' are for kind"):
+    with pytest.raises(ValueError, match="'format' are for the LLM kinds"):
         RerankerSpec(name="x", model="m", format="reasonrank")
 
 

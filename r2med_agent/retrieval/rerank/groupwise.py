@@ -1,0 +1,323 @@
+"""Groupwise reranking as GroupRank (``kind: groupwise``): the model reads the query and a group
+of candidates and gives each one a score from 0 to 10; the scores of all groups give the order.
+
+The input is GroupRank's trained format, verbatim (``prompts/rerank-groupwise/``; source:
+AQ-MedAI/Diver, ``Reranker/rerank_groupwise.py``): its system prompt, its user prompt with the
+documents numbered ``[1]. text`` each followed by a blank line, and the answer it asks for, a
+``<reason>`` part and then ``<answer>`` holding a fenced JSON object ``{"[1]": 5, ...}``. Every
+part of that prompt is trained format (the SFT data carries the same system and instruction), so
+the project adds no wording of its own and every task family reads the same prompt. A Qwen3
+model's ``<think>`` (``enable_thinking`` in its LLM entry's ``chat_template_kwargs``) comes before
+all that and is split off by the LLM's reasoning parser.
+
+One pass shuffles a query's top ``k`` (a seeded shuffle per pass, task and query) and cuts them
+into groups of ``group_size`` (GroupRank: 20); ``passes: N`` repeats that with seeds ``seed``,
+``seed + 1``, ... and a document's score is the mean of its scores over the passes, each score
+divided by 10 (GroupRank's test-time scaling, ``repeat_num``). Documents are cut to
+``max_doc_chars`` characters after their runs of newlines become one space, as GroupRank does
+(3000), or else to ``max_doc_words`` words.
+
+Reading the answer (:func:`parse_group_scores`) follows GroupRank's own: the ``<answer>`` part
+when there is one, in it the last fenced JSON block, else the last ``{...}``; an unclosed block is
+read to its end. Where GroupRank's parser gives up, it counts a repair instead: an answer with no
+score at all (``unparseable``: every document of the group scores 0, as GroupRank scores a failed
+group), documents the answer leaves out (``missing``: no score from that group; a document
+without any score scores 0), numbers that are no document of the group (``out_of_range``,
+ignored; GroupRank fails the whole group there), numbers named twice (``repeated``, the last one
+counts, as in a JSON object) and scores outside 0-10 (``clamped``). Ties keep the first-stage
+order (GroupRank's script also reports a 0.6/0.4 interpolation with the retriever's scores; that is
+not done here).
+
+Batching: every group of every pass of every query of every task goes in ONE ``generate`` call,
+through the generation cache (two groups with the same documents in the same order are the same
+prompt and share one answer).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from r2med_agent import prompt_templates as prompts
+from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.retrieval.fusion import ranked
+from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, RerankOutput, cut_words
+from r2med_agent.types import Generation, Message, SearchRequest, Task, Trace, TraceStep
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ("qa", "exam", "treatment", "case")
+
+SCORE_MAX = 10.0
+"""The top of GroupRank's scale; scores are divided by it."""
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_FENCED_RE = re.compile(r"```json\s*([\s\S]+?)\s*```")
+_BRACES_RE = re.compile(r"\{[\s\S]*?\}")
+# A key "[3]" (or "3", [3], 3) and its number; GroupRank reads the key with int(k.strip('[]')).
+_PAIR_RE = re.compile(r'"?\s*\[?\s*(\d+)\s*\]*\s*"?\s*:\s*(-?\d+(?:\.\d+)?)')
+_NEWLINES_RE = re.compile(r"\n+")
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+@dataclass(frozen=True)
+class GroupRepair:
+    """What :func:`parse_group_scores` had to fix in one answer."""
+
+    unparseable: int = 0
+    """1 when the answer gave no score at all."""
+    missing: int = 0
+    """Documents of the group the answer gave no score."""
+    repeated: int = 0
+    """Numbers scored again (the last score counts)."""
+    out_of_range: int = 0
+    """Numbers that are no document of the group (ignored)."""
+    clamped: int = 0
+    """Scores outside 0-10, moved to the nearer end."""
+
+    @property
+    def any(self) -> bool:
+        return any(self.to_dict().values())
+
+    def to_dict(self) -> dict[str, int]:
+        return {"unparseable": self.unparseable, "missing": self.missing, "repeated": self.repeated,
+                "out_of_range": self.out_of_range, "clamped": self.clamped}
+
+
+REPAIR_KINDS = tuple(GroupRepair().to_dict())
+
+
+def answer_block(text: str) -> str:
+    """The part of an answer holding the scores: inside ``<answer>`` when there is one, the last
+    fenced JSON block, else the last ``{...}``, else from the last ``{`` to the end."""
+    m = _ANSWER_RE.search(text)
+    if m:
+        text = m.group(1).strip()
+    fenced = _FENCED_RE.findall(text)
+    if fenced:
+        return fenced[-1].strip()
+    braces = _BRACES_RE.findall(text)
+    if braces:
+        return braces[-1]
+    start = text.rfind("{")
+    return text[start:] if start >= 0 else ""
+
+
+def parse_group_scores(text: str, size: int) -> tuple[list[float | None], GroupRepair]:
+    """The score (0-1) of each of a group's ``size`` documents in an answer, None where it has
+    none, and what was repaired. An answer without any score scores every document 0."""
+    scores: list[float | None] = [None] * size
+    repeated = out_of_range = clamped = 0
+    pairs = _PAIR_RE.findall(answer_block(text))
+    for key, value in pairs:
+        i = int(key) - 1
+        if not 0 <= i < size:
+            out_of_range += 1
+            continue
+        if scores[i] is not None:
+            repeated += 1
+        v = float(value)
+        if not 0.0 <= v <= SCORE_MAX:
+            clamped += 1
+            v = min(max(v, 0.0), SCORE_MAX)
+        scores[i] = v / SCORE_MAX
+    if all(s is None for s in scores):
+        return [0.0] * size, GroupRepair(unparseable=1, out_of_range=out_of_range)
+    missing = sum(1 for s in scores if s is None)
+    return scores, GroupRepair(0, missing, repeated, out_of_range, clamped)
+
+
+def make_groups(doc_ids: Sequence[str], group_size: int, rng: random.Random) -> list[list[str]]:
+    """``doc_ids`` shuffled by ``rng`` and cut into groups of ``group_size`` (the last may be
+    smaller)."""
+    order = list(doc_ids)
+    rng.shuffle(order)
+    return [order[i:i + group_size] for i in range(0, len(order), group_size)]
+
+
+def pass_rng(seed: int, task: str, query_id: str) -> random.Random:
+    """The shuffle of one pass (``seed``) of one query: the same on every machine and run."""
+    return random.Random(f"{seed}/{task}/{query_id}")
+
+
+def grouprank_text(text: str, max_chars: int) -> str:
+    """A document as GroupRank shows it: runs of newlines made one space, cut to ``max_chars``."""
+    return _NEWLINES_RE.sub(" ", text)[:max_chars]
+
+
+# --------------------------------------------------------------------------- shared reranker parts
+
+
+@dataclass
+class _Query:
+    job: int
+    task: Task
+    request: SearchRequest
+    head: list[str]
+    tail: list[str]
+    corpus: Mapping[str, str]
+    gens: list[Generation] = field(default_factory=list)
+    steps: list[TraceStep] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+
+class JobReranker(LLMReranker):
+    """The setup of :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker` (its LLM built on first
+    use, shared with the run, its sampling) for kinds with their own prompt folder and loop;
+    subclasses set ``KIND`` and ``PROMPT_FOLDER`` and write :meth:`_rerank` and :meth:`_stats`."""
+
+    KIND = ""
+    PROMPT_FOLDER = ""
+    RECORDS = "records"
+    """The key of the per-query records in each trace's ``extra``."""
+
+    def __init__(self, spec: Any, *, llm: Any = None, cache_path: Any = None, use_cache: bool = True,
+                 refresh: bool = False, chunk_size: Any = "auto", prompts_dir: Any = None) -> None:
+        if spec.kind != self.KIND:
+            raise ConfigError(f"reranker '{spec.name}' is not a {self.KIND} reranker (kind {spec.kind})")
+        self.spec = spec
+        self.name = spec.name
+        self.kind = spec.kind
+        self._llm = llm
+        self._llm_opts = dict(cache_path=cache_path, use_cache=use_cache, refresh=refresh, chunk_size=chunk_size)
+        self.prompts_dir = prompts_dir
+
+    def check(self) -> None:
+        """Fail now (ConfigError) on an unknown LLM or a missing prompt; loads nothing."""
+        self.llm_spec()
+        for family in FAMILIES:
+            prompts.template_hash(self.PROMPT_FOLDER, family, prompts_dir=self.prompts_dir)
+
+    def messages(self, task: Task, query: str, passages: Sequence[str]) -> list[Message]:
+        """The system and user messages for ``passages`` (already cut) of one query."""
+        path = f"{self.PROMPT_FOLDER}/{task.family}.j2"
+        return [{"role": part, "content": prompts.render(path, prompts_dir=self.prompts_dir, part=part, query=query,
+                                                          passages=list(passages), domain=task.domain)}
+                for part in ("system", "user")]
+
+    def template_hash(self, task: Task) -> str:
+        return prompts.template_hash(self.PROMPT_FOLDER, task.family, prompts_dir=self.prompts_dir)
+
+    def meta(self, q: _Query, **extra: Any) -> dict[str, Any]:
+        return {"task": q.task.name, "query_id": q.request.query_id, "method": f"rerank-{self.kind}",
+                "reranker": self.name, **extra}
+
+    def rerank_tasks(self, jobs: Sequence[RerankJob], k: int) -> list[RerankOutput]:
+        """Rerank the top ``k`` of every query of every job, batched over all of them."""
+        queries: list[_Query] = []
+        for j, job in enumerate(jobs):
+            for req in job.requests:
+                items = [d for d, _ in ranked(job.run.get(req.query_id, {}))]
+                for doc_id in items[:k]:
+                    if doc_id not in job.corpus:
+                        raise DataError(
+                            f"{job.task.name}: query {req.query_id}: document '{doc_id}' of the run is not in the corpus"
+                        )
+                queries.append(_Query(j, job.task, req, items[:k], items[k:], job.corpus))
+        self._rerank(queries)
+        return self._outputs(jobs, queries)
+
+    def _rerank(self, queries: list[_Query]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _stats(self, records: list[dict[str, Any]]) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _outputs(self, jobs: Sequence[RerankJob], queries: list[_Query]) -> list[RerankOutput]:
+        outputs = [RerankOutput({}, []) for _ in jobs]
+        for q in queries:
+            new = dict(zip(q.head, q.scores))
+            floor = min(q.scores) if q.scores else 0.0
+            for j, d in enumerate(q.tail, start=1):
+                new[d] = floor - j
+            out = outputs[q.job]
+            out.run[q.request.query_id] = new
+            extra = {"task": q.task.name, "query": q.request.query, "reranker": self.name, "kind": self.kind,
+                     "seed": self.spec.seed, self.RECORDS: q.records}
+            out.traces.append(Trace(query_id=q.request.query_id, method=f"rerank-{self.kind}", steps=tuple(q.steps),
+                                    final="reranked: " + ", ".join(q.head), finish_reason="stop", extra=extra))
+        for j, out in enumerate(outputs):
+            mine = [q for q in queries if q.job == j]
+            gens = [g for q in mine for g in q.gens]
+            made = [g for g in gens if not g.cached]
+            out.stats = {
+                "reranker": self.name, "kind": self.kind, "llm": self.spec.llm,
+                "generations": len(made), "cache_hits": len(gens) - len(made),
+                "prompt_tokens": sum(g.prompt_tokens for g in gens),
+                "completion_tokens": sum(g.completion_tokens for g in gens),
+                "llm_time_s": round(sum(g.latency_s for g in gens), 4),
+                "llm_time_new_s": round(sum(g.latency_s for g in made), 4),
+                "seed": self.spec.seed,
+                **self._stats([r for q in mine for r in q.records]),
+            }
+        return outputs
+
+
+# --------------------------------------------------------------------------- groupwise
+
+
+class GroupwiseReranker(JobReranker):
+    """GroupRank's groupwise reranker over an LLM of the registry (see the module docstring).
+
+    Args: as :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker`.
+    """
+
+    KIND = "groupwise"
+    PROMPT_FOLDER = "rerank-groupwise"
+    RECORDS = "groups"
+
+    def _doc_text(self, q: _Query, doc_id: str) -> str:
+        text = q.corpus[doc_id]
+        if self.spec.max_doc_chars:
+            return grouprank_text(text, self.spec.max_doc_chars)
+        return cut_words(text, self.spec.max_doc_words)
+
+    def _rerank(self, queries: list[_Query]) -> None:
+        spec = self.spec
+        batch: list[tuple[_Query, int, int, list[str]]] = []
+        for p in range(spec.passes):
+            for q in queries:
+                rng = pass_rng(spec.seed + p, q.task.name, q.request.query_id)
+                for g, group in enumerate(make_groups(q.head, spec.group_size, rng)):
+                    batch.append((q, p, g, group))
+        prompts_ = [self.messages(q.task, q.request.query, [self._doc_text(q, d) for d in group])
+                    for q, _, _, group in batch]
+        logger.info("%s: %d groups (%d passes) in one batch", self.name, len(batch), spec.passes)
+        outs = self.llm.generate(prompts_, self.sampling(), template_hash=[self.template_hash(q.task) for q, *_ in batch],
+                                 meta=[self.meta(q, **{"pass": p, "group": g}) for q, p, g, _ in batch]) if batch else []
+        got: dict[int, dict[str, list[float]]] = {id(q): {} for q in queries}
+        for (q, p, g, group), gen in zip(batch, outs):
+            q.gens.append(gen)
+            scores, repair = parse_group_scores(gen.final, len(group))
+            for d, s in zip(group, scores):
+                if s is not None:
+                    got[id(q)].setdefault(d, []).append(s)
+            q.records.append({"pass": p, "seed": spec.seed + p, "group": g, "doc_ids": group,
+                              "scores": scores, **repair.to_dict(), "finish_reason": gen.finish_reason})
+            note = ", ".join(f"[{i}] {'-' if s is None else round(s * SCORE_MAX, 2)}" for i, s in enumerate(scores, 1))
+            if repair.any:
+                note += " (repaired: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in repair.to_dict().items() if n) + ")"
+            q.steps.append(TraceStep(generated=gen.text, search_query=f"pass {p + 1}, group {g + 1}", doc_ids=tuple(group),
+                                     inserted=note, prompt_tokens=gen.prompt_tokens,
+                                     completion_tokens=gen.completion_tokens))
+        for q in queries:
+            means = [_mean(got[id(q)].get(d, [])) for d in q.head]
+            order = sorted(range(len(q.head)), key=lambda i: (-means[i], i))
+            q.head = [q.head[i] for i in order]
+            q.scores = [means[i] for i in order]
+
+    def _stats(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"passes": self.spec.passes, "group_size": self.spec.group_size, "groups": len(records),
+                "repairs": {k: sum(r[k] for r in records) for k in REPAIR_KINDS},
+                "answers_repaired": sum(1 for r in records if any(r[k] for k in REPAIR_KINDS))}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
