@@ -274,6 +274,11 @@ class _NeedsFinder:
         if spec.backend == "openai":
             if spec.api_key_env:
                 self.keys.append(spec.api_key_env)
+            if getattr(spec, "server", "") == "vllm" and name in self.reg.models:
+                # An entry served by the user's own `vllm serve` (a LoRA adapter on its base model).
+                self.setup.append(f"{role} {name}: served by your own `vllm serve` (the command is in "
+                                  "its configs/llms.yaml entry)")
+                self.weights(role, name, [m for m in (getattr(spec, "tokenizer", None), spec.model) if m][:1])
         elif spec.backend == "vllm":
             self.weights(role, name, [spec.model], spec.tensor_parallel_size)
         else:
@@ -370,6 +375,10 @@ class _NeedsFinder:
 TOKENS_PER_WORD = 1.4
 """English and medical text: about 1.3-1.5 subword tokens per whitespace-separated word."""
 
+CHARS_PER_TOKEN = 4.5
+"""English and medical text: about 4-5 characters per subword token (a reranker that cuts documents
+by characters, GroupRank's 3,000)."""
+
 EXPANSION_PROMPT_TOKENS = 300
 """A HyDE/Query2Doc/LameR prompt, roughly (LameR's ten documents: about 4,000 more)."""
 
@@ -386,33 +395,67 @@ def token_estimate(entry: GridEntry, n_queries: int, registries: Registries, rel
         spec = registries.llms[entry.llm]
         calls = n_queries * samples
         p_in = calls * (EXPANSION_PROMPT_TOKENS + (4000 if caps.needs_first_pass else 0))
-        out.append(_token_line(f"{entry.method} {entry.llm} x{samples}", spec, calls, p_in, calls * spec.max_tokens))
+        out.append(_token_line(f"{entry.method} {entry.llm} x{samples}", spec, calls, p_in, calls * spec.max_tokens,
+                               registries.models.get(entry.llm)))
     rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
     if rr is not None and rr.kind != "cross-encoder" and rr.llm in registries.llms:
-        from r2med_agent.retrieval.rerank.llm import window_positions
-
         spec = registries.llms[rr.llm]
         k = int(entry.args.get("rerank_k", 100))
-        doc = rr.max_doc_words * TOKENS_PER_WORD
-        answer = rr.max_tokens or spec.max_tokens
-        if rr.kind == "listwise":
-            windows = window_positions(k, rr.window, rr.step)
-            calls = n_queries * len(windows)
-            p_in = int(sum(end - start for start, end in windows) * doc * n_queries + calls * 200)
-            label = f"{rr.name} ({len(windows)} windows of {rr.window} per query)"
-        else:
-            calls = n_queries * k
-            p_in = int(calls * (doc + 300))
-            label = f"{rr.name} ({k} pairs per query, + 1-token judgments)"
-        out.append(_token_line(label, spec, calls, p_in, calls * answer))
+        label, calls, p_in = _rerank_work(rr, k, n_queries)
+        out.append(_token_line(label, spec, calls, p_in, calls * (rr.max_tokens or spec.max_tokens),
+                               registries.models.get(rr.llm)))
     return out
 
 
-def _token_line(label: str, spec: Any, calls: int, p_in: int, p_out: int) -> str:
+def _rerank_work(rr: Any, k: int, n_queries: int) -> tuple[str, int, int]:
+    """``(label, calls, prompt tokens)`` of an LLM reranker over the top ``k`` of ``n_queries``."""
+    import math
+
+    doc = rr.max_doc_chars / CHARS_PER_TOKEN if getattr(rr, "max_doc_chars", 0) else rr.max_doc_words * TOKENS_PER_WORD
+    if rr.kind == "listwise":
+        from r2med_agent.retrieval.rerank.llm import window_positions
+
+        windows = window_positions(k, rr.window, rr.step)
+        calls = n_queries * len(windows)
+        p_in = int(sum(end - start for start, end in windows) * doc * n_queries + calls * 200)
+        return f"{rr.name} ({len(windows)} windows of {rr.window} per query)", calls, p_in
+    if rr.kind == "groupwise":
+        groups = math.ceil(k / rr.group_size)
+        calls = n_queries * groups * rr.passes
+        return (f"{rr.name} ({groups} groups of {rr.group_size} x {rr.passes} passes per query)", calls,
+                int(calls * (min(rr.group_size, k) * doc + 400)))
+    if rr.kind == "setwise":
+        size = rr.num_child + 1
+        # llm-rankers' heap sort: about k/size comparisons to build the heap, then about
+        # log_size(k) per document taken from its top.
+        per_query = math.ceil(k / size) + rr.select_k * max(1, math.ceil(math.log(max(k, 2)) / math.log(size)))
+        calls = n_queries * per_query
+        return f"{rr.name} (≈{per_query} comparisons of {size} per query)", calls, int(calls * (size * doc + 300))
+    calls = n_queries * k
+    extra = " + forced ends" if getattr(rr, "format", "default") == "rank1" else ", + 1-token judgments"
+    return f"{rr.name} ({k} pairs per query{extra})", calls, int(calls * (doc + 300))
+
+
+def _token_line(label: str, spec: Any, calls: int, p_in: int, p_out: int, model: Any = None) -> str:
     line = f"{label}: {calls:,} calls, ≈{p_in / 1e6:.1f}M prompt tokens, ≤{p_out / 1e6:.1f}M output tokens"
     if spec.price_in_per_mtok or spec.price_out_per_mtok:
         line += f", ≤${spec.cost_usd(p_in, p_out):,.0f}"
+    if model is not None and spec.backend in ("vllm", "openai") and not spec.api_key_env:
+        line += f", ≤{gpu_hours(model.params_b, p_in, p_out):,.0f} GPU-hours"
     return line
+
+
+GPU_TOKENS_PER_S = {"prompt": 8.0e5, "output": 8.0e4}
+"""Rough batch throughput of vLLM on one 80 GB GPU, per billion parameters: a P-billion model reads
+about 800,000/P prompt tokens and writes about 80,000/P output tokens a second with full batches
+(an 8B model ~10,000 output tokens/s, a 32B model ~2,500). Assumptions, not measurements here:
+the estimates are upper bounds to plan with (outputs at the entries' max_tokens); measure yours."""
+
+
+def gpu_hours(params_b: float, prompt_tokens: int, output_tokens: int) -> float:
+    """GPU-hours of an LLM stage from :data:`GPU_TOKENS_PER_S` (tensor-parallel GPUs count each)."""
+    seconds = prompt_tokens * params_b / GPU_TOKENS_PER_S["prompt"] + output_tokens * params_b / GPU_TOKENS_PER_S["output"]
+    return seconds / 3600
 
 
 def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:

@@ -142,3 +142,22 @@ def test_an_average_only_row_gets_the_published_average_over_the_eight_tasks(tmp
     write_result(root2, "none", "none", "diver-4b", "Biology", GOOD, reranker="qwen3-32b-groupwise")
     (row,) = build_table(load_results([root2]), "ndcg_at_10", published=True).rows
     assert row.published_average is None
+
+
+def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
+    """The calls of the frontier rerankers as their algorithms make them (876 R2MED queries, top
+    100): GroupRank 5 groups x 6 passes, ReasonRank 9 windows, Rank1 100 pairs, Rank-R1's heap
+    sort about 25 comparisons of 20; GPU-hours from the stated throughput assumption."""
+    from r2med_agent.analysis.needs import GPU_TOKENS_PER_S, Registries, gpu_hours, token_estimate
+
+    reg = Registries.load()
+    grid = load_grid("frontier")
+    lines = {e.reranker: token_estimate(e, 876, reg) for e in grid.entries if e.reranker}
+    assert "5 groups of 20 x 6 passes per query): 26,280 calls" in lines["grouprank-32b"][0]
+    assert "9 windows of 20 per query): 7,884 calls" in lines["reasonrank-32b"][0]
+    assert "100 pairs per query + forced ends): 87,600 calls" in lines["rank1-32b"][0]
+    assert "≈25 comparisons of 20 per query): 21,900 calls" in lines["rank-r1-14b"][0]
+    assert "GPU-hours" in lines["grouprank-32b"][0] and "GPU-hours" not in lines["insertrank-r1"][0]  # an API
+    # 32.8B: 1M prompt tokens at 800,000/32.8 per second plus 1M output tokens at 80,000/32.8.
+    expected = (1e6 * 32.8 / GPU_TOKENS_PER_S["prompt"] + 1e6 * 32.8 / GPU_TOKENS_PER_S["output"]) / 3600
+    assert gpu_hours(32.8, 1_000_000, 1_000_000) == pytest.approx(expected)
