@@ -91,6 +91,8 @@ def test_grid_scores_are_the_csv_scores():
 
     expected = csv_ndcg()
     n = 0
+    frontier = published_results()
+    expected.update({(k.method, k.llm, k.retriever, k.reranker): frontier.scores(k) for k in frontier.keys("frontier")})
     for table in TABLES:
         if table == "frontier":  # scores: published (tests/unit/analysis/test_frontier.py)
             continue
@@ -102,7 +104,7 @@ def test_grid_scores_are_the_csv_scores():
             # written in the task order of the grid's group (the paper's, or NanoR2MED's)
             assert list(e["ndcg_at_10"]) == list(load_grid(table).tasks)
             n += 1
-    assert n == 71 + 5 + 5  # the reproduction grids, nano, and the beyond grid beside the best row
+    assert n == 71 + 5 + 9  # the reproduction grids, nano, and the beyond grid beside the best rows
     # The loader hands the same numbers on.
     for name, grid in load_grids().items():
         for entry, scores in zip(grid.entries, grid.published):
@@ -530,16 +532,28 @@ def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path)
     averages = {k: sum(v.values()) / len(v) for k, v in pub.items() if len(v) == 8}
     best = max(averages, key=averages.get)
     assert best == ("query2doc", "gpt4", "nv", "") and round(100 * averages[best], 2) == 41.65
+    # The best published row since the paper: GroupRank-32B over DIVER-Retriever-4B (52.3).
+    frontier = published_results()
+    grouprank = PublishedKey("none", "", "diver-4b", "grouprank-32b")
+    assert max(frontier.keys("frontier"), key=lambda k: frontier.average(k) or 0) == grouprank
     grid = load_grids()["beyond"]
+    beside = []
     for entry, scores in zip(grid.entries, grid.published):
         key = entry.published_key
-        assert (key.method, key.llm, key.retriever, key.reranker) == best and scores == pub[best]
+        beside.append(key)
+        if key == grouprank:
+            assert scores == frontier.scores(grouprank)
+        else:
+            assert (key.method, key.llm, key.retriever, key.reranker) == best and scores == pub[best]
         # None is published (the first differs from the published HyDE row by its 4 samples).
         assert (entry.method, entry.llm, entry.retriever, entry.reranker) not in pub or entry.args.get("samples", 1) > 1
+        assert frontier.kinds.get(PublishedKey(entry.method, entry.llm, entry.retriever, entry.reranker)) != "frontier"
+    assert beside.count(grouprank) == 4
     planned = plan(grid, ReproduceOptions(output_dir=tmp_path))
     text = format_plan(planned)
     assert "tokens: qwen3-32b-listwise (9 windows of 20 per query): 7,884 calls" in text  # 876 queries x 9
     assert "--samples 4" in text and "reranker LLM qwen3-32b" in text and "PROBLEM" not in text
+    assert "--retriever bm25+reasonembed-qwen3-8b:query --reranker grouprank-32b --fusion-depth 1000,200" in text
 
 
 @pytest.mark.parametrize("generations", ["r2med", "fresh"])
