@@ -224,7 +224,7 @@ class BM25Retriever:
             if r.query_id in seen:
                 raise ValueError(f"query id {r.query_id!r} appears twice in one search")
             seen.add(r.query_id)
-            if r.combine != "none" and not r.expansion.strip():
+            if r.combine != "none" and not r.expansion.strip() and not r.keep_empty:
                 blank[r.combine] = blank.get(r.combine, 0) + 1
             texts.append(bm25_query_text(r, compat=self.mode == "r2med-compat"))
         if blank:
