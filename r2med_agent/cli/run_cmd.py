@@ -64,6 +64,7 @@ _SPEC_OPTIONS = {
     "exclude_identical_ids": typer.Option(False, "--exclude-identical-ids", help=field_help("exclude_identical_ids")),
     "empty_generation": typer.Option("query", "--empty-generation", help=field_help("empty_generation")),
     "llm_prompt": typer.Option("chat", "--llm-prompt", help=field_help("llm_prompt")),
+    "rerank_max_length": typer.Option(None, "--rerank-max-length", help=field_help("rerank_max_length")),
     # sampling overrides: the spec's ``sampling`` mapping
     "temperature": typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     "top_p": typer.Option(None, "--top-p", help="Override top_p."),
@@ -128,6 +129,7 @@ def run_command(
     exclude_identical_ids: bool = _O["exclude_identical_ids"],
     empty_generation: str = _O["empty_generation"],
     llm_prompt: str = _O["llm_prompt"],
+    rerank_max_length: Optional[int] = _O["rerank_max_length"],
     candidates: Optional[Path] = _O["candidates"],
     allow_missing_candidates: bool = _O["allow_missing_candidates"],
     config: Optional[Path] = _O["config"],
@@ -157,6 +159,7 @@ def run_command(
         rerank_k=rerank_k, rerank_cut=rerank_cut, first_pass=first_pass, generations=generations, top_k=top_k,
         samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
         exclude_identical_ids=exclude_identical_ids, empty_generation=empty_generation, llm_prompt=llm_prompt,
+        rerank_max_length=rerank_max_length,
         sampling=sampling, tasks=tuple(names), data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
         output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,

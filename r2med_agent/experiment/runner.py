@@ -372,7 +372,8 @@ def _check_models(ctx: _Context) -> None:
         from r2med_agent.retrieval import make_reranker
 
         ctx.reranker = make_reranker(
-            cfg.reranker, precision=cfg.precision, cache_path=cfg.cache_path, use_cache=cfg.use_cache,
+            cfg.reranker, precision=cfg.precision, max_length=cfg.rerank_max_length,
+            cache_path=cfg.cache_path, use_cache=cfg.use_cache,
             refresh=cfg.refresh_cache, chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
         )
         ctx.reranker.check()

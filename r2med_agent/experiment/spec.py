@@ -96,6 +96,7 @@ class RunSpec:
             (BEIR's exact search, which R2MED's dense evaluation ran).
         empty_generation: what an empty generated text becomes, ``query`` or ``keep``.
         llm_prompt: how a prompt reaches a vLLM engine, ``chat`` or ``rendered``.
+        rerank_max_length: tokens of a cross-encoder's (query, document) input (None: the entry's).
     """
 
     method: str = field(default="none", metadata=_help(
@@ -181,6 +182,10 @@ class RunSpec:
         "string and given to LLM.generate, as R2MED's generation script did; tokenizers that add a BOS, such "
         "as Llama-3.1's and the DeepSeek-R1 distills', then send it twice). Applies to fresh generations of "
         "vllm entries."))
+    rerank_max_length: int | None = field(default=None, metadata=_help(
+        "Tokens of a cross-encoder reranker's (query, document) input, longest part cut first (default: the "
+        "entry's max_length; rankllama 1024, the value of the script that produced R2MED's RankLLaMA rows, "
+        "while the released eval_reranker.py would give it 512)."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part
@@ -420,6 +425,7 @@ _TOKENS: dict[str, Any] = {
     "exclude_identical_ids": lambda v, s: "noself",
     "empty_generation": lambda v, s: f"empty-{v}",
     "llm_prompt": lambda v, s: f"prompt-{v}",
+    "rerank_max_length": lambda v, s: f"rml{v}",
 }
 
 
@@ -480,6 +486,24 @@ def _normalise_reference_options(spec: RunSpec, caps: Capabilities) -> None:
         _set(spec, "empty_generation", "query")
     if not caps.uses_llm or spec.generations == "r2med" or _llm_backend(spec.llm) not in (None, "vllm"):
         _set(spec, "llm_prompt", "chat")
+    if spec.rerank_max_length is not None:
+        _set(spec, "rerank_max_length", int(spec.rerank_max_length))
+        if _entry_max_length(spec.reranker) in (None, spec.rerank_max_length):
+            _set(spec, "rerank_max_length", None)
+
+
+def _entry_max_length(reranker: str | None) -> int | None:
+    """A cross-encoder entry's ``max_length`` (None: no reranker, an LLM reranker, or an entry
+    that cannot be looked up)."""
+    if not reranker:
+        return None
+    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+
+    try:
+        entry = get_reranker_spec(reranker)
+    except Exception:  # noqa: BLE001 - an unknown entry is reported where the reranker is built
+        return None
+    return entry.max_length if entry.kind == "cross-encoder" else None
 
 
 def _llm_backend(name: str | None) -> str | None:
@@ -560,6 +584,8 @@ def _validate(spec: RunSpec) -> None:
         raise ConfigError(f"--first-pass takes one retriever (bm25, bm25-compat, an encoder), got '{spec.first_pass}'")
     if spec.top_k < 1 or spec.rerank_k < 1:
         raise ConfigError("--top-k and --rerank-k must be at least 1")
+    if spec.rerank_max_length is not None and spec.rerank_max_length < 8:
+        raise ConfigError(f"--rerank-max-length must be at least 8, got {spec.rerank_max_length}")
     _validate_samples(spec, caps)
     _validate_sampling_values(spec.sampling)
     _validate_models(spec)

@@ -120,3 +120,27 @@ def test_empty_generation_keep_searches_bm25_with_nothing_as_r2med(tmp_path: Pat
     # an empty BM25 query scores every document 0; R2MED keeps the first ones in corpus order
     assert run["p2"] == {"p1": 0.0, "p2": 0.0, "p3": 0.0, "c1": 0.0}
     assert run["p1"] == default_run["p1"] and run["p3"] == default_run["p3"]
+
+
+def test_rankllama_length_is_the_producing_scripts_and_a_run_can_set_it(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    import r2med_agent.retrieval as retrieval
+    from r2med_agent.retrieval import make_reranker
+    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+
+    # R2MED's first commit, src/eval_reranker.py: max_length=1024 for its "llama" (RankLLaMA) run
+    assert get_reranker_spec("rankllama").max_length == 1024
+    assert make_reranker("rankllama", max_length=512).spec.max_length == 512
+    seen: list = []
+
+    def capture(name: str, **kw):
+        seen.append((name, kw["max_length"]))
+        raise KeyboardInterrupt  # before any model loads
+
+    monkeypatch.setattr(retrieval, "make_reranker", capture)
+    for length in (None, 512):
+        cfg = RunConfig(tasks=("sample",), retriever="bm25", reranker="rankllama", rerank_max_length=length,
+                        output_dir=tmp_path, show_progress=False)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(cfg)
+    assert seen == [("rankllama", None), ("rankllama", 512)]

@@ -71,6 +71,7 @@ def specs(draw) -> RunSpec:
     kw["exclude_identical_ids"] = draw(st.booleans())
     kw["empty_generation"] = draw(st.sampled_from(["query", "keep"]))
     kw["llm_prompt"] = draw(st.sampled_from(["chat", "rendered"]))
+    kw["rerank_max_length"] = draw(st.sampled_from([None, 64, 512, 1024]))
     return RunSpec(**kw)
 
 
@@ -115,7 +116,8 @@ def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
     assert seen <= {"--method", "--llm", "--generations", "--retriever", "--reranker", "--samples", "--first-pass",
                     "--fusion", "--rrf-k", "--fusion-weights", "--loop-retriever", "--final", "--precision",
                     "--encoder-backend", "--top-k", "--rerank-k", "--rerank-cut", "--k1", "--b",
-                    "--exclude-identical-ids", "--empty-generation", "--llm-prompt", *SAMPLING_FLAGS.values()}
+                    "--exclude-identical-ids", "--empty-generation", "--llm-prompt", "--rerank-max-length",
+                    *SAMPLING_FLAGS.values()}
     parsed = _parse_run_args(args)
     parsed["prompts"] = spec.prompts  # prompts come from $R2MED_PROMPTS_DIR, not an option
     assert RunSpec(**parsed) == spec
@@ -145,7 +147,7 @@ def _parse_run_args(args: list[str]) -> dict:
             sampling["seed"] = parse_seed(value)
         elif flag == "--fusion-weights":
             out[name] = _parse_weights(value)
-        elif name in ("top_k", "rerank_k", "rrf_k", "samples"):
+        elif name in ("top_k", "rerank_k", "rrf_k", "samples", "rerank_max_length"):
             out[name] = int(value)
         elif name in ("bm25_k1", "bm25_b"):
             out[name] = float(value)
@@ -190,6 +192,12 @@ def test_reference_options_apply_only_where_they_play_a_part() -> None:
     assert released == RunSpec(method="hyde", llm="qwen-7b", generations="r2med")
     for llm in ("gpt4", "smollm2"):
         assert RunSpec(method="hyde", llm=llm, llm_prompt="rendered").llm_prompt == "chat"
+    # a cross-encoder's input length: set back where it is the entry's own or there is none
+    assert RunSpec(retriever="nv", reranker="rankllama", rerank_max_length=1024) == RunSpec(retriever="nv", reranker="rankllama")
+    assert RunSpec(retriever="nv", rerank_max_length=512) == RunSpec(retriever="nv")
+    assert RunSpec(retriever="nv", reranker="smollm2-listwise", rerank_max_length=512).rerank_max_length is None
+    released = RunSpec(retriever="nv", reranker="rankllama", rerank_max_length=512)
+    assert released.settings() == {"rerank_max_length": 512} and "rml512" in released.leaf
     with pytest.raises(ConfigError, match="--empty-generation must be one of query, keep"):
         RunSpec(method="hyde", llm="qwen-7b", empty_generation="skip")
     with pytest.raises(ConfigError, match="--llm-prompt must be one of chat, rendered"):
