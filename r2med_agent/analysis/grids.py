@@ -18,6 +18,10 @@ Grid file::
 
 ``published`` names the CSV row where the run's names differ from it. A grid of your own may leave
 ``ndcg_at_10`` out: the CSV's scores of the entry's published name are used (none when it has none).
+A grid's top-level ``args`` are every entry's defaults (an entry's own ``args`` win); the package
+grids set there how R2MED's scripts ran (``exclude_identical_ids``, ``empty_generation``,
+``llm_prompt``), which each entry's run spec keeps only where it applies, and ``--dry-run`` shows
+per entry (:func:`reference_line`).
 
 :func:`reproduce` runs each entry through :func:`_run_one` (the runner, in-process), skipping
 tasks whose result files exist and were made with the entry's run spec, then returns the
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -186,6 +190,8 @@ class _GridFile:
     description: str = ""
     tasks: str = "all"
     """The tasks the grid's scores are for (a ``--task`` selection: ``all``, ``nano-all``, a list)."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Run settings every entry gets unless its own ``args`` give another value."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,11 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{path}: expected a mapping with 'title' and 'entries'")
     spec = build(_GridFile, doc, str(path))
+    unknown = sorted(set(spec.args) - set(RUN_ARGS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
+    if spec.args:
+        spec = replace(spec, entries=tuple(replace(e, args={**spec.args, **e.args}) for e in spec.entries))
     pub = published_results()
     scores: list[dict[str, float]] = []
     seen: dict[tuple[str, ...], int] = {}
@@ -280,6 +291,20 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
                 )
         scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
     return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores), grid_tasks)
+
+
+def reference_line(spec: RunSpec) -> str:
+    """How a run handles what R2MED's scripts did their own way: documents whose id is the
+    query's (BEIR's exact search excludes them), empty generations (R2MED uses them as they are),
+    and the prompt's way into a vLLM engine (R2MED renders it for ``LLM.generate``)."""
+    parts = ["identical ids " + ("excluded" if spec.exclude_identical_ids else "kept")]
+    if spec.method == "none":
+        parts.append("no generations")
+    else:
+        parts.append("empty generations " + ("kept" if spec.empty_generation == "keep" else "-> the query"))
+    if spec.llm_prompt != "chat":
+        parts.append(f"vLLM prompt {spec.llm_prompt}")
+    return "; ".join(parts)
 
 
 @lru_cache(maxsize=1)
