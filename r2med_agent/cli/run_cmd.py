@@ -200,6 +200,7 @@ def print_summary(result) -> None:
     if uses_llm:
         table.add_column("new gens", justify="right")
         table.add_column("cached", justify="right")
+        table.add_column("empty gens", justify="right")
     for o in result.outcomes:
         cells = [
             o.task,
@@ -208,16 +209,18 @@ def print_summary(result) -> None:
             str(len(o.evaluation.missing)),
         ]
         if uses_llm:
-            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0))]
+            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0)),
+                      str(o.stats.get("empty_generations", 0))]
         table.add_row(*cells)
     if len(result.outcomes) > 1:
-        blanks = [""] * (4 if uses_llm else 2)
+        blanks = [""] * (5 if uses_llm else 2)
         table.add_row(
             "average", *(_score(result.average, m) for m in _HEADLINE), *blanks,
             style="bold",
         )
     console.print(table)
-    console.print("empty = queries with no retrieved document (they score 0)", style="dim")
+    console.print("empty = queries with no retrieved document (they score 0)"
+                  + ("; empty gens = blank generated texts (--empty-generation)" if uses_llm else ""), style="dim")
     gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)

@@ -120,6 +120,14 @@ def test_empty_generation_keep_searches_bm25_with_nothing_as_r2med(tmp_path: Pat
     # an empty BM25 query scores every document 0; R2MED keeps the first ones in corpus order
     assert run["p2"] == {"p1": 0.0, "p2": 0.0, "p3": 0.0, "c1": 0.0}
     assert run["p1"] == default_run["p1"] and run["p3"] == default_run["p3"]
+    # compare --cost shows the count beside the scores of both rows
+    from r2med_agent.compare import build_table, load_results, render_markdown
+
+    md = render_markdown(build_table(load_results([tmp_path / "out"]), metric="ndcg_at_1", cost=True)).splitlines()
+    header = [c.strip() for c in next(line for line in md if line.startswith("| #")).split("|")]
+    col = header.index("empty gens")
+    rows = [[c.strip() for c in line.split("|")] for line in md if line.startswith("| ") and not line.startswith("| #")]
+    assert sorted(r[col] for r in rows if r[1].isdigit() or r[1].endswith("(base)")) == ["1", "1"]
 
 
 def test_rankllama_length_is_the_producing_scripts_and_a_run_can_set_it(monkeypatch: pytest.MonkeyPatch,
