@@ -240,12 +240,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     doc = load_yaml(path)
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{path}: expected a mapping with 'title' and 'entries'")
-    spec = build(_GridFile, doc, str(path))
-    unknown = sorted(set(spec.args) - set(RUN_ARGS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
-    if spec.args:
-        spec = replace(spec, entries=tuple(replace(e, args={**spec.args, **e.args}) for e in spec.entries))
+    spec = _with_grid_args(build(_GridFile, doc, str(path)), path)
     pub = published_results()
     scores: list[dict[str, float]] = []
     seen: dict[tuple[str, ...], int] = {}
@@ -291,6 +286,16 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
                 )
         scores.append({t: float(v) for t, v in entry.ndcg_at_10.items()} if entry.ndcg_at_10 else csv_scores)
     return Grid(name, spec.title, spec.description, path, spec.entries, tuple(scores), grid_tasks)
+
+
+def _with_grid_args(grid: _GridFile, path: Path) -> _GridFile:
+    """``grid`` with its top-level ``args`` given to every entry (an entry's own win)."""
+    unknown = sorted(set(grid.args) - set(RUN_ARGS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
+    if not grid.args:
+        return grid
+    return replace(grid, entries=tuple(replace(e, args={**grid.args, **e.args}) for e in grid.entries))
 
 
 def reference_line(spec: RunSpec) -> str:
