@@ -173,11 +173,23 @@ class SearchRequest:
     with all samples joined by spaces where the rule uses the expansion; dense retrieval with the
     mean of the query's embedding and every sample's (HyDE's way), or for ``query2doc`` the mean
     of each sample's ``query[SEP]passage`` embedding."""
+    keep_empty: bool = False
+    """Use a blank generated text as it is (``run --empty-generation keep``, as R2MED's scripts
+    did) instead of falling back to the query alone."""
 
     @property
     def expansions(self) -> tuple[str, ...]:
-        """Every non-blank sample of the generated text, the first one first."""
-        return tuple(x for x in (self.expansion, *self.more_expansions) if x.strip())
+        """The samples of the generated text the retrievers use, the first one first: every
+        non-blank one, or with ``keep_empty`` every one as it is."""
+        samples = (self.expansion, *self.more_expansions)
+        return samples if self.keep_empty else tuple(x for x in samples if x.strip())
+
+    @property
+    def empty_generations(self) -> int:
+        """How many samples of the generated text are blank (0 for a request without one)."""
+        if self.combine == "none":
+            return 0
+        return sum(1 for x in (self.expansion, *self.more_expansions) if not x.strip())
 
 
 @dataclass(frozen=True, slots=True)

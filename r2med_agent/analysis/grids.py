@@ -18,6 +18,10 @@ Grid file::
 
 ``published`` names the CSV row where the run's names differ from it. A grid of your own may leave
 ``ndcg_at_10`` out: the CSV's scores of the entry's published name are used (none when it has none).
+A grid's top-level ``args`` are every entry's defaults (an entry's own ``args`` win); the package
+grids set there how R2MED's scripts ran (``exclude_identical_ids``, ``empty_generation``,
+``llm_prompt``), which each entry's run spec keeps only where it applies, and ``--dry-run`` shows
+per entry (:func:`reference_line`).
 
 :func:`reproduce` runs each entry through :func:`_run_one` (the runner, in-process), skipping
 tasks whose result files exist and were made with the entry's run spec, then returns the
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -218,6 +222,8 @@ class _GridFile:
     """The tasks the grid's scores are for (a ``--task`` selection: ``all``, ``nano-all``, a list)."""
     scores: str = "entries"
     """SCORE_SOURCES: ``entries`` or ``published``."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Run settings every entry gets unless its own ``args`` give another value."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +274,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     doc = load_yaml(path)
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{path}: expected a mapping with 'title' and 'entries'")
-    spec = build(_GridFile, doc, str(path))
+    spec = _with_grid_args(build(_GridFile, doc, str(path)), path)
     if spec.scores not in SCORE_SOURCES:
         raise ConfigError(f"{path}: scores must be one of {', '.join(SCORE_SOURCES)}, got {spec.scores!r}")
     pub = published_results()
@@ -343,6 +349,30 @@ def _check_published_only(where: str, entry: GridEntry, pub: Any, csv_scores: Ma
     if strict and not csv_scores and pub.average(entry.published_key) is None:
         raise ConfigError(f"{where}: no published row for {entry.published_key} in "
                           f"{', '.join(p.name for p in pub.paths)}")
+
+
+def _with_grid_args(grid: _GridFile, path: Path) -> _GridFile:
+    """``grid`` with its top-level ``args`` given to every entry (an entry's own win)."""
+    unknown = sorted(set(grid.args) - set(RUN_ARGS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
+    if not grid.args:
+        return grid
+    return replace(grid, entries=tuple(replace(e, args={**grid.args, **e.args}) for e in grid.entries))
+
+
+def reference_line(spec: RunSpec) -> str:
+    """How a run handles what R2MED's scripts did their own way: documents whose id is the
+    query's (BEIR's exact search excludes them), empty generations (R2MED uses them as they are),
+    and the prompt's way into a vLLM engine (R2MED renders it for ``LLM.generate``)."""
+    parts = ["identical ids " + ("excluded" if spec.exclude_identical_ids else "kept")]
+    if spec.method == "none":
+        parts.append("no generations")
+    else:
+        parts.append("empty generations " + ("kept" if spec.empty_generation == "keep" else "-> the query"))
+    if spec.llm_prompt != "chat":
+        parts.append(f"vLLM prompt {spec.llm_prompt}")
+    return "; ".join(parts)
 
 
 @lru_cache(maxsize=1)

@@ -18,7 +18,7 @@ from r2med_agent.experiment.store import (
 )
 
 logger = logging.getLogger(__name__)
-from r2med_agent.analysis.grids import GPU_GIB, Grid, GridEntry
+from r2med_agent.analysis.grids import GPU_GIB, Grid, GridEntry, reference_line
 from r2med_agent.analysis.needs import Needs, Registries, dataset_repos, entry_needs
 from r2med_agent.analysis.tables import ComparisonTable, build_table
 
@@ -259,6 +259,7 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         paper = f"{who} nDCG@10 avg {avg:.4f}" if avg is not None else "no published score"
         lines.append(f"[{i}] {p.entry.label}  ({status}; {paper})")
         lines.append(f"    {p.command}")
+        lines.append(f"    {reference_line(RunSpec.from_key(p.spec_key))}")
         scores = [f"{t} {p.published[t]}" for t in (*p.done, *p.pending) if t in p.published]
         if scores:
             lines.append(f"    {who} nDCG@10: {', '.join(scores)}")

@@ -22,8 +22,12 @@ STATS_KEYS: tuple[str, ...] = (
     "llm_time_s",
     "retrieval_time_s",
     "cost_usd",
+    "empty_generations",
+    "identical_ids_removed",
 )
-"""Keys of a result JSON's ``stats``; ``compare --cost`` sums them over tasks."""
+"""Keys of a result JSON's ``stats``; ``compare --cost`` sums them over tasks (empty generations:
+blank generated texts, which R2MED used as they are; identical ids: hits left out because the
+document's id was the query's)."""
 
 STATS_HEADERS: dict[str, str] = {
     "generations": "gens",
@@ -33,6 +37,8 @@ STATS_HEADERS: dict[str, str] = {
     "llm_time_s": "LLM s",
     "retrieval_time_s": "retr s",
     "cost_usd": "cost $",
+    "empty_generations": "empty gens",
+    "identical_ids_removed": "self hits",
 }
 
 NO_LLM = "none"

@@ -61,6 +61,10 @@ _SPEC_OPTIONS = {
     "encoder_backend": typer.Option(None, "--encoder-backend", help=field_help("encoder_backend")),
     "bm25_k1": typer.Option(None, "--k1", help=field_help("bm25_k1")),
     "bm25_b": typer.Option(None, "--b", help=field_help("bm25_b")),
+    "exclude_identical_ids": typer.Option(False, "--exclude-identical-ids", help=field_help("exclude_identical_ids")),
+    "empty_generation": typer.Option("query", "--empty-generation", help=field_help("empty_generation")),
+    "llm_prompt": typer.Option("chat", "--llm-prompt", help=field_help("llm_prompt")),
+    "rerank_max_length": typer.Option(None, "--rerank-max-length", help=field_help("rerank_max_length")),
     # sampling overrides: the spec's ``sampling`` mapping
     "temperature": typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
     "top_p": typer.Option(None, "--top-p", help="Override top_p."),
@@ -130,6 +134,10 @@ def run_command(
     encoder_backend: Optional[str] = _O["encoder_backend"],
     bm25_k1: Optional[float] = _O["bm25_k1"],
     bm25_b: Optional[float] = _O["bm25_b"],
+    exclude_identical_ids: bool = _O["exclude_identical_ids"],
+    empty_generation: str = _O["empty_generation"],
+    llm_prompt: str = _O["llm_prompt"],
+    rerank_max_length: Optional[int] = _O["rerank_max_length"],
     candidates: Optional[Path] = _O["candidates"],
     allow_missing_candidates: bool = _O["allow_missing_candidates"],
     config: Optional[Path] = _O["config"],
@@ -161,6 +169,8 @@ def run_command(
         fusion_weights=_parse_weights(fusion_weights), fusion_depth=_parse_depths(fusion_depth), rrf_k=rrf_k, precision=precision, reranker=reranker,
         rerank_k=rerank_k, rerank_cut=rerank_cut, first_pass=first_pass, generations=generations, top_k=top_k,
         samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
+        exclude_identical_ids=exclude_identical_ids, empty_generation=empty_generation, llm_prompt=llm_prompt,
+        rerank_max_length=rerank_max_length,
         sampling=sampling, tasks=tuple(names), data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
         split=split, all_queries=all_queries, no_eval=no_eval,
@@ -214,6 +224,7 @@ def print_summary(result) -> None:
     if uses_llm:
         table.add_column("new gens", justify="right")
         table.add_column("cached", justify="right")
+        table.add_column("empty gens", justify="right")
     for o in result.outcomes:
         cells = [
             o.task,
@@ -222,16 +233,18 @@ def print_summary(result) -> None:
             str(len(o.evaluation.missing)),
         ]
         if uses_llm:
-            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0))]
+            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0)),
+                      str(o.stats.get("empty_generations", 0))]
         table.add_row(*cells)
     if len(result.outcomes) > 1:
-        blanks = [""] * (4 if uses_llm else 2)
+        blanks = [""] * (5 if uses_llm else 2)
         table.add_row(
             "average", *(_score(result.average, m) for m in _HEADLINE), *blanks,
             style="bold",
         )
     console.print(table)
-    console.print("empty = queries with no retrieved document (they score 0)", style="dim")
+    console.print("empty = queries with no retrieved document (they score 0)"
+                  + ("; empty gens = blank generated texts (--empty-generation)" if uses_llm else ""), style="dim")
     for o in result.outcomes:
         if o.not_scored:
             console.print(f"{o.task}: not scored ({o.not_scored}); its run, generations and traces are written",

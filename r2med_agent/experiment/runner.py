@@ -242,6 +242,7 @@ class _TaskRun:
     retrieval_time: float = 0.0
     rerank: Any = None  # an LLM reranker's output for this task
     released_source: str | None = None
+    identical_ids_removed: int | None = None  # hits dropped by exclude_identical_ids
 
 
 @dataclass
@@ -422,7 +423,8 @@ def _check_models(ctx: _Context) -> None:
         from r2med_agent.retrieval import make_reranker
 
         ctx.reranker = make_reranker(
-            cfg.reranker, precision=cfg.precision, cache_path=cfg.cache_path, use_cache=cfg.use_cache,
+            cfg.reranker, precision=cfg.precision, max_length=cfg.rerank_max_length,
+            cache_path=cfg.cache_path, use_cache=cfg.use_cache,
             refresh=cfg.refresh_cache, chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
         )
         ctx.reranker.check()
@@ -477,11 +479,16 @@ def _make_llm(ctx: _Context, llm: Any | None, owned: list[Any]) -> Any:
         cache_path=cfg.cache_path,
         use_cache=cfg.use_cache,
         refresh=cfg.refresh_cache,
-        overrides=dict(ctx.method.llm_overrides) or None,
+        overrides={**ctx.method.llm_overrides, **_prompt_path(cfg)} or None,
         chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
     )
     owned.append(made)
     return made
+
+
+def _prompt_path(cfg: RunConfig) -> dict[str, Any]:
+    """The entry field ``llm_prompt`` sets (``prompt_path``), when it is not the default."""
+    return {"prompt_path": cfg.llm_prompt} if cfg.llm_prompt != "chat" else {}
 
 
 def _run_method(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
@@ -526,13 +533,20 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
     task at once (an LLM reranker: one generate call per window position) gets them together."""
     cfg, reranker = ctx.cfg, ctx.reranker
     per_task = reranker is not None and not getattr(reranker, "batches_tasks", False)
+    depth = max(cfg.top_k, cfg.rerank_k if reranker else 0)
     for r in runs.values():
         t0 = time.perf_counter()
+        if cfg.empty_generation == "keep":
+            r.output.requests = [replace(q, keep_empty=True) for q in r.output.requests]
         requests = r.output.requests
         if r.output.fused_run is not None:
             r.run = r.output.fused_run
         else:
-            r.run = r.retriever.search(requests, max(cfg.top_k, cfg.rerank_k if reranker else 0))
+            r.run = r.retriever.search(requests, depth + 1 if cfg.exclude_identical_ids else depth)
+        if cfg.exclude_identical_ids:
+            from r2med_agent.retrieval.dense.index import drop_identical_ids
+
+            r.run, r.identical_ids_removed = drop_identical_ids(r.run, depth)
         if per_task:
             corpus = {d.doc_id: d.full_text for d in r.task.corpus}
             r.run = reranker.rerank(requests, r.run, corpus, cfg.rerank_k)
@@ -602,6 +616,10 @@ def _stats(ctx: _Context, r: _TaskRun) -> dict[str, Any]:
                      llm_time_s=0.0, llm_time_new_s=0.0, cost_usd=None, released_source=r.released_source)
     if ctx.cfg.samples > 1:
         stats["samples"] = ctx.cfg.samples
+    if any(q.combine != "none" for q in out.requests):
+        stats["empty_generations"] = sum(q.empty_generations for q in out.requests)
+    if r.identical_ids_removed is not None:
+        stats["identical_ids_removed"] = r.identical_ids_removed
     stats["retrieval_time_s"] = round(r.retrieval_time, 4)
     stats["index_time_s"] = round(r.index_time, 4)
     if r.rerank is not None:

@@ -38,6 +38,11 @@ DEFAULT_TOP_K = 100
 
 FINAL_MODES = ("default", "fuse")
 GENERATION_SOURCES = ("fresh", "r2med")
+EMPTY_GENERATION = ("query", "keep")
+"""What an empty generated text becomes: the plain query (``query``) or itself (``keep``, R2MED)."""
+LLM_PROMPTS = ("chat", "rendered")
+"""How a prompt reaches a vLLM engine: ``LLM.chat`` (``chat``) or the chat template rendered to a
+string and given to ``LLM.generate`` (``rendered``, R2MED's generation script)."""
 
 FLOAT_SAMPLING = ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
                   "min_p")
@@ -87,6 +92,11 @@ class RunSpec:
         reranker: reranker registry name.
         rerank_k: how many top documents the reranker re-scores.
         rerank_cut: keep only the ``rerank_k`` reranked documents per query.
+        exclude_identical_ids: drop a document whose id is the query's id from the final ranking
+            (BEIR's exact search, which R2MED's dense evaluation ran).
+        empty_generation: what an empty generated text becomes, ``query`` or ``keep``.
+        llm_prompt: how a prompt reaches a vLLM engine, ``chat`` or ``rendered``.
+        rerank_max_length: tokens of a cross-encoder's (query, document) input (None: the entry's).
     """
 
     method: str = field(default="none", metadata=_help(
@@ -166,6 +176,23 @@ class RunSpec:
     entries: str | None = field(default=None, metadata=_help(
         "Hash of the registry entries the run uses that come from a user config (LLMs, encoders, "
         "rerankers of the same name as a shipped one, or your own); None: every entry it uses is shipped."))
+    exclude_identical_ids: bool = field(default=False, metadata=_help(
+        "Drop a document whose id equals the query's id from the final ranking (the next one moves up), as "
+        "BEIR's exact search does in R2MED's dense evaluation; each task's result counts the hits removed. "
+        "Applies to runs with a dense retriever."))
+    empty_generation: str = field(default="query", metadata=_help(
+        "What an empty generated text becomes: query (search with the plain query instead) or keep (use it as "
+        "it is, as R2MED's scripts did: BM25 ranks with an empty query, dense retrieval averages in the "
+        "embedding of ''). Each task's result counts its empty generations either way."))
+    llm_prompt: str = field(default="chat", metadata=_help(
+        "How a prompt reaches a vLLM engine: chat (LLM.chat) or rendered (the chat template rendered to a "
+        "string and given to LLM.generate, as R2MED's generation script did; tokenizers that add a BOS, such "
+        "as Llama-3.1's and the DeepSeek-R1 distills', then send it twice). Applies to fresh generations of "
+        "vllm entries."))
+    rerank_max_length: int | None = field(default=None, metadata=_help(
+        "Tokens of a cross-encoder reranker's (query, document) input, longest part cut first (default: the "
+        "entry's max_length; rankllama 1024, the value of the script that produced R2MED's RankLLaMA rows, "
+        "while the released eval_reranker.py would give it 512)."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part
@@ -405,6 +432,10 @@ _TOKENS: dict[str, Any] = {
     "rerank_cut": lambda v, s: "" if s.rerank_k != 100 else "top100",
     "fusion_depth": lambda v, s: "fd" + "-".join(str(d) for d in v),
     "entries": lambda v, s: f"entries-{str(v)[:6]}",
+    "exclude_identical_ids": lambda v, s: "noself",
+    "empty_generation": lambda v, s: f"empty-{v}",
+    "llm_prompt": lambda v, s: f"prompt-{v}",
+    "rerank_max_length": lambda v, s: f"rml{v}",
 }
 
 
@@ -452,6 +483,52 @@ def _normalise(spec: RunSpec) -> None:
     if not spec.reranker and all(m in NO_MODEL for m in models):
         _set(spec, "precision", None)
         _set(spec, "encoder_backend", None)
+    _normalise_reference_options(spec, caps)
+
+
+def _normalise_reference_options(spec: RunSpec, caps: Capabilities) -> None:
+    """The options that follow R2MED's scripts, set back where they do not apply: the identical-id
+    exclusion without a dense retriever, the empty-generation policy without an LLM, the prompt
+    path without fresh generations of a vLLM entry."""
+    from r2med_agent.retrieval.candidates import candidate_names
+
+    fixed = NO_MODEL | set(candidate_names())
+    if all(p.strip() in fixed for p in spec.retriever.split("+")):
+        _set(spec, "exclude_identical_ids", False)
+    if not caps.uses_llm:
+        _set(spec, "empty_generation", "query")
+    if not caps.uses_llm or spec.generations == "r2med" or _llm_backend(spec.llm) not in (None, "vllm"):
+        _set(spec, "llm_prompt", "chat")
+    if spec.rerank_max_length is not None:
+        _set(spec, "rerank_max_length", int(spec.rerank_max_length))
+        if _entry_max_length(spec.reranker) in (None, spec.rerank_max_length):
+            _set(spec, "rerank_max_length", None)
+
+
+def _entry_max_length(reranker: str | None) -> int | None:
+    """A cross-encoder entry's ``max_length`` (None: no reranker, an LLM reranker, or an entry
+    that cannot be looked up)."""
+    if not reranker:
+        return None
+    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+
+    try:
+        entry = get_reranker_spec(reranker)
+    except Exception:  # noqa: BLE001 - an unknown entry is reported where the reranker is built
+        return None
+    return entry.max_length if entry.kind == "cross-encoder" else None
+
+
+def _llm_backend(name: str | None) -> str | None:
+    """The registry backend of LLM ``name``, or None when it cannot be looked up."""
+    if not name:
+        return None
+    from r2med_agent.llm.registry import get_llm_spec
+
+    try:
+        return get_llm_spec(name).backend
+    except Exception:  # noqa: BLE001 - an unknown entry is reported where the LLM is built
+        return None
 
 
 def _canonical_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -520,6 +597,8 @@ def _validate(spec: RunSpec) -> None:
         raise ConfigError(f"--first-pass takes one retriever (bm25, bm25-compat, an encoder), got '{spec.first_pass}'")
     if spec.top_k < 1 or spec.rerank_k < 1:
         raise ConfigError("--top-k and --rerank-k must be at least 1")
+    if spec.rerank_max_length is not None and spec.rerank_max_length < 8:
+        raise ConfigError(f"--rerank-max-length must be at least 8, got {spec.rerank_max_length}")
     _validate_samples(spec, caps)
     _validate_sampling_values(spec.sampling)
     _validate_models(spec)
@@ -588,6 +667,10 @@ def _check_choices(spec: RunSpec) -> None:
         raise ConfigError(f"--k1 must be >= 0, got {spec.bm25_k1}")
     if spec.bm25_b is not None and not 0 <= spec.bm25_b <= 1:
         raise ConfigError(f"--b must be between 0 and 1, got {spec.bm25_b}")
+    if spec.empty_generation not in EMPTY_GENERATION:
+        raise ConfigError(f"--empty-generation must be one of {', '.join(EMPTY_GENERATION)}, got '{spec.empty_generation}'")
+    if spec.llm_prompt not in LLM_PROMPTS:
+        raise ConfigError(f"--llm-prompt must be one of {', '.join(LLM_PROMPTS)}, got '{spec.llm_prompt}'")
 
 
 def _normalise_fusion_depth(spec: RunSpec) -> None:

@@ -838,6 +838,8 @@ def generation_options(spec: Any) -> dict[str, Any]:
     if extra:
         options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
     backend = getattr(spec, "backend", None)
+    if backend == "vllm" and getattr(spec, "prompt_path", "chat") != "chat":
+        options["prompt_path"] = spec.prompt_path
     if backend == "vllm":
         engine = engine_options(spec)
         if engine:

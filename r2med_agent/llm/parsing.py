@@ -12,14 +12,19 @@ The final response is what becomes the retrieval query (docs/protocol.md, "Reaso
     text is the final response, as in the reference.
 ``huatuo``
     HuatuoGPT-o1 (``## Thinking ... ## Final Response ...``): the final response is the text after
-    the first ``Final Response`` marker (a ``#`` heading prefix and a trailing colon are part of
-    the marker); the reasoning is what precedes it, without the ``## Thinking`` heading. With no
-    marker the whole text is the final response.
+    the first ``Final Response`` (whitespace after it skipped; a colon there stays in the
+    response, as the reference's ``Final Response\s*(.*)`` keeps it); the reasoning is what
+    precedes the marker's line, without the ``## Thinking`` heading. With no marker the whole text
+    is the final response.
 ``search-r1``
     Search-R1 checkpoints: the first ``<answer>...</answer>`` span; the reasoning is the text
     before it. With no complete span the whole text is the final response.
 
-Both parts are stripped of surrounding whitespace.
+Whitespace follows the reference (``split_response_for_r1`` in R2MED's ``src/base.py``): a final
+response found after a marker is stripped; a whole text used as the final response (``plain``,
+or no marker found) is kept exactly as generated. Only tokenizers that encode surrounding
+whitespace see the difference (NV-Embed-v2's; BM25 and BERT-style tokenizers do not). The
+reasoning is always stripped.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ REASONING_FORMATS: tuple[str, ...] = get_args(ReasoningFormat)
 
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
-# "Final Response", optionally as a markdown heading ("## Final Response") and/or followed by a colon.
-_HUATUO_FINAL = re.compile(r"(?:^[ \t]*#+[ \t]*)?Final Response[ \t]*:?", re.MULTILINE)
+# "Final Response", optionally as a markdown heading ("## Final Response"); the final response
+# starts after the whitespace that follows it (a colon is part of the response, as in the reference).
+_HUATUO_FINAL = re.compile(r"(?:^[ \t]*#+[ \t]*)?Final Response\s*", re.MULTILINE)
 _HUATUO_THINKING = re.compile(r"^\s*(?:#+[ \t]*)?Thinking[ \t]*:?")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -50,13 +56,14 @@ def split_reasoning(text: str, fmt: str) -> tuple[str, str]:
         fmt: one of ``plain``, ``think``, ``huatuo``, ``search-r1`` (see the module docstring).
 
     Returns:
-        ``(reasoning, final)``, both stripped; ``reasoning`` is empty when the format finds none.
+        ``(reasoning, final)``: ``reasoning`` stripped (empty when the format finds none);
+        ``final`` stripped when a marker was found, else the text as it is (module docstring).
 
     Raises:
         ConfigError: ``fmt`` is not a known format.
     """
     if fmt == "plain":
-        return "", text.strip()
+        return "", text
     if fmt == "think":
         return _split_think(text)
     if fmt == "huatuo":
@@ -71,7 +78,7 @@ def split_reasoning(text: str, fmt: str) -> tuple[str, str]:
 def _split_think(text: str) -> tuple[str, str]:
     i = text.find(_THINK_CLOSE)
     if i == -1:
-        return "", text.strip()
+        return "", text
     reasoning = text[:i].strip()
     if reasoning.startswith(_THINK_OPEN):
         reasoning = reasoning[len(_THINK_OPEN) :].strip()
@@ -81,7 +88,7 @@ def _split_think(text: str) -> tuple[str, str]:
 def _split_huatuo(text: str) -> tuple[str, str]:
     m = _HUATUO_FINAL.search(text)
     if m is None:
-        return "", text.strip()
+        return "", text
     reasoning = _HUATUO_THINKING.sub("", text[: m.start()], count=1).strip()
     return reasoning, text[m.end() :].strip()
 
@@ -89,7 +96,7 @@ def _split_huatuo(text: str) -> tuple[str, str]:
 def _split_search_r1(text: str) -> tuple[str, str]:
     m = _ANSWER.search(text)
     if m is None:
-        return "", text.strip()
+        return "", text
     return text[: m.start()].strip(), m.group(1).strip()
 
 

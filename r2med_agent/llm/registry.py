@@ -71,6 +71,12 @@ class LLMSpec:
     """Extra variables for the chat template, e.g. ``{enable_thinking: true}`` for Qwen3
     (vllm backend; sent as ``chat_template_kwargs`` to compatible servers)."""
 
+    prompt_path: Literal["chat", "rendered"] = "chat"
+    """vllm backend: how a new turn reaches the engine. ``chat``: ``LLM.chat``. ``rendered``: the
+    chat template rendered to a string and given to ``LLM.generate``, as R2MED's generation script
+    (``src/generate_hypothetical_doc.py``) does; the tokenizer then adds its special tokens again
+    (a second BOS for Llama-3.1 and the DeepSeek-R1 distills). ``run --llm-prompt`` sets it."""
+
     system_prompt: str = "You are a helpful assistant."
     """Prepended as a system message when a prompt has none; empty = prepend nothing (the
     chat template's own default then applies)."""

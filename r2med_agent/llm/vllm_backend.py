@@ -21,6 +21,13 @@ extra asks for vLLM >= 0.8.5 (Qwen3, ``chat_template_kwargs``).
 A batch that mixes new turns and continuations is sent as two engine calls
 (``LLM.chat``, then ``LLM.generate``), and the outputs are put back into input order.
 
+With the entry's ``prompt_path: rendered`` a new turn goes the way R2MED's generation script sends
+it (``src/generate_hypothetical_doc.py``): the chat template is rendered to a string
+(:func:`rendered_prompt`) and the string given to ``LLM.generate``, which tokenizes it WITH the
+tokenizer's special tokens, so a template that starts with BOS gets a second one from tokenizers
+that add it (Llama-3.1, the DeepSeek-R1 distills; Qwen2.5's adds none, and its ids are the same
+either way).
+
 Engines live until :func:`close_engines` (or :meth:`VLLMBackend.close`) shuts them down; the
 runner calls it when a run ends, errors included, and an ``atexit`` hook registered when the
 first engine starts does it for library users. Without it the process never exits: vLLM stops
@@ -109,6 +116,14 @@ def to_vllm_sampling(
         stop=list(params.stop),
         include_stop_str_in_output=False,
         repetition_penalty=params.repetition_penalty,
+    )
+
+
+def rendered_prompt(tokenizer: Any, conversation: list[Message], chat_template_kwargs: dict[str, Any]) -> str:
+    """A new turn as R2MED's generation script renders it: the chat template as text, with the
+    generation prompt (``prompt_path: rendered``)."""
+    return tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
     )
 
 
@@ -238,6 +253,10 @@ class VLLMBackend:
                     for c in batch
                 ]
                 outputs = engine.generate(token_prompts, sampling, use_tqdm=bar)
+            elif self.spec.prompt_path == "rendered":
+                tokenizer = engine.get_tokenizer()
+                texts = [rendered_prompt(tokenizer, c, self.spec.chat_template_kwargs) for c in batch]
+                outputs = engine.generate(texts, sampling, use_tqdm=bar)
             else:
                 outputs = engine.chat(batch, sampling, **base_kwargs)
             share = (time.perf_counter() - start) / (len(batch) * n)

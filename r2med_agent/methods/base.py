@@ -242,9 +242,10 @@ class ExpansionMethod(Method):
     def to_requests(self, task: Task, generations: Sequence[Generation]) -> list[SearchRequest]:
         """Search requests from the generations, one per query, in ``task.queries`` order.
 
-        The expansion is ``Generation.final`` (the response after reasoning-output parsing).
-        An empty one falls back to the plain query (``combine="none"``) with a warning naming
-        the query, so that a failed generation never turns into an empty search.
+        The expansion is ``Generation.final`` (the response after reasoning-output parsing) as
+        it is, surrounding whitespace included, as R2MED's scripts use it. An empty one is
+        logged with the query's id and kept: the retrievers search with the plain query instead
+        unless the run keeps empty generations (``empty_generation: keep``).
 
         Raises:
             ValueError: the number of generations differs from the number of queries.
@@ -255,15 +256,12 @@ class ExpansionMethod(Method):
             )
         out: list[SearchRequest] = []
         for query, gen in zip(task.queries, generations):
-            expansion = gen.final.strip()
-            if not expansion:
+            if not gen.final.strip():
                 log.warning(
-                    "%s: empty %s generation for query %s (finish_reason=%s); searching with the plain query",
+                    "%s: empty %s generation for query %s (finish_reason=%s)",
                     task.name, self.name, query.query_id, gen.finish_reason,
                 )
-                out.append(SearchRequest(query.query_id, query.text))
-            else:
-                out.append(SearchRequest(query.query_id, query.text, expansion, self.combine))
+            out.append(SearchRequest(query.query_id, query.text, gen.final, self.combine))
         return out
 
     def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
@@ -298,7 +296,7 @@ class ExpansionMethod(Method):
             if settings.samples > 1:
                 # Samples 2..N join the first; a blank first sample leaves the plain query as is.
                 output.requests = [
-                    replace(r, more_expansions=tuple(g.final.strip() for g in s[1:])) if r.combine != "none" else r
+                    replace(r, more_expansions=tuple(g.final.strip() for g in s[1:])) if r.expansion.strip() else r
                     for r, s in zip(output.requests, samples[a:b])
                 ]
                 output.samples = samples[a:b]

@@ -23,7 +23,8 @@ def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
     ``none``: the query; ``hyde``: the expansion; ``query2doc``: query, query and expansion joined
     by spaces; ``lamer``: query + " " + expansion; ``reasoning``: the expansion (the final
     response). A rule that uses the expansion falls back to the query when the expansion is blank
-    (the caller logs that); see
+    (the caller logs that), unless the request's ``keep_empty`` says to use it as it is, as R2MED's
+    BM25 script does (HyDE's and a reasoning model's query is then empty and matches nothing); see
     :meth:`~r2med_agent.retrieval.bm25.retriever.BM25Retriever.search`. Several samples
     (``more_expansions``) are joined by spaces into the expansion.
 
@@ -39,7 +40,7 @@ def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
             f"allowed: {', '.join(COMBINE_RULES)}"
         )
     q, x = request.query, " ".join(request.expansions) if request.more_expansions else request.expansion
-    if rule == "none" or not x.strip():
+    if rule == "none" or (not x.strip() and not request.keep_empty):
         return q
     if rule in ("hyde", "reasoning"):
         return x

@@ -83,7 +83,8 @@ class _ScoreMatrix:
                 row, one per distinct term of a query.
             n_queries: the number of queries (rows without a triple get no results).
             k: results per query.
-            tie_rank: per document, its rank in document-id order; equal scores go to the larger.
+            tie_rank: per document, its place among equal scores: the larger comes first and is
+                kept at the cut (the retriever gives corpus order, R2MED's stable sort).
             show_progress: a progress bar over the queries.
             n_threads: threads over the queries (0: the calling thread; -1: all cores).
         """

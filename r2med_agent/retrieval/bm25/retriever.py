@@ -108,8 +108,9 @@ class BM25Retriever:
         self._doc_ids = list(opened.doc_ids)
         rank = _doc_id_ranks(self._doc_ids)
         # the larger tie_rank comes first among equal scores: lucene mode breaks ties as Anserini
-        # does (document id ascending), r2med-compat as trec_eval does (descending)
-        self._tie_rank = len(rank) - 1 - rank if mode == "lucene" else rank
+        # does (document id ascending), r2med-compat as R2MED's BM25 script does (a stable sort
+        # by score over the corpus: the earlier document first, and kept at the depth cut)
+        self._tie_rank = len(rank) - 1 - rank if mode == "lucene" else np.arange(len(rank))[::-1].copy()
         self._index = opened.index
         self._analyzer = analyzer
 
@@ -181,9 +182,11 @@ class BM25Retriever:
         """Top-``k`` documents of every request, in one batched search.
 
         Every requested query id is in the result; its ranking holds only documents that share a
-        term with the query (an empty dict when none does), in trec_eval's order (score
-        descending, equal scores by document id descending; the ``k`` cut follows the same
-        order), scores as Python floats.
+        term with the query (an empty dict when none does), score descending, scores as Python
+        floats. Equal scores, and the ``k`` cut through them, follow document id ascending in
+        ``lucene`` mode (Anserini's order) and corpus order in ``r2med-compat`` mode (R2MED's
+        stable sort; ``r2med-compat`` also fills a short ranking with zero-score documents in
+        corpus order, as that script keeps them). The evaluation orders ties by its own rule.
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"k must be a positive integer, got {k!r}")
@@ -224,7 +227,7 @@ class BM25Retriever:
             if r.query_id in seen:
                 raise ValueError(f"query id {r.query_id!r} appears twice in one search")
             seen.add(r.query_id)
-            if r.combine != "none" and not r.expansion.strip():
+            if r.combine != "none" and not r.expansion.strip() and not r.keep_empty:
                 blank[r.combine] = blank.get(r.combine, 0) + 1
             texts.append(bm25_query_text(r, compat=self.mode == "r2med-compat"))
         if blank:

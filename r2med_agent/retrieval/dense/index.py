@@ -15,7 +15,8 @@ N samples   (``run --samples N``) mean of emb(query) and the N expansions' embed
 
 ``expansion_prefix`` is the query instruction for encoders that put it on both halves
 (Instructor, GritLM, NV-Embed) and empty otherwise. An empty expansion falls back to the query
-embedding alone. Scores are exact cosine similarities.
+embedding alone, unless the request's ``keep_empty`` says to embed it as it is (R2MED's encoders
+average in the embedding of ``prefix + ""``). Scores are exact cosine similarities.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def query_embeddings(
     q2d_texts: list[str] = []
     fallback = 0
     for i, r in enumerate(requests):
-        samples = r.expansions if r.more_expansions else ((r.expansion,) if r.expansion.strip() else ())
+        samples = r.expansions
         if r.combine == "query2doc":
             if samples:
                 primary.append(r.query + SEP + samples[0])
@@ -109,6 +110,26 @@ def query_embeddings(
         base /= counts[:, None]
     return l2_normalize(base)
 
+
+
+def drop_identical_ids(run: Run, k: int) -> tuple[Run, int]:
+    """``run`` without any document whose id is its query's id, each ranking cut to ``k``; and
+    how many such hits there were.
+
+    BEIR's exact dense search, which R2MED's dense evaluation runs, skips a corpus id equal to the
+    query id while it collects the top ``k`` (and its evaluation drops such hits again,
+    ``ignore_identical_ids``): searched ``k + 1`` deep, this gives the same ``k`` documents. It
+    matters where queries and documents share an id scheme (the case-retrieval tasks). Each
+    ranking keeps its order (score descending, ties as the retriever gave them).
+    """
+    out: Run = {}
+    removed = 0
+    for query_id, ranking in run.items():
+        if query_id in ranking:
+            removed += 1
+        kept = sorted(((d, s) for d, s in ranking.items() if d != query_id), key=lambda ds: -ds[1])
+        out[query_id] = dict(kept[:k])
+    return out, removed
 
 
 class FlatIndex:

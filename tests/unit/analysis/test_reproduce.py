@@ -34,9 +34,11 @@ RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3")
 
 
 def write_rerank_result(out: Path, task: str, reranker: str, config: dict | None = None) -> Path:
-    """A result of the rerank grid's setting: NV-Embed-v2's top 10 reranked and kept."""
+    """A result of the rerank grid's setting: NV-Embed-v2's top 10 (the query's own id left out, as
+    BEIR's search did) reranked and kept."""
     return write_result(out, "none", "none", "nv__top10", task, RUN, QRELS, reranker=reranker,
-                        config={"retriever": "nv", "rerank_k": 10, "rerank_cut": True, **(config or {})})
+                        config={"retriever": "nv", "rerank_k": 10, "rerank_cut": True, "exclude_identical_ids": True,
+                                **(config or {})})
 
 
 @pytest.fixture()
@@ -145,17 +147,22 @@ def test_dry_run_commands_and_needs(tmp_path):
 
     p = find("gar", "hyde/qwen-72b/bm25-compat")
     # R2MED released these generations: scored from its files, no LLM, no GPU.
+    # R2MED's scripts use an empty generation as it is (gar.yaml's args); BM25 excludes no ids.
     assert p.command == (
-        f"r2med-agent run --method hyde --llm qwen-72b --generations r2med --retriever bm25-compat --task all "
-        f"--output-dir {tmp_path}"
+        f"r2med-agent run --method hyde --llm qwen-72b --generations r2med --retriever bm25-compat "
+        f"--empty-generation keep --task all --output-dir {tmp_path}"
     )
-    assert p.generations == "r2med" and p.result_dir == tmp_path / "hyde" / "qwen-72b@r2med" / "bm25-compat"
+    kept = RunSpec(method="hyde", llm="qwen-72b", generations="r2med", retriever="bm25-compat", empty_generation="keep")
+    assert p.generations == "r2med" and p.result_dir == tmp_path / "hyde" / "qwen-72b@r2med" / kept.leaf
+    assert kept.leaf == f"bm25-compat__empty-keep__{kept.digest()}"
     assert p.needs.gpu == () and p.needs.setup[0].startswith(
         "generations: released by R2MED (hyde/qwen-72b/query_with_hydoc.jsonl of each task")
     fresh = next(x for x in plan(grids["gar"], ReproduceOptions(output_dir=tmp_path, generations="fresh"))
                  if x.entry.label == "hyde/qwen-72b/bm25-compat")
+    # fresh vLLM generations render the chat template for LLM.generate, as R2MED's script did
     assert fresh.command == (
-        f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25-compat --task all --output-dir {tmp_path}"
+        f"r2med-agent run --method hyde --llm qwen-72b --retriever bm25-compat --empty-generation keep "
+        f"--llm-prompt rendered --task all --output-dir {tmp_path}"
     )
     assert fresh.needs.setup == ("generations: fresh with qwen-72b (--generations fresh)",)
     # 72.7e9 params * 2 bytes = 135.4 GiB; llms.yaml runs it on 4 GPUs: 33.9 GiB each.
@@ -185,10 +192,11 @@ def test_dry_run_commands_and_needs(tmp_path):
     assert "--first-pass" not in find("gar", "lamer/qwen-7b/bge").command
     # Rerankers: NV-Embed-v2's top 10 reranked and kept, as the published files were made.
     rank = find("rerank", "none/none/nv/rankllama")
-    assert rank.command.endswith(f"--reranker rankllama --rerank-k 10 --rerank-cut --task all --output-dir {tmp_path}")
-    rank_spec = RunSpec(retriever="nv", reranker="rankllama", rerank_k=10, rerank_cut=True)
+    assert rank.command.endswith(f"--reranker rankllama --rerank-k 10 --rerank-cut --exclude-identical-ids "
+                                 f"--task all --output-dir {tmp_path}")
+    rank_spec = RunSpec(retriever="nv", reranker="rankllama", rerank_k=10, rerank_cut=True, exclude_identical_ids=True)
     assert rank.result_dir == tmp_path / rank_spec.folder()
-    assert rank.result_dir.name == f"nv__top10__rankllama__{rank_spec.digest()}"
+    assert rank.result_dir.name == f"nv__top10__noself__rankllama__{rank_spec.digest()}"
     assert "reranker rankllama in fp16: re-scores the top 10 of nv and keeps only those 10" in rank.needs.setup
     assert "meta-llama/Llama-2-7b-hf" in rank.needs.hub[1]
     # Agentic rows: Search-R1's released generations; Search-o1 with Qwen3 was not released.
@@ -250,7 +258,7 @@ def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch
     # The closing table: the grid's finished rows with the paper's numbers beside them.
     # (rows are named by their run specs: NV-Embed-v2's top 10 reranked and kept)
     assert [r.row.label for r in table.rows] == [
-        f"none/none/nv/{e.reranker} [rerank_k=10, rerank_cut=true]" for e in (first, second)
+        f"none/none/nv/{e.reranker} [rerank_k=10, rerank_cut=true, exclude_identical_ids=true]" for e in (first, second)
     ]
     expected = csv_ndcg()[("none", "", "nv", "monobert")]
     assert table.rows[0].published == expected
@@ -583,3 +591,35 @@ def test_dry_run_advice_matches_how_each_row_runs(tmp_path, generations):
             assert split == (pinned and llm.backend == "vllm"), p.entry.label
             if split:
                 assert f"--model {llm.model}" in "\n".join(p.needs.split)
+
+
+def test_dry_run_shows_each_rows_identical_id_and_empty_generation_policy(tmp_path):
+    # The package grids run as R2MED's scripts did (their top-level args), each row keeping what
+    # applies to it: BM25 excludes no ids, a row without an LLM has no generations.
+    grids = load_grids()
+    opts = ReproduceOptions(output_dir=tmp_path, generations="fresh")
+    listings = {name: format_plan(plan(grids[name], opts)) for name in ("retrievers", "gar", "agentic", "rerank")}
+
+    def block(table: str, label: str) -> str:
+        text = listings[table]
+        start = text.index(f"] {label}  (")
+        return text[start:text.index("\n[", start)] if "\n[" in text[start:] else text[start:]
+
+    assert "    identical ids excluded; no generations\n" in block("retrievers", "none/none/nv")
+    assert "    identical ids kept; no generations\n" in block("retrievers", "none/none/bm25-compat")
+    assert ("    identical ids excluded; empty generations kept; vLLM prompt rendered\n"
+            in block("gar", "hyde/qwen-7b/nv"))
+    assert "    identical ids kept; empty generations kept; vLLM prompt rendered\n" in block("gar", "hyde/qwen-7b/bm25-compat")
+    assert "    identical ids excluded; empty generations kept\n" in block("gar", "hyde/gpt4/nv")  # an API model
+    assert "    identical ids excluded; empty generations kept\n" in block("agentic", "search-o1/qwq-32b/nv")
+    assert "    identical ids excluded; no generations\n" in block("rerank", "none/none/nv/rankllama")
+    # A grid of one's own takes no policy unless it says so; an entry's own args win over the grid's.
+    own = _grid(tmp_path, "{method: hyde, llm: qwen-7b, retriever: nv}")
+    assert "    identical ids kept; empty generations -> the query\n" in format_plan(plan(own, opts))
+    path = tmp_path / "with-args.yaml"
+    path.write_text("title: t\nargs: {exclude_identical_ids: true, empty_generation: keep}\nentries:\n"
+                    "  - {method: hyde, llm: qwen-7b, retriever: nv, args: {empty_generation: query}}\n")
+    assert load_grid(path).entries[0].args == {"exclude_identical_ids": True, "empty_generation": "query"}
+    path.write_text("title: t\nargs: {exclude_ids: true}\nentries:\n  - {method: none, retriever: nv}\n")
+    with pytest.raises(ConfigError, match="unknown args exclude_ids"):
+        load_grid(path)

@@ -68,6 +68,10 @@ def specs(draw) -> RunSpec:
     if kw["reranker"]:
         kw["rerank_k"] = draw(st.integers(1, 1000))
         kw["rerank_cut"] = draw(st.booleans())
+    kw["exclude_identical_ids"] = draw(st.booleans())
+    kw["empty_generation"] = draw(st.sampled_from(["query", "keep"]))
+    kw["llm_prompt"] = draw(st.sampled_from(["chat", "rendered"]))
+    kw["rerank_max_length"] = draw(st.sampled_from([None, 64, 512, 1024]))
     return RunSpec(**kw)
 
 
@@ -112,6 +116,7 @@ def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
     assert seen <= {"--method", "--llm", "--generations", "--retriever", "--reranker", "--samples", "--first-pass",
                     "--fusion", "--rrf-k", "--fusion-weights", "--loop-retriever", "--final", "--precision",
                     "--encoder-backend", "--top-k", "--rerank-k", "--rerank-cut", "--k1", "--b",
+                    "--exclude-identical-ids", "--empty-generation", "--llm-prompt", "--rerank-max-length",
                     *SAMPLING_FLAGS.values()}
     parsed = _parse_run_args(args)
     parsed["prompts"] = spec.prompts  # prompts come from $R2MED_PROMPTS_DIR, not an option
@@ -127,8 +132,8 @@ def _parse_run_args(args: list[str]) -> dict:
     i = 0
     while i < len(args):
         flag = args[i]
-        if flag == "--rerank-cut":
-            out["rerank_cut"] = True
+        if flag in ("--rerank-cut", "--exclude-identical-ids"):
+            out[flag[2:].replace("-", "_")] = True
             i += 1
             continue
         value = args[i + 1]
@@ -142,7 +147,7 @@ def _parse_run_args(args: list[str]) -> dict:
             sampling["seed"] = parse_seed(value)
         elif flag == "--fusion-weights":
             out[name] = _parse_weights(value)
-        elif name in ("top_k", "rerank_k", "rrf_k", "samples"):
+        elif name in ("top_k", "rerank_k", "rrf_k", "samples", "rerank_max_length"):
             out[name] = int(value)
         elif name in ("bm25_k1", "bm25_b"):
             out[name] = float(value)
@@ -169,6 +174,34 @@ def test_settings_that_do_not_apply_neither_split_nor_merge() -> None:
     assert RunSpec(method="hyde", llm="smollm2", sampling={"temperature": 1}) == RunSpec(
         method="hyde", llm="smollm2", sampling={"temperature": 1.0})
     assert RunSpec(method="hyde", llm="smollm2", sampling={"temperature": 0.9}) != RunSpec(method="hyde", llm="smollm2")
+
+
+def test_reference_options_apply_only_where_they_play_a_part() -> None:
+    # the identical-id exclusion needs a dense retriever; the empty-generation policy an LLM;
+    # the prompt path fresh generations of a vllm entry (qwen-7b is one, gpt4 and smollm2 are not)
+    assert RunSpec(exclude_identical_ids=True) == RunSpec()
+    assert RunSpec(retriever="bm25-compat", exclude_identical_ids=True) == RunSpec(retriever="bm25-compat")
+    nv = RunSpec(retriever="nv", exclude_identical_ids=True)
+    assert nv.exclude_identical_ids and nv.leaf == f"nv__noself__{nv.digest()}"
+    assert RunSpec(retriever="bm25+nv", exclude_identical_ids=True).exclude_identical_ids
+    assert RunSpec(empty_generation="keep") == RunSpec()
+    hyde = RunSpec(method="hyde", llm="qwen-7b", empty_generation="keep", llm_prompt="rendered")
+    assert hyde.settings() == {"empty_generation": "keep", "llm_prompt": "rendered"}
+    assert "empty-keep" in hyde.leaf and "prompt-rendered" in hyde.leaf
+    released = RunSpec(method="hyde", llm="qwen-7b", generations="r2med", llm_prompt="rendered")
+    assert released == RunSpec(method="hyde", llm="qwen-7b", generations="r2med")
+    for llm in ("gpt4", "smollm2"):
+        assert RunSpec(method="hyde", llm=llm, llm_prompt="rendered").llm_prompt == "chat"
+    # a cross-encoder's input length: set back where it is the entry's own or there is none
+    assert RunSpec(retriever="nv", reranker="rankllama", rerank_max_length=1024) == RunSpec(retriever="nv", reranker="rankllama")
+    assert RunSpec(retriever="nv", rerank_max_length=512) == RunSpec(retriever="nv")
+    assert RunSpec(retriever="nv", reranker="smollm2-listwise", rerank_max_length=512).rerank_max_length is None
+    released = RunSpec(retriever="nv", reranker="rankllama", rerank_max_length=512)
+    assert released.settings() == {"rerank_max_length": 512} and "rml512" in released.leaf
+    with pytest.raises(ConfigError, match="--empty-generation must be one of query, keep"):
+        RunSpec(method="hyde", llm="qwen-7b", empty_generation="skip")
+    with pytest.raises(ConfigError, match="--llm-prompt must be one of chat, rendered"):
+        RunSpec(method="hyde", llm="qwen-7b", llm_prompt="generate")
 
 
 def test_default_runs_keep_their_folder_names() -> None:

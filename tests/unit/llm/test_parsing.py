@@ -18,7 +18,8 @@ def test_formats_listed():
 @pytest.mark.parametrize(
     "text, final",
     [
-        ("  A passage.\n", "A passage."),
+        # kept as generated, surrounding whitespace included (R2MED's src/base.py uses hy_doc as is)
+        ("  A passage.\n", "  A passage.\n"),
         ("", ""),
         ("<think>kept</think> as is", "<think>kept</think> as is"),
         ("Final Response: kept", "Final Response: kept"),
@@ -47,7 +48,8 @@ def test_think_uses_first_close_tag():
 
 
 def test_think_no_tag_returns_whole_text():
-    assert split_reasoning("  just an answer  ", "think") == ("", "just an answer")
+    # The reference's fallback is the text as generated, not stripped (a split one is stripped).
+    assert split_reasoning("  just an answer  ", "think") == ("", "  just an answer  ")
 
 
 def test_think_unclosed_returns_whole_text():
@@ -79,14 +81,16 @@ def test_huatuo_markdown_headings():
     )
 
 
-def test_huatuo_trailing_colon_and_no_heading():
+def test_huatuo_colon_stays_in_the_response():
+    # R2MED's src/base.py: re.search(r"Final Response\s*(.*)") then strip(): a colon after the
+    # marker is the response's first character.
     text = "Thinking: step one.\nFinal Response: The answer."
-    assert split_reasoning(text, "huatuo") == ("step one.", "The answer.")
+    assert split_reasoning(text, "huatuo") == ("step one.", ": The answer.")
 
 
 def test_huatuo_heading_with_colon():
     text = "## Thinking\nx\n### Final Response:\n  y  "
-    assert split_reasoning(text, "huatuo") == ("x", "y")
+    assert split_reasoning(text, "huatuo") == ("x", ":\n  y")
 
 
 def test_huatuo_first_marker_wins():
@@ -129,7 +133,7 @@ def test_search_r1_multiline_answer():
 def test_search_r1_unclosed_or_missing_returns_whole_text():
     text = "<think>x</think><answer>never closed"
     assert split_reasoning(text, "search-r1") == ("", text)
-    assert split_reasoning(" no tags ", "search-r1") == ("", "no tags")
+    assert split_reasoning(" no tags ", "search-r1") == ("", " no tags ")
     assert split_reasoning("", "search-r1") == ("", "")
 
 

@@ -435,3 +435,86 @@ def test_model_loading_does_not_count_in_rate_and_eta() -> None:
     assert p.lines == ["v: 2/4 generations (50%), 0.20/s, ETA 0:00:10"]
     p.ready()  # once work is done, the clock is kept
     assert p.elapsed == 10.0
+
+
+# -- how a prompt reaches the engine (prompt_path) -------------------------------------------
+class _Tokenizer:
+    """Renders a conversation the way a chat template does, recording the template options."""
+
+    def __init__(self) -> None:
+        self.kwargs: list[dict[str, Any]] = []
+
+    def apply_chat_template(self, conversation, tokenize, add_generation_prompt, **kwargs):
+        assert tokenize is False and add_generation_prompt is True
+        self.kwargs.append(kwargs)
+        return "<bos>" + "".join(f"<{m['role']}>{m['content']}" for m in conversation) + "<assistant>"
+
+
+class _Engine:
+    """Records which engine method got which prompts (``LLM.chat`` or ``LLM.generate``)."""
+
+    def __init__(self) -> None:
+        self.tokenizer = _Tokenizer()
+        self.calls: list[tuple[str, Any]] = []
+
+    def get_tokenizer(self) -> _Tokenizer:
+        return self.tokenizer
+
+    def _outputs(self, n: int) -> list[Any]:
+        done = types.SimpleNamespace(text="a passage", finish_reason="stop", stop_reason=None, token_ids=[7],
+                                     logprobs=None)
+        return [types.SimpleNamespace(prompt_token_ids=[1, 2], outputs=[done]) for _ in range(n)]
+
+    def generate(self, prompts, sampling, use_tqdm=False):
+        self.calls.append(("generate", list(prompts)))
+        return self._outputs(len(prompts))
+
+    def chat(self, conversations, sampling, **kwargs):
+        self.calls.append(("chat", [list(c) for c in conversations]))
+        return self._outputs(len(conversations))
+
+
+@pytest.mark.parametrize("path", ["chat", "rendered"])
+def test_prompt_path_rendered_sends_the_template_text_to_generate(monkeypatch, path: str) -> None:
+    from r2med_agent.llm import vllm_backend
+
+    engine = _Engine()
+    monkeypatch.setattr(vllm_backend, "_import_vllm", lambda: types.SimpleNamespace(SamplingParams=dict))
+    monkeypatch.setattr(vllm_backend.VLLMBackend, "_engine", lambda self: engine)
+    spec = LLMSpec(name="m", backend="vllm", model="m", prompt_path=path,  # type: ignore[arg-type]
+                   chat_template_kwargs={"enable_thinking": True})
+    gens = vllm_backend.VLLMBackend(spec).generate([[{"role": "user", "content": "q"}]], SamplingParams())
+    assert [g.text for g in gens] == ["a passage"]
+    sent = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "q"}]
+    if path == "rendered":  # R2MED's src/generate_hypothetical_doc.py: apply_chat_template, then generate
+        assert engine.calls == [("generate", ["<bos><system>You are a helpful assistant.<user>q<assistant>"])]
+        assert engine.tokenizer.kwargs == [{"enable_thinking": True}]
+    else:
+        assert engine.calls == [("chat", [sent])]
+
+
+def test_prompt_path_is_part_of_the_generation_key_and_set_by_the_run(monkeypatch, tmp_path) -> None:
+    import r2med_agent.llm as llm_pkg
+    from r2med_agent.llm.cached import RequestBuilder, generation_options
+    from r2med_agent.runner import RunConfig, run_experiment
+
+    chat = LLMSpec(name="m", backend="vllm", model="m")
+    rendered = LLMSpec(name="m", backend="vllm", model="m", prompt_path="rendered")
+    assert "prompt_path" not in generation_options(chat)  # keys made before the option stay valid
+    prompt = [{"role": "user", "content": "q"}]
+    assert RequestBuilder.from_spec(chat).key(prompt, SamplingParams()) != RequestBuilder.from_spec(rendered).key(
+        prompt, SamplingParams())
+
+    seen: list[Any] = []
+
+    def make_llm(name: str, **kw: Any) -> Any:
+        seen.append(kw["overrides"])
+        raise KeyboardInterrupt  # stop before any engine
+
+    monkeypatch.setattr(llm_pkg, "make_llm", make_llm)
+    for llm_prompt in ("chat", "rendered"):
+        cfg = RunConfig(tasks=("sample",), method="hyde", llm="qwen-7b", llm_prompt=llm_prompt,
+                        output_dir=tmp_path, show_progress=False)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(cfg)
+    assert seen == [None, {"prompt_path": "rendered"}]

@@ -486,7 +486,7 @@ def test_search_o1_final_response_parses_the_whole_output(fmt, first, second, ex
     ("fmt", "expected"),
     [
         ("think", "Likely anemia. anemia More."),
-        ("huatuo", "anemia. Likely anemia. anemia More."),
+        ("huatuo", ": anemia. Likely anemia. anemia More."),  # the colon stays, as in the reference
         ("search-r1", "I reason. Final Response: anemia. Likely anemia. anemia More."),
         ("plain", "I reason. Final Response: anemia. Likely anemia. anemia More."),
     ],

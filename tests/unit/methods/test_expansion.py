@@ -170,9 +170,10 @@ def test_to_requests_uses_final_and_combine_rule(cls, combine):
         Generation(text="Myocardial infarction ...", final="  Myocardial infarction ...\n"),
     ]
     reqs = cls().to_requests(task, gens)
+    # the final response as it is, whitespace included, as R2MED's scripts use hy_doc
     assert reqs == [
         SearchRequest("q1", task.queries[0].text, "Leaves lose chlorophyll.", combine),
-        SearchRequest("q2", task.queries[1].text, "Myocardial infarction ...", combine),
+        SearchRequest("q2", task.queries[1].text, "  Myocardial infarction ...\n", combine),
     ]
     assert cls.combine == combine
 
@@ -182,14 +183,16 @@ def test_requests_follow_the_protocol_table_for_bm25():
     from r2med_agent.retrieval.query import bm25_query_text
 
     task = make_task("qa")
-    q = task.queries[0].text
+    q, q2 = task.queries[0].text, task.queries[1].text
     gens = [Generation(text="raw", final="PASSAGE"), Generation(text="", final="")]
     expected = {"hyde": "PASSAGE", "query2doc": f"{q} {q} PASSAGE", "lamer": f"{q} PASSAGE"}
     for cls in (HyDE, Query2Doc, LameR):
         reqs = cls().to_requests(task, gens)
         assert bm25_query_text(reqs[0]) == expected[cls.name]
-        # The empty generation searches with the plain query.
-        assert bm25_query_text(reqs[1]) == task.queries[1].text and reqs[1].combine == "none"
+        # The empty generation searches with the plain query, or with itself when kept.
+        assert bm25_query_text(reqs[1]) == task.queries[1].text and reqs[1].empty_generations == 1
+        kept = {"hyde": "", "query2doc": f"{q2}{q2} ", "lamer": f"{q2} "}[cls.name]
+        assert bm25_query_text(dataclasses.replace(reqs[1], keep_empty=True), compat=True) == kept
     for req in NoneMethod().to_requests(task):
         assert bm25_query_text(req) == req.query
 
@@ -200,7 +203,7 @@ def test_empty_generation_falls_back_to_plain_query(caplog):
             Generation(text="ok", final="ok")]
     with caplog.at_level(logging.WARNING, logger="r2med_agent.methods.base"):
         reqs = HyDE().to_requests(task, gens)
-    assert reqs[0] == SearchRequest("q1", task.queries[0].text, "", "none")
+    assert reqs[0] == SearchRequest("q1", task.queries[0].text, "", "hyde")  # the retrievers fall back
     assert reqs[1] == SearchRequest("q2", task.queries[1].text, "ok", "hyde")
     assert len(caplog.records) == 1 and "q1" in caplog.records[0].getMessage()
 

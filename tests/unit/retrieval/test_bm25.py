@@ -633,20 +633,21 @@ def test_top_k_cut_keeps_trec_eval_top_documents_among_ties() -> None:
         assert [(ids[h], v) for h, v in zip(hits.tolist(), values.tolist())] == full[:k], trial
 
 
-def test_ties_at_the_cut_keep_what_a_full_trec_eval_ranking_keeps(tmp_path: Path) -> None:
-    # r2med-compat: 150 identical documents score equally; k=100 must keep the 100 with the
-    # largest ids, not whichever 100 a partition leaves (nor the first 100 of the corpus).
+def test_ties_at_the_cut_keep_the_corpus_order_as_r2meds_stable_sort(tmp_path: Path) -> None:
+    # r2med-compat: 150 identical documents score equally. R2MED's BM25 script keeps
+    # sorted(scores of the whole corpus, reverse=True)[:100], a stable sort over corpus order, so
+    # k keeps the tied documents that come first in the corpus, in that order (not the largest ids
+    # trec_eval would rank first, nor whichever a partition leaves).
     r = _tie_retriever("r2med-compat", tmp_path)
+    corpus_ids = [ids for ids, _ in _tie_corpus()]
     req = [SearchRequest("q", "fever rash")]
-    full = {d: v for d, v in r.search(req, 152)["q"].items() if v > 0}  # compat fills to 152
-    assert len(full) == 151 and len(set(list(full.values())[1:])) == 1
-    from r2med_agent.evaluation import trec_sorted, truncate
-
+    full = r.search(req, 152)["q"]  # compat fills to the whole corpus
+    assert set(full) == set(corpus_ids) and len(set(v for v in full.values() if 0 < v < max(full.values()))) == 1
+    reference = sorted(corpus_ids, key=lambda d: -full[d])  # Python's sort is stable
     for k in (1, 10, 100, 150):
-        cut = r.search(req, k)["q"]
-        assert list(cut.items()) == trec_sorted(full)[:k]
-        assert cut == truncate({"q": full}, k)["q"]
-    assert list(r.search(req, 100)["q"])[1:] == [f"dup{i:03d}" for i in range(149, 50, -1)]
+        assert list(r.search(req, k)["q"]) == reference[:k]
+    kept = list(r.search(req, 100)["q"])[1:]
+    assert kept == [d for d in corpus_ids if d.startswith("dup")][:99]
 
 
 def test_lucene_mode_breaks_ties_as_anserini_does(tmp_path: Path) -> None:
@@ -659,11 +660,17 @@ def test_lucene_mode_breaks_ties_as_anserini_does(tmp_path: Path) -> None:
         assert list(r.search(req, k)["q"]) == full[:k]
 
 
-def _tie_retriever(mode: str, tmp_path: Path) -> BM25Retriever:
+def _tie_corpus() -> list[tuple[str, str]]:
+    """150 identical documents, a better one and an unrelated one, in a shuffled corpus order."""
     ids = [f"dup{i:03d}" for i in range(150)] + ["best", "other"]
     texts = ["fever and rash"] * 150 + ["fever rash fever rash measles", "insulin and glucose"]
     order = np.random.default_rng(1).permutation(len(ids))
-    t = make_task([texts[i] for i in order], name="ties", ids=[ids[i] for i in order])
+    return [(ids[i], texts[i]) for i in order]
+
+
+def _tie_retriever(mode: str, tmp_path: Path) -> BM25Retriever:
+    corpus = _tie_corpus()
+    t = make_task([text for _, text in corpus], name="ties", ids=[i for i, _ in corpus])
     return BM25Retriever.for_task(t, mode=mode, index_root=tmp_path, show_progress=False)
 
 

@@ -230,6 +230,28 @@ def test_blank_query2doc_expansion_falls_back_to_the_query_alone() -> None:
     np.testing.assert_allclose(got, plain, atol=1e-6)
 
 
+@pytest.mark.parametrize("combine", ["hyde", "lamer", "reasoning", "query2doc"])
+def test_a_kept_empty_expansion_is_embedded_as_r2med_does(combine: str) -> None:
+    # R2MED's encoders embed hy_doc "" (with the expansion prefix) and average it in; Query2Doc
+    # embeds query + "[SEP]" + "".
+    spec = get_encoder_spec("nv")
+    enc = HashEncoder(spec)
+    pre = instruction_prefixes(spec, "Biology", "qa", "biology")
+    got = query_embeddings(enc, [SearchRequest("q", "fever and rash", "", combine, keep_empty=True)], pre)
+
+    def emb(prefix: str, text: str) -> np.ndarray:
+        v = HashEncoder.vector(prefix + text)
+        return v / np.linalg.norm(v)  # NV-Embed's entry normalises each embedding
+
+    if combine == "query2doc":
+        expected = emb(pre.query, "fever and rash" + SEP)
+    else:
+        expected = (emb(pre.query, "fever and rash") + emb(pre.expansion, "")) / 2
+    np.testing.assert_allclose(got, l2_normalize(expected[None, :]), atol=1e-6)
+    fallback = query_embeddings(enc, [SearchRequest("q", "fever and rash", "", combine)], pre)
+    np.testing.assert_allclose(fallback, query_embeddings(enc, [SearchRequest("q", "fever and rash")], pre), atol=1e-6)
+
+
 def test_unknown_combine_is_rejected() -> None:
     enc = HashEncoder(get_encoder_spec("minilm"))
     with pytest.raises(ConfigError, match="combine"):
