@@ -160,18 +160,14 @@ def run_command(
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
     else:
         names = task_names(task, data_dir)
-    sampling = {k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
-                if v is not None}
-    if seed is not None:
-        sampling["seed"] = parse_seed(seed)
     cfg = RunConfig(
         method=method, llm=llm, retriever=retriever, loop_retriever=loop_retriever, final=final, fusion=fusion,
-        fusion_weights=_parse_weights(fusion_weights), fusion_depth=_parse_depths(fusion_depth), rrf_k=rrf_k, precision=precision, reranker=reranker,
+        fusion_weights=_parse_weights(fusion_weights), fusion_depth=_parse_depths(fusion_depth), rrf_k=rrf_k,
+        precision=precision, reranker=reranker, sampling=_sampling(temperature, top_p, max_tokens, seed),
         rerank_k=rerank_k, rerank_cut=rerank_cut, first_pass=first_pass, generations=generations, top_k=top_k,
         samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
         exclude_identical_ids=exclude_identical_ids, empty_generation=empty_generation, llm_prompt=llm_prompt,
-        rerank_max_length=rerank_max_length,
-        sampling=sampling, tasks=tuple(names), data_dir=data_dir,
+        rerank_max_length=rerank_max_length, tasks=tuple(names), data_dir=data_dir,
         allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
         split=split, all_queries=all_queries, no_eval=no_eval,
         output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
@@ -179,6 +175,16 @@ def run_command(
         candidates_path=candidates, allow_missing_candidates=allow_missing_candidates,
     )
     print_summary(run_experiment(cfg))
+
+
+def _sampling(temperature: Optional[float], top_p: Optional[float], max_tokens: Optional[int],
+              seed: Optional[str]) -> dict:
+    """The sampling overrides the options give (those left unset are not overrides)."""
+    sampling = {k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
+                if v is not None}
+    if seed is not None:
+        sampling["seed"] = parse_seed(seed)
+    return sampling
 
 
 def _score(means: dict[str, float], metric: str) -> str:

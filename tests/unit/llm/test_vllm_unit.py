@@ -397,7 +397,7 @@ def test_dry_run_flags_rows_whose_llm_and_retriever_need_separate_environments()
     from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
 
     def flagged(table: str) -> tuple[int, int, list[Any]]:
-        runs = plan(load_grid(table), ReproduceOptions(tasks=("Biology",)))
+        runs = plan(load_grid(table), ReproduceOptions(tasks=("Biology",), generations="fresh"))
         hit = [p for p in runs if p.needs.split]
         return len(hit), len(runs), hit
 
