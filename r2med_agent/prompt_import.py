@@ -78,8 +78,14 @@ def _literal(text: str) -> str:
 
 
 def _source(pieces: Iterable[Piece]) -> str:
+    merged: list[Piece] = []
+    for piece in pieces:  # adjacent literals as one, so that only real tag openings are escaped
+        if merged and piece[0] == merged[-1][0] == "text":
+            merged[-1] = ("text", merged[-1][1] + piece[1])
+        else:
+            merged.append(piece)
     parts = []
-    for kind, value in pieces:
+    for kind, value in merged:
         parts.append(_literal(value) if kind == "text" else value if kind == "code" else "{{ " + value + " }}")
     return "".join(parts)
 
@@ -135,9 +141,9 @@ def _parse(clone: Path, rel: str) -> _Module:
         raise DataError(f"not valid Python: {e.msg}", path, e.lineno) from None
 
 
-def _pieces(mod: _Module, node: ast.expr, names: dict[str, str]) -> list[Piece]:
+def _pieces(mod: _Module, node: ast.expr, names: dict[str, Piece]) -> list[Piece]:
     """A string expression as pieces: literals, f-strings whose fields are the names in ``names``
-    (Python name -> Jinja expression), and ``+`` of those. Anything else is an error."""
+    (Python name -> the piece it stands for), and ``+`` of those. Anything else is an error."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [("text", node.value)]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
@@ -149,7 +155,7 @@ def _pieces(mod: _Module, node: ast.expr, names: dict[str, str]) -> list[Piece]:
                 inner = value.value
                 if not (isinstance(inner, ast.Name) and inner.id in names) or value.conversion != -1 or value.format_spec:
                     raise mod.error(f"an f-string field other than {', '.join(sorted(names)) or 'none'}", node)
-                out.append(("expr", names[inner.id]))
+                out.append(names[inner.id])
             else:
                 out.extend(_pieces(mod, value, names))
         return out
@@ -183,9 +189,20 @@ def _return_value(mod: _Module, func: ast.FunctionDef) -> ast.expr:
     raise mod.error(f"{func.name}() returns nothing", func)
 
 
-def _params(func: ast.FunctionDef, exprs: Sequence[str]) -> dict[str, str]:
-    """The function's first parameters, by position, mapped to Jinja expressions."""
-    return {a.arg: e for a, e in zip(func.args.args, exprs)}
+def _params(func: ast.FunctionDef, exprs: Sequence[str]) -> dict[str, Piece]:
+    """The function's first parameters (after ``self``), by position, mapped to Jinja expressions."""
+    args = [a for a in func.args.args if a.arg != "self"]
+    return {a.arg: ("expr", e) for a, e in zip(args, exprs)}
+
+
+def _constants(body: Iterable[ast.stmt]) -> dict[str, Piece]:
+    """``NAME = "text"`` assignments among ``body``'s statements, as literal pieces."""
+    out: dict[str, Piece] = {}
+    for stmt in body:
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
+            out[stmt.targets[0].id] = ("text", stmt.value.value)
+    return out
 
 
 def _commit(clone: Path) -> str | None:
@@ -311,7 +328,7 @@ def read_search_r1(clone: Path) -> ImportedPrompts:
                   and any(isinstance(t, ast.Name) and t.id == "prefix" for t in n.targets)), None)
     if value is None:
         raise mod.error("make_prefix() assigns no prefix", func)
-    body = _source(_pieces(mod, value, {"question": "query"}))
+    body = _source(_pieces(mod, value, {"question": ("expr", "query")}))
     for family in FAMILIES:
         out.templates[f"search-r1/{family}.j2"] = _template(mod.at(value), out.reference, body)
         out.origins[f"search-r1/{family}.j2"] = mod.at(value)
@@ -386,12 +403,113 @@ def read_search_o1(clone: Path) -> ImportedPrompts:
 
 
 # ----------------------------------------------------------------------------------------------
+# Rerankers: ReasonRank (utils.py), Rank1 (rank1.py), GroupRank (AQ-MedAI/Diver)
+
+REASONRANK_UTILS = "utils.py"
+REASONRANK_MARK = "rerank/rank_listwise_os_llm.py"
+REASONRANK_MODE = "RANK_GPT_reasoning"
+"""The prompt mode ReasonRank's models were trained with (the project's ``format: reasonrank``)."""
+
+RANK1_FILE = "rank1.py"
+GROUPRANK_FILE = "Reranker/rerank_groupwise.py"
+
+NUM = ("expr", "passages | length")
+
+
+def _mode_branch(mod: _Module, func: ast.FunctionDef, attr: str) -> list[ast.stmt]:
+    """The body of the first ``if`` of ``func`` whose test names ``<Enum>.<attr>``."""
+    for node in ast.walk(func):
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Attribute) and n.attr == attr for n in ast.walk(node.test)):
+            return node.body
+    raise mod.error(f"{func.name}() has no branch for {attr}", func)
+
+
+def _branch_return(mod: _Module, func: ast.FunctionDef, attr: str) -> list[Piece]:
+    """The string the ``attr`` branch of ``func`` returns; ReasonRank calls these functions with
+    the keywords ``query`` and ``num``."""
+    body = _mode_branch(mod, func, attr)
+    params = {a.arg for a in func.args.args}
+    if not {"query", "num"} <= params:
+        raise mod.error(f"{func.name}() takes no query and num", func)
+    names = {"query": ("expr", "query"), "num": NUM, **_constants(body)}
+    value = next((s.value for s in body if isinstance(s, ast.Return) and s.value is not None), None)
+    if value is None:
+        raise mod.error(f"the {attr} branch of {func.name}() returns nothing", func)
+    return _pieces(mod, value, names)
+
+
+def read_reasonrank(clone: Path) -> ImportedPrompts:
+    """ReasonRank's user message in its reasoning prompt mode: ``add_prefix_prompt``, a newline,
+    ``[i] passage`` and a newline per candidate, ``add_post_prompt`` (as its ``create_prompt``
+    joins them; the system message stays the project's copy in ``rerank/formats.py``)."""
+    out = ImportedPrompts("8421BCD/ReasonRank", _commit(clone))
+    mod = _parse(clone, REASONRANK_UTILS)
+    prefix = _branch_return(mod, mod.function("add_prefix_prompt"), REASONRANK_MODE)
+    post = _branch_return(mod, mod.function("add_post_prompt"), REASONRANK_MODE)
+    # rerank/rank_listwise_os_llm.py create_prompt: f"{prefix}\n", f"[{rank}] {content}\n" each, then post.
+    body = (_source(prefix) + _literal("\n") + '{% for p in passages %}[{{ loop.index }}] {{ p }}{{ "\\n" }}{% endfor %}'
+            + _source(post))
+    origin = mod.at(mod.function("add_prefix_prompt"))
+    for family in FAMILIES:
+        rel = f"rerank-listwise-reasonrank/{family}.j2"
+        out.templates[rel] = _template(origin, out.reference, body)
+        out.origins[rel] = f"{origin}, {mod.at(mod.function('add_post_prompt'))}"
+    return out
+
+
+def read_rank1(clone: Path) -> ImportedPrompts:
+    """Rank1's raw-text prompt: the return value of ``return_prompt(query, doc_content, ...)``."""
+    out = ImportedPrompts("orionw/rank1", _commit(clone))
+    mod = _parse(clone, RANK1_FILE)
+    func = mod.function("return_prompt")
+    body = _source(_pieces(mod, _return_value(mod, func), _params(func, ["query", "document"])))
+    for family in FAMILIES:
+        rel = f"rerank-pointwise-rank1/{family}.j2"
+        out.templates[rel] = _template(mod.at(func), out.reference, body)
+        out.origins[rel] = mod.at(func)
+    return out
+
+
+def _attribute(mod: _Module, name: str) -> ast.expr:
+    """The value of ``self.<name> = ...`` anywhere in the file."""
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == name for t in node.targets):
+            return node.value
+    raise mod.error(f"no self.{name} = ... (the reference's layout)")
+
+
+GROUPRANK_PASSAGES = '{% for p in passages %}[{{ loop.index }}]. {{ p }}{{ "\\n\\n" }}{% endfor %}'
+"""GroupRank's ``{PASSAGES}``: ``"[i]. text\n\n"`` per document (prepare_groups_one_epoch)."""
+
+
+def read_grouprank(clone: Path) -> ImportedPrompts:
+    """GroupRank's system and user prompts (``group_system_prompt``, ``group_user_prompt`` of its
+    reranker), the user one a ``str.format`` template of ``{TOPK}``, ``{QUERY}`` and ``{PASSAGES}``."""
+    out = ImportedPrompts("AQ-MedAI/Diver", _commit(clone))
+    mod = _parse(clone, GROUPRANK_FILE)
+    system_node, user_node = _attribute(mod, "group_system_prompt"), _attribute(mod, "group_user_prompt")
+    system = "".join(p[1] for p in _pieces(mod, system_node, {}))
+    user = "".join(p[1] for p in _pieces(mod, user_node, {}))
+    fields = {"TOPK": NUM[1], "QUERY": "query", "PASSAGES": GROUPRANK_PASSAGES}
+    body = ('{% if part == "system" %}' + _literal(system) + "{% else %}"
+            + _source(_format_pieces(mod, user_node, user, fields)) + "{% endif %}")
+    for family in FAMILIES:
+        rel = f"rerank-groupwise/{family}.j2"
+        out.templates[rel] = _template(mod.at(system_node), out.reference, body)
+        out.origins[rel] = f"{mod.at(system_node)}, {mod.at(user_node)}"
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Recognising a clone, writing the folder, reading the record
 
 READERS: dict[str, tuple[tuple[str, ...], Callable[[Path], ImportedPrompts]]] = {
     "R2MED": (R2MED_FILES, read_r2med),
     "Search-R1": ((SEARCH_R1_PREFIX,), read_search_r1),
     "Search-o1": ((SEARCH_O1_PROMPTS,), read_search_o1),
+    "ReasonRank": ((REASONRANK_MARK,), read_reasonrank),
+    "Rank1": ((RANK1_FILE,), read_rank1),
+    "GroupRank": ((GROUPRANK_FILE,), read_grouprank),
 }
 """Reference -> (files that identify its clone, any one of them; its reader)."""
 
