@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.prompt_templates import EXACT_MARK
+from r2med_agent.prompt_templates import ENV_VAR, EXACT_MARK
 
-__all__ = ["READERS", "RECORD", "ImportedPrompts", "import_clone", "imported_prompts", "write_prompts"]
+__all__ = ["READERS", "RECORD", "ImportedPrompts", "describe", "import_clone", "imported_prompts", "run_prompt_folders",
+           "write_prompts"]
 
 RECORD = ".r2med-import.json"
 """The file in an imported prompts folder that says where its templates came from."""
@@ -581,9 +582,37 @@ def imported_prompts(folders: Iterable[str], prompts_dir: Any = None) -> list[di
     return out
 
 
-def describe(imports: Sequence[dict[str, Any]]) -> str:
-    """One phrase for ``reproduce --dry-run``: whose prompts a row renders."""
-    if not imports:
-        return "the project's own"
-    refs = ", ".join(f"{e['reference']}" + (f"@{str(e['commit'])[:12]}" if e.get("commit") else "") for e in imports)
-    return f"the reference's, imported from {refs}"
+def run_prompt_folders(method: str, generations: str, reranker: str) -> list[str]:
+    """The prompt folders a run renders: its method's when it generates fresh, its LLM
+    reranker's (``rerank-listwise-reasonrank`` ...); an unknown reranker adds none."""
+    folders = [method] if method != "none" and generations == "fresh" else []
+    if reranker:
+        from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+
+        try:
+            spec = get_reranker_spec(reranker)
+        except ConfigError:
+            return folders
+        if spec.kind in ("groupwise", "setwise"):
+            folders.append(f"rerank-{spec.kind}")
+        elif spec.kind != "cross-encoder":
+            from r2med_agent.retrieval.rerank.llm import prompt_folder
+
+            folders.append(prompt_folder(spec.kind, getattr(spec, "format", "default")))
+    return folders
+
+
+def describe(folders: Sequence[str], prompts_dir: Any = None) -> str:
+    """One phrase for ``reproduce --dry-run``: whose prompts a run rendering ``folders`` uses:
+    the reference's (imported), the user's own files, or the project's own."""
+    from r2med_agent.prompt_templates import search_path
+
+    imports = imported_prompts(folders, prompts_dir)
+    if imports:
+        refs = ", ".join(f"{e['reference']}" + (f"@{str(e['commit'])[:12]}" if e.get("commit") else "")
+                         for e in imports)
+        return f"the reference's, imported from {refs}"
+    paths = search_path(prompts_dir)
+    if len(paths) > 1 and any((paths[0] / f).is_dir() for f in folders):
+        return f"your own files in {paths[0]} (${ENV_VAR}) over the project's own"
+    return "the project's own"
