@@ -42,7 +42,8 @@ RECORD = ".r2med-import.json"
 FAMILIES = ("qa", "exam", "treatment", "case")
 
 Piece = tuple[str, str]
-"""One part of a prompt: ``("text", literal)`` or ``("expr", Jinja expression)``."""
+"""One part of a prompt: ``("text", literal)``, ``("expr", Jinja expression)`` or ``("code",
+Jinja source spliced as it is)``."""
 
 
 @dataclass
@@ -163,9 +164,9 @@ def _pieces(mod: _Module, node: ast.expr, names: dict[str, Piece]) -> list[Piece
     raise mod.error(f"expected literal text or an f-string, found {type(node).__name__}", node)
 
 
-def _format_pieces(mod: _Module, node: ast.AST, text: str, fields: dict[str, str | None]) -> list[Piece]:
-    """``text`` (a ``str.format`` template) as pieces: each ``{NAME}`` becomes ``fields[NAME]``
-    (a Jinja expression, or ``code`` to splice when the name maps to None: see callers)."""
+def _format_pieces(mod: _Module, node: ast.AST, text: str, fields: dict[str, str]) -> list[Piece]:
+    """``text`` (a ``str.format`` template) as pieces: each ``{NAME}`` becomes ``fields[NAME]``,
+    a Jinja expression, or Jinja code spliced as it is when it starts with ``{%`` (a loop)."""
     out: list[Piece] = []
     try:
         parsed = list(string.Formatter().parse(text))
@@ -179,7 +180,7 @@ def _format_pieces(mod: _Module, node: ast.AST, text: str, fields: dict[str, str
         if name not in fields or spec or conversion:
             raise mod.error(f"a format field {{{name}}} other than {', '.join('{' + f + '}' for f in fields)}", node)
         value = fields[name]
-        out.append(("code", value) if value and value.startswith("{%") else ("expr", value or ""))
+        out.append(("code", value) if value.startswith("{%") else ("expr", value))
     return out
 
 

@@ -116,7 +116,7 @@ R2MED_QUERIES = (Query("q1", "Why do {braces} stay?  "), Query("q2", "Second que
 
 
 def test_r2med_prompts_render_as_the_reference_builds_them(tmp_path, capsys) -> None:
-    from r2med_agent.methods.expansion import HyDE, LameR, Query2Doc
+    from r2med_agent.methods.expansion import HyDE, Query2Doc
 
     out = tmp_path / "ref-prompts"
     printed = run_import(r2med_clone(tmp_path), out, capsys)
