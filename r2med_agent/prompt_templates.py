@@ -31,9 +31,11 @@ from r2med_agent.errors import ConfigError
 
 __all__ = [
     "ENV_VAR",
+    "EXACT_MARK",
     "environment",
     "load_examples",
     "render",
+    "renders_exactly",
     "resolve_file",
     "search_path",
     "template_hash",
@@ -41,6 +43,11 @@ __all__ = [
 
 ENV_VAR = "R2MED_PROMPTS_DIR"
 """Environment variable naming a folder whose files override the package's prompts."""
+
+EXACT_MARK = "{# r2med-agent: rendered exactly (trailing whitespace kept) from"
+"""How a template's first line starts when its text is kept exactly as rendered, trailing
+whitespace included (``r2med-agent prompts import`` writes such templates: a reference's prompt
+may end with a space); other templates have the trailing whitespace of their text dropped."""
 
 FALLBACK_KEYS = ("default", "medical sciences")
 """Keys of a per-task or per-domain examples file used, in this order, for a task it does not
@@ -170,6 +177,21 @@ def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **vari
         ) from None
     except jinja2.TemplateNotFound as e:
         raise _not_found(e.name or template_path, prompts_dir) from None
+
+
+def renders_exactly(template_path: str, /, *, prompts_dir: PathLike | None = None) -> bool:
+    """Whether the template ``template_path`` resolves to starts with :data:`EXACT_MARK` (its
+    rendered text is used as it is, trailing whitespace included).
+
+    Raises:
+        ConfigError: no such template.
+    """
+    env = environment(prompts_dir)
+    try:
+        source, _, _ = env.loader.get_source(env, template_path)  # type: ignore[union-attr]
+    except jinja2.TemplateNotFound:
+        raise _not_found(template_path, prompts_dir) from None
+    return source.startswith(EXACT_MARK)
 
 
 def _referenced(env: jinja2.Environment, name: str, source: str, filename: str | None) -> list[str]:

@@ -79,6 +79,9 @@ class PlannedRun:
     spec_key: str = ""
     source_average: float | None = None
     """The published 8-task average where the source gives one (frontier rows)."""
+    prompts: str = ""
+    """Whose prompts the row renders (the reference's, imported, or the project's own); "" when
+    it renders none."""
 
     @property
     def published_average(self) -> float | None:
@@ -219,9 +222,19 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 generations=mode,
                 spec_key=spec.key(),
                 source_average=average,
+                prompts=_prompts_line(entry, mode),
             )
         )
     return out
+
+
+def _prompts_line(entry: GridEntry, mode: str) -> str:
+    """Whose prompts a row renders ("" when it renders none): $R2MED_PROMPTS_DIR's imported ones,
+    the user's own files there, or the project's."""
+    from r2med_agent.prompt_import import describe, run_prompt_folders
+
+    folders = run_prompt_folders(entry.method, mode, entry.reranker)
+    return describe(folders) if folders else ""
 
 
 def _result_file(store: ResultStore, spec: RunSpec, task: str) -> Path | None:
@@ -267,6 +280,8 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
             lines.append(f"    done: {', '.join(p.done)}; runs: {', '.join(p.pending)}")
         for task, reason in p.stale.items():
             lines.append(f"    stale {task} (runs again): {reason}")
+        if p.prompts:
+            lines.append(f"    prompts: {p.prompts}")
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.candidates:
             lines.append(f"    first-stage run files: {p.entry.candidates_from} (hash {p.entry.candidates})")

@@ -722,7 +722,18 @@ def _config_record(cfg: RunConfig) -> dict[str, Any]:
     for key in ("allow_missing_qrels_docs", "allow_count_mismatch", "use_cache", "refresh_cache", "chunk_size",
                 "allow_missing_candidates", "split", "all_queries", "no_eval"):
         rec[key] = getattr(cfg, key)
+    rec["prompts_import"] = _prompts_import(cfg)
     return rec
+
+
+def _prompts_import(cfg: RunConfig) -> list[dict[str, Any]]:
+    """The reference prompts behind the run's own (``prompts import``): reference, commit and
+    prompt folders of each import it renders; [] when its prompts are the project's or the user's."""
+    if cfg.prompts is None:
+        return []
+    from r2med_agent.prompt_import import imported_prompts, run_prompt_folders
+
+    return imported_prompts(run_prompt_folders(cfg.method, cfg.generations, cfg.reranker), cfg.prompts_dir)
 
 
 def _now() -> str:

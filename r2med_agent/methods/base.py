@@ -170,6 +170,17 @@ def loop_sampling(method: Any, settings: MethodSettings) -> dict[str, Any]:
     return sampling
 
 
+def _base_task(name: str) -> str:
+    """The full R2MED task behind ``name``, or ``name`` itself for a task the registry does not know."""
+    from r2med_agent.data import base_task_name
+    from r2med_agent.errors import ConfigError
+
+    try:
+        return base_task_name(name)
+    except ConfigError:
+        return name
+
+
 class ExpansionMethod(Method):
     """Base class of the single-shot expansion methods.
 
@@ -205,19 +216,22 @@ class ExpansionMethod(Method):
     def template_variables(self, task: Task, first_pass: Run | None) -> list[dict[str, Any]]:
         """The template variables of every query, in ``task.queries`` order.
 
-        The base gives ``query`` (the query text), ``domain`` and ``family``.
+        The base gives ``query`` (the query text), ``domain``, ``family`` and ``task`` (the
+        full R2MED task behind the task's name, ``nano-Biology`` -> ``Biology``; a task of your
+        own keeps its name: imported per-task prompts choose their text by it).
         """
         return [self._base_variables(task, q) for q in task.queries]
 
     @staticmethod
     def _base_variables(task: Task, query: Query) -> dict[str, Any]:
-        return {"query": query.text, "domain": task.domain, "family": task.family}
+        return {"query": query.text, "domain": task.domain, "family": task.family, "task": _base_task(task.name)}
 
     def build_prompts(self, task: Task, first_pass: Run | None = None) -> list[list[Message]]:
         """One conversation per query of ``task``, in ``task.queries`` order.
 
         Each conversation is the user message only; the LLM backend adds the registry's system
-        prompt. Trailing whitespace of the rendered template is dropped.
+        prompt. Trailing whitespace of the rendered template is dropped, except from a template
+        that renders exactly (an imported reference prompt, :func:`~r2med_agent.prompt_templates.renders_exactly`).
 
         Args:
             task: the task whose queries get prompts.
@@ -230,10 +244,12 @@ class ExpansionMethod(Method):
         if self.needs_first_pass and first_pass is None:
             raise ValueError(f"method '{self.name}' needs a first-pass run (first_pass=None given)")
         path = self.template_path(task)
-        return [
-            [{"role": "user", "content": prompts.render(path, prompts_dir=self.prompts_dir, **v).rstrip()}]
-            for v in self.template_variables(task, first_pass)
-        ]
+        exact = prompts.renders_exactly(path, prompts_dir=self.prompts_dir)
+        out = []
+        for v in self.template_variables(task, first_pass):
+            text = prompts.render(path, prompts_dir=self.prompts_dir, **v)
+            out.append([{"role": "user", "content": text if exact else text.rstrip()}])
+        return out
 
     def template_hash(self, task: Task) -> str:
         """Hash of the template files (and examples) behind this task's prompts; changes on edit."""
