@@ -47,11 +47,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.base import PromptMeta, TemplateHashes
+from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
@@ -238,38 +238,83 @@ class VLLMBackend:
         for i, conversation in enumerate(conversations):
             groups[continues_final_message(conversation)].append(i)
         out: list[list[Generation] | None] = [None] * len(conversations)
+        failures: dict[int, Exception] = {}
         for continuation, indices in groups.items():
             if not indices:
                 continue
-            batch = [conversations[i] for i in indices]
             start = time.perf_counter()
-            if continuation:
-                tokenizer = engine.get_tokenizer()
-                token_prompts = [
-                    {"prompt_token_ids": tokenizer.encode(
-                        continuation_prompt(tokenizer, c, self.spec.chat_template_kwargs),
-                        add_special_tokens=False,
-                    )}
-                    for c in batch
-                ]
-                outputs = engine.generate(token_prompts, sampling, use_tqdm=bar)
-            elif self.spec.prompt_path == "rendered":
-                tokenizer = engine.get_tokenizer()
-                texts = [rendered_prompt(tokenizer, c, self.spec.chat_template_kwargs) for c in batch]
-                outputs = engine.generate(texts, sampling, use_tqdm=bar)
-            else:
-                outputs = engine.chat(batch, sampling, **base_kwargs)
-            share = (time.perf_counter() - start) / (len(batch) * n)
-            if len(outputs) != len(batch):
-                raise RuntimeError(
-                    f"vLLM returned {len(outputs)} outputs for {len(batch)} prompts"
-                )
-            for i, output in zip(indices, outputs):
+            made = self._group_outputs(engine, [conversations[i] for i in indices], continuation, sampling,
+                                       base_kwargs, len(conversations), indices, failures)
+            share = (time.perf_counter() - start) / (max(len(made), 1) * n)
+            for i, output in made.items():
                 out[i] = [from_request_output(output, share, j) for j in range(n)]
             # Output tokens are known per call (vLLM's own bar shows its running rate).
-            progress.update(0, sum(g.completion_tokens for i in indices for g in out[i]))  # type: ignore[union-attr]
+            progress.update(0, sum(g.completion_tokens for i in made for g in out[i]))  # type: ignore[union-attr]
         progress.close()
+        if failures:
+            if n == 1:
+                raise PartialBatchError([g[0] if g else None for g in out], failures)
+            raise next(iter(failures.values()))
         return [g for g in out if g is not None]
+
+    def _group_outputs(
+        self, engine: Any, batch: list[list[Message]], continuation: bool, sampling: Any,
+        base_kwargs: dict[str, Any], total: int, indices: Sequence[int], failures: dict[int, Exception],
+    ) -> dict[int, Any]:
+        """One engine call for ``batch`` (new turns or continuations): ``{prompt index: output}``.
+        A prompt longer than the engine's context fails alone (``failures``, named by its place
+        and opening words) and the others are generated: vLLM refuses the whole call otherwise."""
+        prompts = self._engine_prompts(engine, batch, continuation)
+        config = getattr(getattr(engine, "llm_engine", None), "model_config", None)
+        limit = getattr(config, "max_model_len", None)  # None: an engine that does not say (checks nothing)
+        lengths = [self._prompt_length(engine, p, c) for p, c in zip(prompts, batch)] if limit else [0] * len(batch)
+        keep = [k for k, length in enumerate(lengths) if not limit or length < limit]
+        for k in set(range(len(batch))) - set(keep):
+            opening = " ".join(str(batch[k][-1].get("content", "")).split())[:40]
+            failures[indices[k]] = LLMError(
+                f"llm '{self.spec.name}': prompt {indices[k] + 1} of {total} ('{opening}...') has "
+                f"{lengths[k]} tokens, longer than the engine's context ({limit}); raise max_model_len "
+                "in its llms entry (or shorten the prompt); the other prompts were generated"
+            )
+        if not keep:
+            return {}
+        chosen = [prompts[k] for k in keep]
+        if prompts is batch:
+            outputs = engine.chat(chosen, sampling, **base_kwargs)
+        else:
+            outputs = engine.generate(chosen, sampling, use_tqdm=base_kwargs["use_tqdm"])
+        if len(outputs) != len(chosen):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chosen)} prompts")
+        return {indices[k]: output for k, output in zip(keep, outputs)}
+
+    def _engine_prompts(self, engine: Any, batch: list[list[Message]], continuation: bool) -> list[Any]:
+        """What the engine call takes: the conversations themselves (``LLM.chat``), or, for
+        continuations and rendered prompts, the token ids or text given to ``LLM.generate``."""
+        if continuation:
+            tokenizer = engine.get_tokenizer()
+            return [
+                {"prompt_token_ids": tokenizer.encode(
+                    continuation_prompt(tokenizer, c, self.spec.chat_template_kwargs), add_special_tokens=False,
+                )}
+                for c in batch
+            ]
+        if self.spec.prompt_path == "rendered":
+            tokenizer = engine.get_tokenizer()
+            return [rendered_prompt(tokenizer, c, self.spec.chat_template_kwargs) for c in batch]
+        return batch
+
+    def _prompt_length(self, engine: Any, prompt: Any, conversation: list[Message]) -> int:
+        """Tokens of one engine prompt, as the engine will count them."""
+        if isinstance(prompt, dict):
+            return len(prompt["prompt_token_ids"])
+        tokenizer = engine.get_tokenizer()
+        if isinstance(prompt, str):
+            return len(tokenizer.encode(prompt))
+        kwargs = dict(self.spec.chat_template_kwargs or {})
+        ids = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True, **kwargs)
+        if isinstance(ids, Mapping):  # transformers 5 returns the encoding as a mapping
+            ids = ids["input_ids"]
+        return len(ids)
 
 
 def shutdown_engine(engine: Any, wait_s: float = 30.0) -> None:
