@@ -158,7 +158,7 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
         result = run_experiment(cfg)
     finally:
         set_user_config(None)
-    assert result.result_dir.name == f"bm25__t1__n2__rk2__smol-pw__{cfg.digest()}"
+    assert result.result_dir.name == f"bm25__t1__n2__rk2__entries-{cfg.entries[:6]}__smol-pw__{cfg.digest()}"
     stats = result.outcomes[0].stats
     assert stats["samples"] == 2 and stats["rerank"]["pairs"] == 24
     assert stats["rerank"]["scored_by_logprobs"] == 24  # vLLM returns log-probabilities
