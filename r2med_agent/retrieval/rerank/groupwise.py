@@ -1,12 +1,13 @@
 """Groupwise reranking as GroupRank (``kind: groupwise``): the model reads the query and a group
 of candidates and gives each one a score from 0 to 10; the scores of all groups give the order.
 
-The input is GroupRank's trained format, verbatim (``prompts/rerank-groupwise/``; source:
-AQ-MedAI/Diver, ``Reranker/rerank_groupwise.py``): its system prompt, its user prompt with the
-documents numbered ``[1]. text`` each followed by a blank line, and the answer it asks for, a
-``<reason>`` part and then ``<answer>`` holding a fenced JSON object ``{"[1]": 5, ...}``. Every
-part of that prompt is trained format (the SFT data carries the same system and instruction), so
-the project adds no wording of its own and every task family reads the same prompt. A Qwen3
+The input keeps GroupRank's trained format exactly (``prompts/rerank-groupwise/``; source:
+AQ-MedAI/Diver, ``Reranker/rerank_groupwise.py``): a system and a user message, the documents
+numbered ``[1]. text`` each followed by a blank line, and the answer it asks for, a ``<reason>``
+part and then ``<answer>`` holding a fenced JSON object ``{"[1]": 5, ...}``. The instruction
+around that format is the project's own wording; the authors' exact text, which GroupRank-32B was
+trained on, comes from a user's clone through ``r2med-agent prompts import``. Every task family
+reads the same prompt. A Qwen3
 model's ``<think>`` (``enable_thinking`` in its LLM entry's ``chat_template_kwargs``) comes before
 all that and is split off by the LLM's reasoning parser.
 

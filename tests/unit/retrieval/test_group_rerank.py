@@ -1,4 +1,5 @@
-"""Groupwise (GroupRank) and setwise (Rank-R1) rerankers: their authors' prompts byte for byte,
+"""Groupwise (GroupRank) and setwise (Rank-R1) rerankers: their trained formats (Rank-R1's prompt
+byte for byte),
 answer parsing and repairs, test-time scaling, the heap sort, batching (units with a scripted
 LLM), and the whole path through ``run`` with the real local model."""
 
@@ -23,50 +24,6 @@ from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import Doc, Query, SearchRequest, Task
 from tests.fakes import ScriptedLLM
 
-# GroupRank's prompts as AQ-MedAI/Diver, Reranker/rerank_groupwise.py writes them (group_system_prompt,
-# group_user_prompt, a str.format template): the reference the rendered templates must equal.
-GROUPRANK_SYSTEM = (
-    'Your task is to evaluate and rank documents based on how well they help answer the given query. Follow this evaluation priority:\n'
-    "1. PRIMARY: Usefulness & Helpfulness - Does the document provide actionable information, solutions, or direct answers that help address the user's needs?\n"
-    '2. SECONDARY: Relevance - Does the document contain information related to the query topic?\n'
-    '\n'
-    'Evaluation Process:\n'
-    "1. First, identify the user's core intent and what kind of help they need from the query\n"
-    '2. For each document, assess:\n'
-    "   - How directly it addresses the user's intent\n"
-    '   - What actionable information or answers it provides\n'
-    "   - How much it helps solve the user's problem or need\n"
-    '3. Compare documents against each other to ensure proper ranking\n'
-    '4. Assign scores that reflect the relative usefulness ranking\n'
-    '\n'
-    'Scoring Scale (0-10):\n'
-    '- 9-10: Extremely helpful, directly answers the query with actionable information\n'
-    '- 7-8: Very helpful, provides substantial useful information for the query\n'
-    '- 5-6: Moderately helpful, contains some useful information but incomplete\n'
-    '- 3-4: Minimally helpful, limited useful information despite topic relevance\n'
-    '- 1-2: Barely helpful, mentions related topics but provides little useful information\n'
-    '- 0: Not helpful at all, cannot assist with answering the query\n'
-)
-GROUPRANK_USER = (
-    'I will provide you {TOPK} documents, each indicated by a numerical identifier []. Score these documents based on their Usefulness and Relevance to the query.\n'
-    'Query:\n'
-    '{QUERY}\n'
-    '\n'
-    'Documents:\n'
-    '{PASSAGES}\n'
-    '\n'
-    '## Final Output Format\n'
-    'You must structure your response in exactly two parts: provide your brief reasoning process first, then output final scores in JSON format like below, with document IDs as string keys and integer scores as values for all {TOPK} documents. \n'
-    'The reasoning process and answer are enclosed within <reason> </reason> and <answer> </answer> tags, respectively. Do NOT output anything outside the specified tags. Follow this exact format:\n'
-    '<reason> \n'
-    "[Analyze each document's usefulness and relevance to the query, explaining your scoring rationale]\n"
-    '</reason>\n'
-    '<answer> \n'
-    '```json\n'
-    '{{"[1]": 5, "[2]": 3, "[3]": 8}}\n'
-    '``` \n'
-    '</answer>\n'
-)
 # Rank-R1's prompts, ielab/llm-rankers Rank-R1/prompts/prompt_setwise-R1.toml (prompt_system, prompt_user).
 RANK_R1_SYSTEM = (
     'A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant first thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>.'
@@ -103,21 +60,27 @@ def _numbers(user: str, pattern: str) -> list[int]:
 # --------------------------------------------------------------------------- prompts, byte for byte
 
 
-def test_groupwise_prompt_is_grouprank_format_byte_for_byte() -> None:
+def test_groupwise_prompt_keeps_grouprank_format() -> None:
+    """The shipped prompt is the project's wording around GroupRank's trained format, which must be
+    exact: documents as prepare_groups_one_epoch lays them out (newlines to one space, cut to
+    max_doc_chars, "[i]. text" and a blank line each), the <reason> and <answer> parts and the JSON
+    example. The authors' own text, imported from a clone, is rendered byte for byte in
+    tests/unit/test_prompt_import.py::test_grouprank_system_and_user_prompts."""
     spec = RerankerSpec(name="g", kind="groupwise", llm="x", max_doc_chars=12)
     texts = ["alpha\n\n\nbeta gamma delta", "short", "tabs\tand  spaces stay\nhere"]
     reranker = GroupwiseReranker(spec, llm=object())
     messages = reranker.messages(_task("A", 1), "Why? \"quoted\"", [reranker._doc_text(_Fake(t), "d") for t in texts])
-    # As prepare_groups_one_epoch builds it: newlines to one space, cut to max_doc_lens characters,
-    # "[i]. text\n\n" per document, then group_user_prompt.format(...), behind the system prompt.
+    assert [m["role"] for m in messages] == ["system", "user"]
+    user = messages[1]["content"]
     doc_texts = [re.sub("\n+", " ", t)[:12] for t in texts]
-    docs_str = "".join(["[{}]. {}\n\n".format(i + 1, t) for i, t in enumerate(doc_texts)])
-    expected = [{"role": "system", "content": GROUPRANK_SYSTEM},
-                {"role": "user", "content": GROUPRANK_USER.format(QUERY="Why? \"quoted\"", PASSAGES=docs_str, TOPK=3)}]
-    assert messages == expected
-    # Every family reads the same trained prompt.
+    docs_str = "".join("[{}]. {}\n\n".format(i + 1, t) for i, t in enumerate(doc_texts))
+    assert "Query:\nWhy? \"quoted\"\n\nDocuments:\n" + docs_str in user
+    assert user.index("<reason>") < user.index("</reason>") < user.index("<answer>") < user.index("</answer>")
+    assert '```json\n{"[1]": 5, "[2]": 3, "[3]": 8}\n```' in user and "3 documents" in user
+    assert "0 to 10" in messages[0]["content"]
+    # Every family reads the same prompt.
     other = GroupwiseReranker(spec, llm=object()).messages(_task("A", 1, family="case"), "Why? \"quoted\"", doc_texts)
-    assert other == expected
+    assert other == messages
 
 
 class _Fake:
