@@ -233,7 +233,9 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
             assert again.outcomes[0].stats["rerank"]["generations"] == 0  # all from the cache
             assert again.average == results[name].average
         lw_dir, pw_dir = results["tiny-lw"].result_dir, results["tiny-pw"].result_dir
-        assert lw_dir.name.startswith("bm25__rk3__tiny-lw__") and pw_dir.name.startswith("bm25__rk3__tiny-pw__")
+        # The rerankers are a user config's entries: their folders carry the entries token.
+        assert re.match(r"bm25__rk3__entries-[0-9a-f]{6}__tiny-lw__", lw_dir.name), lw_dir.name
+        assert re.match(r"bm25__rk3__entries-[0-9a-f]{6}__tiny-pw__", pw_dir.name), pw_dir.name
         lw = json.loads((lw_dir / "Biology.json").read_text())["stats"]
         assert lw["rerank"]["windows"] == 2 * 1 and lw["prompt_tokens"] > 0  # 3 candidates: one window each
         pw = json.loads((pw_dir / "Biology.json").read_text())["stats"]
