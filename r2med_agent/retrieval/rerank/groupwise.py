@@ -44,9 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r2med_agent import prompt_templates as prompts
-from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.retrieval.fusion import ranked
-from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, RerankOutput, cut_words
+from r2med_agent.errors import ConfigError
+from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, RerankOutput, cut_words, ranked_requests
 from r2med_agent.types import Generation, Message, SearchRequest, Task, Trace, TraceStep
 
 logger = logging.getLogger(__name__)
@@ -212,16 +211,8 @@ class JobReranker(LLMReranker):
 
     def rerank_tasks(self, jobs: Sequence[RerankJob], k: int) -> list[RerankOutput]:
         """Rerank the top ``k`` of every query of every job, batched over all of them."""
-        queries: list[_Query] = []
-        for j, job in enumerate(jobs):
-            for req in job.requests:
-                items = [d for d, _ in ranked(job.run.get(req.query_id, {}))]
-                for doc_id in items[:k]:
-                    if doc_id not in job.corpus:
-                        raise DataError(
-                            f"{job.task.name}: query {req.query_id}: document '{doc_id}' of the run is not in the corpus"
-                        )
-                queries.append(_Query(j, job.task, req, items[:k], items[k:], job.corpus))
+        queries = [_Query(j, job.task, req, items[:k], items[k:], job.corpus)
+                   for j, job, req, items in ranked_requests(jobs, k)]
         self._rerank(queries)
         return self._outputs(jobs, queries)
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -226,6 +226,21 @@ class _Query:
     scores: list[float] = field(default_factory=list)
 
 
+def ranked_requests(jobs: Sequence[RerankJob], k: int) -> Iterator[tuple[int, RerankJob, SearchRequest, list[str]]]:
+    """``(job index, job, request, its run's document ids in rank order)`` for every request of
+    every job, once its top ``k`` is checked against the job's corpus (a DataError names a
+    document the corpus lacks)."""
+    for j, job in enumerate(jobs):
+        for req in job.requests:
+            items = [d for d, _ in ranked(job.run.get(req.query_id, {}))]
+            for doc_id in items[:k]:
+                if doc_id not in job.corpus:
+                    raise DataError(
+                        f"{job.task.name}: query {req.query_id}: document '{doc_id}' of the run is not in the corpus"
+                    )
+            yield j, job, req, items
+
+
 class LLMReranker:
     """A listwise or pointwise-reasoning reranker over an LLM of the registry.
 
@@ -331,17 +346,8 @@ class LLMReranker:
 
     def rerank_tasks(self, jobs: Sequence[RerankJob], k: int) -> list[RerankOutput]:
         """Rerank the top ``k`` of every query of every job, batched over all of them."""
-        queries: list[_Query] = []
-        for j, job in enumerate(jobs):
-            for req in job.requests:
-                items = [d for d, _ in ranked(job.run.get(req.query_id, {}))]
-                for doc_id in items[:k]:
-                    if doc_id not in job.corpus:
-                        raise DataError(
-                            f"{job.task.name}: query {req.query_id}: document '{doc_id}' of the run is not in the corpus"
-                        )
-                queries.append(_Query(j, job.task, req, items[:k], items[k:], job.corpus,
-                                      first=job.run.get(req.query_id, {})))
+        queries = [_Query(j, job.task, req, items[:k], items[k:], job.corpus, first=job.run.get(req.query_id, {}))
+                   for j, job, req, items in ranked_requests(jobs, k)]
         if self.kind == "listwise":
             self._listwise(queries)
         elif self.format == "rank1":
