@@ -430,12 +430,14 @@ class LLMReranker:
         for q in queries:
             q.scores = [float(len(q.head) - i) for i in range(len(q.head))]
 
-    def _pointwise(self, queries: list[_Query]) -> None:
-        spec = self.spec
-        params = self.sampling()
+    def _judge_pairs(
+        self, queries: list[_Query], params: SamplingParams,
+    ) -> tuple[list[tuple[_Query, str]], list[Any], list[str], list[Generation]]:
+        """Every (query, document) pair of the top ``k``, its prompt and template hash, and the
+        answers of ONE generate call for all of them (each kept with its query)."""
         pairs = [(q, d) for q in queries for d in q.head]
         prompts_ = [
-            self._prompt(q.task, query=q.request.query, document=cut_words(self._corpus_text(q, d), spec.max_doc_words))
+            self._prompt(q.task, query=q.request.query, document=cut_words(self._corpus_text(q, d), self.spec.max_doc_words))
             for q, d in pairs
         ]
         hashes = [self._hash(q.task) for q, _ in pairs]
@@ -444,6 +446,11 @@ class LLMReranker:
                                   meta=[self._meta(q, doc_id=d) for q, d in pairs])
         for (q, _), g in zip(pairs, first):
             q.gens.append(g)
+        return pairs, prompts_, hashes, first
+
+    def _pointwise(self, queries: list[_Query]) -> None:
+        params = self.sampling()
+        pairs, prompts_, hashes, first = self._judge_pairs(queries, params)
         probs: list[float | None] = [None] * len(pairs)
         if pairs and self.returns_logprobs():
             judge = replace(params, temperature=0.0, max_tokens=1, stop=(), logprobs=TOP_LOGPROBS)
@@ -471,20 +478,9 @@ class LLMReranker:
         at the judgment token. With log-probabilities the score is P(true) of that token, and
         the answers lacking it are ended by force in one more call (0.5 when even that lacks
         it, as Rank1 does); without them, the parsed judgment (1, 0, or 0.5 when none)."""
-        spec = self.spec
         logprobs = self.returns_logprobs()
         params = replace(self.sampling(), stop=formats.RANK1_STOPS, logprobs=TOP_LOGPROBS if logprobs else 0)
-        pairs = [(q, d) for q in queries for d in q.head]
-        prompts_ = [
-            self._prompt(q.task, query=q.request.query, document=cut_words(self._corpus_text(q, d), spec.max_doc_words))
-            for q, d in pairs
-        ]
-        hashes = [self._hash(q.task) for q, _ in pairs]
-        logger.info("%s: %d (query, document) pairs in one batch", self.name, len(pairs))
-        first = self.llm.generate(prompts_, params, template_hash=hashes,
-                                  meta=[self._meta(q, doc_id=d) for q, d in pairs])
-        for (q, _), g in zip(pairs, first):
-            q.gens.append(g)
+        pairs, prompts_, hashes, first = self._judge_pairs(queries, params)
         probs = [formats.true_probability(g.logprobs[-1]) if logprobs and g.logprobs else None for g in first]
         forced = [i for i, p in enumerate(probs) if p is None] if logprobs else []
         if forced:
