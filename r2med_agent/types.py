@@ -207,6 +207,13 @@ class SamplingParams:
         logprobs: how many most likely tokens to return, with their log-probabilities, at each
             generated position (0: none). Part of the key only when set, so keys made before
             the field existed stay valid. The local llama.cpp backend returns none.
+        token_choices: strings that are each one token of the model's vocabulary (the first
+            token of each is taken, as Rank1 takes its judgment tokens); when set, the next
+            token is one of them (vLLM's ``allowed_token_ids``) and ``Generation.logprobs``
+            holds the log-probability of every choice at each position (vLLM's
+            ``logprob_token_ids``; ``logprobs`` is then ignored). The vLLM engine, a vLLM
+            server and the local llama.cpp backend (one token at a time) support it. Part of
+            the key only when set.
     """
 
     temperature: float = 0.7
@@ -217,6 +224,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     repetition_penalty: float = 1.0
     logprobs: int = 0
+    token_choices: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -230,6 +238,8 @@ class SamplingParams:
         }
         if self.logprobs:
             out["logprobs"] = self.logprobs
+        if self.token_choices:
+            out["token_choices"] = list(self.token_choices)
         return out
 
 

@@ -3,7 +3,7 @@ partly failed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from r2med_agent.errors import LLMError
@@ -16,6 +16,25 @@ cache rows so a cache can be exported per query, never part of a cache key."""
 
 TemplateHashes = str | Sequence[str]
 """Version hash of the prompt template: one for every prompt of a call, or one per prompt."""
+
+
+def choice_token_ids(encode: Callable[[str], Sequence[int]], choices: Sequence[str]) -> list[int]:
+    """The token id of each of ``SamplingParams.token_choices``: the first token ``encode``
+    (the model's tokenizer, no special tokens) gives it, as Rank1 takes ``" true"`` and
+    ``" false"`` (orionw/rank1, rank1.py).
+
+    Raises:
+        LLMError: a choice has no token, or two choices begin with the same one.
+    """
+    ids = []
+    for choice in choices:
+        tokens = list(encode(choice))
+        if not tokens:
+            raise LLMError(f"token choice {choice!r} is no token of the model's vocabulary")
+        ids.append(int(tokens[0]))
+    if len(set(ids)) != len(ids):
+        raise LLMError(f"token choices {list(choices)!r} share a first token ({ids}): they cannot be told apart")
+    return ids
 
 
 @runtime_checkable

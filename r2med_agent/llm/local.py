@@ -15,6 +15,10 @@ rewrite assistant messages, e.g. QwQ's and the DeepSeek-R1 distills' which keep 
 after ``</think>``, drop the reasoning and the ``<think>`` their generation prompt opened.)
 Stop strings, token counts and ``stop_reason`` work as for a new turn.
 :meth:`LlamaCppBackend.render_prompt` shows the prompt text either way.
+
+``SamplingParams.token_choices`` (one token at a time) are scored from the logits of the
+prompt's last position: each choice's log-probability over the whole vocabulary, and the most
+likely choice as the text (the prompt is evaluated directly, reusing the evaluated prefix).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import math
 import signal
 import sys
 import threading
@@ -33,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes
+from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
 from r2med_agent.llm.continuation import continues_final_message
 from r2med_agent.llm.openai_compat import truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
@@ -333,14 +338,7 @@ class LlamaCppBackend:
         }
         formatter = loaded.formatter
         if continues_final_message(conversation) and formatter is not None:
-            prompt = continuation_prompt(formatter, conversation)
-            # What llama-cpp-python's chat handler does with a formatter's output: the template
-            # holds the special tokens (no BOS added unless it says so), its end-of-turn token
-            # and string end generation.
-            style = formatter(messages=conversation[:-1])
-            tokens = model.tokenize(
-                prompt.encode("utf-8"), add_bos=not style.added_special, special=True
-            )
+            tokens, style = _continuation_tokens(model, formatter, conversation)
             stream = model.create_completion(
                 prompt=tokens,
                 stop=style.stop,
@@ -365,6 +363,33 @@ class LlamaCppBackend:
         finally:
             stream.close()
 
+    def _choose(self, loaded: _Loaded, messages: list[Message], params: SamplingParams) -> Generation:
+        """The next token scored over ``params.token_choices`` (module docstring)."""
+        if params.max_tokens != 1:
+            raise LLMError(f"llm '{self.spec.name}': llama.cpp scores token choices one token at a time "
+                           f"(max_tokens 1, not {params.max_tokens})")
+        model, formatter = loaded.llama, loaded.formatter
+        conversation = with_system_prompt(messages, self.spec.system_prompt)
+        if formatter is None:
+            raise LLMError(self._no_template_message())
+        if continues_final_message(conversation):
+            tokens, _ = _continuation_tokens(model, formatter, conversation)
+        else:
+            turn = formatter(messages=conversation)
+            tokens = model.tokenize(str(turn.prompt).encode("utf-8"), add_bos=not turn.added_special, special=True)
+        if len(tokens) > model.n_ctx():
+            raise LLMError(f"llm '{self.spec.name}': the prompt has {len(tokens)} tokens, more than n_ctx "
+                           f"{model.n_ctx()} (raise n_ctx in its llms entry)")
+        ids = choice_token_ids(lambda c: model.tokenize(c.encode("utf-8"), add_bos=False, special=False),
+                               params.token_choices)
+        start = time.perf_counter()
+        logprobs = _last_logprobs(model, tokens, ids)
+        ranked = sorted(zip(params.token_choices, logprobs), key=lambda p: -p[1])
+        return Generation(
+            text=ranked[0][0], finish_reason="length", stop_reason=None, prompt_tokens=len(tokens),
+            completion_tokens=1, latency_s=time.perf_counter() - start, logprobs=(tuple(ranked),),
+        )
+
     def _one(self, loaded: _Loaded, messages: list[Message], params: SamplingParams) -> Generation:
         """One completion, streamed so that stop strings are matched here.
 
@@ -373,6 +398,8 @@ class LlamaCppBackend:
         streamed text is checked after every piece and generation is abandoned at the earliest
         match (as vLLM does), which gives the exact text and ``stop_reason``.
         """
+        if params.token_choices:
+            return self._choose(loaded, messages, params)
         model = loaded.llama
         stops = [s for s in params.stop if s]
         longest = max((len(s) for s in stops), default=0)
@@ -417,6 +444,34 @@ class LlamaCppBackend:
             completion_tokens=completion_tokens,
             latency_s=time.perf_counter() - start,
         )
+
+
+def _continuation_tokens(model: Any, formatter: Any, conversation: Sequence[Message]) -> tuple[list[int], Any]:
+    """The token ids of a continuation prompt, and the chat format's style (its stops), as
+    llama-cpp-python's chat handler makes them from a formatter's output: the template holds
+    the special tokens (no BOS added unless it says so)."""
+    prompt = continuation_prompt(formatter, conversation)
+    style = formatter(messages=conversation[:-1])
+    return model.tokenize(prompt.encode("utf-8"), add_bos=not style.added_special, special=True), style
+
+
+def _last_logprobs(model: Any, tokens: Sequence[int], ids: Sequence[int]) -> list[float]:
+    """The log-probabilities of ``ids`` after ``tokens``: the prefix already evaluated is kept
+    (one token at least is evaluated again, for its logits), the rest evaluated."""
+    import numpy as np
+    import llama_cpp
+
+    done = model.input_ids[: model.n_tokens].tolist()
+    keep = 0
+    while keep < min(len(done), len(tokens) - 1) and done[keep] == tokens[keep]:
+        keep += 1
+    model.n_tokens = keep
+    model.eval(list(tokens[keep:]))
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(model.ctx, -1), shape=(model.n_vocab(),))
+    logits = logits.astype(np.float64)
+    top = logits.max()
+    norm = top + math.log(float(np.exp(logits - top).sum()))
+    return [float(logits[i] - norm) for i in ids]
 
 
 def _opening(messages: Sequence[Message]) -> str:

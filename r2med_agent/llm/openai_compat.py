@@ -67,7 +67,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError, exception_chain
-from r2med_agent.llm.base import AuthError, PartialBatchError, PromptMeta, TemplateHashes, UnreachableError
+from r2med_agent.llm.base import (
+    AuthError, PartialBatchError, PromptMeta, TemplateHashes, UnreachableError, choice_token_ids,
+)
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
@@ -633,6 +635,12 @@ class OpenAICompatBackend:
             elif not self._noted_new_turn:
                 self._noted_new_turn = True
                 logger.debug("llm %s: %s", spec.name, _NEW_TURN_NOTES[self.server])
+        choices = extra.pop("token_choices", None)
+        if choices:
+            # vLLM's sampling fields, by the ids of the entry's tokenizer (what the server loads).
+            tokenizer = self._chat_tokenizer()
+            ids = choice_token_ids(lambda s: tokenizer.encode(s, add_special_tokens=False), choices)
+            extra.update(allowed_token_ids=ids, logprob_token_ids=ids)
         extra.update(spec.extra_body)
         if extra:
             req["extra_body"] = extra
@@ -892,7 +900,7 @@ class OpenAICompatBackend:
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             latency_s=latency,
             logprobs=(
-                None if not params.logprobs
+                None if not (params.logprobs or params.token_choices)
                 else _chat_logprobs(getattr(choice, "logprobs", None)) if message is not None
                 else _completion_logprobs(getattr(choice, "logprobs", None))
             ),
@@ -996,6 +1004,15 @@ def wire_sampling(
     if params.logprobs:
         fields["logprobs"] = True
         fields["top_logprobs"] = params.logprobs
+    if params.token_choices:
+        if server != "vllm":
+            raise ConfigError(
+                f"token choices (a reranker's judgment tokens) need a vLLM server; this one is '{server}'"
+            )
+        # Turned into vLLM's allowed_token_ids and logprob_token_ids by the backend, whose
+        # tokenizer knows the ids; vLLM wants as many top log-probabilities as choices.
+        fields["logprobs"] = True
+        fields["top_logprobs"] = len(params.token_choices)
     client_stops: list[str] = []
     if params.stop:
         if "stop" in drop:
@@ -1005,6 +1022,8 @@ def wire_sampling(
             fields["stop"] = list(params.stop[:limit])
             client_stops = list(params.stop[limit:])
     extra: dict[str, Any] = {}
+    if params.token_choices:
+        extra["token_choices"] = list(params.token_choices)
     if server != "openai":
         if "top_k" not in drop:
             # llama.cpp's server rejects -1; 0 turns top-k off there.

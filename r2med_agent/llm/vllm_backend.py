@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes
+from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
@@ -91,12 +91,15 @@ def engine_kwargs(spec: LLMSpec) -> dict[str, Any]:
 
 
 def to_vllm_sampling(
-    vllm: Any, params: SamplingParams, extra: dict[str, Any] | None = None, n: int = 1
+    vllm: Any, params: SamplingParams, extra: dict[str, Any] | None = None, n: int = 1,
+    choice_ids: Sequence[int] = (),
 ) -> Any:
     """Our SamplingParams as ``vllm.SamplingParams``: ``n`` samples (one by default), stop strings
     left out of the output text, the top ``logprobs`` tokens per position when asked; ``extra``
     (the entry's ``extra_body``) adds SamplingParams fields, with a ``structured_outputs``
-    mapping turned into ``StructuredOutputsParams``."""
+    mapping turned into ``StructuredOutputsParams``. ``choice_ids`` (the ids of
+    ``params.token_choices``) become both ``allowed_token_ids`` and ``logprob_token_ids``, whose
+    log-probabilities vLLM returns (its ``logprobs`` must then equal their number)."""
     fields = dict(extra or {})
     structured = fields.get("structured_outputs")
     if isinstance(structured, dict):
@@ -105,6 +108,8 @@ def to_vllm_sampling(
         fields["structured_outputs"] = StructuredOutputsParams(**structured)
     if params.logprobs:
         fields["logprobs"] = params.logprobs
+    if choice_ids:
+        fields.update(allowed_token_ids=list(choice_ids), logprob_token_ids=list(choice_ids), logprobs=len(choice_ids))
     return vllm.SamplingParams(
         **fields,
         n=n,
@@ -227,7 +232,11 @@ class VLLMBackend:
         vllm = _import_vllm()
         engine = self._engine()
         conversations = [with_system_prompt(list(p), self.spec.system_prompt) for p in prompts]
-        sampling = to_vllm_sampling(vllm, params, self.spec.extra_body, n)
+        choice_ids: list[int] = []
+        if params.token_choices:
+            tokenizer = engine.get_tokenizer()
+            choice_ids = choice_token_ids(lambda s: tokenizer.encode(s, add_special_tokens=False), params.token_choices)
+        sampling = to_vllm_sampling(vllm, params, self.spec.extra_body, n, choice_ids)
         progress = for_backend(len(conversations), f"vLLM {self.spec.name}")
         progress.ready()
         bar = progress.vllm_bar

@@ -688,6 +688,50 @@ def test_local_state_cache_resumes_interleaved_trajectories(smollm2_llm) -> None
     assert without_cache >= with_cache + first.prompt_tokens // 2
 
 
+RANK1_RAW = ("Determine if the following passage is relevant to the query. Answer only with 'true' or "
+             "'false'.\nQuery: fever in a child\nPassage: Fever is a raised body temperature.\n<think>\n"
+             "The passage defines fever.\n</think>")
+
+
+@pytest.mark.slow
+def test_local_token_choices_are_the_log_probabilities_of_the_next_token(smollm2_llm, smollm2_gguf) -> None:
+    """``token_choices`` on llama.cpp: each choice's log-probability over the whole vocabulary at
+    the prompt's last position, checked against an independent computation (a second model with
+    ``logits_all``: its stored logits row, soft-maxed here), for a raw-text continuation and a
+    new chat turn, before and after other work on the same model (prefix reuse)."""
+    import llama_cpp
+    import numpy as np
+
+    choices = (" true", " false")
+    params = SamplingParams(temperature=0.0, max_tokens=1, token_choices=choices)
+    turn = [{"role": "user", "content": "Is fever a raised body temperature? Answer yes or no."}]
+    raw = [{"role": "assistant", "content": RANK1_RAW}]
+    got = smollm2_llm.generate([raw, turn], params)
+    reference = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=2048, logits_all=True, verbose=False)
+    try:
+        for gen, messages, bos in ((got[0], raw, True), (got[1], turn, False)):
+            text = smollm2_llm.render_prompt(messages)
+            tokens = reference.tokenize(text.encode("utf-8"), add_bos=bos, special=True)
+            reference.reset()
+            reference.eval(tokens)
+            row = np.asarray(reference.scores[len(tokens) - 1], dtype=np.float64)
+            logz = row.max() + math.log(np.exp(row - row.max()).sum())
+            ids = [reference.tokenize(c.encode("utf-8"), add_bos=False)[0] for c in choices]
+            expected = {c: row[i] - logz for c, i in zip(choices, ids)}
+            assert gen.prompt_tokens == len(tokens) and gen.completion_tokens == 1
+            assert len(gen.logprobs) == 1 and {t for t, _ in gen.logprobs[0]} == set(choices)
+            for token, lp in gen.logprobs[0]:
+                assert lp == pytest.approx(expected[token], abs=2e-3)
+            assert gen.text == max(expected, key=expected.get)  # the more likely choice
+    finally:
+        reference.close()
+    smollm2_llm.generate([turn], SamplingParams(temperature=0.0, max_tokens=6))  # other work between
+    again = smollm2_llm.generate([raw], params)[0]
+    assert again.logprobs == got[0].logprobs
+    with pytest.raises(LLMError, match="one token at a time"):
+        smollm2_llm.generate([raw], dataclasses.replace(params, max_tokens=2))
+
+
 def test_local_continuation_prompt_renders_the_generation_prompt_once() -> None:
     pytest.importorskip("llama_cpp")
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter

@@ -95,16 +95,19 @@ def test_format_gives_the_same_result_on_the_engine_and_the_server(
     b = LLMReranker(_spec(fmt), llm=served).rerank_tasks([sample_job], 6 if fmt != "rank1" else 3)[0]
     if fmt == "rank1":
         # SmolLM2 writes the forced judgment as " " + "false" (two tokens), never Rank1's one
-        # " false" token, so its P(true) is not read (0.5 after the forced end, as Rank1 scores
-        # it); both backends must still agree on every step.
+        # " false" token, so P(true) is read after Rank1's forced end, restricted to the two
+        # judgment tokens (allowed_token_ids) and scored by their log-probabilities
+        # (logprob_token_ids) on both backends.
         keys = ("pairs", "scored_by_logprobs", "forced_end", "no_judgment")
         assert a.stats["pairs"] == 6 and {k: a.stats[k] for k in keys} == {k: b.stats[k] for k in keys}
+        assert a.stats["scored_by_logprobs"] == 6
         ra = {r["doc_id"]: r for t in a.traces for r in t.extra["judgments"]}
         rb = {r["doc_id"]: r for t in b.traces for r in t.extra["judgments"]}
         for d in ra:
             assert ra[d]["judgment"] == rb[d]["judgment"] is not None  # from the stop string
             assert ra[d]["forced"] == rb[d]["forced"]
-            assert ra[d]["p_true"] == pytest.approx(rb[d]["p_true"], abs=0.02) if ra[d]["p_true"] else rb[d]["p_true"] is None
+            assert 0.0 < ra[d]["p_true"] < 1.0 and ra[d]["p_true"] == pytest.approx(rb[d]["p_true"], abs=0.02)
+        assert len({r["p_true"] for r in ra.values()}) > 1  # real probabilities, not a constant
         # Raw text on both: the prompt is exactly Rank1's text, no chat template around it.
         from transformers import AutoTokenizer
 

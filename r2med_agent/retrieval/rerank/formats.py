@@ -13,7 +13,7 @@ pure parts: what the model reads besides the prompt template, and how its answer
   P(true) / (P(true) + P(false)) of the judgment token (:func:`true_probability`). An answer
   without both tokens among the last position's top log-probabilities is ended by force: its
   text is cut after its last full sentence and ``</think>`` appended (:func:`forced_end`), and
-  one more token is scored the same way.
+  one more token, restricted to the two (Rank1's ``allowed_token_ids``), is scored the same way.
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ def rank1_judgment(text: str, stop_reason: str | None) -> bool | None:
         return None
     words = re.findall(r"\b(true|false)\b", text.rsplit("</think>", 1)[1], re.IGNORECASE)
     return None if not words else words[-1].lower() == "true"
+
+
+def judgment_point(prompt: str, generated: str, *, force: bool) -> str:
+    """The raw text whose next token is the judgment: an answer that stopped at its judgment
+    continued right after its ``</think>`` (the stop string was left out of ``generated``), or,
+    with ``force``, ended by force (:func:`forced_end`)."""
+    return forced_end(prompt, generated) if force else f"{prompt}{generated}</think>"
 
 
 def forced_end(prompt: str, generated: str) -> str:

@@ -335,6 +335,21 @@ class LLMReranker:
             return resolve_server(spec) == "vllm"
         return False
 
+    def scores_choices(self) -> bool:
+        """Whether the LLM's backend scores a next token restricted to given choices
+        (``SamplingParams.token_choices``): vLLM offline, a vLLM server, or local llama.cpp."""
+        spec = getattr(self.llm, "spec", None)
+        if spec is None:
+            backend = getattr(self.llm, "backend", self.llm)
+            return bool(getattr(backend, "scores_choices", False))
+        if spec.backend in ("vllm", "local"):
+            return True
+        if spec.backend == "openai":
+            from r2med_agent.llm.openai_compat import resolve_server
+
+            return resolve_server(spec) == "vllm"
+        return False
+
     # -- reranking -----------------------------------------------------------------------------
 
     def rerank(self, requests: Sequence[SearchRequest], run: Run, corpus: Mapping[str, str], k: int,
@@ -475,33 +490,40 @@ class LLMReranker:
 
     def _rank1(self, queries: list[_Query]) -> None:
         """Rank1 (:mod:`~r2med_agent.retrieval.rerank.formats`): all pairs in one call that stops
-        at the judgment token. With log-probabilities the score is P(true) of that token, and
-        the answers lacking it are ended by force in one more call (0.5 when even that lacks
-        it, as Rank1 does); without them, the parsed judgment (1, 0, or 0.5 when none)."""
-        logprobs = self.returns_logprobs()
+        at the judgment token; the score is P(true) of that token. With log-probabilities of the
+        generation (vLLM), as Rank1 does: read at the stop, and the answers lacking both tokens
+        among the top ones are ended by force in one more call restricted to the two tokens.
+        A backend that scores token choices but returns no generation log-probabilities (local
+        llama.cpp) scores every answer in that one more call: a finished one right after its
+        ``</think>``, an unfinished one ended by force. Without either, the parsed judgment
+        (1, 0, or 0.5 when none)."""
+        logprobs, choices = self.returns_logprobs(), self.scores_choices()
         params = replace(self.sampling(), stop=formats.RANK1_STOPS, logprobs=TOP_LOGPROBS if logprobs else 0)
         pairs, prompts_, hashes, first = self._judge_pairs(queries, params)
         probs = [formats.true_probability(g.logprobs[-1]) if logprobs and g.logprobs else None for g in first]
-        forced = [i for i, p in enumerate(probs) if p is None] if logprobs else []
-        if forced:
-            end = replace(params, temperature=0.0, max_tokens=1, stop=())
-            follow = [[{"role": "assistant", "content": formats.forced_end(prompts_[i][0]["content"], first[i].text)}]
-                      for i in forced]
-            second = self.llm.generate(follow, end, template_hash=[hashes[i] for i in forced],
-                                       meta=[self._meta(pairs[i][0], doc_id=pairs[i][1], step="forced end") for i in forced])
-            for i, g in zip(forced, second):
+        later = [i for i, p in enumerate(probs) if p is None] if choices else []
+        forced = {i for i in later if logprobs or first[i].stop_reason not in formats.RANK1_STOPS}
+        if later:
+            end = replace(params, temperature=0.0, max_tokens=1, stop=(), logprobs=0,
+                          token_choices=(formats.RANK1_TRUE, formats.RANK1_FALSE))
+            follow = [[{"role": "assistant", "content": formats.judgment_point(
+                prompts_[i][0]["content"], first[i].text, force=i in forced)}] for i in later]
+            second = self.llm.generate(follow, end, template_hash=[hashes[i] for i in later], meta=[
+                self._meta(pairs[i][0], doc_id=pairs[i][1], step="forced end" if i in forced else "judgment")
+                for i in later])
+            for i, g in zip(later, second):
                 pairs[i][0].gens.append(g)
                 probs[i] = formats.true_probability(g.logprobs[0] if g.logprobs else None)
         for i, ((q, d), gen, p) in enumerate(zip(pairs, first, probs)):
             judged = formats.rank1_judgment(gen.text, gen.stop_reason)
-            fallback = 0.5 if logprobs or judged is None else float(judged)
+            fallback = 0.5 if choices or judged is None else float(judged)
             score = p if p is not None else fallback
             q.scores.append(score)
             q.records.append({"doc_id": d, "judgment": None if judged is None else ("true" if judged else "false"),
                               "p_true": None if p is None else round(p, 6), "score": round(score, 6),
                               "forced": i in forced, "finish_reason": gen.finish_reason})
             label = "none found" if judged is None else ("true" if judged else "false")
-            how = f"P(true) = {p:.4f}" if p is not None else ("no judgment token: 0.5" if logprobs else "score from the judgment")
+            how = f"P(true) = {p:.4f}" if p is not None else ("no judgment token: 0.5" if choices else "score from the judgment")
             note = f"judgment: {label}; {how}" + ("; thinking ended by force" if i in forced else "")
             q.steps.append(TraceStep(generated=gen.text, doc_ids=(d,), inserted=note,
                                      prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens))

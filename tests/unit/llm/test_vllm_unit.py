@@ -339,6 +339,9 @@ def test_extra_body_becomes_vllm_sampling_fields_with_structured_outputs(monkeyp
     assert isinstance(sp.structured_outputs, StructuredOutputsParams)
     assert sp.structured_outputs.regex == "<search> [a-z]+</search>" and sp.seed is None
     assert to_vllm_sampling(vllm, params).structured_outputs is None
+    # Token choices: allowed and scored by their ids, with as many log-probabilities.
+    chosen = to_vllm_sampling(vllm, SamplingParams(max_tokens=1, token_choices=(" true", " false")), None, 1, [7, 9])
+    assert chosen.allowed_token_ids == [7, 9] == chosen.logprob_token_ids and chosen.logprobs == 2
 
 
 # -- seeds ----------------------------------------------------------------------------------

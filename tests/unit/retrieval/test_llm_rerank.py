@@ -270,3 +270,45 @@ def test_openai_wire_asks_for_top_logprobs_only_when_set_and_reads_them() -> Non
     assert gen.logprobs == (((" yes", -0.1), (" no", -2.5)),)
     assert yes_probability(gen.logprobs[0]) == pytest.approx(math.exp(-0.1) / (math.exp(-0.1) + math.exp(-2.5)))
     assert OpenAICompatBackend._to_generation(response, SamplingParams(), 0.0).logprobs is None
+
+
+def test_token_choices_travel_as_vllm_ids_and_only_to_vllm_servers(tmp_path) -> None:
+    """``token_choices``: part of the cache key, sent to a vLLM server as ``allowed_token_ids``
+    and ``logprob_token_ids`` (the ids of the entry's tokenizer, with as many top
+    log-probabilities), read back although ``logprobs`` is 0, and refused by other servers."""
+    from types import SimpleNamespace as NS
+
+    from r2med_agent.config import build
+    from r2med_agent.errors import ConfigError, LLMError
+    from r2med_agent.llm.base import choice_token_ids
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend, key_params
+    from r2med_agent.llm.registry import LLMSpec
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, token_choices=(" true", " false"))
+    assert params.to_dict()["token_choices"] == [" true", " false"]
+    assert "token_choices" not in SamplingParams().to_dict()  # older keys stay valid
+    sent = key_params(params, server="vllm")
+    assert sent["token_choices"] == [" true", " false"] and sent["top_logprobs"] == 2
+    with pytest.raises(ConfigError, match="need a vLLM server; this one is 'llamacpp'"):
+        key_params(params, server="llamacpp")
+
+    class Tok:  # a tokenizer whose words are single tokens
+        vocab = {" true": [7], " false": [9, 1], " t": [7, 3]}
+
+        def encode(self, text, add_special_tokens=True):  # noqa: ANN001, ANN201
+            assert add_special_tokens is False
+            return self.vocab[text]
+
+    spec = build(LLMSpec, {"name": "v", "backend": "openai", "model": "m", "server": "vllm",
+                           "base_urls": ["http://127.0.0.1:9/v1"]}, "test")
+    backend = OpenAICompatBackend(spec)
+    backend._tokenizer = Tok()
+    req = backend._request([{"role": "user", "content": "q"}], params)
+    assert req["extra_body"]["allowed_token_ids"] == [7, 9] == req["extra_body"]["logprob_token_ids"]
+    assert "token_choices" not in req["extra_body"] and req["top_logprobs"] == 2
+    with pytest.raises(LLMError, match="share a first token"):
+        choice_token_ids(lambda s: Tok().encode(s, add_special_tokens=False), (" true", " t"))
+    top = {" false": -11.6, " true": -14.0}
+    choice = NS(text=" false", message=None, finish_reason="length", logprobs=NS(top_logprobs=[top]))
+    gen = OpenAICompatBackend._to_generation(NS(choices=[choice], usage=None), params, 0.0)
+    assert gen.logprobs == (((" false", -11.6), (" true", -14.0)),)

@@ -158,9 +158,10 @@ def _rank1_reference(query: str, passage: str) -> str:
 class _Rank1LLM(ScriptedLLM):
     """Rank1 on a backend with log-probabilities: P(true) at the judgment is the document's
     number / 10; documents 3 never close their thinking (no judgment token), and the forced end
-    gets the judgment from its one token."""
+    gets the judgment from its one token, restricted to the two judgment tokens."""
 
     returns_logprobs = True
+    scores_choices = True
 
     def generate(self, prompts, params, **kw):  # noqa: ANN001, ANN003, ANN201
         self.calls.append([list(p) for p in prompts])
@@ -171,7 +172,7 @@ class _Rank1LLM(ScriptedLLM):
             p = int(re.search(r"Passage: text (\d+)", text).group(1)) / 10 + 0.05
             top = ((" true", math.log(p)), (" false", math.log(1 - p)), ("maybe", math.log(1e-3)))
             if params.max_tokens == 1:  # the forced end
-                assert text.endswith("\n</think>") and params.logprobs == 20
+                assert text.endswith("\n</think>") and params.token_choices == (" true", " false")
                 out.append(Generation(text=" true", logprobs=(top,)))
             elif "text 3" in text:
                 out.append(Generation(text="Hmm. It is long and", finish_reason="length",
@@ -203,6 +204,47 @@ def test_rank1_prompt_is_rank1s_raw_text_and_scores_p_true_with_a_forced_end(tmp
     assert again.rerank_tasks([_job(task)], 5)[0].run == out.run and len(fake.calls) == 2
 
 
+class _Rank1Choices(ScriptedLLM):
+    """Rank1 on a backend that scores token choices but returns no generation log-probabilities
+    (local llama.cpp): P(true) after ``</think>`` is the document's number / 10."""
+
+    scores_choices = True
+
+    def generate(self, prompts, params, **kw):  # noqa: ANN001, ANN003, ANN201
+        self.calls.append([list(p) for p in prompts])
+        out = []
+        for m in prompts:
+            text = m[0]["content"]
+            if params.max_tokens == 1:
+                assert params.token_choices == (" true", " false") and params.logprobs == 0
+                p = int(re.search(r"Passage: text (\d+)", text).group(1)) / 10 + 0.05
+                out.append(Generation(text=" true", logprobs=(((" true", math.log(p)), (" false", math.log(1 - p))),)))
+            elif "text 3" in text:
+                out.append(Generation(text="Hmm. It is long and", finish_reason="length"))
+            else:
+                assert params.logprobs == 0
+                out.append(Generation(text="It fits.\n", stop_reason="</think> false"))
+        return out
+
+
+def test_rank1_with_token_choices_alone_scores_each_answer_after_its_thinking(tmp_path) -> None:
+    fake = _Rank1Choices(lambda m, p: "")
+    spec = RerankerSpec(name="r1", kind="pointwise-reasoning", format="rank1", llm="x")
+    out = LLMReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(_task("A", 5))], 5)[0]
+    assert [len(c) for c in fake.calls] == [10, 10]  # every answer judged in one more call
+    follow = {c[0]["content"].split("Passage: ")[1][:6]: c[0]["content"] for c in fake.calls[1]
+              if "first [3] query" in c[0]["content"]}
+    # A finished answer goes on right after its </think>; an unfinished one is ended by force.
+    assert follow["text 0"] == _rank1_reference("first [3] query", "text 0 [0] bad") + "It fits.\n</think>"
+    assert follow["text 3"] == _rank1_reference("first [3] query", "text 3 [3] GOOD") + "\nHmm.\n</think>"
+    assert _ranked(out.run["A-q0"]) == ["A-d4", "A-d3", "A-d2", "A-d1", "A-d0"]
+    assert out.run["A-q0"]["A-d2"] == pytest.approx(0.25)
+    assert out.stats["scored_by_logprobs"] == 10 and out.stats["forced_end"] == 2
+    rec = {r["doc_id"]: r for r in out.traces[0].extra["judgments"]}
+    assert rec["A-d0"]["judgment"] == "false" and rec["A-d0"]["p_true"] == pytest.approx(0.05)
+    assert not rec["A-d0"]["forced"] and rec["A-d3"]["forced"]
+
+
 def test_rank1_without_logprobs_scores_the_judgment_from_the_stop_string() -> None:
     def script(m, p):  # noqa: ANN001, ANN202
         if "GOOD" in m[0]["content"]:
@@ -220,7 +262,7 @@ def test_rank1_without_logprobs_scores_the_judgment_from_the_stop_string() -> No
 
 
 def test_tied_scores_keep_the_first_stage_order_in_evaluation() -> None:
-    """Rank1 on llama.cpp often finds no judgment (0.5 for all): the written run must still rank
+    """Rank1 on a backend without token choices often finds no judgment (0.5 for all): the run must still rank
     ties in first-stage order, not by document id as trec_eval breaks ties."""
     from r2med_agent.evaluation import trec_sorted
 
@@ -300,9 +342,13 @@ def test_format_entries_run_end_to_end_with_the_local_model(name, tmp_path, smol
     assert [t.query_id for t in traces] == ["q1", "q2"] and all(t.extra["format"] == stats["format"] for t in traces)
     if name == "smollm2-rank1":
         # One judgment per candidate BM25 found (q2's words match two documents only).
-        assert stats["pairs"] == 5 and stats["scored_by_logprobs"] == 0  # llama.cpp: the parsed judgment
-        assert all(r["score"] in (0.0, 0.5, 1.0) for t in traces for r in t.extra["judgments"])
-        assert stats["generations"] == 5  # all pairs, no forced end without log-probabilities
+        # llama.cpp scores the judgment token: P(true) of every pair, in one more call after
+        # the answers (ended by force where the tiny model never closed its thinking).
+        assert stats["pairs"] == 5 and stats["scored_by_logprobs"] == 5
+        judged = [r for t in traces for r in t.extra["judgments"]]
+        assert all(0.0 < r["p_true"] < 1.0 and r["score"] == r["p_true"] for r in judged)
+        assert len({r["p_true"] for r in judged}) == 5  # real probabilities, no 0.5 ties
+        assert stats["generations"] == 10 and stats["forced_end"] == sum(r["forced"] for r in judged)
     else:
         assert stats["windows"] == 2 and stats["answers_repaired"] <= 2
         assert sorted(traces[0].extra["windows"][0]["permutation"]) == [1, 2, 3]
