@@ -113,6 +113,17 @@ def test_generation_and_stage_lines_word_for_word() -> None:
         assert stage.line() == "BM25 index: 10 doc, 2.50/s"
 
 
+def test_one_line_builder_with_and_without_a_total() -> None:
+    """Both kinds build their line with ``_line_parts``: a known total gives the percent and the
+    ETA or the time taken; ``None`` gives the count and the rate alone, never an ETA."""
+    parts = progress._line_parts
+    assert parts("scan", 6, None, "block", 3.0) == ["scan: 6 block", "2.00/s"]
+    assert parts("scan", 0, None, "block", 0.0) == ["scan: 0 block", "0.00/s"]
+    assert parts("scan", 6, 12, "block", 3.0) == ["scan: 6/12 block (50%)", "2.00/s", "ETA 0:00:03"]
+    assert parts("scan", 12, 12, "block", 90.0) == ["scan: 12/12 block (100%)", "0.13/s", "done in 0:01:30"]
+    assert parts("scan", 0, 12, "block", 5.0) == ["scan: 0/12 block (0%)", "0.00/s"]
+
+
 def test_generation_bar_is_drawn_once_the_backend_is_ready_not_while_it_loads() -> None:
     """Item 11: a ``0/10`` bar drawn before the model loaded stayed on screen, and the
     loading message printed into it."""
