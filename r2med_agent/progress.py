@@ -128,7 +128,36 @@ def _fmt_eta(seconds: float) -> str:
     return str(timedelta(seconds=int(round(seconds))))
 
 
-class GenerationProgress:
+def _line_parts(desc: str, n: int, total: int | None, unit: str, elapsed: float) -> list[str]:
+    """The parts of a plain progress line, to be joined with commas: ``desc: n/total unit (pct%)``,
+    the rate, then the ETA while work remains or the time taken once it is done. ``total=None``
+    (a stage that does not know how much there is) leaves out the total, the ETA and the end."""
+    elapsed = max(elapsed, 1e-9)
+    rate = n / elapsed
+    head = f"{desc}: {n}" + ("" if total is None else f"/{total}") + f" {unit}"
+    if total:
+        head += f" ({100 * n / total:.0f}%)"
+    parts = [head, f"{rate:.2f}/s"]
+    if total is not None and 0 < n < total:
+        parts.append(f"ETA {_fmt_eta((total - n) / rate)}")
+    elif total is not None and n >= total:
+        parts.append(f"done in {_fmt_eta(elapsed)}")
+    return parts
+
+
+class _PlainLines:
+    """What both kinds of progress share in plain mode: a line is kept in ``lines`` (without its
+    time) and written to the stream with the time first."""
+
+    lines: list[str]
+    _stream: TextIO
+
+    def _write(self, text: str) -> None:
+        self.lines.append(text)
+        _print(_stamped(text), self._stream)
+
+
+class GenerationProgress(_PlainLines):
     """Generations done / total for one backend call.
 
     Args:
@@ -211,22 +240,10 @@ class GenerationProgress:
     def line(self) -> str:
         """The plain progress line: done/total, percent, rate, ETA, tokens/s."""
         elapsed = max(self.elapsed, 1e-9)
-        rate = self.n / elapsed
-        parts = [f"{self.desc}: {self.n}/{self.total} generations"]
-        if self.total:
-            parts[0] += f" ({100 * self.n / self.total:.0f}%)"
-        parts.append(f"{rate:.2f}/s")
-        if 0 < self.n < self.total:
-            parts.append(f"ETA {_fmt_eta((self.total - self.n) / rate)}")
-        elif self.n >= self.total:
-            parts.append(f"done in {_fmt_eta(elapsed)}")
+        parts = _line_parts(self.desc, self.n, self.total, "generations", elapsed)
         if self.tokens:
             parts.append(f"{self.tokens / elapsed:.1f} output tok/s")
         return ", ".join(parts)
-
-    def _write(self, text: str) -> None:
-        self.lines.append(text)
-        _print(_stamped(text), self._stream)
 
     def close(self) -> None:
         """Finish: the bar is removed; in plain mode a final line is written."""
@@ -335,7 +352,7 @@ def stage_bar(
                 leave=leave, **options)
 
 
-class StageProgress:
+class StageProgress(_PlainLines):
     """A stage's progress as plain lines (a log file): ``desc: n/total unit (pct%), rate, ETA``
     with the wall time first, one per interval while it runs, and a last one when it ends if it
     ran long enough to write any (a short stage writes nothing). Iterating over it iterates over
@@ -390,21 +407,10 @@ class StageProgress:
         pass
 
     def line(self) -> str:
-        elapsed = max(self._clock() - self._start, 1e-9)
-        rate = self.n / elapsed
-        head = f"{self.desc}: {self.n}" + (f"/{self.total}" if self.total else "") + f" {self.unit}"
-        if self.total:
-            head += f" ({100 * self.n / self.total:.0f}%)"
-        parts = [head, f"{rate:.2f}/s"]
-        if self.total and 0 < self.n < self.total:
-            parts.append(f"ETA {_fmt_eta((self.total - self.n) / rate)}")
-        elif self.total and self.n >= self.total:
-            parts.append(f"done in {_fmt_eta(elapsed)}")
-        return ", ".join(parts)
-
-    def _write(self, text: str) -> None:
-        self.lines.append(text)
-        _print(_stamped(text), self._stream)
+        """The plain line (:func:`_line_parts`); a total of 0 counts as none: the count and the
+        rate alone."""
+        elapsed = self._clock() - self._start
+        return ", ".join(_line_parts(self.desc, self.n, self.total or None, self.unit, elapsed))
 
     def close(self) -> None:
         """Finish: a last line when the stage wrote any before (a long stage)."""

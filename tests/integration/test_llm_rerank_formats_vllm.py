@@ -5,8 +5,6 @@ structured outputs (the entry's ``extra_body``, sent the same way offline and ov
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from r2med_agent.config import build
@@ -16,8 +14,9 @@ from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob
 from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import SearchRequest
+from tests.vllm_model import engine_spec
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_engines_closed")]
 
 # The shape each format's answer is forced into (four candidates per window).
 _ORDER = r"\[[1-4]\] > \[[1-4]\] > \[[1-4]\] > \[[1-4]\]"
@@ -26,23 +25,6 @@ REGEX = {
     "insertrank": _ORDER,
     "rank1": r"[a-z ]{1,24}\.\n</think> (true|false)",
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _shut_engines_down():  # noqa: ANN202
-    yield
-    from r2med_agent.llm import vllm_backend
-
-    vllm_backend.close_engines()
-
-
-@pytest.fixture(scope="module")
-def vllm_server(vllm_model_dir, tmp_path_factory):  # noqa: ANN001, ANN201 - base URL
-    from tests.vllm_server import VLLMServer
-
-    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"), timeout_s=900,
-                    served_model_name="smol") as server:
-        yield server.base_url
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +41,7 @@ def sample_job():  # noqa: ANN201
 def _engine_llm(model_dir, fmt, tmp_path):  # noqa: ANN001, ANN202
     from r2med_agent.llm.vllm_backend import VLLMBackend
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    spec = build(LLMSpec, {
-        "name": "smol-vllm", "backend": "vllm", "model": str(model_dir), "seed": None, "system_prompt": "",
-        "gpu_memory_utilization": 0.05, "max_model_len": 2048, "engine_kwargs": {"enforce_eager": True},
-        "extra_body": {"structured_outputs": {"regex": REGEX[fmt]}},
-    }, "test")
+    spec = engine_spec(model_dir, system_prompt="", extra_body={"structured_outputs": {"regex": REGEX[fmt]}})
     return CachedLLM(VLLMBackend(spec), spec, cache=GenerationCache(tmp_path / f"engine-{fmt}.sqlite"), chunk_size=None)
 
 

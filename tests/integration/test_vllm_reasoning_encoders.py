@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -82,17 +81,6 @@ def test_reasonir_names_both_things_vllm_cannot_reproduce() -> None:
 
 # ------------------------------------------------------------------------------------------
 # real vLLM CPU engine
-
-
-@pytest.fixture
-def one_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A small CPU KV cache for the engine this test starts, and the engine shut down after it."""
-    pytest.importorskip("vllm")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    try:
-        yield
-    finally:
-        VLLMEncoder.close()
 
 
 # architecture class -> the registry entries whose pipeline its tiny model stands in for

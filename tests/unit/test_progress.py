@@ -92,6 +92,38 @@ def test_generation_lines_in_a_file_carry_the_time() -> None:
     assert len(lines) == 2 and all(re.match(_STAMP + r"generating \(smollm2\): \d/4 generations", x) for x in lines)
 
 
+def test_generation_and_stage_lines_word_for_word() -> None:
+    """The plain lines of both kinds: a generation line always counts out of its total (and adds
+    the output token rate); a stage without a total shows its count and rate alone."""
+    clock = _Clock()
+    gen = GenerationProgress(4, "gen (m)", stream=io.StringIO(), show=True, clock=clock)
+    clock.t = 10.0
+    gen.update(1, tokens=20)
+    assert gen.line() == "gen (m): 1/4 generations (25%), 0.10/s, ETA 0:00:30, 2.0 output tok/s"
+    clock.t = 20.0
+    gen.update(3)
+    assert gen.line() == "gen (m): 4/4 generations (100%), 0.20/s, done in 0:00:20, 1.0 output tok/s"
+    empty = GenerationProgress(0, "gen (m)", stream=io.StringIO(), show=True, clock=clock)
+    assert empty.line() == "gen (m): 0/0 generations, 0.00/s, done in 0:00:00"
+    for total in (None, 0):
+        clock.t = 0.0
+        stage = StageProgress(total=total, desc="BM25 index", unit="doc", stream=io.StringIO(), clock=clock)
+        clock.t = 4.0
+        stage.update(10)
+        assert stage.line() == "BM25 index: 10 doc, 2.50/s"
+
+
+def test_one_line_builder_with_and_without_a_total() -> None:
+    """Both kinds build their line with ``_line_parts``: a known total gives the percent and the
+    ETA or the time taken; ``None`` gives the count and the rate alone, never an ETA."""
+    parts = progress._line_parts
+    assert parts("scan", 6, None, "block", 3.0) == ["scan: 6 block", "2.00/s"]
+    assert parts("scan", 0, None, "block", 0.0) == ["scan: 0 block", "0.00/s"]
+    assert parts("scan", 6, 12, "block", 3.0) == ["scan: 6/12 block (50%)", "2.00/s", "ETA 0:00:03"]
+    assert parts("scan", 12, 12, "block", 90.0) == ["scan: 12/12 block (100%)", "0.13/s", "done in 0:01:30"]
+    assert parts("scan", 0, 12, "block", 5.0) == ["scan: 0/12 block (0%)", "0.00/s"]
+
+
 def test_generation_bar_is_drawn_once_the_backend_is_ready_not_while_it_loads() -> None:
     """Item 11: a ``0/10`` bar drawn before the model loaded stayed on screen, and the
     loading message printed into it."""
