@@ -19,7 +19,7 @@ from typing import Any
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
-from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, RunSpec
+from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, LOOP_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary, write_task_set
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
 
@@ -91,6 +91,9 @@ class RunConfig(RunSpec):
 
             object.__setattr__(self, "candidates", candidates_fingerprint(self.candidate_files()))
         super().__post_init__()
+        if self.loop_rules != LOOP_RULES:
+            raise ConfigError(f"loop_rules {self.loop_rules} names results of an earlier version's loops; this "
+                              f"version runs only loop_rules {LOOP_RULES}")
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")

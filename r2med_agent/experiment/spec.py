@@ -55,6 +55,11 @@ BM25_NAMES = frozenset({"bm25", "bm25-compat"})
 CANDIDATES = "candidates"
 """The retriever of a run over given first-stage run files (``run --candidates``)."""
 
+LOOP_RULES = 2
+"""The version of the agentic loops' behaviour this code runs: 1 before Search-R1 and Search-o1
+followed their originals' code (docs/protocol.md), 2 since. Records of agentic runs that lack the
+setting were written by version 1 (:meth:`RunSpec.from_record`)."""
+
 NO_MODEL = BM25_NAMES | {CANDIDATES}
 """Retrievers with no neural model: precision and encoder backend do not apply to them."""
 
@@ -97,6 +102,8 @@ class RunSpec:
         empty_generation: what an empty generated text becomes, ``query`` or ``keep``.
         llm_prompt: how a prompt reaches a vLLM engine, ``chat`` or ``rendered``.
         rerank_max_length: tokens of a cross-encoder's (query, document) input (None: the entry's).
+        loop_rules: the version of the agentic loops' behaviour (:data:`LOOP_RULES`); only the
+            current one runs, an earlier one names results an earlier version made.
     """
 
     method: str = field(default="none", metadata=_help(
@@ -193,6 +200,9 @@ class RunSpec:
         "Tokens of a cross-encoder reranker's (query, document) input, longest part cut first (default: the "
         "entry's max_length; rankllama 1024, the value of the script that produced R2MED's RankLLaMA rows, "
         "while the released eval_reranker.py would give it 512)."))
+    loop_rules: int = field(default=LOOP_RULES, metadata=_help(
+        "Version of the Search-R1/Search-o1 loop behaviour: 2 follows the originals' code (this version "
+        "runs only it); 1 names fresh agentic results of earlier versions, made before that change."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part
@@ -225,7 +235,7 @@ class RunSpec:
             raise ConfigError(f"not a run spec key: {key!r} ({e.msg})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"not a run spec key: {key!r}")
-        return cls.from_record(data)
+        return cls.from_record({"loop_rules": LOOP_RULES, **data})  # a key leaves defaults out
 
     def digest(self) -> str:
         """Eight hex digits of SHA-256 over :meth:`key`: stable across runs, machines, versions."""
@@ -239,7 +249,8 @@ class RunSpec:
     def from_record(cls, record: Mapping[str, Any]) -> RunSpec:
         """The spec of a recorded config: this version's :meth:`record`, or the ``config`` block an
         earlier version wrote (keys that are not settings are ignored; a setting an earlier version
-        did not record has its default, which is what such runs did)."""
+        did not record has its default, which is what such runs did; only the loops changed since:
+        a record without ``loop_rules`` is of version 1's loops)."""
         names = {f.name for f in fields(RunSpec)}
         kwargs = {k: v for k, v in record.items() if k in names}
         for key in ("fusion_weights", "fusion_depth"):
@@ -256,6 +267,7 @@ class RunSpec:
                 kwargs[key] = default
         if kwargs["generations"] == "r2med":
             kwargs.pop("sampling", None)  # earlier versions recorded overrides that played no part
+        kwargs.setdefault("loop_rules", 1)  # every record of this version has it; set back where no loop ran
         return cls(**kwargs)
 
     def applicable(self) -> list[str]:
@@ -273,7 +285,7 @@ class RunSpec:
         if not self.reranker:
             skip |= {"rerank_k", "rerank_cut"}
         if not caps.agentic:
-            skip |= {"loop_retriever", "final"}
+            skip |= {"loop_retriever", "final", "loop_rules"}
         return [f.name for f in fields(RunSpec) if f.name not in skip]
 
     def spec(self) -> RunSpec:
@@ -436,6 +448,7 @@ _TOKENS: dict[str, Any] = {
     "empty_generation": lambda v, s: f"empty-{v}",
     "llm_prompt": lambda v, s: f"prompt-{v}",
     "rerank_max_length": lambda v, s: f"rml{v}",
+    "loop_rules": lambda v, s: f"loops-v{v}",
 }
 
 
@@ -459,6 +472,8 @@ def _normalise(spec: RunSpec) -> None:
     _normalise_fusion_depth(spec)
     if not caps.agentic or spec.loop_retriever == spec.retriever:
         _set(spec, "loop_retriever", None)
+    if not caps.agentic or spec.generations == "r2med":
+        _set(spec, "loop_rules", LOOP_RULES)  # no loop ran
     if not caps.final_fuse and spec.final in FINAL_MODES:
         _set(spec, "final", "default")
     if caps.needs_first_pass and spec.generations == "r2med":
@@ -671,6 +686,8 @@ def _check_choices(spec: RunSpec) -> None:
         raise ConfigError(f"--empty-generation must be one of {', '.join(EMPTY_GENERATION)}, got '{spec.empty_generation}'")
     if spec.llm_prompt not in LLM_PROMPTS:
         raise ConfigError(f"--llm-prompt must be one of {', '.join(LLM_PROMPTS)}, got '{spec.llm_prompt}'")
+    if spec.loop_rules not in range(1, LOOP_RULES + 1) or isinstance(spec.loop_rules, bool):
+        raise ConfigError(f"loop_rules must be a loop version from 1 to {LOOP_RULES}, got {spec.loop_rules!r}")
 
 
 def _normalise_fusion_depth(spec: RunSpec) -> None:
@@ -763,6 +780,9 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
         if name == "sampling":
             out += _sampling_args(value)
             continue
+        if name == "loop_rules":
+            raise ConfigError(f"loop_rules {value} names results of an earlier version's loops, which this "
+                              "version does not run")
         flag = SPEC_FLAGS.get(name, "--" + name.replace("_", "-"))
         if isinstance(value, bool):
             out += [flag] if value else []

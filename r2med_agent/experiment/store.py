@@ -268,18 +268,28 @@ class ResultStore:
         return folder
 
     def _check_owner(self, folder: Path, spec: RunSpec) -> None:
+        """Refuse a folder whose ``spec.json`` or task results are another spec's. Both are read
+        as specs, not compared as key texts: a setting added since they were written (a record
+        without ``loop_rules``) makes them another spec even where the key text is the same."""
         marker = folder / SPEC_FILE
         if marker.exists():
             try:
                 have = read_json(marker, "spec file")
             except DataError as e:
                 raise ConfigError(f"{marker}: unreadable ({e}); move the folder away or repair it") from None
-            if not isinstance(have, dict) or have.get("key") != spec.key():
+            owner = _owner_spec(have)
+            have_key = owner.key() if owner is not None else have.get("key") if isinstance(have, dict) else None
+            if owner is not None and have_key != spec.key() and self.folder(owner) != folder:
+                raise ConfigError(
+                    f"{folder} holds another spec's results ({owner.label}), filed by an earlier version; "
+                    f"nothing was written. Run `r2med-agent results migrate {self.root}` to move them to "
+                    "their own folder, then run again"
+                )
+            if have_key != spec.key():
                 raise ConfigError(
                     f"{folder} holds results of another run spec ({marker}); nothing was written. "
                     "Use another --output-dir or move that folder"
                 )
-            return
         others = []
         for found in self._task_results(folder):
             if found.spec is None or found.spec.key() != spec.key():
@@ -402,10 +412,32 @@ class ResultStore:
         if not found:
             if summary.is_file() and not summary.is_symlink():
                 summary.unlink()
+            owner = _owner_spec(_read_or_none(folder / SPEC_FILE))
+            if owner is not None and self.folder(owner).resolve() != folder.resolve():
+                (folder / SPEC_FILE).unlink()  # its results moved to their own folder; it no longer owns this one
             return
         scores = {f.task: {k: float(v) for k, v in f.record["test"].items() if isinstance(v, (int, float))}
                   for f in found}
         write_summary(folder, scores, found[0].spec)
+
+
+def _read_or_none(path: Path) -> Any:
+    """The JSON in ``path``, or None when it is missing or unreadable."""
+    try:
+        return read_json(path, "spec file") if path.is_file() else None
+    except DataError:
+        return None
+
+
+def _owner_spec(have: Any) -> RunSpec | None:
+    """The spec a ``spec.json`` names, read from its full record (None: not understood)."""
+    record = have.get("spec") if isinstance(have, dict) else None
+    if not isinstance(record, Mapping):
+        return None
+    try:
+        return RunSpec.from_record(record)
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 def spec_file(spec: RunSpec) -> dict[str, Any]:

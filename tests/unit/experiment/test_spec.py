@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec, cli_args
+from r2med_agent.experiment.spec import LOOP_RULES, SAMPLING_FLAGS, SPEC_FLAGS, RunSpec, cli_args
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.runner import RunConfig
 
@@ -72,6 +72,7 @@ def specs(draw) -> RunSpec:
     kw["empty_generation"] = draw(st.sampled_from(["query", "keep"]))
     kw["llm_prompt"] = draw(st.sampled_from(["chat", "rendered"]))
     kw["rerank_max_length"] = draw(st.sampled_from([None, 64, 512, 1024]))
+    kw["loop_rules"] = draw(st.sampled_from([1, LOOP_RULES]))  # 1: read from an old record
     return RunSpec(**kw)
 
 
@@ -83,6 +84,10 @@ def test_key_and_record_round_trip(spec: RunSpec) -> None:
     assert RunSpec.from_key(spec.key()).key() == spec.key()
     assert RunSpec.from_key(spec.key()).folder() == spec.folder()
     # The runner records the spec plus run options; the spec read back is the same.
+    if spec.loop_rules != LOOP_RULES:  # only results of earlier versions have other loops
+        with pytest.raises(ConfigError, match="loop_rules 1 names results of an earlier version"):
+            RunConfig(tasks=("sample",), **{f: getattr(spec, f) for f in spec.record()})
+        return
     cfg = RunConfig(tasks=("sample",), **{f: getattr(spec, f) for f in spec.record()})
     assert cfg.spec() == spec
     assert RunSpec.from_record(cfg.record()) == spec
@@ -109,6 +114,10 @@ def test_folder_names_are_safe_and_readable(spec: RunSpec) -> None:
 def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
     if spec.candidates is not None:  # given by the files' path, which the spec does not hold
         with pytest.raises(ConfigError, match="--candidates"):
+            cli_args(spec)
+        return
+    if spec.loop_rules != LOOP_RULES:  # an earlier version's loops: no option runs them
+        with pytest.raises(ConfigError, match="this version does not run"):
             cli_args(spec)
         return
     args = cli_args(spec)
@@ -202,6 +211,34 @@ def test_reference_options_apply_only_where_they_play_a_part() -> None:
         RunSpec(method="hyde", llm="qwen-7b", empty_generation="skip")
     with pytest.raises(ConfigError, match="--llm-prompt must be one of chat, rendered"):
         RunSpec(method="hyde", llm="qwen-7b", llm_prompt="generate")
+
+
+def test_a_record_without_loop_rules_is_of_the_earlier_loops() -> None:
+    # Every record this version writes holds loop_rules; one without it was written before the
+    # agentic loops followed the originals' code, so its run is another spec with its own folder.
+    new = RunSpec(method="search-o1", llm="qwen3-32b", retriever="bge")
+    record = new.record()
+    assert record["loop_rules"] == LOOP_RULES == 2 and RunSpec.from_record(record) == new
+    del record["loop_rules"]
+    old = RunSpec.from_record(record)
+    assert old.loop_rules == 1 and old.key() != new.key() and old.folder() != new.folder()
+    assert old.leaf == f"bge__loops-v1__{old.digest()}" and old.label == "search-o1/qwen3-32b/bge [loop_rules=1]"
+    assert new.folder() == "search-o1/qwen3-32b/bge" and new.settings() == {}
+    assert RunSpec.from_key(old.key()) == old and RunSpec.from_key(new.key()) == new  # a key leaves defaults out
+    assert "loop_rules" in new.applicable()
+    r1 = RunSpec(method="search-r1", llm="qwen-3b-ins", retriever="nv").record()
+    del r1["loop_rules"]
+    assert RunSpec.from_record(r1).loop_rules == 1
+    # No loop ran: other methods, and the agentic methods' released generations.
+    for spec in (RunSpec(method="hyde", llm="qwen-7b"), RunSpec(), RunSpec(retriever="nv", reranker="monobert"),
+                 RunSpec(method="search-o1", llm="qwq-32b", retriever="bge", generations="r2med")):
+        record = spec.record()
+        del record["loop_rules"]
+        assert RunSpec.from_record(record) == spec and RunSpec.from_record(record).folder() == spec.folder()
+    assert RunSpec(method="hyde", llm="qwen-7b", loop_rules=1) == RunSpec(method="hyde", llm="qwen-7b")
+    assert "loop_rules" not in RunSpec(method="hyde", llm="qwen-7b").applicable()
+    with pytest.raises(ConfigError, match="loop_rules must be a loop version from 1 to 2"):
+        RunSpec(method="search-o1", llm="qwen3-32b", loop_rules=3)
 
 
 def test_default_runs_keep_their_folder_names() -> None:
