@@ -295,6 +295,9 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         + (f" ({stale} with stale results)" if stale else "")
         + f", {len(planned) - todo} already done"
     )
+    if stale:
+        lines.append("A stale result made by another run spec is never replaced: `r2med-agent results migrate` "
+                     "files it under its own folder before the re-run.")
     return "\n".join(lines) + "\n"
 
 

@@ -20,7 +20,7 @@ from r2med_agent.experiment.spec import LOOP_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+from r2med_agent.reproduce import ReproduceOptions, format_plan, load_grid, plan
 from r2med_agent.runner import RunConfig, run_experiment
 from tests.fakes import ScriptedLLM
 from tests.result_trees import GOOD, MIXED, write_result
@@ -157,4 +157,5 @@ def test_reproduce_runs_an_old_loop_cell_again(tmp_path) -> None:
     _strip(hyde, "Biology")
     loop, other = plan(grid, opts)
     assert loop.stale == {"Biology": f"loop_rules 1, the entry {LOOP_RULES}"} and loop.pending == ("Biology",)
+    assert "`r2med-agent results migrate` files it under its own folder" in format_plan([loop, other])
     assert other.done == ("Biology",) and not other.stale
