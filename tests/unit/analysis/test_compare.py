@@ -193,7 +193,7 @@ def test_bm25_compat_rows_get_the_papers_bm25_scores(tmp_path):
 def test_published_scores_load_all_592_rows():
     pub = published_results()
     paper = [k for k in pub.keys() if pub.kinds[k] != "frontier"]
-    assert len(paper) == 74 and len(pub.keys("frontier")) == 24
+    assert len(paper) == 74 and len(pub.keys("frontier")) == 26
     assert len(pub.keys("retrieval")) == 15 and len(pub.keys("rerank")) == 3
     assert sum(len(pub.scores(k)) for k in paper) == 568 + 24
     # The NanoR2MED card's three profiles, 8 splits each.

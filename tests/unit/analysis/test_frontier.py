@@ -133,15 +133,26 @@ def test_compare_published_gives_a_frontier_row_its_average_and_source(tmp_path:
 
 
 def test_an_average_only_row_gets_the_published_average_over_the_eight_tasks(tmp_path: Path):
+    """InsertRank's source gives its average alone (no per-task table could be read)."""
     root = tmp_path / "results"
     for task in r2med_tasks():
-        write_result(root, "none", "none", "diver-4b", task, GOOD, reranker="qwen3-32b-groupwise")
+        write_result(root, "none", "none", "bm25", task, GOOD, reranker="insertrank-r1")
     (row,) = build_table(load_results([root]), "ndcg_at_10", published=True).rows
-    assert row.published == {} and row.published_average == pytest.approx(0.506)
+    assert row.published == {} and row.published_average == pytest.approx(0.511)
     root2 = tmp_path / "partial"
-    write_result(root2, "none", "none", "diver-4b", "Biology", GOOD, reranker="qwen3-32b-groupwise")
+    write_result(root2, "none", "none", "bm25", "Biology", GOOD, reranker="insertrank-r1")
     (row,) = build_table(load_results([root2]), "ndcg_at_10", published=True).rows
     assert row.published_average is None
+
+
+def test_rows_the_sources_print_per_task_carry_all_eight_tasks():
+    """Every frontier configuration but InsertRank's has its eight per-task values (both papers'
+    tables were read in full), e.g. Qwen3-32B groupwise without thinking over DIVER's top 100."""
+    pub = published_results()
+    partial = [k for k in pub.keys("frontier") if set(pub.scores(k)) != set(r2med_tasks())]
+    assert [k.reranker for k in partial] == ["insertrank-r1"]
+    nothink = pub.scores(PublishedKey("none", "", "diver-4b", "qwen3-32b-groupwise"))
+    assert nothink["Biology"] == pytest.approx(0.538) and nothink["IIYi-Clinical"] == pytest.approx(0.331)
 
 
 def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
