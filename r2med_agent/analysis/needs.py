@@ -38,12 +38,15 @@ class ModelInfo:
         params_b: parameters in billions (for the bf16 weight estimate).
         gated: a hub repo it needs is gated (accept the licence on the hub, set ``HF_TOKEN``).
         note: shown by ``--dry-run``.
+        dtype: the weights' type where the checkpoint ships in another than bf16 (``fp8``):
+            the memory estimate uses it.
     """
 
     name: str
     params_b: float
     gated: bool = False
     note: str = ""
+    dtype: str = ""
 
 
 def load_models() -> dict[str, ModelInfo]:
@@ -144,7 +147,7 @@ def _excludes_vllm(spec: str) -> bool:
 _GATED = " [gated: accept its licence on the hub, set HF_TOKEN]"
 
 
-_PRECISIONS = {"float32": ("fp32", 4), "float16": ("fp16", 2), "bfloat16": ("bf16", 2),
+_PRECISIONS = {"float32": ("fp32", 4), "float16": ("fp16", 2), "bfloat16": ("bf16", 2), "fp8": ("fp8", 1),
                "auto": ("bf16/fp16 (auto: bf16 where the GPU has it)", 2)}
 
 
@@ -171,6 +174,8 @@ def _gpu_line(
         line += " + KV cache"
     if per_gpu * 1.2 > gpu_gib:
         line += f" (does not fit one {gpu_gib:.0f} GiB GPU)"
+    if info.note:
+        line += f" [{info.note}]"
     return line
 
 
@@ -263,6 +268,8 @@ class _NeedsFinder:
         if info is None:
             self.problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
         else:
+            if info.dtype:
+                precision = _PRECISIONS.get(info.dtype, (info.dtype, BYTES_PER_PARAM))
             self.gpu.append(_gpu_line(role, name, info, tp, self.gpu_gib, precision))
             share = weights_gib(info.params_b) * precision[1] / BYTES_PER_PARAM / tp
             self.per_gpu[role] = self.per_gpu.get(role, 0.0) + share

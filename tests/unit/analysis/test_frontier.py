@@ -172,3 +172,12 @@ def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
     # 32.8B: 1M prompt tokens at 800,000/32.8 per second plus 1M output tokens at 80,000/32.8.
     expected = (1e6 * 32.8 / GPU_TOKENS_PER_S["prompt"] + 1e6 * 32.8 / GPU_TOKENS_PER_S["output"]) / 3600
     assert gpu_hours(32.8, 1_000_000, 1_000_000) == pytest.approx(expected)
+
+
+def test_dry_run_sizes_an_fp8_checkpoint_by_its_dtype_and_shows_the_models_note():
+    """DeepSeek-V3.1 ships FP8 weights: one byte per parameter, not bf16's two; models.yaml's
+    note is shown beside the estimate."""
+    listing = format_plan(plan(load_grid("frontier"), ReproduceOptions()))
+    line = next(x for x in listing.splitlines() if "reranker LLM deepseek-v3.1 ≈" in x)
+    assert "deepseek-v3.1 ≈624.9 GiB fp8 weights (does not fit one 80 GiB GPU)" in line
+    assert "[a mixture of experts (37B active);" in line

@@ -77,7 +77,7 @@ def test_grids_cover_every_published_configuration_exactly_once():
     assert {kinds[k] for k in fkeys} == {"frontier"} and len(fkeys) == len(frontier.entries)
     not_run = set(published_results().keys("frontier")) - fkeys
     assert {k.reranker or k.retriever for k in not_run} == {
-        "deepseek-v3.1-groupwise", "rank-k-32b", "erank-32b", "diver-4b@reasonembed-table"}
+        "rank-k-32b", "erank-32b", "diver-4b@reasonembed-table"}
     assert {kinds[e.published_key] for e in grids["retrievers"].entries} == {"retrieval"}
     assert {kinds[e.published_key] for e in grids["rerank"].entries} == {"rerank"}
     assert {e.method for e in grids["agentic"].entries} == {"search-r1", "search-o1"}
