@@ -110,7 +110,7 @@ def _token_re() -> re.Pattern[str]:
     def ex(name: str) -> str:
         return f"{c[name]}{c['ExtFmtZwj']}*"
 
-    a, h, n, k = ex("AHLetter"), ex("Hebrew_Letter"), ex("Numeric"), ex("Katakana")
+    h = ex("Hebrew_Letter")
     ml, mn, enl = ex("MidLetter"), ex("MidNum"), ex("ExtendNumLet")
     sq, dq = ex("Single_Quote"), ex("Double_Quote")
     efz = c["ExtFmtZwj"][1:-1] if c["ExtFmtZwj"].startswith("[") else ""

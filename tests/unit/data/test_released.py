@@ -19,7 +19,7 @@ from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.paths import resources_dir
 from r2med_agent.runner import RunConfig, run_experiment
 from tests.fakes import ScriptedLLM
-from tests.unit.data.test_data import CORPUS, QRELS, QUERIES, FakeHub, _jsonl_bytes, closed_port, make_r2med_dir
+from tests.unit.data.test_data import CORPUS, QRELS, QUERIES, FakeHub, _jsonl_bytes, closed_port
 
 DEMO_FILE = resources_dir() / "r2med-demo" / "Biology" / "hyde" / "qwen-7b" / "query_with_hydoc.jsonl"
 

@@ -293,3 +293,59 @@ def test_reasonir_encodes_as_sentence_transformers_without_the_prompt(tmp_path: 
     st = _mean_without_prompt_model(folder, MAX_LENGTH)
     np.testing.assert_allclose(got_q, st.encode(QUERIES, prompt=query_prompt, batch_size=3), atol=1e-5)
     np.testing.assert_allclose(got_d, st.encode(DOCS, prompt=REASONIR_DOC_PROMPT, batch_size=3), atol=1e-5)
+
+
+def _user_entry(name: str, **changes) -> dict:
+    """A registry entry as a user config writes it (JSON is YAML): the shipped fields, changed."""
+    spec = dataclasses.replace(get_encoder_spec(name), **changes)
+    out = {}
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if f.name == "name" or value is None or (f.default is not dataclasses.MISSING and value == f.default):
+            continue
+        out[f.name] = dict(value) if hasattr(value, "items") else list(value) if isinstance(value, tuple) else value
+    return out
+
+
+@pytest.mark.slow
+def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: Path, monkeypatch, smollm2_spec) -> None:
+    """The frontier's shape, ``run --retriever reasonembed-qwen3-8b --reranker grouprank-32b``, with
+    tiny real models in the entries' places: a random Qwen3 under ReasonEmbed-Qwen3-8B's settings
+    (last-token pooling, its instruction format) and SmolLM2-135M in the groupwise reranker. On
+    R2MED's released demo (Biology) the query side gets Biology's ReasonEmbed instruction; on the
+    whole embedded sample the reranked run is scored."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
+    folder = tmp_path / "tiny-reasonembed"
+    _tiny_model("qwen3", folder, tok)
+    user = tmp_path / "config.yaml"
+    user.write_text(json.dumps({"encoders": {"tiny-reasonembed": _user_entry(
+        "reasonembed-qwen3-8b", model=str(folder), backend="transformers", max_length=MAX_LENGTH, batch_size=4)}}))
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    seen: list[tuple[str, str]] = []
+    real_encode = HFEncoder.encode
+
+    def recording(self, texts, *, side, prefix="", titles=None):  # noqa: ANN001, ANN202
+        seen.append((side, prefix))
+        return real_encode(self, texts, side=side, prefix=prefix, titles=titles)
+
+    monkeypatch.setattr(HFEncoder, "encode", recording)
+    _register()
+    runner = CliRunner()
+    common = ["--config", str(user), "--retriever", "tiny-reasonembed", "--output-dir", str(tmp_path / "res")]
+    demo = runner.invoke(app, ["run", "--task", "r2med-demo", *common])
+    assert demo.exit_code == 0, demo.output
+    assert ("query", FLAG_FORMAT.format(REASONEMBED_R2MED["Biology"], "")) in seen and ("doc", "") in seen
+    res = runner.invoke(app, ["run", "--task", "sample", *common, "--reranker", "smollm2-groupwise", "--rerank-k", "4",
+                              "--cache-path", str(tmp_path / "gen.sqlite")])
+    assert res.exit_code == 0, res.output
+    (record,) = (tmp_path / "res").glob("none/none/tiny-reasonembed__*smollm2-groupwise*/sample.json")
+    result = json.loads(record.read_text())
+    assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0
+    assert result["stats"]["rerank"]["groups"] == 12 * 2 * 2  # 12 queries, groups of 3 over 4, 2 passes
+    assert result["config"]["retriever"] == "tiny-reasonembed" and result["config"]["entries"]
