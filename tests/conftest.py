@@ -195,3 +195,15 @@ def one_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
     finally:
         VLLMEncoder.close()
+
+
+@pytest.fixture
+def python_sigint():  # noqa: ANN201
+    """Python's own Ctrl-C handler for the test, restored after: a suite started with SIGINT
+    ignored (a background job, nohup) keeps it ignored, and a raised SIGINT would do nothing."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+

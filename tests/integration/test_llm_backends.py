@@ -1214,7 +1214,7 @@ def test_backend_registry_names_match_spec_backends() -> None:
     assert set(registry.BACKENDS) == {"vllm", "openai", "local", "python"}
 
 
-def test_a_ctrl_c_dropped_by_a_ctypes_callback_is_raised_again(monkeypatch) -> None:
+def test_a_ctrl_c_dropped_by_a_ctypes_callback_is_raised_again(monkeypatch, python_sigint) -> None:
     """llama.cpp calls Python back through ctypes (its log callback while a model loads); a
     KeyboardInterrupt raised there is printed and dropped by ctypes. keep_interrupts raises it
     again (at ``check()`` or the block's end), without the dropped traceback."""

@@ -11,6 +11,13 @@ import time
 import pytest
 
 
+def sigint_default() -> None:
+    """``preexec_fn`` of a child that a test interrupts: SIGINT back to its default, so that the
+    child's Python installs its Ctrl-C handler even where this process ignores SIGINT (a suite
+    started as a background job or under nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("trigger", "wait_s"), [("generating", 1.0), ("with llama.cpp", 0.0)],
                          ids=["generating", "loading"])
 def test_ctrl_c_prints_the_resume_message_and_exits_130(tmp_path, smollm2_gguf, trigger, wait_s):
@@ -20,7 +27,7 @@ def test_ctrl_c_prints_the_resume_message_and_exits_130(tmp_path, smollm2_gguf, 
     proc = subprocess.Popen(
         [sys.executable, "-m", "r2med_agent", "run", "--task", "sample", "--method", "hyde",
          "--llm", "smollm2", "--max-tokens", "64", "--no-progress", "-o", str(tmp_path / "out")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
     )
     seen = []
     deadline = time.monotonic() + 300
