@@ -80,7 +80,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _interrupted() -> int:
     typer.secho("interrupted; finished work is cached and a re-run resumes", err=True)
+    # Objects the interrupt cut short (a llama.cpp model stopped while it loads) fail in their
+    # finalizers as the process ends; after the line above their tracebacks say nothing more.
+    sys.unraisablehook = _quiet_unraisable
     return 130
+
+
+def _quiet_unraisable(unraisable: object) -> None:
+    """``sys.unraisablehook`` after a Ctrl-C: finalizer errors of the ending process are dropped."""
 
 
 def _caused_by_interrupt(exc: BaseException) -> bool:

@@ -180,3 +180,24 @@ def test_cache_stats_counts_queries_and_generations_apart(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["uses"] == [{"model_id": "m", "task": "Biology", "method": "hyde", "queries": 2,
                             "generations": 4}]
+
+
+def test_after_ctrl_c_a_finalizer_error_prints_no_traceback() -> None:
+    """A model stopped by Ctrl-C while it loads is half built; its finalizer then fails as the
+    process ends (llama-cpp-python's ``Llama.__del__``). After the interrupt line nothing else is
+    printed, exit code 130."""
+    script = (
+        "import importlib, sys\n"
+        "app = importlib.import_module('r2med_agent.cli.app')\n"
+        "class HalfBuilt:\n"
+        "    def __del__(self):\n"
+        "        raise AttributeError('half built')\n"
+        "keep = HalfBuilt()\n"
+        "code = app._interrupted()\n"
+        "del keep\n"
+        "sys.exit(code)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130
+    assert proc.stderr.strip() == "interrupted; finished work is cached and a re-run resumes"
+
