@@ -37,8 +37,6 @@ FORCED = {  # the answer shapes a 135M model cannot write (windows of 4)
     "reasonrank": r"<think>[a-z ]{1,24}</think>\n<answer>" + _ORDER + "</answer>",
     "rank1": r"[a-z ]{1,24}\.\n</think> (true|false)",
 }
-ENGINE = {"gpu_memory_utilization": 0.05, "max_model_len": 2048, "seed": None,
-          "engine_kwargs": {"enforce_eager": True, "enable_prefix_caching": False}}
 
 
 def _forced(spec) -> str | None:  # noqa: ANN001 - RerankerSpec
@@ -49,18 +47,23 @@ def _user_config(path: Path, backend: str, names: list[str], model: str, base_ur
     """A user config whose rerankers are the shipped entries over the vLLM engine or server;
     returns shipped name -> its copy's name."""
     from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from tests.vllm_server import ENGINE_SETTINGS
 
+    # The server's engine settings (tests/vllm_server.py), both without prefix caching.
+    engine = {**ENGINE_SETTINGS, "seed": None,
+              "engine_kwargs": {**ENGINE_SETTINGS["engine_kwargs"], "enable_prefix_caching": False}}
     llms, rerankers, renamed = {}, {}, {}
     for i, name in enumerate(names):
         spec = get_reranker_spec(name)
         llm = f"smol-{backend}-{i}"
         if backend == "engine":
-            entry = {"backend": "vllm", "model": model, **ENGINE}
+            entry = {"backend": "vllm", "model": model, **engine}
         else:
             entry = {"backend": "openai", "server": "vllm", "model": "smol", "base_urls": [base_url],
                      "tokenizer": model, "seed": None}
-        if _forced(spec):
-            entry["extra_body"] = {"structured_outputs": {"regex": _forced(spec)}}
+        regex = _forced(spec)
+        if regex:
+            entry["extra_body"] = {"structured_outputs": {"regex": regex}}
         llms[llm] = entry
         fields = {k: v for k, v in asdict(spec).items() if k != "name" and v is not None}
         rerankers[f"{name}-{backend}"] = {**fields, "llm": llm}

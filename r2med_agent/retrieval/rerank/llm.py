@@ -323,26 +323,21 @@ class LLMReranker:
     def returns_logprobs(self) -> bool:
         """Whether the LLM's backend returns log-probabilities and continues an answer (vLLM
         offline, or an OpenAI-compatible vLLM server)."""
-        spec = getattr(self.llm, "spec", None)
-        if spec is None:  # an LLM built without a registry entry: the backend says
-            backend = getattr(self.llm, "backend", self.llm)
-            return bool(getattr(backend, "returns_logprobs", False))
-        if spec.backend == "vllm":
-            return True
-        if spec.backend == "openai":
-            from r2med_agent.llm.openai_compat import resolve_server
-
-            return resolve_server(spec) == "vllm"
-        return False
+        return self._backend_can("returns_logprobs", ("vllm",))
 
     def scores_choices(self) -> bool:
         """Whether the LLM's backend scores a next token restricted to given choices
         (``SamplingParams.token_choices``): vLLM offline, a vLLM server, or local llama.cpp."""
+        return self._backend_can("scores_choices", ("vllm", "local"))
+
+    def _backend_can(self, capability: str, backends: tuple[str, ...]) -> bool:
+        """Whether the LLM's registry entry has one of ``backends`` or is an OpenAI-compatible
+        vLLM server; for an LLM built without an entry, the backend's ``capability`` attribute."""
         spec = getattr(self.llm, "spec", None)
-        if spec is None:
+        if spec is None:  # an LLM built without a registry entry: the backend says
             backend = getattr(self.llm, "backend", self.llm)
-            return bool(getattr(backend, "scores_choices", False))
-        if spec.backend in ("vllm", "local"):
+            return bool(getattr(backend, capability, False))
+        if spec.backend in backends:
             return True
         if spec.backend == "openai":
             from r2med_agent.llm.openai_compat import resolve_server
