@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10, help="candidates reranked per query (BM25's top k)")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm_server, run as a script
     names = [n.strip() for n in args.rerankers.split(",") if n.strip()]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if any(b != "local" for b in backends) and not args.model:
