@@ -8,15 +8,9 @@ from pathlib import Path
 
 
 def package_dir(name: str) -> Path:
-    """The folder of ``r2med_agent.<name>`` (``prompts``, ``configs``, ``resources``).
-
-    Installed, ``prompts`` and ``configs`` are subpackages; imported straight from a source
-    checkout (e.g. tests run from the repo root) they are the repo's top-level folders.
-    """
-    try:
-        return Path(str(resources.files(f"r2med_agent.{name}")))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / name
+    """The folder of ``r2med_agent.<name>`` (``prompts``, ``configs``, ``resources``), inside the
+    package that is imported: a checkout, an editable install and a wheel all read their own."""
+    return Path(str(resources.files(f"r2med_agent.{name}")))
 
 
 def prompts_dir() -> Path:

@@ -109,7 +109,7 @@ def test_repo_prompts_folder_holds_no_code():
     """The repository's prompts/ folder holds templates, example files and its README; its
     ``__init__.py`` (which makes it the data package r2med_agent.prompts) is a docstring only.
     The code is r2med_agent.prompt_templates, importable from a checkout without installing."""
-    folder = Path(__file__).resolve().parents[3] / "prompts"
+    folder = Path(__file__).resolve().parents[3] / "r2med_agent" / "prompts"
     kinds = {p.suffix for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert kinds <= {".j2", ".yaml", ".md", ".py"}
     assert [p.name for p in folder.rglob("*.py")] == ["__init__.py"]
