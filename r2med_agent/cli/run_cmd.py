@@ -303,7 +303,7 @@ def evaluate_command(
 def tasks_command(
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'tasks:' entries."),
 ) -> None:
-    """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
+    """List the task registry: the 8 R2MED tasks, NanoR2MED splits, BRIGHT's 12 tasks and 8 long-document tasks, and the embedded samples."""
     from r2med_agent.config import set_user_config
     from r2med_agent.data import list_tasks
 

@@ -1,0 +1,202 @@
+"""BRIGHT against its own code (``xlang-ai/BRIGHT``): ``run.py`` and ``retrievers.py`` run here, on
+a BRIGHT-layout fixture the test writes (tests/bright_fixture.py), beside ``r2med-agent run``.
+
+``run.py`` runs as its authors run it (``python run.py --task leetcode --model bm25``): its
+``datasets.load_dataset`` reads the fixture's parquet files (the one stub with behaviour), its
+BM25 is ``retrievers.retrieval_bm25`` (gensim's ``LuceneBM25Model`` over pyserini's real Lucene
+analyzer), its ground truth comes from ``gold_ids`` or ``gold_ids_long``, its excluded ids leave each
+ranking, and ``calculate_retrieval_metrics`` scores with pytrec_eval. Our CLI reads the same files.
+The two must agree on every metric BRIGHT writes (to its 5 decimals) and on every retrieved score.
+The heavy imports of ``retrievers.py`` that BM25 never touches (torch, the embedding APIs, GritLM)
+are stubbed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from r2med_agent.cli.app import _register, app
+from tests.bright_fixture import EXCLUDED_FIRST, make_bright
+from tests.conformance.conftest import load_reference_module, reference_repo, run_reference_script, stub
+
+REPO = "xlang-ai/BRIGHT"
+
+_HEAVY = ("torch", "torch.nn", "torch.nn.functional", "cohere", "vertexai", "tiktoken", "voyageai", "gritlm",
+          "openai", "transformers", "InstructorEmbedding", "sentence_transformers", "sklearn", "sklearn.metrics",
+          "sklearn.metrics.pairwise", "torchmetrics", "torchmetrics.functional", "torchmetrics.functional.pairwise")
+"""What ``retrievers.py`` imports at its top for its dense and API retrievers."""
+
+
+def _load_dataset(root: Path, path: str, config: str, cache_dir: str | None = None) -> dict[str, list[dict]]:
+    """``datasets.load_dataset('xlangai/bright', config)`` over the fixture: split -> rows."""
+    import pyarrow.parquet as pq
+
+    assert path.lower() == "xlangai/bright"
+    out: dict[str, list[dict]] = {}
+    for file in sorted((root / config).glob("*.parquet")):
+        split = file.name.split("-00000-of-")[0]
+        out[split] = pq.read_table(file).to_pylist()
+    return out
+
+
+def _stubs(root: Path | None = None) -> dict:
+    mods = {name: stub(name) for name in _HEAVY}
+    for name, module in mods.items():  # ``import torch.nn.functional as F`` walks the attributes
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(mods[parent], child, module)
+    if root is not None:
+        mods["datasets"] = stub("datasets", load_dataset=functools.partial(_load_dataset, root))
+    return mods
+
+
+def _lucene_or_skip() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import lucene_peer  # benchmarks/lucene_peer.py
+    finally:
+        sys.path.pop(0)
+    why = lucene_peer.unavailable()
+    if why:
+        pytest.skip(f"BRIGHT's BM25 needs pyserini's Lucene analyzer: {why}")
+
+
+@pytest.fixture(scope="module")
+def bright_repo() -> Path:
+    return reference_repo(REPO)
+
+
+@pytest.fixture()
+def fixture_root(tmp_path: Path) -> Path:
+    return make_bright(tmp_path / "BRIGHT")
+
+
+def _bright_run(repo: Path, root: Path, work: Path, task: str, *extra: str) -> tuple[dict, dict]:
+    """BRIGHT's run.py with BM25 on the fixture: (its results.json, its score.json)."""
+    work.mkdir(parents=True, exist_ok=True)
+    argv = ["--task", task, "--model", "bm25", "--output_dir", str(work / "outputs"),
+            "--cache_dir", str(work / "cache"), "--config_dir", str(repo / "configs"), *extra]
+    run_reference_script(repo, "run.py", argv, cwd=work, stubs=_stubs(root))
+    folder = next((work / "outputs").iterdir())
+    return (json.loads((folder / "results.json").read_text()), json.loads((folder / "score.json").read_text()))
+
+
+def _our_run(root: Path, out: Path, task: str, *extra: str) -> Path:
+    args = ["run", "--task", task, "--retriever", "bm25-compat", "--data-dir", str(root), "--allow-count-mismatch",
+            "-o", str(out), "--no-progress", *extra]
+    _register()
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    return next(out.rglob(f"{task}.json"))
+
+
+_NAMES = {"NDCG": "ndcg", "MAP": "map", "Recall": "recall", "P": "precision"}
+
+
+def _ours_as_brights(scores: dict[str, float]) -> dict[str, float]:
+    """Our result file's ``test`` block under BRIGHT's names, rounded as BRIGHT rounds."""
+    out = {}
+    for k in (1, 5, 10, 25, 50, 100):
+        for bright_name, ours in _NAMES.items():
+            out[f"{bright_name}@{k}"] = round(scores[f"{ours}_at_{k}"], 5)
+    out["MRR"] = round(scores["mrr"], 5)
+    return out
+
+
+def _read_run(path: Path) -> dict[str, dict[str, float]]:
+    run: dict[str, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        qid, _, doc, _, score, _ = line.split()
+        run.setdefault(qid, {})[doc] = float(score)
+    return run
+
+
+@pytest.mark.parametrize("bright_task, ours, extra", [
+    ("leetcode", "bright-leetcode", ()),
+    ("biology", "bright-biology", ()),
+    ("biology", "bright-biology-long", ("--long_context",)),
+])
+def test_bm25_row_scores_as_brights_run_py(bright_repo: Path, fixture_root: Path, tmp_path: Path,
+                                            bright_task: str, ours: str, extra: tuple[str, ...]) -> None:
+    _lucene_or_skip()
+    theirs, their_scores = _bright_run(bright_repo, fixture_root, tmp_path / "bright", bright_task, *extra)
+    result = _our_run(fixture_root, tmp_path / "ours", ours)
+    mine = json.loads(result.read_text())
+    assert _ours_as_brights(mine["test"]) == theirs
+    # every retrieved document and score: BRIGHT keeps the top 1000 of each query, here all of them
+    our_run = _read_run(result.with_suffix(".run"))
+    assert set(our_run) == set(their_scores)
+    for qid, ranking in their_scores.items():
+        assert set(our_run[qid]) == set(ranking), qid
+        np.testing.assert_allclose([our_run[qid][d] for d in ranking], list(ranking.values()), rtol=1e-6, atol=1e-9)
+
+
+def test_the_excluded_document_bm25_ranks_first_is_gone_from_both(bright_repo: Path, fixture_root: Path,
+                                                                     tmp_path: Path) -> None:
+    """The fixture's leetcode query shares every word with one excluded document: without the
+    exclusion it would rank first. BRIGHT leaves it out; so does the run, which still keeps its
+    depth of other documents."""
+    _lucene_or_skip()
+    qid, doc = EXCLUDED_FIRST
+    _, their_scores = _bright_run(bright_repo, fixture_root, tmp_path / "bright", "leetcode")
+    result = _our_run(fixture_root, tmp_path / "ours", "bright-leetcode", "--top-k", "3")
+    our_run = _read_run(result.with_suffix(".run"))
+    assert doc not in their_scores[qid] and doc not in our_run[qid]
+    assert len(our_run[qid]) == 3
+    assert list(our_run[qid]) == list(their_scores[qid])[:3]
+    stats = json.loads(result.read_text())["stats"]
+    assert stats["excluded_removed"] == 3  # one per query (the "N/A" is not an id)
+    # and searching without the exclusion does put it first
+    from r2med_agent.retrieval.bm25.retriever import BM25Retriever
+    from r2med_agent.data import load_task
+    from r2med_agent.types import SearchRequest
+
+    task = load_task("bright-leetcode", fixture_root, allow_count_mismatch=True)
+    query = next(q for q in task.queries if q.query_id == qid)
+    plain = BM25Retriever.for_task(task, mode="r2med-compat", index_root=tmp_path / "idx", show_progress=False)
+    assert next(iter(plain.search([SearchRequest(qid, query.text)], 3)[qid])) == doc
+
+
+def test_get_scores_drops_excluded_ids_as_ours_does(bright_repo: Path) -> None:
+    """``retrievers.get_scores`` (every dense retriever's last step) and :func:`remove_excluded`,
+    on scores with ties, an excluded id listed twice, and "N/A"."""
+    from r2med_agent.data.bright import remove_excluded
+
+    ref = load_reference_module(bright_repo, "retrievers.py", stubs=_stubs())
+    rng = np.random.default_rng(3)
+    doc_ids = [f"d{i}" for i in range(40)]
+    query_ids = ["q0", "q1", "q2"]
+    scores = np.round(rng.random((3, 40)), 1).tolist()  # one decimal: many ties
+    excluded = {"q0": ["N/A"], "q1": ["d3", "d7", "d3"], "q2": ["d0", "N/A"]}
+    theirs = ref.get_scores(query_ids=query_ids, doc_ids=doc_ids, scores=scores, excluded_ids=excluded)
+    full = {q: dict(zip(doc_ids, s)) for q, s in zip(query_ids, scores)}
+    kept = {q: tuple(d for d in dict.fromkeys(ids) if d != "N/A") for q, ids in excluded.items()}
+    for depth in (5, 40):
+        ours, removed = remove_excluded(full, kept, depth)
+        assert removed == 3
+        for q in query_ids:
+            assert list(ours[q].items()) == list(theirs[q].items())[:depth], (q, depth)
+
+
+def test_metric_calls_match_calculate_retrieval_metrics(bright_repo: Path) -> None:
+    """BRIGHT's ``calculate_retrieval_metrics`` (pytrec_eval ``map_cut``, ``ndcg_cut``, ``recall``
+    and ``P`` at 1, 5, 10, 25, 50, 100 and ``recip_rank``, means over the queries, 5 decimals) and
+    our evaluation with BRIGHT's metrics, on a run in which every qrels query has results."""
+    from r2med_agent.data.bright import BRIGHT_METRICS
+    from r2med_agent.evaluation import evaluate
+
+    ref = load_reference_module(bright_repo, "retrievers.py", stubs=_stubs())
+    rng = np.random.default_rng(7)
+    docs = [f"doc{i}" for i in range(300)]
+    run = {f"q{i}": {d: float(s) for d, s in zip(docs, rng.random(300))} for i in range(12)}
+    qrels = {q: {d: 1 for d in rng.choice(docs, size=int(rng.integers(1, 9)), replace=False)} for q in run}
+    theirs = ref.calculate_retrieval_metrics(results=run, qrels=qrels)
+    ours = evaluate(run, qrels, BRIGHT_METRICS, depth=1000).mean
+    assert _ours_as_brights(ours) == theirs
