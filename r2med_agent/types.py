@@ -154,7 +154,7 @@ class Task:
         return doc_ids_of(self.corpus)
 
 
-Combine = Literal["none", "hyde", "query2doc", "lamer", "reasoning"]
+Combine = Literal["none", "hyde", "query2doc", "lamer", "reasoning", "rewrite"]
 """How a retriever turns (query, generated text) into its query; see the table of docs/protocol.md."""
 
 

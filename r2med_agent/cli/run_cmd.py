@@ -260,7 +260,8 @@ def print_summary(result) -> None:
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)
     if result.config.method != "none":
         console.print(f"LLM generations: {gens} new, {hits} from cache"
-                      + (f", {released} released by R2MED (no LLM built)" if result.config.generations == "r2med" else ""))
+                      + (f", {released} released by {result.config.generations.upper()} (no LLM built)"
+                         if result.config.generations in ("r2med", "bright") else ""))
     console.print(f"results: {result.result_dir}", markup=False, highlight=False, soft_wrap=True)
 
 

@@ -420,7 +420,7 @@ def _check_models(ctx: _Context) -> None:
     LLM's name, then the reranker's model (tokenizer, config; its weights load when reranking
     starts: loaded now, they would hold GPU memory an in-process vLLM engine expects to have)."""
     cfg = ctx.cfg
-    if ctx.method.uses_llm:
+    if ctx.method.uses_llm and cfg.generations != "bright":  # BRIGHT's reasoning LLMs need no entry
         from r2med_agent.llm.registry import get_llm_spec
 
         ctx.llm_spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
@@ -436,8 +436,15 @@ def _check_models(ctx: _Context) -> None:
 
 
 def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list[Generation], str]]:
-    """R2MED's released generations of every task (found and checked before any index is built)."""
+    """R2MED's released generations, or BRIGHT's released reasoning queries, of every task (found
+    and checked before any index is built)."""
     cfg = ctx.cfg
+    if cfg.generations == "bright":
+        from r2med_agent.data.bright import load_reasoning_generations
+
+        out = {task.name: load_reasoning_generations(task, cfg.llm, cfg.data_dir) for task in tasks}
+        log.info("scoring BRIGHT's released reasoning queries of %s: no LLM is built", cfg.llm)
+        return out
     if cfg.generations != "r2med":
         return {}
     from r2med_agent.data.released import load_generations

@@ -118,16 +118,23 @@ def _read_run(path: Path) -> dict[str, dict[str, float]]:
     return run
 
 
-@pytest.mark.parametrize("bright_task, ours, extra", [
-    ("leetcode", "bright-leetcode", ()),
-    ("biology", "bright-biology", ()),
-    ("biology", "bright-biology-long", ("--long_context",)),
+RELEASED_GPT4 = ("--method", "reason", "--llm", "gpt4", "--generations", "bright")
+
+
+@pytest.mark.parametrize("bright_task, ours, extra, our_extra", [
+    ("leetcode", "bright-leetcode", (), ()),
+    ("biology", "bright-biology", (), ()),
+    ("biology", "bright-biology-long", ("--long_context",), ()),
+    ("leetcode", "bright-leetcode", ("--reasoning", "gpt4"), RELEASED_GPT4),
+    ("biology", "bright-biology", ("--reasoning", "gpt4"), RELEASED_GPT4),
 ])
-def test_bm25_row_scores_as_brights_run_py(bright_repo: Path, fixture_root: Path, tmp_path: Path,
-                                            bright_task: str, ours: str, extra: tuple[str, ...]) -> None:
+def test_bm25_row_scores_as_brights_run_py(bright_repo: Path, fixture_root: Path, tmp_path: Path, bright_task: str,
+                                            ours: str, extra: tuple[str, ...], our_extra: tuple[str, ...]) -> None:
+    """BM25 on the original queries, in both settings, and on BRIGHT's released GPT-4 reasoning
+    queries (``run.py --reasoning gpt4``; here ``--method reason --generations bright``, no LLM)."""
     _lucene_or_skip()
     theirs, their_scores = _bright_run(bright_repo, fixture_root, tmp_path / "bright", bright_task, *extra)
-    result = _our_run(fixture_root, tmp_path / "ours", ours)
+    result = _our_run(fixture_root, tmp_path / "ours", ours, *our_extra)
     mine = json.loads(result.read_text())
     assert _ours_as_brights(mine["test"]) == theirs
     # every retrieved document and score: BRIGHT keeps the top 1000 of each query, here all of them
@@ -200,3 +207,53 @@ def test_metric_calls_match_calculate_retrieval_metrics(bright_repo: Path) -> No
     theirs = ref.calculate_retrieval_metrics(results=run, qrels=qrels)
     ours = evaluate(run, qrels, BRIGHT_METRICS, depth=1000).mean
     assert _ours_as_brights(ours) == theirs
+
+
+def test_reasoning_prompt_import_renders_what_reason_py_sends(bright_repo: Path, tmp_path: Path) -> None:
+    """``prompts import`` of BRIGHT's clone writes ``reason/<family>.j2``; the ``reason`` method
+    renders, for each query, the message ``reason.py`` sends its LLM (run here as its authors run it,
+    ``python reason.py --task ... --example_file ... --llm gpt-4``, with an OpenAI client that returns
+    each message it is sent as its answer)."""
+    from types import SimpleNamespace
+
+    from r2med_agent.methods import get_method
+    from r2med_agent.prompt_import import import_clone, write_prompts
+    from r2med_agent.types import Doc, Query, Task
+
+    sent: list[dict] = []
+
+    class _Completions:
+        def create(self, **kw):
+            sent.append(kw)
+            return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=kw["messages"][-1]["content"]))])
+
+    class _OpenAI:
+        def __init__(self, *a, **k):
+            self.chat = SimpleNamespace(completions=_Completions())
+
+    texts = ["Why do moths fly\\ninto lamps?\n\nI have seen it  many times.\n", "A short one", "ends with\n"]
+    examples = [{"id": str(i), "query": t} for i, t in enumerate(texts)]
+    example_file = tmp_path / "examples.json"
+    example_file.write_text(json.dumps(examples))
+    output = tmp_path / "out" / "reasoned.json"
+    stubs = {**_stubs(),  # reason.py imports retrievers.py for its metrics
+             "datasets": stub("datasets", load_dataset=lambda kind, data_files: {"train": json.loads(Path(data_files).read_text())}),
+             "openai": stub("openai", OpenAI=_OpenAI)}
+    run_reference_script(bright_repo, "reason.py", ["--task", "biology", "--example_file", str(example_file),
+                                                   "--output_file", str(output), "--llm", "gpt-4"],
+                         cwd=tmp_path, stubs=stubs)
+    theirs = [r["query"] for r in json.loads(output.read_text())]
+    assert len(theirs) == 3 and [m["messages"][-1]["content"] for m in sent] == theirs
+    # what the project records as BRIGHT's reasoning settings (docs/bright.md)
+    assert {(m["temperature"], m["top_p"], m["max_tokens"]) for m in sent} == {(0.8, 0.8, 2048)}
+    assert {m["messages"][0]["content"] for m in sent} == {"You are a helpful assistant"}
+
+    folder = tmp_path / "ref-prompts"
+    write_prompts(import_clone(bright_repo), folder)
+    method = get_method("reason")(prompts_dir=folder)
+    for family in ("qa", "exam", "treatment", "case"):
+        task = Task(name="bright-biology", family=family, domain="biology",  # type: ignore[arg-type]
+                    queries=tuple(Query(e["id"], e["query"]) for e in examples), corpus=(Doc("d", "x"),),
+                    qrels={}, source="inline", fingerprint="fp")
+        ours = [conv[0]["content"] for conv in method.build_prompts(task)]
+        assert ours == theirs, family
