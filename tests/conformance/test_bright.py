@@ -48,6 +48,7 @@ def _load_dataset(root: Path, path: str, config: str, cache_dir: str | None = No
 
 def _stubs(root: Path | None = None) -> dict:
     mods = {name: stub(name) for name in _HEAVY}
+    mods["torch"].no_grad = lambda: (lambda func: func)  # ``@torch.no_grad()`` keeps the function
     for name, module in mods.items():  # ``import torch.nn.functional as F`` walks the attributes
         parent, _, child = name.rpartition(".")
         if parent:
@@ -257,3 +258,84 @@ def test_reasoning_prompt_import_renders_what_reason_py_sends(bright_repo: Path,
                     qrels={}, source="inline", fingerprint="fp")
         ours = [conv[0]["content"] for conv in method.build_prompts(task)]
         assert ours == theirs, family
+
+
+BRIGHT_ENCODERS = {"bright-e5": "e5", "bright-sf": "sf", "bright-qwen": "qwen", "bright-qwen2": "qwen2",
+                   "bright-bge": "bge", "bright-sbert": "sbert", "bright-inst-l": "inst-l", "bright-inst-xl": "inst-xl",
+                   "bright-grit": "grit"}
+"""Each BRIGHT encoder entry and BRIGHT's ``--model`` name for the same model."""
+
+
+def _kwargs_defaults(func) -> dict[str, list[object]]:
+    """``kwargs.get('<name>', default)`` calls in a function's source: name -> defaults, in order."""
+    import ast
+    import inspect
+    import textwrap
+
+    out: dict[str, list[object]] = {}
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(func)))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "kwargs" and len(node.args) == 2):
+            out.setdefault(node.args[0].value, []).append(node.args[1].value)
+    return out
+
+
+def test_instructions_rendered_per_task_are_brights(bright_repo: Path) -> None:
+    """Every BRIGHT encoder entry, on every BRIGHT task in both settings: the text before a query is
+    what ``retrievers.add_instruct_concatenate`` (or the model's ``prompt``/``instruction``) puts
+    there from ``configs/<model>/<task>.json``, and the text before a document likewise."""
+    from r2med_agent.data import get_task_spec, task_names
+    from r2med_agent.retrieval.dense.instructions import instruction_prefixes
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
+
+    ref = load_reference_module(bright_repo, "retrievers.py", stubs=_stubs())
+    checked = 0
+    for entry, model in BRIGHT_ENCODERS.items():
+        spec = get_encoder_spec(entry)
+        for task in task_names("bright-all") + task_names("bright-long-all"):
+            t = get_task_spec(task)
+            config = json.loads((bright_repo / "configs" / model / f"{t.split}.json").read_text())
+            instructions = config.get("instructions_long" if t.long_documents else "instructions", {})
+            prefixes = instruction_prefixes(spec, task, t.family, t.domain)
+            query, doc = instructions.get("query"), instructions.get("document")
+            if model in ("sf", "qwen", "qwen2", "e5", "bge"):  # add_instruct_concatenate on the queries
+                want = ref.add_instruct_concatenate(texts=["Q?"], task=t.split, instruction=query)[0]
+                assert prefixes.query + "Q?" == want, (entry, task)
+            else:  # Instructor's prompt=, GritLM's instruction=; sbert none
+                assert prefixes.query == ("" if query is None else query.format(task=t.split)), (entry, task)
+            assert prefixes.doc == ("" if doc is None else doc.format(task=t.split)), (entry, task)
+            checked += 1
+    assert checked == 9 * 20
+
+
+def test_length_limits_are_retrievers_py_defaults(bright_repo: Path) -> None:
+    """The token limits retrievers.py applies when run.py passes none (its defaults)."""
+    import ast
+    import inspect
+
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
+
+    ref = load_reference_module(bright_repo, "retrievers.py", stubs=_stubs())
+    grit = _kwargs_defaults(ref.retrieval_grit)
+    assert get_encoder_spec("bright-grit").max_length_for("query") == grit["query_max_length"][0] == 256
+    assert get_encoder_spec("bright-grit").max_length_for("doc") == grit["doc_max_length"][0] == 2048
+    instructor = _kwargs_defaults(ref.retrieval_instructor)["doc_max_length"][0]
+    for entry in ("bright-inst-l", "bright-inst-xl"):
+        assert get_encoder_spec(entry).max_length_for("query") == get_encoder_spec(entry).max_length_for("doc") == instructor
+    # retrieval_sf_qwen_e5: one `max_length = kwargs.get('doc_max_length', N)` per model branch, for
+    # queries and documents alike
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(ref.retrieval_sf_qwen_e5)))
+    branches = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.left, ast.Name) \
+                and node.test.left.id == "model_id":
+            name = node.test.comparators[0].value
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and stmt.targets[0].id == "max_length":
+                    branches[name] = stmt.value.args[1].value
+    assert branches == {"sf": 4096, "qwen": 8192, "qwen2": 8192, "e5": 4096}
+    for model, limit in branches.items():
+        spec = get_encoder_spec(f"bright-{model}")
+        assert spec.max_length_for("query") == spec.max_length_for("doc") == limit
