@@ -12,7 +12,7 @@ files of the same stem work too, so a folder of your own can be JSON lines):
   StackExchange tasks and Pony);
 * ``<model>_reason/``: the examples with ``query`` replaced by that LLM's reasoning about it
   (``gpt4``, ``claude-3-opus``, ``llama3-70b``, ``Gemini-1.0``, ``grit``), read by
-  ``run --generations bright`` (:func:`load_reasoning_queries`).
+  ``run --generations bright`` (:mod:`~r2med_agent.data.bright_released`).
 
 A task is one split in one setting: the short documents with ``gold_ids`` as its qrels, or the long
 documents with ``gold_ids_long``. Every gold id is relevant with grade 1, as ``run.py`` builds its
@@ -84,9 +84,13 @@ class BrightSplit:
 
 def split_files(folder: Path, config: str, split: str) -> list[Path]:
     """``<config>/<split>.<ext>`` or its shards ``<config>/<split>-NNNNN-of-NNNNN.<ext>``, sorted."""
-    from r2med_agent.data.formats import _nano_files
+    import re
 
-    return _nano_files(folder, config, split)
+    directory = folder / config
+    if not directory.is_dir():
+        return []
+    pattern = re.compile(re.escape(split) + r"(-\d+-of-\d+)?\.(parquet|jsonl)")
+    return sorted(p for p in directory.iterdir() if p.is_file() and pattern.fullmatch(p.name))
 
 
 def is_bright_folder(folder: Path, split: str | None = None) -> bool:
@@ -321,60 +325,3 @@ def task_metrics(metrics: tuple[str, ...], task: Any) -> tuple[str, ...]:
     if getattr(task, "excluded", None) is None:
         return metrics
     return tuple(dict.fromkeys([*BRIGHT_METRICS, *metrics]))
-
-
-def locate_reasoning(task_name: str, model: str, data_dir: str | Path | None = None) -> tuple[list[Path], str]:
-    """The files of BRIGHT's released ``model`` reasoning queries for a BRIGHT task, and their
-    provenance: ``<model>_reason/<split>*`` in the task's BRIGHT-layout folder (``--data-dir``), else
-    the hub repo at the task's pinned revision (one file downloaded and cached).
-
-    Raises:
-        DataError: not a BRIGHT task, or no such file (where it was looked for named).
-        HubUnavailableError: it must come from the hub, which cannot be reached.
-    """
-    from r2med_agent.data.load import _locate
-    from r2med_agent.data.registry import get_task_spec
-
-    spec = get_task_spec(task_name)
-    split = spec.bright
-    config = reasoning_config(model)
-    if split is None:
-        raise DataError(f"task {spec.name} is not a BRIGHT task: BRIGHT released reasoning queries for its own "
-                        "tasks only (bright-all); use --generations fresh")
-    known = f"BRIGHT released those of {', '.join(REASONING_MODELS)}"
-    if data_dir is not None:
-        folder = _locate(Path(data_dir).expanduser(), spec)
-        files = split_files(folder, config, split.split)
-        if not files:
-            raise DataError(f"no {config}/{split.split}.parquet (or its shards, or .jsonl) in this BRIGHT-layout "
-                            f"folder: {spec.name} has no released reasoning queries of {model} here ({known})", folder)
-        return files, str(files[0].resolve())
-    from r2med_agent.data.hub import fetch_file
-
-    rel = f"{config}/{split.split}-00000-of-00001.parquet"
-    hint = f"{config}/ with {split.split} files beside {EXAMPLES}/ (a copy of {spec.repo})"
-    path = fetch_file(spec.repo, spec.revision, rel, hint=hint)
-    if path is None:
-        raise DataError(f"the hub repo {spec.repo}@{spec.revision} has no {rel}: no released reasoning queries of "
-                        f"{model} for {spec.name} at the pinned revision ({known}); use --generations fresh")
-    return [path], f"hf://datasets/{spec.repo}@{spec.revision}/{rel}"
-
-
-def load_reasoning_generations(task: Any, model: str, data_dir: str | Path | None = None):
-    """BRIGHT's released ``model`` reasoning query of every query of ``task``, in its order, as
-    generations whose final text is the whole reasoning (BRIGHT searches with all of it), and the
-    files' provenance.
-
-    Raises:
-        DataError: no file, a malformed one, or queries of the task without a row (all named).
-    """
-    from r2med_agent.types import Generation
-
-    files, source = locate_reasoning(task.name, model, data_dir)
-    rows = read_reasoning_queries(files)
-    missing = [q.query_id for q in task.queries if q.query_id not in rows]
-    if missing:
-        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-        raise DataError(f"no released {model} reasoning query for {len(missing)} of the {len(task.queries)} "
-                        f"queries of {task.name} (ids {shown}); use --generations fresh to generate them", files[0])
-    return [Generation(text=rows[q.query_id], final=rows[q.query_id]) for q in task.queries], source

@@ -27,7 +27,7 @@ from r2med_agent.types import Generation, SearchRequest, Task
 
 GENERATIONS = ("fresh", "r2med", "bright")
 """``run --generations`` values: generate now, R2MED's released generations, or BRIGHT's released
-reasoning queries (:func:`r2med_agent.data.bright.load_reasoning_generations`)."""
+reasoning queries (:func:`r2med_agent.data.bright_released.load_reasoning_generations`)."""
 
 RELEASED_FILE = "query_with_hydoc.jsonl"
 

@@ -440,7 +440,7 @@ def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list
     and checked before any index is built)."""
     cfg = ctx.cfg
     if cfg.generations == "bright":
-        from r2med_agent.data.bright import load_reasoning_generations
+        from r2med_agent.data.bright_released import load_reasoning_generations
 
         out = {task.name: load_reasoning_generations(task, cfg.llm, cfg.data_dir) for task in tasks}
         log.info("scoring BRIGHT's released reasoning queries of %s: no LLM is built", cfg.llm)

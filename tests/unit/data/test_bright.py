@@ -248,3 +248,26 @@ def test_unknown_group_words_still_fail() -> None:
     with pytest.raises(ConfigError, match="unknown task 'bright-nothing'"):
         data.task_names("bright-nothing")
     assert json.dumps(data.get_task_spec("bright-aops").split) == '"aops"'
+
+
+def test_released_reasoning_queries_download_one_file(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    from r2med_agent.data.bright_released import load_reasoning_generations
+    from tests.bright_fixture import GPT4_REASONING
+
+    spec = data.get_task_spec("bright-leetcode")
+    fake = FakeHub(spec.repo, spec.revision, hub_files(root))
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        task = data.load_task("bright-leetcode")
+        gens, source = load_reasoning_generations(task, "gpt4")
+        with pytest.raises(DataError, match=r"has no grit_reason/leetcode-00000-of-00001\.parquet: no released "
+                                            r"reasoning queries of grit for bright-leetcode"):
+            load_reasoning_generations(task, "grit")
+    finally:
+        fake.close()
+    assert [g.final for g in gens] == [GPT4_REASONING["leetcode"][q.query_id] for q in task.queries]
+    assert source == f"hf://datasets/xlangai/BRIGHT@{spec.revision}/gpt4_reason/leetcode{SHARD}"
+    downloaded = {r.split("/resolve/")[1].partition("/")[2] for r in fake.requests if "/resolve/" in r}
+    assert f"gpt4_reason/leetcode{SHARD}" in downloaded and not any("biology" in d for d in downloaded)
+    with pytest.raises(DataError, match="not a BRIGHT task"):
+        load_reasoning_generations(data.load_task("sample"), "gpt4")
