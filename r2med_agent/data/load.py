@@ -37,9 +37,9 @@ def load_task(
 
     Args:
         name: a task name, alias or Nano split name (see :func:`~r2med_agent.data.registry.task_names`).
-        data_dir: a local copy: either the task's folder itself (R2MED, BEIR or Nano layout) or a
-            parent folder holding ``<Task>/`` (the task name, one of its aliases, or its Nano split
-            name). Without it, package tasks load from the package and the others from the hub at
+        data_dir: a local copy: either the task's folder itself (R2MED, BEIR, Nano or BRIGHT
+            layout) or a parent folder holding ``<Task>/`` (the task name, one of its aliases, or its
+            Nano split name). A BRIGHT task reads a BRIGHT-layout folder only. Without it, package tasks load from the package and the others from the hub at
             the registry's pinned revision.
         allow_missing_qrels_docs: keep qrels that name documents absent from the corpus (with a
             warning giving their number) instead of failing; they stay relevant documents, so

@@ -300,8 +300,8 @@ def list_tasks() -> list[dict[str, Any]]:
     """Rows for a ``tasks`` listing: one dict per registered task, in registry order.
 
     Keys: ``name``, ``family``, ``domain``, ``group``, ``source`` (hub repo@revision, or the package
-    folder), ``repo``, ``revision``, ``split``, ``queries``, ``docs`` (counts from R2MED's paper and
-    the NanoR2MED card; None when unknown), ``aliases``, ``description``.
+    folder), ``repo``, ``revision``, ``split``, ``queries``, ``docs`` (counts from R2MED's paper, the
+    NanoR2MED card and BRIGHT's dataset card; None when unknown), ``aliases``, ``description``.
     """
     rows = []
     for spec in task_registry().values():
