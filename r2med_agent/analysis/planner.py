@@ -308,6 +308,41 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def unlisted_published(grid: Grid) -> str:
+    """For a BRIGHT grid, the published rows of its tables that no entry runs (an embedding API or
+    a reranking prompt this project does not have): each with its numbers, source and why, so that
+    ``--dry-run`` lists every row of BRIGHT's tables. Empty for the other grids."""
+    from r2med_agent.analysis.published import benchmark_of, published_results
+
+    bench = benchmark_of(grid.tasks[0]) if grid.tasks else ""
+    if not bench:
+        return ""
+    pub = published_results()
+    keys = {e.published_key for e in grid.entries}
+    kinds = {pub.kind(k, bench) for k in keys} - {None}
+    if "bright" in kinds:
+        kinds.add("bright-rerank")
+    lines = []
+    for key in pub.keys():
+        if key in keys or pub.kind(key, bench) not in kinds:
+            continue
+        info = pub.info(key, bench)
+        scores = {t: v for t, v in pub.scores(key).items() if t in grid.tasks}
+        average = pub.average(key, benchmark=bench)
+        shown = f"avg {average:.4f}" if average is not None else "no average"
+        lines.append(f"[-] {info.system or key}  ({shown}; published, no command here)")
+        if scores:
+            lines.append(f"    published nDCG@10: {', '.join(f'{t} {v}' for t, v in scores.items())}")
+        lines.append(f"    published as: {info.system}" + (f" over {info.first_stage}" if info.first_stage else "")
+                     + f"; {info.source}")
+        if info.note:
+            lines.append(f"    note: {info.note}")
+    if not lines:
+        return ""
+    return f"{sum(1 for line in lines if line.startswith('[-]'))} published row(s) of these tables with no command here:\n" \
+        + "\n".join(lines) + "\n"
+
+
 def _source_lines(entry: GridEntry, tasks: Sequence[str] = ()) -> list[str]:
     """Where an entry's published numbers on ``tasks`` come from (none for R2MED's paper rows)."""
     from r2med_agent.analysis.published import PAPER_SOURCE, benchmark_of, published_results

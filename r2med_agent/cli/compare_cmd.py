@@ -164,7 +164,7 @@ def reproduce_command(
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
     from r2med_agent.data import task_names
-    from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce
+    from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce, unlisted_published
 
     if (table_name is None) == (grid_file is None):
         raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")
@@ -181,5 +181,6 @@ def reproduce_command(
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")
         typer.echo(format_plan(plan(grid, opts)), nl=False)
+        typer.echo(unlisted_published(grid), nl=False)
         return
     _emit(reproduce(grid, opts), _format_for(fmt, None), None)

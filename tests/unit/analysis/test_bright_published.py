@@ -152,3 +152,26 @@ def test_an_average_only_bright_row_gets_its_average_over_the_twelve_tasks(tmp_p
         write_result(root2, "none", "none", "bright-e5", task, GOOD)
     (row,) = build_table(load_results([root2]), "ndcg_at_10", published=True).rows
     assert row.published == {} and row.published_average == pytest.approx(0.255)
+
+
+def test_dry_run_lists_every_row_of_brights_tables(tmp_path: Path) -> None:
+    """reproduce --dry-run over the bright and bright-long grids names every configuration of
+    bright_results.csv: a command for each row the project runs, the numbers, source and reason for
+    each it does not."""
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    keys = {(r["kind"], r["method"], r["llm"], r["retriever"], r["reranker"]) for r in rows(FILES[0])}
+    listed = 0
+    for table, kinds in (("bright", ("bright", "bright-reason", "bright-rerank")), ("bright-long", ("bright-long",))):
+        res = CliRunner().invoke(app, ["reproduce", "--table", table, "--dry-run", "--output-dir", str(tmp_path)],
+                                 env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        commands = sum(1 for line in res.output.splitlines() if line.startswith("[") and not line.startswith("[-]"))
+        without = [line for line in res.output.splitlines() if line.startswith("[-]")]
+        assert commands + len(without) == sum(1 for k in keys if k[0] in kinds)
+        assert all("no command here" in line for line in without)
+        listed += commands + len(without)
+    assert listed == len(keys) == 13 + 65 + 10 + 14
