@@ -503,6 +503,62 @@ def read_grouprank(clone: Path) -> ImportedPrompts:
 
 
 # ----------------------------------------------------------------------------------------------
+# BRIGHT: reason.py
+
+BRIGHT_REPO = "xlang-ai/BRIGHT"
+"""BRIGHT's code repository (Su et al., ICLR 2025)."""
+
+BRIGHT_COMMIT = "d99e8391d967d4c2b3a74732530d2309e2fc92b6"
+"""The commit of ``xlang-ai/BRIGHT`` whose ``reason.py`` the project reads (its main branch's
+newest, 13 Sep 2025; the conformance suite's pinned copy)."""
+
+BRIGHT_REASON = "reason.py"
+BRIGHT_FILES = (BRIGHT_REASON,)
+"""The files BRIGHT's prompts come from: its reasoning prompt is built in ``reason.py``'s main loop."""
+
+
+def _assigned_anywhere(mod: _Module, name: str) -> ast.expr:
+    """The value of the first ``name = ...`` anywhere in the file (a script's main loop)."""
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+    raise mod.error(f"no {name} = ... (the reference's layout)")
+
+
+def _bright_post(mod: _Module) -> str:
+    """``cur_post``, the query as BRIGHT's prompt shows it, as a Jinja expression: ``e["query"]``
+    with the ``.replace(old, new)`` calls ``reason.py`` applies."""
+    node = _assigned_anywhere(mod, "cur_post")
+    calls: list[tuple[str, str]] = []
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "replace":
+        args = node.args
+        if len(args) != 2 or not all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in args):
+            raise mod.error("cur_post's .replace() takes other than two literal strings", node)
+        calls.append((args[0].value, args[1].value))  # type: ignore[union-attr]
+        node = node.func.value
+    if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "query"):
+        raise mod.error("cur_post is not the example's 'query' field", node)
+    expr = "query"
+    for old, new in reversed(calls):
+        expr += f" | replace({json.dumps(old)}, {json.dumps(new)})"
+    return expr
+
+
+def read_bright(clone: Path) -> ImportedPrompts:
+    """BRIGHT's reasoning prompt for ``reason`` (every family): the f-string ``reason.py`` assigns
+    to ``prompt`` for each example, of ``cur_post`` (the query with its newlines made spaces)."""
+    out = ImportedPrompts(BRIGHT_REPO, _commit(clone))
+    mod = _parse(clone, BRIGHT_REASON)
+    value = _assigned_anywhere(mod, "prompt")
+    body = _source(_pieces(mod, value, {"cur_post": ("expr", _bright_post(mod))}))
+    for family in FAMILIES:
+        rel = f"reason/{family}.j2"
+        out.templates[rel] = _template(mod.at(value), out.reference, body)
+        out.origins[rel] = mod.at(value)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Recognising a clone, writing the folder, reading the record
 
 READERS: dict[str, tuple[tuple[str, ...], Callable[[Path], ImportedPrompts]]] = {
@@ -512,6 +568,7 @@ READERS: dict[str, tuple[tuple[str, ...], Callable[[Path], ImportedPrompts]]] = 
     "ReasonRank": ((REASONRANK_MARK,), read_reasonrank),
     "Rank1": ((RANK1_FILE,), read_rank1),
     "GroupRank": ((GROUPRANK_FILE,), read_grouprank),
+    "BRIGHT": (BRIGHT_FILES, read_bright),
 }
 """Reference -> (files that identify its clone, any one of them; its reader)."""
 

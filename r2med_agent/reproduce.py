@@ -35,6 +35,7 @@ from r2med_agent.analysis.planner import (  # noqa: F401
     PlannedRun,
     ReproduceOptions,
     format_plan,
+    unlisted_published,
     plan,
     reproduce,
     results_table,
@@ -43,4 +44,4 @@ from r2med_agent.analysis.planner import (  # noqa: F401
     task_option,
 )
 
-__all__ = ['BYTES_PER_PARAM', 'EXPANSION_PROMPT_TOKENS', 'GPU_GIB', 'Grid', 'GridEntry', 'ModelInfo', 'Needs', 'PlannedRun', 'PublishedName', 'RELEASED_FILE', 'RUN_ARGS', 'Registries', 'ReproduceOptions', 'TABLES', 'TOKENS_PER_WORD', 'VLLM_TRANSFORMERS', 'dataset_repos', 'entry_needs', 'format_plan', 'load_grid', 'load_grids', 'load_models', 'model_precision', 'plan', 'released_llms', 'reproduce', 'results_table', 'spec_differences', 'split_recipe', 'stale_reason', 'task_option', 'token_estimate', 'weights_gib']
+__all__ = ['BYTES_PER_PARAM', 'EXPANSION_PROMPT_TOKENS', 'GPU_GIB', 'Grid', 'GridEntry', 'ModelInfo', 'Needs', 'PlannedRun', 'PublishedName', 'RELEASED_FILE', 'RUN_ARGS', 'Registries', 'ReproduceOptions', 'TABLES', 'TOKENS_PER_WORD', 'VLLM_TRANSFORMERS', 'dataset_repos', 'entry_needs', 'format_plan', 'load_grid', 'load_grids', 'load_models', 'model_precision', 'plan', 'released_llms', 'reproduce', 'results_table', 'spec_differences', 'split_recipe', 'stale_reason', 'task_option', 'token_estimate', 'unlisted_published', 'weights_gib']

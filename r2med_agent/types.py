@@ -133,6 +133,9 @@ class Task:
         qrels: relevance judgements (only positive grades are kept by the loader).
         source: where the data came from (hub repo@revision or a directory), for provenance.
         fingerprint: hash of the corpus content; keys every on-disk index and embedding cache.
+        excluded: per query, the documents never ranked for it (BRIGHT's ``excluded_ids``, its
+            ``"N/A"`` left out): the runner removes them from every ranking before the cut and the
+            scoring. None for a task of another layout, which excludes nothing.
     """
 
     name: str
@@ -143,6 +146,7 @@ class Task:
     qrels: Qrels
     source: str
     fingerprint: str
+    excluded: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def doc_ids(self) -> list[str]:
@@ -150,7 +154,7 @@ class Task:
         return doc_ids_of(self.corpus)
 
 
-Combine = Literal["none", "hyde", "query2doc", "lamer", "reasoning"]
+Combine = Literal["none", "hyde", "query2doc", "lamer", "reasoning", "rewrite"]
 """How a retriever turns (query, generated text) into its query; see the table of docs/protocol.md."""
 
 

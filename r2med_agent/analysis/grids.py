@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from r2med_agent.analysis.published import PublishedKey, published_results
+from r2med_agent.analysis.published import PublishedKey, benchmark_of, published_results
 from r2med_agent.analysis.results import NO_LLM
 from r2med_agent.config import build, load_yaml
 from r2med_agent.errors import ConfigError
@@ -49,7 +49,8 @@ from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
 
-TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano", "beyond", "frontier")
+TABLES: tuple[str, ...] = ("retrievers", "gar", "agentic", "rerank", "nano", "beyond", "frontier", "bright",
+                           "bright-long", "bright-frontier")
 """Grid names: ``configs/reproduce/<name>.yaml``."""
 
 GPU_GIB = 80.0
@@ -99,8 +100,10 @@ class GridEntry:
         ndcg_at_10: the published nDCG@10 per task this entry must reproduce.
         note: free text shown by ``--dry-run``.
         generations: ``auto`` (R2MED's released generations when ``configs/reproduce/released.yaml``
-            lists the entry's method and LLM and ``reproduce`` is not told ``--generations fresh``)
-            or ``fresh`` (always generate).
+            lists the entry's method and LLM and ``reproduce`` is not told ``--generations fresh``),
+            ``fresh`` (always generate) or ``bright`` (BRIGHT's released reasoning queries of the
+            entry's LLM, always: BRIGHT's reasoning LLMs have no registry entry that could regenerate
+            them).
         candidates: for retriever ``candidates``, the hash of the first-stage run files the
             published row reranked (:func:`~r2med_agent.retrieval.run_files.candidates_fingerprint`
             over the grid's tasks); ``reproduce --candidates PATH`` gives the files, and other
@@ -178,7 +181,8 @@ class GridEntry:
         released generations), and ``(method, llm, retriever, reranker)`` when its other settings
         are all defaults."""
         keys: list[Any] = []
-        for mode in ("fresh", "r2med") if self.method != "none" else ("fresh",):
+        modes = ("bright",) if self.generations == "bright" else ("fresh", "r2med")
+        for mode in modes if self.method != "none" else ("fresh",):
             spec = self.run_config((), Path("."), generations=mode).spec()
             keys.append(spec.key())
             if not spec.settings():
@@ -190,6 +194,8 @@ class GridEntry:
     def generations_mode(self, wanted: str = "r2med") -> str:
         """``r2med`` when R2MED released this entry's generations and ``wanted`` is ``r2med``
         (reproduce's default), else ``fresh``."""
+        if self.generations == "bright" and self.method != "none":
+            return "bright"
         if wanted != "r2med" or self.generations == "fresh" or self.method == "none":
             return "fresh"
         return "r2med" if self.llm in released_llms().get(self.method, ()) else "fresh"
@@ -285,6 +291,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     from r2med_agent.data import task_names
 
     grid_tasks = tuple(task_names(spec.tasks))
+    benchmark = benchmark_of(grid_tasks[0]) if grid_tasks else ""
     for i, entry in enumerate(spec.entries):
         where = f"{path}: entries[{i}] ({entry.label})"
         if entry.method != "none" and not entry.llm:
@@ -292,8 +299,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
         unknown = sorted(set(entry.args) - set(RUN_ARGS))
         if unknown:
             raise ConfigError(f"{where}: unknown args {', '.join(unknown)}; allowed: {', '.join(RUN_ARGS)}")
-        if entry.generations not in ("auto", "fresh"):
-            raise ConfigError(f"{where}: generations must be auto or fresh, got {entry.generations!r}")
+        if entry.generations not in ("auto", "fresh", "bright"):
+            raise ConfigError(f"{where}: generations must be auto, fresh or bright, got {entry.generations!r}")
         if bool(entry.candidates) != (entry.retriever == "candidates"):
             raise ConfigError(f"{where}: retriever candidates and a candidates hash go together")
         ident = (entry.method, entry.llm, entry.retriever, entry.reranker, repr(sorted(entry.args.items())),
@@ -304,10 +311,11 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
         for task, value in entry.ndcg_at_10.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{where}: ndcg_at_10.{task} must be a number, got {value!r}")
-        csv_scores = pub.scores(entry.published_key, "ndcg_at_10")
-        averages.append(pub.average(entry.published_key))
+        csv_scores = {t: v for t, v in pub.scores(entry.published_key, "ndcg_at_10").items() if t in grid_tasks}
+        average = pub.average(entry.published_key, benchmark=benchmark)
+        averages.append(average)
         if spec.scores == "published":
-            _check_published_only(where, entry, pub, csv_scores, strict)
+            _check_published_only(where, entry, csv_scores, average, strict)
             scores.append(csv_scores)
             continue
         if strict:
@@ -340,16 +348,18 @@ def _check_entry_scores(where: str, entry: GridEntry, csv_scores: Mapping[str, f
         )
 
 
-def _check_published_only(where: str, entry: GridEntry, pub: Any, csv_scores: Mapping[str, float],
+def _check_published_only(where: str, entry: GridEntry, csv_scores: Mapping[str, float], average: float | None,
                           strict: bool) -> None:
     """An entry of a ``scores: published`` grid gives no scores of its own; (strict) the packaged
-    CSVs have its published name, per task or as an average."""
+    CSVs have its published name on the grid's tasks, per task or as an average."""
     if entry.ndcg_at_10:
         raise ConfigError(f"{where}: a grid with 'scores: published' takes its scores from the packaged "
                           "CSVs; remove ndcg_at_10")
-    if strict and not csv_scores and pub.average(entry.published_key) is None:
-        raise ConfigError(f"{where}: no published row for {entry.published_key} in "
-                          f"{', '.join(p.name for p in pub.paths)}")
+    if strict and not csv_scores and average is None:
+        from r2med_agent.analysis.published import DEFAULT_FILES
+
+        raise ConfigError(f"{where}: no published row for {entry.published_key} on the grid's tasks in "
+                          f"{', '.join(DEFAULT_FILES)}")
 
 
 def _with_grid_args(grid: _GridFile, path: Path) -> _GridFile:

@@ -232,6 +232,8 @@ def entry_needs(
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
         n_queries: queries of the planned tasks, for the token estimate (0: none).
     """
+    if entry.generations == "bright" and entry.method != "none":
+        generations = "bright"  # BRIGHT's released reasoning queries, always (GridEntry.generations_mode)
     reg = registries or Registries.load()
     found = _NeedsFinder(entry, reg, gpu_gib)
     found.generations(generations)
@@ -244,8 +246,9 @@ def entry_needs(
     if datasets:
         found.hub.append(f"datasets {', '.join(datasets)}")
     # Released generations: the method's LLM never runs, so nothing is served or split off.
-    split = found.split_environments(llm_spec if generations != "r2med" else None)
-    tokens = tuple(token_estimate(entry, n_queries, reg, released=generations == "r2med")) if n_queries else ()
+    released = generations in ("r2med", "bright")
+    split = found.split_environments(llm_spec if not released else None)
+    tokens = tuple(token_estimate(entry, n_queries, reg, released=released)) if n_queries else ()
     return Needs(tuple(found.gpu), tuple(dict.fromkeys(found.keys)), tuple(found.hub), tuple(found.problems),
                  tuple(found.setup), split, tokens)
 
@@ -296,6 +299,14 @@ class _NeedsFinder:
         from r2med_agent.data.released import released_path
 
         entry = self.entry
+        if entry.llm and generations == "bright":
+            from r2med_agent.data.bright import reasoning_config
+
+            self.setup.append(
+                f"generations: BRIGHT's released reasoning queries of {entry.llm} ({reasoning_config(entry.llm)}/ "
+                "of its hub repo at the task's pinned revision, or --data-dir); no LLM runs"
+            )
+            return
         if entry.llm and generations == "r2med":
             self.setup.append(
                 f"generations: released by R2MED ({released_path(entry.method, entry.llm)} of each task, from "

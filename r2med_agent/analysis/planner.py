@@ -78,7 +78,10 @@ class PlannedRun:
     generations: str = "fresh"
     spec_key: str = ""
     source_average: float | None = None
-    """The published 8-task average where the source gives one (frontier rows)."""
+    """The published average over the grid's tasks where the source gives one (frontier rows,
+    BRIGHT's averages)."""
+    source_tasks: tuple[str, ...] = ()
+    """The tasks ``source_average`` covers (default: R2MED's 8)."""
     prompts: str = ""
     """Whose prompts the row renders (the reference's, imported, or the project's own); "" when
     it renders none."""
@@ -88,7 +91,7 @@ class PlannedRun:
         """The published mean over the planned tasks (None when it lacks any of them); over the 8
         R2MED tasks, the source's own average where it gives one (frontier rows)."""
         tasks = self.done + self.pending
-        if self.source_average is not None and set(tasks) == set(r2med_tasks()):
+        if self.source_average is not None and set(tasks) == set(self.source_tasks or r2med_tasks()):
             return self.source_average
         if tasks and all(t in self.published for t in tasks):
             return sum(self.published[t] for t in tasks) / len(tasks)
@@ -179,7 +182,10 @@ def task_option(tasks: Sequence[str]) -> str:
 
     if tuple(tasks) == r2med_tasks():
         return "all"
-    return "nano-all" if tuple(tasks) == tuple(task_names("nano-all")) else ",".join(tasks)
+    for group in ("nano-all", "bright-all", "bright-long-all"):
+        if tuple(tasks) == tuple(task_names(group)):
+            return group
+    return ",".join(tasks)
 
 
 def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
@@ -222,6 +228,7 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 generations=mode,
                 spec_key=spec.key(),
                 source_average=average,
+                source_tasks=grid.tasks,
                 prompts=_prompts_line(entry, mode),
             )
         )
@@ -285,7 +292,7 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.candidates:
             lines.append(f"    first-stage run files: {p.entry.candidates_from} (hash {p.entry.candidates})")
-        lines += [f"    {line}" for line in _source_lines(p.entry)]
+        lines += [f"    {line}" for line in _source_lines(p.entry, p.done + p.pending)]
         if p.entry.note:
             lines.append(f"    note: {p.entry.note}")
     todo = sum(1 for p in planned if p.pending)
@@ -301,15 +308,51 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _source_lines(entry: GridEntry) -> list[str]:
-    """Where a frontier entry's published numbers come from (none for the paper's rows)."""
-    from r2med_agent.analysis.published import published_results
+def unlisted_published(grid: Grid) -> str:
+    """For a BRIGHT grid, the published rows of its tables that no entry runs (an embedding API or
+    a reranking prompt this project does not have): each with its numbers, source and why, so that
+    ``--dry-run`` lists every row of BRIGHT's tables. Empty for the other grids."""
+    from r2med_agent.analysis.published import benchmark_of, published_results
+
+    bench = benchmark_of(grid.tasks[0]) if grid.tasks else ""
+    if not bench:
+        return ""
+    pub = published_results()
+    keys = {e.published_key for e in grid.entries}
+    kinds = {pub.kind(k, bench) for k in keys} - {None}
+    if "bright" in kinds:
+        kinds.add("bright-rerank")
+    lines = []
+    for key in pub.keys():
+        if key in keys or pub.kind(key, bench) not in kinds:
+            continue
+        info = pub.info(key, bench)
+        scores = {t: v for t, v in pub.scores(key).items() if t in grid.tasks}
+        average = pub.average(key, benchmark=bench)
+        shown = f"avg {average:.4f}" if average is not None else "no average"
+        lines.append(f"[-] {info.system or key}  ({shown}; published, no command here)")
+        if scores:
+            lines.append(f"    published nDCG@10: {', '.join(f'{t} {v}' for t, v in scores.items())}")
+        lines.append(f"    published as: {info.system}" + (f" over {info.first_stage}" if info.first_stage else "")
+                     + f"; {info.source}")
+        if info.note:
+            lines.append(f"    note: {info.note}")
+    if not lines:
+        return ""
+    return f"{sum(1 for line in lines if line.startswith('[-]'))} published row(s) of these tables with no command here:\n" \
+        + "\n".join(lines) + "\n"
+
+
+def _source_lines(entry: GridEntry, tasks: Sequence[str] = ()) -> list[str]:
+    """Where an entry's published numbers on ``tasks`` come from (none for R2MED's paper rows)."""
+    from r2med_agent.analysis.published import PAPER_SOURCE, benchmark_of, published_results
 
     pub = published_results()
     key = entry.published_key
-    if pub.kinds.get(key) != "frontier":
+    bench = benchmark_of(tasks[0]) if tasks else ""
+    info = pub.info(key, bench)
+    if pub.kind(key, bench) != "frontier" and info.source == PAPER_SOURCE:
         return []
-    info = pub.info(key)
     out = [f"published as: {info.system}" + (f" over {info.first_stage}" if info.first_stage else "")
            + f"; {info.source}"]
     if info.checked:

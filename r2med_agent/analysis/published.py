@@ -1,6 +1,11 @@
-"""The published R2MED scores, packaged as CSVs: the paper's and the NanoR2MED card's
-(``published_results.csv``), and the systems published since (``frontier_results.csv``: reasoning
-embedders and reasoning rerankers, each row with its source and how it was checked)."""
+"""The published scores, packaged as CSVs: R2MED's paper and the NanoR2MED card's
+(``published_results.csv``), the systems published since (``frontier_results.csv``: reasoning
+embedders and reasoning rerankers, each row with its source and how it was checked), BRIGHT's own
+tables (``bright_results.csv``) and those systems' BRIGHT numbers (``bright_frontier_results.csv``).
+
+One configuration may have rows on several benchmarks (R2MED's tasks, BRIGHT's, BRIGHT's long
+documents), each with its own source; the benchmark of a row is its task's registry group
+(:func:`benchmark_of`)."""
 
 from __future__ import annotations
 
@@ -22,10 +27,36 @@ AVERAGE_TASK = "average"
 """The ``task`` of a row that gives a configuration's published 8-task average (frontier rows,
 many of which were published as an average only)."""
 
+AVERAGE_TASKS: dict[str, str] = {"": AVERAGE_TASK, "bright": "bright-average", "bright-long": "bright-long-average"}
+"""Benchmark -> the ``task`` of a row giving its published average: R2MED's 8 tasks (``""``),
+BRIGHT's 12 (``bright-average``), BRIGHT's 8 long-document tasks (``bright-long-average``)."""
+
+BENCHMARK_GROUPS: dict[str, str] = {"": "all", "bright": "bright-all", "bright-long": "bright-long-all"}
+"""Benchmark -> the task group whose tasks its average covers."""
+
+
+def benchmark_of(task: str) -> str:
+    """The benchmark a published row's task belongs to: ``bright`` or ``bright-long`` for BRIGHT's
+    tasks (their registry groups), ``""`` for R2MED's and any other."""
+    for bench, name in AVERAGE_TASKS.items():
+        if task == name:
+            return bench
+    if not task.startswith("bright-"):
+        return ""
+    from r2med_agent.data import get_task_spec
+    from r2med_agent.errors import ConfigError
+
+    try:
+        group = get_task_spec(task).group
+    except ConfigError:
+        return ""
+    return group if group in AVERAGE_TASKS else ""
+
 PAPER_SOURCE = "R2MED paper (arXiv 2505.14558)"
 """The source of a row whose file gives none (the paper's CSV)."""
 
-DEFAULT_FILES: tuple[str, ...] = ("published_results.csv", "frontier_results.csv")
+DEFAULT_FILES: tuple[str, ...] = ("published_results.csv", "frontier_results.csv", "bright_results.csv",
+                                   "bright_frontier_results.csv")
 """The packaged files, read in this order (a configuration may be in only one of them)."""
 
 
@@ -76,14 +107,17 @@ class PublishedResults:
         self.path = paths[0]
         self.paths = tuple(paths)
         self._scores: dict[PublishedKey, dict[str, dict[str, float]]] = {}
-        self._averages: dict[PublishedKey, dict[str, float]] = {}
-        self._info: dict[PublishedKey, PublishedInfo] = {}
+        self._averages: dict[tuple[PublishedKey, str], dict[str, float]] = {}
+        self._info: dict[tuple[PublishedKey, str], PublishedInfo] = {}
+        self._kinds: dict[tuple[PublishedKey, str], str] = {}
         self.kinds: dict[PublishedKey, str] = {}
-        seen: dict[PublishedKey, Path] = {}
+        """The kind of each configuration's first row (``retrieval``, ``frontier``, ``bright`` ...);
+        :meth:`kind` gives it per benchmark."""
+        seen: dict[tuple[PublishedKey, str], Path] = {}
         for p in paths:
             self._read(p, seen)
 
-    def _read(self, path: Path, seen: dict[PublishedKey, Path]) -> None:
+    def _read(self, path: Path, seen: dict[tuple[PublishedKey, str], Path]) -> None:
         try:
             f = path.open(encoding="utf-8", newline="")
         except OSError as e:
@@ -95,24 +129,38 @@ class PublishedResults:
                 raise DataError(f"published scores need columns {', '.join(sorted(needed))}", path, 1)
             for lineno, rec in enumerate(reader, start=2):
                 key = PublishedKey(rec["method"], rec["llm"], rec["retriever"], rec["reranker"])
-                if seen.setdefault(key, path) != path:
-                    raise DataError(f"{key} is also in {seen[key].name}", path, lineno)
-                self.kinds[key] = rec["kind"]
-                self._info.setdefault(key, PublishedInfo(
+                bench = benchmark_of(rec["task"])
+                if seen.setdefault((key, bench), path) != path:
+                    what = f"{key} on {bench or 'R2MED'}'s tasks"
+                    raise DataError(f"{what} is also in {seen[(key, bench)].name}", path, lineno)
+                self.kinds.setdefault(key, rec["kind"])
+                self._kinds.setdefault((key, bench), rec["kind"])
+                self._info.setdefault((key, bench), PublishedInfo(
                     source=(rec.get("source") or "").strip() or PAPER_SOURCE,
                     **{k: (rec.get(k) or "").strip() for k in ("system", "first_stage", "checked", "note")}))
                 per_task = self._scores.setdefault(key, {})
-                if rec["task"] in per_task or (rec["task"] == AVERAGE_TASK and key in self._averages):
+                is_average = rec["task"] == AVERAGE_TASKS[bench]
+                if rec["task"] in per_task or (is_average and (key, bench) in self._averages):
                     raise DataError(f"duplicate row for {key} on task {rec['task']}", path, lineno)
                 values = _metric_values(rec, path, lineno)
-                if rec["task"] == AVERAGE_TASK:
-                    self._averages[key] = values
+                if is_average:
+                    self._averages[(key, bench)] = values
                 else:
                     per_task[rec["task"]] = values
 
     def keys(self, kind: str | None = None) -> list[PublishedKey]:
-        """Every published configuration (of ``kind``: retrieval, gar, rerank), in file order."""
-        return [k for k in self._scores if kind is None or self.kinds[k] == kind]
+        """Every published configuration (of ``kind``: retrieval, gar, rerank, frontier, bright ...,
+        on any benchmark), in file order."""
+        return [k for k in self._scores if kind is None or any(
+            self._kinds.get((k, b)) == kind for b in AVERAGE_TASKS)]
+
+    def kind(self, key: PublishedKey, benchmark: str = "") -> str | None:
+        """The kind of ``key``'s rows on ``benchmark`` (None: it has none there)."""
+        return self._kinds.get((key, benchmark))
+
+    def benchmarks(self, key: PublishedKey) -> list[str]:
+        """The benchmarks ``key`` has published rows on."""
+        return [b for b in AVERAGE_TASKS if (key, b) in self._kinds]
 
     def scores(self, key: PublishedKey, metric: str = "ndcg_at_10") -> dict[str, float]:
         """``{task: score}`` of one configuration (tasks without a number for ``metric`` left out)."""
@@ -122,13 +170,17 @@ class PublishedResults:
                 out[task] = values[metric]
         return out
 
-    def average(self, key: PublishedKey, metric: str = "ndcg_at_10") -> float | None:
-        """The published average of ``key`` where its source gives one (frontier rows), else None."""
-        return self._averages.get(key, {}).get(metric)
+    def average(self, key: PublishedKey, metric: str = "ndcg_at_10", benchmark: str = "") -> float | None:
+        """The published average of ``key`` over ``benchmark``'s tasks (``""``: R2MED's 8,
+        ``bright``, ``bright-long``) where its source gives one, else None."""
+        return self._averages.get((key, benchmark), {}).get(metric)
 
-    def info(self, key: PublishedKey) -> PublishedInfo:
-        """Source, system name, first stage, check and caveat of ``key``."""
-        return self._info.get(key, PublishedInfo())
+    def info(self, key: PublishedKey, benchmark: str | None = None) -> PublishedInfo:
+        """Source, system name, first stage, check and caveat of ``key``'s rows on ``benchmark``
+        (None: the first benchmark it has)."""
+        if benchmark is None:
+            benchmark = next(iter(self.benchmarks(key)), "")
+        return self._info.get((key, benchmark), PublishedInfo())
 
     def __contains__(self, key: object) -> bool:
         return key in self._scores

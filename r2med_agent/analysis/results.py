@@ -77,10 +77,11 @@ def r2med_tasks() -> tuple[str, ...]:
 
 
 def task_order(tasks: Iterable[str]) -> list[str]:
-    """The R2MED tasks in the paper's order, then NanoR2MED's, then any others alphabetically."""
+    """The R2MED tasks in the paper's order, then NanoR2MED's, then BRIGHT's (its own order, then its
+    long-document tasks), then any others alphabetically."""
     from r2med_agent.data import task_names
 
-    known = [*task_names("all"), *task_names("nano-all")]
+    known = [*task_names("all"), *task_names("nano-all"), *task_names("bright-all"), *task_names("bright-long-all")]
     tasks = set(tasks)
     return [t for t in known if t in tasks] + sorted(tasks - set(known))
 

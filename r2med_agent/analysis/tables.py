@@ -19,7 +19,7 @@ from r2med_agent.analysis.published import (
     PublishedResults,
     published_results,
 )
-from r2med_agent.analysis.results import NO_LLM, ResultRow, r2med_tasks, task_order
+from r2med_agent.analysis.results import NO_LLM, ResultRow, task_order
 
 PARTIAL_MARK = "†"
 BETTER_MARK = "▲"
@@ -161,7 +161,8 @@ class ComparisonTable:
         if self.with_published:
             notes.append(
                 "paper: R2MED's published score (arXiv 2505.14558; on the nano- tasks, the "
-                "NanoR2MED card's, hakari-bench/NanoR2MED); its average covers the same "
+                "NanoR2MED card's, hakari-bench/NanoR2MED; on the bright- tasks, BRIGHT's, arXiv "
+                "2407.12883, or the source named below); its average covers the same "
                 f"tasks as ours and is {MISSING} when the paper lacks any of them"
             )
             notes += self._source_notes()
@@ -172,15 +173,22 @@ class ComparisonTable:
         pub = self.published_scores
         if pub is None:
             return []
+        from r2med_agent.analysis.published import PAPER_SOURCE, benchmark_of
+
         out = []
         for r in self.rows:
-            if r.published_key is None or pub.kinds.get(r.published_key) != "frontier":
+            if r.published_key is None:
                 continue
-            info = pub.info(r.published_key)
-            line = f"row {r.index} ({r.row.label}): published as {info.system}"
-            line += f" over {info.first_stage}" if info.first_stage else ""
-            line += f", {info.source}"
-            out.append(line + (f"; {info.note}" if info.note else ""))
+            benches = list(dict.fromkeys(benchmark_of(t) for t in r.published))
+            for bench in benches or pub.benchmarks(r.published_key)[:1]:
+                info = pub.info(r.published_key, bench)
+                if pub.kind(r.published_key, bench) != "frontier" and info.source == PAPER_SOURCE:
+                    continue  # R2MED's own paper: said once in the legend
+                where = {"bright": " on BRIGHT", "bright-long": " on BRIGHT's long documents"}.get(bench, "")
+                line = f"row {r.index} ({r.row.label}){where}: published as {info.system or r.row.label}"
+                line += f" over {info.first_stage}" if info.first_stage else ""
+                line += f", {info.source}"
+                out.append(line + (f"; {info.note}" if info.note else ""))
         return out
 
 
@@ -350,6 +358,19 @@ def _per_query_table(r: ResultRow, metric: str, columns: Sequence[str]) -> dict[
     return {t: r.per_query(t, metric) for t in columns if r.score(t, metric) is not None}
 
 
+def _source_average(pub: PublishedResults, key: PublishedKey, metric: str, tasks: Sequence[str]) -> float | None:
+    """The average a source gives for ``key`` over one benchmark's tasks (R2MED's 8, BRIGHT's 12,
+    BRIGHT's 8 long-document ones) when ``tasks`` are exactly those, else None."""
+    from r2med_agent.analysis.published import BENCHMARK_GROUPS
+    from r2med_agent.data import task_names
+
+    for bench, group in BENCHMARK_GROUPS.items():
+        average = pub.average(key, metric, bench)
+        if average is not None and tasks and set(tasks) == set(task_names(group)):
+            return average
+    return None
+
+
 def _table_row(i: int, r: ResultRow, metric: str, columns: Sequence[str], pub: PublishedResults | None,
                aliases: RowAliases, tests: dict[str, PairedTest], cost: bool) -> TableRow:
     """One row: its values, average, missing tasks, published scores (``pub``) and tests."""
@@ -364,8 +385,8 @@ def _table_row(i: int, r: ResultRow, metric: str, columns: Sequence[str], pub: P
         have = [t for t, v in values.items() if v is not None]
         if have and all(t in pub_values for t in have):
             pub_avg = _mean(pub_values[t] for t in have)
-        elif pub.average(key, metric) is not None and set(have) == set(r2med_tasks()):
-            pub_avg = pub.average(key, metric)
+        else:  # a configuration published as an average only, over exactly the row's tasks
+            pub_avg = _source_average(pub, key, metric, have)
     return TableRow(
         index=i,
         row=r,

@@ -88,8 +88,8 @@ def _emit(table, fmt: str, out: Optional[Path]) -> None:
 def compare_command(
     results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
     metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric: ndcg_at_10, recall_at_100, mrr, ... or as trec_eval, pyserini and BEIR write them (ndcg_cut_10, ndcg@10, NDCG@10, P_10, recip_rank)."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these task columns: a comma list, 'all' or 'nano-all' (default: every task found)."),
-    published: bool = typer.Option(False, "--published", help="Add R2MED's published score beside ours, and the difference ('—' where the paper has none)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these task columns: a comma list, 'all', 'nano-all', 'bright-all' or 'bright-long-all' (default: every task found)."),
+    published: bool = typer.Option(False, "--published", help="Add the published score beside ours (R2MED's paper; NanoR2MED's card; BRIGHT's paper on the bright- tasks; the systems published since, each with its source), and the difference ('—' where there is none)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Row to test the others against: its index, or method/llm/retriever (plus /reranker if it has one). Marks ▲/▼ where p < --alpha and adds W/T/L and p."),
     test: str = typer.Option("permutation", "--test", help="Significance test: permutation (paired randomisation, exact when 2^n is small) or bootstrap."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level of the ▲/▼ markers."),
@@ -110,7 +110,7 @@ def report_command(
     results: Optional[list[Path]] = typer.Argument(None, help=_RESULTS_HELP, show_default=False),
     out: Path = typer.Option(..., "--out", help="Folder for report.html, per_task.png and quality_vs_cost.png."),
     metric: str = typer.Option("ndcg_at_10", "--metric", help="Metric of the table and plots (ndcg_at_10, ndcg@10, ndcg_cut_10, ... as for compare)."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all' or 'nano-all' (default: every task found)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Only these tasks: a comma list, 'all', 'nano-all', 'bright-all' or 'bright-long-all' (default: every task found)."),
     data_dir: Optional[list[Path]] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`) for query texts, qrels and document texts in the drill-down; repeat it for several folders (each task comes from the first that holds it). Default: the folder each task's results record as their data source, else the package/hub copy."),
     allow_missing_qrels_docs: bool = typer.Option(
         False, "--allow-missing-qrels-docs",
@@ -150,12 +150,12 @@ def report_command(
 
 @app.command("reproduce")
 def reproduce_command(
-    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic, rerank, nano, beyond or frontier (configs/reproduce/<table>.yaml)."),
+    table_name: Optional[str] = typer.Option(None, "--table", help="Grid to reproduce: retrievers, gar, agentic, rerank, nano, beyond, frontier, bright, bright-long or bright-frontier (configs/reproduce/<table>.yaml)."),
     grid_file: Optional[Path] = typer.Option(None, "--grid", help="A grid YAML of your own instead of --table (same format)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List each command, its published scores, done/stale/pending tasks and what it needs (GPU memory, API keys, hub access); run nothing."),
     output_dir: Path = typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree; tasks whose result files exist and were made with the entry's settings and data are skipped, stale ones run again."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", "-d", help="Local task data (as `run --data-dir`); default: the hub."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks), 'nano-all' or a comma list (default: the grid's tasks, the 8 R2MED tasks or, for nano, the 8 NanoR2MED splits)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Tasks to run: 'all' (the 8 R2MED tasks), 'nano-all', 'bright-all', 'bright-long-all' or a comma list (default: the grid's tasks: the 8 R2MED tasks, the 8 NanoR2MED splits for nano, BRIGHT's 12 or 8 long-document tasks for the bright tables)."),
     gpu_gib: float = typer.Option(80.0, "--gpu-gib", help="Memory of one GPU for the --dry-run estimates."),
     generations: str = typer.Option("r2med", "--generations", help="r2med (default): rows whose generations R2MED released (configs/reproduce/released.yaml) score those, with no LLM; the others generate. fresh: every LLM row generates."),
     allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="Use --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`)."),
@@ -164,7 +164,7 @@ def reproduce_command(
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
     from r2med_agent.data import task_names
-    from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce
+    from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce, unlisted_published
 
     if (table_name is None) == (grid_file is None):
         raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")
@@ -181,5 +181,6 @@ def reproduce_command(
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")
         typer.echo(format_plan(plan(grid, opts)), nl=False)
+        typer.echo(unlisted_published(grid), nl=False)
         return
     _emit(reproduce(grid, opts), _format_for(fmt, None), None)

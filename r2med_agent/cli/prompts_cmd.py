@@ -37,7 +37,7 @@ def import_examples_command(
 
 @prompts_app.command("import")
 def import_command(
-    clone: Path = typer.Argument(..., help="Root of a clone of R2MED, Search-R1 or Search-o1 "
+    clone: Path = typer.Argument(..., help="Root of a clone of R2MED, Search-R1, Search-o1 or BRIGHT "
                                  "(or a reranker's repository); its files are read with Python's ast, never run."),
     out: Path = typer.Option(..., "--out", "-o", help="Prompts folder to write the templates into; point "
                              "R2MED_PROMPTS_DIR at it."),

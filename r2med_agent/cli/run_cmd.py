@@ -74,9 +74,9 @@ _SPEC_OPTIONS = {
 _RUN_OPTIONS = {
     "task": typer.Option(
         None, "--task", "-t", show_default=False,
-        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
+        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), 'bright-all' (BRIGHT's 12 tasks, bright-<task>), 'bright-long-all' (its 8 long-document tasks), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
     ),
-    "data_dir": typer.Option(None, "--data-dir", "-d", help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt) or BEIR layout. Default: the Hugging Face hub."),
+    "data_dir": typer.Option(None, "--data-dir", "-d", help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt), BEIR layout or BRIGHT's layout (examples/, documents/, long_documents/, <llm>_reason/). Default: the Hugging Face hub."),
     "allow_missing_qrels_docs": typer.Option(False, "--allow-missing-qrels-docs", help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1."),
     "allow_count_mismatch": typer.Option(False, "--allow-count-mismatch", help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results."),
     "output_dir": typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
@@ -260,7 +260,8 @@ def print_summary(result) -> None:
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)
     if result.config.method != "none":
         console.print(f"LLM generations: {gens} new, {hits} from cache"
-                      + (f", {released} released by R2MED (no LLM built)" if result.config.generations == "r2med" else ""))
+                      + (f", {released} released by {result.config.generations.upper()} (no LLM built)"
+                         if result.config.generations in ("r2med", "bright") else ""))
     console.print(f"results: {result.result_dir}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -303,7 +304,7 @@ def evaluate_command(
 def tasks_command(
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'tasks:' entries."),
 ) -> None:
-    """List the task registry: the 8 R2MED tasks, NanoR2MED splits, and the embedded samples."""
+    """List the task registry: the 8 R2MED tasks, NanoR2MED splits, BRIGHT's 12 tasks and 8 long-document tasks, and the embedded samples."""
     from r2med_agent.config import set_user_config
     from r2med_agent.data import list_tasks
 

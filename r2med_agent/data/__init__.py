@@ -1,4 +1,4 @@
-"""Task data: the task registry (R2MED, NanoR2MED, the shipped samples) and task loading with
+"""Task data: the task registry (R2MED, NanoR2MED, BRIGHT, the shipped samples) and task loading with
 validation.
 
 :func:`load_task` reads a task from, in order of preference, a local ``data_dir``, the package
@@ -15,7 +15,9 @@ validation.
 * :mod:`~r2med_agent.data.snapshot`: the task cache under ``cache_dir()/tasks/``;
 * :mod:`~r2med_agent.data.nano`: NanoR2MED's candidate rankings (:func:`read_nano_candidates`);
 * :mod:`~r2med_agent.data.hub`: dataset snapshots from the Hugging Face hub, failing fast;
-* :mod:`~r2med_agent.data.released`: R2MED's released generations (``run --generations r2med``).
+* :mod:`~r2med_agent.data.released`: R2MED's released generations (``run --generations r2med``);
+* :mod:`~r2med_agent.data.bright`: BRIGHT's layout, its excluded ids and its released reasoning
+  queries (``run --generations bright``).
 
 Every problem in the files raises :class:`~r2med_agent.errors.DataError` naming the file and line.
 """

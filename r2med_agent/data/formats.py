@@ -1,4 +1,4 @@
-"""Reading a task from one folder: the R2MED, BEIR and Nano layouts, validated, through the task cache.
+"""Reading a task from one folder: the R2MED, BEIR, Nano and BRIGHT layouts, validated, through the task cache.
 
 On-disk layouts read here:
 
@@ -19,6 +19,11 @@ On-disk layouts read here:
   ``harrier_oss_v1_270m/`` and ``reranking_hybrid/`` with ``query-id``/``corpus-ids`` rows, read by
   :func:`~r2med_agent.data.nano.read_nano_candidates`.
 
+* **BRIGHT** (hub repo ``xlangai/BRIGHT``): folders ``examples/``, ``documents/`` and
+  ``long_documents/`` holding ``<split>.parquet`` or shards (or ``.jsonl``), read by
+  :mod:`~r2med_agent.data.bright` (which describes them); each query's ``excluded_ids`` go on
+  the task (:attr:`~r2med_agent.types.Task.excluded`).
+
 A folder in R2MED or BEIR layout without qrels (no ``qrels.jsonl``/``qrels.txt``; no ``qrels/``
 folder) is a task of unjudged queries: it loads with empty qrels, every query kept, and a run over
 it is written but not scored.
@@ -38,6 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from r2med_agent.data import bright as _bright
+from r2med_agent.data.bright import BrightSplit
 from r2med_agent.data.qrels import _build_qrels, _qrels_from_json, _qrels_from_text
 from r2med_agent.data.records import _check_unique, _iter_records, _parse_docs, _parse_queries, _require
 from r2med_agent.data.snapshot import _TaskSnapshot
@@ -52,8 +59,9 @@ DEFAULT_SPLIT = "test"
 """The qrels split of a BEIR folder read unless another is asked for (``qrels/test.tsv``)."""
 NANO_CONFIGS = ("corpus", "queries", "qrels")
 
-_Read = tuple[list[Query], list[Doc], Qrels, list[str]]
-"""What a layout reader returns: queries, corpus, qrels and warnings about the qrels."""
+_Read = tuple[list[Query], list[Doc], Qrels, list[str], "dict[str, tuple[str, ...]] | None"]
+"""What a layout reader returns: queries, corpus, qrels, warnings about the qrels, and each query's
+excluded document ids (BRIGHT's layout; None for the others)."""
 
 
 def load_task_dir(
@@ -105,19 +113,23 @@ def _load_task_dir(
     allow_missing_qrels_docs: bool,
     use_task_cache: bool,
     beir: BeirSplit,
+    bright: BrightSplit | None = None,
 ) -> Task:
-    """:func:`load_task_dir` with the split of a BEIR folder to read."""
+    """:func:`load_task_dir` with the split of a BEIR folder to read, and the split and setting of a
+    BRIGHT-layout folder (default: the task's name when the folder holds that split, else its only
+    split; the short documents when it has them)."""
     started = time.perf_counter()
-    layout, read = _layout_reader(folder, split, allow_missing_qrels_docs, beir)
+    if bright is None and _detect_layout(folder, split) == "bright":
+        bright = _own_bright_split(folder, name)
+    layout, read = _layout_reader(folder, split, allow_missing_qrels_docs, beir, bright)
     if layout != "beir" and beir != BeirSplit():
         logger.warning("%s: --split and --all-queries apply to BEIR folders (qrels/<split>.tsv); this "
                        "%s folder has one set of qrels, read as it is", folder, layout)
     snapshot = None
     if use_task_cache:
-        key = beir.key if layout == "beir" else split
-        snapshot = _TaskSnapshot.for_files(
-            _layout_files(folder, layout, split, beir), layout, key, allow_missing_qrels_docs
-        )
+        key = beir.key if layout == "beir" else bright.key if bright is not None else split
+        files = _bright.layout_files(folder, bright) if bright is not None else _layout_files(folder, layout, split, beir)
+        snapshot = _TaskSnapshot.for_files(files, layout, key, allow_missing_qrels_docs)
     contents = _read_contents(read, snapshot, folder)
     for note in contents.notes:
         logger.warning("%s", note)
@@ -130,6 +142,7 @@ def _load_task_dir(
         qrels=contents.qrels,
         source=(source or str(folder.resolve())) + (beir.source_note if layout == "beir" else ""),
         fingerprint=contents.fingerprint,
+        excluded=contents.excluded,
     )
     _log_loaded(task, layout, contents.how, started)
     return task
@@ -170,14 +183,32 @@ class BeirSplit:
         return folder / "qrels" / f"{self.split}.tsv"
 
 
+def _own_bright_split(folder: Path, name: str) -> BrightSplit:
+    """The split of a BRIGHT-layout folder a task of your own reads: the one named as the task, or
+    the folder's only one; the short documents where the folder has them, else the long ones."""
+    splits = _bright.bright_splits(folder)
+    chosen = name if name in splits else splits[0] if len(splits) == 1 else None
+    if chosen is None:
+        raise DataError(f"this BRIGHT-layout folder holds the splits {', '.join(splits) or '(none)'}; name the "
+                        "task after one of them (--task SPLIT)", folder / _bright.EXAMPLES)
+    long = not _bright.split_files(folder, _bright.DOCUMENTS, chosen) and bool(
+        _bright.split_files(folder, _bright.LONG_DOCUMENTS, chosen))
+    return BrightSplit(chosen, long)
+
+
 def _layout_reader(
-    folder: Path, split: str | None, allow_missing_docs: bool, beir: BeirSplit
+    folder: Path, split: str | None, allow_missing_docs: bool, beir: BeirSplit, bright: BrightSplit | None = None
 ) -> tuple[str, Callable[[], _Read]]:
     """The folder's layout and a call that reads and validates its files.
 
     Raises:
         DataError: the folder holds no task files of any layout.
     """
+    if bright is not None:
+        if not (folder / _bright.EXAMPLES).is_dir():
+            raise DataError(f"no {_bright.EXAMPLES}/ folder: expected BRIGHT's layout ({_bright.EXAMPLES}/, "
+                            f"{bright.documents}/ with {bright.split} files)", folder)
+        return "bright", functools.partial(_bright.read_bright, folder, bright, allow_missing_docs)
     layout = _detect_layout(folder, split)
     if layout == "r2med":
         return layout, functools.partial(_read_r2med, folder, allow_missing_docs)
@@ -188,7 +219,8 @@ def _layout_reader(
     raise DataError(
         "no task files found: expected query.jsonl, corpus.jsonl and qrels.jsonl/qrels.txt "
         "(R2MED), queries.jsonl, corpus.jsonl and qrels/<split>.tsv (BEIR)"
-        + (f", or corpus/ queries/ qrels/ with {split} files (Nano)" if split else ""),
+        + (f", or corpus/ queries/ qrels/ with {split} files (Nano)" if split else "")
+        + ", or examples/ and documents/ (BRIGHT)",
         folder,
     )
 
@@ -204,6 +236,7 @@ class _Contents:
     fingerprint: str
     notes: Sequence[str]
     how: str
+    excluded: dict[str, tuple[str, ...]] | None = None
 
 
 def _read_contents(read: Callable[[], _Read], snapshot: _TaskSnapshot | None, folder: Path) -> _Contents:
@@ -211,15 +244,15 @@ def _read_contents(read: Callable[[], _Read], snapshot: _TaskSnapshot | None, fo
     ``read`` (and then stored in the task cache)."""
     found = snapshot.load() if snapshot is not None else None
     if found is not None:
-        queries, doc_ids, qrels, fingerprint, notes = found
+        queries, doc_ids, qrels, fingerprint, notes, excluded = found
         corpus = Corpus(doc_ids, functools.partial(_reread_corpus, read, fingerprint, folder))
         how = "from the task cache; corpus read on first use"
-        return _Contents(queries, corpus, qrels, fingerprint, notes, how)
-    queries, docs, qrels, notes = read()
+        return _Contents(queries, corpus, qrels, fingerprint, notes, how, excluded)
+    queries, docs, qrels, notes, excluded = read()
     fingerprint = corpus_fingerprint(docs)
     if snapshot is not None:
-        snapshot.save(queries, [d.doc_id for d in docs], qrels, fingerprint, notes)
-    return _Contents(queries, tuple(docs), qrels, fingerprint, notes, "parsed")
+        snapshot.save(queries, [d.doc_id for d in docs], qrels, fingerprint, notes, excluded)
+    return _Contents(queries, tuple(docs), qrels, fingerprint, notes, "parsed", excluded)
 
 
 def _log_loaded(task: Task, layout: str, how: str, started: float) -> None:
@@ -284,6 +317,8 @@ def _detect_layout(folder: Path, split: str | None) -> str | None:
         return "r2med"
     if (folder / "queries.jsonl").is_file():
         return "beir"
+    if _bright.is_bright_folder(folder, split):
+        return "bright"
     if split and any(_nano_files(folder, cfg, split) for cfg in NANO_CONFIGS):
         return "nano"
     if (folder / "corpus.jsonl").is_file():
@@ -308,9 +343,9 @@ def _read_r2med(folder: Path, allow_missing_docs: bool) -> _Read:
         rows = _qrels_from_text(txt)
         qrels_path = txt
     else:
-        return queries, corpus, {}, [_unjudged_note(folder, "no qrels.jsonl or qrels.txt")]
+        return queries, corpus, {}, [_unjudged_note(folder, "no qrels.jsonl or qrels.txt")], None
     qrels, notes = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
-    return queries, corpus, qrels, notes
+    return queries, corpus, qrels, notes, None
 
 
 # --- BEIR layout --------------------------------------------------------------------------------
@@ -333,7 +368,7 @@ def _read_beir(folder: Path, allow_missing_docs: bool, beir: BeirSplit) -> _Read
     queries = _parse_queries(iter_jsonl(query_path), query_path, id_keys=("_id", "id"))
     corpus = _parse_docs(iter_jsonl(corpus_path), corpus_path, id_keys=("_id", "id"))
     if not qrels_path.is_file():
-        return queries, corpus, {}, [_unjudged_note(folder, "no qrels/ folder")]
+        return queries, corpus, {}, [_unjudged_note(folder, "no qrels/ folder")], None
     rows = _qrels_from_text(qrels_path)
     notes: list[str] = []
     if not beir.all_queries:
@@ -345,7 +380,7 @@ def _read_beir(folder: Path, allow_missing_docs: bool, beir: BeirSplit) -> _Read
                          "keeps them, unscored)")
         queries = kept
     qrels, more = _build_qrels(rows, qrels_path, queries, query_path, corpus, corpus_path, allow_missing_docs)
-    return queries, corpus, qrels, notes + more
+    return queries, corpus, qrels, notes + more, None
 
 
 # --- Nano layout --------------------------------------------------------------------------------
@@ -382,5 +417,5 @@ def _read_nano(folder: Path, split: str, allow_missing_docs: bool) -> _Read:
         rows, files["qrels"][0], queries, files["queries"][0], corpus, files["corpus"][0],
         allow_missing_docs,
     )
-    return queries, corpus, qrels, notes
+    return queries, corpus, qrels, notes, None
 

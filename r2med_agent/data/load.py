@@ -15,6 +15,7 @@ from r2med_agent.data.formats import (
     _detect_layout,
     _load_task_dir,
 )
+from r2med_agent.data.bright import EXAMPLES
 from r2med_agent.data.registry import TaskSpec, _aliases, get_task_spec, local_task_spec
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.paths import resources_dir
@@ -36,9 +37,9 @@ def load_task(
 
     Args:
         name: a task name, alias or Nano split name (see :func:`~r2med_agent.data.registry.task_names`).
-        data_dir: a local copy: either the task's folder itself (R2MED, BEIR or Nano layout) or a
-            parent folder holding ``<Task>/`` (the task name, one of its aliases, or its Nano split
-            name). Without it, package tasks load from the package and the others from the hub at
+        data_dir: a local copy: either the task's folder itself (R2MED, BEIR, Nano or BRIGHT
+            layout) or a parent folder holding ``<Task>/`` (the task name, one of its aliases, or its
+            Nano split name). A BRIGHT task reads a BRIGHT-layout folder only. Without it, package tasks load from the package and the others from the hub at
             the registry's pinned revision.
         allow_missing_qrels_docs: keep qrels that name documents absent from the corpus (with a
             warning giving their number) instead of failing; they stay relevant documents, so
@@ -72,6 +73,7 @@ def load_task(
         allow_missing_qrels_docs=allow_missing_qrels_docs or spec.allow_missing_qrels_docs,
         use_task_cache=True,
         beir=BeirSplit(qrels_split, all_queries),
+        bright=spec.bright,
     )
     if data_dir is None and spec.source != "local" and not task.qrels:
         # A release always has qrels: a folder without them is a broken download, not new queries.
@@ -119,6 +121,11 @@ def _hub_folder(spec: TaskSpec) -> tuple[Path, str]:
             f"corpus/, queries/ and qrels/ folders with {spec.split} files (a copy of "
             f"{spec.repo}), or a folder {spec.name}/ in R2MED layout"
         )
+    elif spec.source == "bright":
+        split = spec.bright
+        patterns = [f"{cfg}/{spec.split}{sep}*" for cfg in (EXAMPLES, split.documents) for sep in (".", "-")]
+        hint = (f"{EXAMPLES}/ and {split.documents}/ folders with {spec.split} files (a copy of {spec.repo}), "
+                f"or a folder {spec.name}/ in that layout")
     else:
         patterns = list(R2MED_HUB_FILES)
         hint = (
@@ -165,16 +172,20 @@ def _locate(data_dir: Path, spec: TaskSpec) -> Path:
         raise DataError("--data-dir is not a directory", data_dir)
     wanted = [spec.name, *_aliases(spec.name, spec), *([spec.split] if spec.split else [])]
     children = {p.name.lower(): p for p in data_dir.iterdir() if p.is_dir()}
+
+    def fits(layout: str | None) -> bool:  # a BRIGHT task reads BRIGHT's layout only (R2MED has a Biology/)
+        return layout is not None and (spec.bright is None or layout == "bright")
+
     for candidate in wanted:
         child = data_dir / candidate
         if not child.is_dir():
             child = children.get(candidate.lower(), child)
-        if child.is_dir() and _detect_layout(child, spec.split or None) is not None:
+        if child.is_dir() and fits(_detect_layout(child, spec.split or None)):
             return child
     layout = _detect_layout(data_dir, spec.split or None)
-    if layout is not None:
+    if fits(layout):
         names = {w.lower() for w in wanted}
-        if layout != "nano" and data_dir.resolve().name.lower() not in names:
+        if layout not in ("nano", "bright") and data_dir.resolve().name.lower() not in names:
             logger.warning(
                 "loading task %s from %s, whose folder name is not the task's; "
                 "point --data-dir at a parent holding %s/ to load several tasks",
@@ -191,6 +202,7 @@ def _locate(data_dir: Path, spec: TaskSpec) -> Path:
         "or this folder itself to "
         "hold query.jsonl, corpus.jsonl and qrels.jsonl (R2MED layout) or queries.jsonl, "
         "corpus.jsonl and qrels/<split>.tsv (BEIR layout)"
-        + (f", or corpus/ queries/ qrels/ with {spec.split} files (Nano layout)" if spec.split else ""),
+        + (f", or {EXAMPLES}/ and {spec.bright.documents}/ with {spec.split} files (BRIGHT layout)" if spec.bright
+           else f", or corpus/ queries/ qrels/ with {spec.split} files (Nano layout)" if spec.split else ""),
         data_dir,
     )

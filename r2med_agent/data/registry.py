@@ -19,8 +19,9 @@ from r2med_agent.data.formats import _detect_layout
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.types import Family
 
-GROUPS = {"all": "r2med", "nano-all": "nano"}
-"""Spec words that expand to a registry group: ``all`` (the 8 R2MED tasks) and ``nano-all``."""
+GROUPS = {"all": "r2med", "nano-all": "nano", "bright-all": "bright", "bright-long-all": "bright-long"}
+"""Spec words that expand to a registry group: ``all`` (the 8 R2MED tasks), ``nano-all``,
+``bright-all`` (BRIGHT's 12 tasks) and ``bright-long-all`` (its 8 long-document tasks)."""
 
 REFERENCE_NAMES = {
     "Stack-Biology": "Biology",
@@ -48,13 +49,18 @@ class TaskSpec:
         family: prompt family: ``qa``, ``exam``, ``treatment`` or ``case``.
         domain: subject used by Q&A prompts ("biology", "medical sciences", ...).
         source: where the data lives without ``--data-dir``: ``hub`` (an R2MED-layout dataset repo),
-            ``nano`` (one split of a Nano-layout repo), ``package`` (inside r2med_agent/resources)
+            ``nano`` (one split of a Nano-layout repo), ``bright`` (one split of a BRIGHT-layout
+            repo, :mod:`~r2med_agent.data.bright`), ``package`` (inside r2med_agent/resources)
             or ``local`` (a folder of your own: ``path``, or ``--data-dir``; no hub repo needed).
-        group: ``r2med`` or ``nano`` puts the task in ``all`` / ``nano-all``; empty for none.
+        group: ``r2med``, ``nano``, ``bright`` or ``bright-long`` puts the task in ``all``,
+            ``nano-all``, ``bright-all`` or ``bright-long-all``; empty for none.
         repo: hub dataset repo id (``source`` hub or nano).
         revision: hub revision to download: a 40-hex commit (immutable, cached copy used offline) or a
             branch/tag (resolved online; the cached copy is used when the hub is unreachable).
-        split: the task's split in a Nano repo (``NanoR2MEDBiology``).
+        split: the task's split in a Nano repo (``NanoR2MEDBiology``) or a BRIGHT repo (BRIGHT's task
+            key, ``earth_science``).
+        long_documents: a BRIGHT task in its long-document setting (``long_documents`` and
+            ``gold_ids_long`` in place of ``documents`` and ``gold_ids``).
         path: folder under the package's resources (``source`` package), or the task's own
             folder (``source`` local; optional: without it the task needs ``--data-dir``).
         base: the full R2MED task a Nano task is drawn from.
@@ -71,11 +77,12 @@ class TaskSpec:
     name: str
     family: Family
     domain: str
-    source: Literal["hub", "nano", "package", "local"]
+    source: Literal["hub", "nano", "bright", "package", "local"]
     group: str = ""
     repo: str = ""
     revision: str = "main"
     split: str = ""
+    long_documents: bool = False
     path: str = ""
     base: str = ""
     aliases: tuple[str, ...] = ()
@@ -85,10 +92,12 @@ class TaskSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if self.source in ("hub", "nano") and not self.repo:
+        if self.source in ("hub", "nano", "bright") and not self.repo:
             raise ValueError(f"source {self.source!r} needs 'repo' (a hub dataset id)")
-        if self.source == "nano" and not self.split:
-            raise ValueError("source 'nano' needs 'split' (the task's split in the Nano repo)")
+        if self.source in ("nano", "bright") and not self.split:
+            raise ValueError(f"source '{self.source}' needs 'split' (the task's split in the repo)")
+        if self.long_documents and self.source not in ("bright", "local"):
+            raise ValueError("'long_documents' applies to BRIGHT tasks (source 'bright' or 'local')")
         if self.source == "package" and not self.path:
             raise ValueError("source 'package' needs 'path' (a folder under r2med_agent/resources)")
         if not self.revision:
@@ -102,7 +111,19 @@ class TaskSpec:
         if self.source == "local":
             return f"local:{self.path}" if self.path else "local"
         ref = f"hf://datasets/{self.repo}@{self.revision}"
+        if self.source == "bright":
+            return f"{ref}#{self.split}" + ("(long_documents)" if self.long_documents else "")
         return f"{ref}#{self.split}" if self.source == "nano" else ref
+
+    @property
+    def bright(self):
+        """The BRIGHT split and setting of a BRIGHT task (:class:`~r2med_agent.data.bright.BrightSplit`),
+        None for the others."""
+        if self.source != "bright" and not (self.source == "local" and self.split):
+            return None
+        from r2med_agent.data.bright import BrightSplit
+
+        return BrightSplit(self.split, self.long_documents)
 
 
 def task_registry() -> dict[str, TaskSpec]:
@@ -127,7 +148,7 @@ def _name_index(registry: dict[str, TaskSpec]) -> dict[str, str]:
         add(name, name)
         for alias in spec.aliases:
             add(alias, name)
-        if spec.split:
+        if spec.split and spec.source == "nano":  # BRIGHT's splits name two settings (and Biology)
             add(spec.split, name)
     for old, new in REFERENCE_NAMES.items():
         if new in registry:
@@ -189,17 +210,30 @@ def local_task_names(data_dir: str | Path) -> list[str]:
     def named(p: Path) -> str:
         return index.get(p.resolve().name.lower(), p.resolve().name)
 
-    if _detect_layout(folder, None) is not None:
+    layout = _detect_layout(folder, None)
+    if layout == "bright":
+        return _bright_folder_tasks(folder)
+    if layout is not None:
         return [named(folder)]
     children = sorted(p for p in folder.iterdir() if p.is_dir() and _detect_layout(p, None) is not None)
     if not children:
         raise DataError(
             "no task files here or in its sub-folders: expected query.jsonl, corpus.jsonl and "
-            "qrels.jsonl or qrels.txt (R2MED layout), or queries.jsonl, corpus.jsonl and "
-            "qrels/<split>.tsv (BEIR layout); without qrels the queries run unscored",
+            "qrels.jsonl or qrels.txt (R2MED layout), queries.jsonl, corpus.jsonl and "
+            "qrels/<split>.tsv (BEIR layout), or examples/ and documents/ (BRIGHT layout); "
+            "without qrels the queries run unscored",
             folder,
         )
     return [named(p) for p in children]
+
+
+def _bright_folder_tasks(folder: Path) -> list[str]:
+    """The tasks of a BRIGHT-layout folder: per split of its examples, the registered BRIGHT task
+    (short documents) of that split, else a task of your own named after the split."""
+    from r2med_agent.data.bright import bright_splits
+
+    registered = {s.split: n for n, s in task_registry().items() if s.source == "bright" and not s.long_documents}
+    return [registered.get(split, split) for split in bright_splits(folder)]
 
 
 def get_task_spec(name: str) -> TaskSpec:
@@ -266,8 +300,8 @@ def list_tasks() -> list[dict[str, Any]]:
     """Rows for a ``tasks`` listing: one dict per registered task, in registry order.
 
     Keys: ``name``, ``family``, ``domain``, ``group``, ``source`` (hub repo@revision, or the package
-    folder), ``repo``, ``revision``, ``split``, ``queries``, ``docs`` (counts from R2MED's paper and
-    the NanoR2MED card; None when unknown), ``aliases``, ``description``.
+    folder), ``repo``, ``revision``, ``split``, ``queries``, ``docs`` (counts from R2MED's paper, the
+    NanoR2MED card and BRIGHT's dataset card; None when unknown), ``aliases``, ``description``.
     """
     rows = []
     for spec in task_registry().values():

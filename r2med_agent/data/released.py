@@ -25,13 +25,17 @@ from pathlib import Path
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.types import Generation, SearchRequest, Task
 
-GENERATIONS = ("fresh", "r2med")
-"""``run --generations`` values: generate now, or R2MED's released generations."""
+GENERATIONS = ("fresh", "r2med", "bright")
+"""``run --generations`` values: generate now, R2MED's released generations, or BRIGHT's released
+reasoning queries (:func:`r2med_agent.data.bright_released.load_reasoning_generations`)."""
 
 RELEASED_FILE = "query_with_hydoc.jsonl"
 
 RELEASED_SUFFIX = "@r2med"
 """Appended to the LLM part of a result folder made from released generations."""
+
+RELEASED_SUFFIXES = ("@r2med", "@bright")
+"""The suffixes of each release's results (``<llm>@r2med``, ``<llm>@bright``)."""
 
 
 def check_generations(value: str) -> str:
@@ -45,18 +49,21 @@ def released_path(method: str, llm: str) -> str:
     return f"{method}/{llm}/{RELEASED_FILE}"
 
 
-def released_label(llm: str) -> str:
-    """The result folder's LLM part for released generations (``qwen-7b@r2med``)."""
-    return llm + RELEASED_SUFFIX
+def released_label(llm: str, source: str = "r2med") -> str:
+    """The result folder's LLM part for released generations (``qwen-7b@r2med``, ``gpt4@bright``)."""
+    return f"{llm}@{source}"
 
 
 def base_llm(label: str) -> str:
-    """``qwen-7b@r2med`` -> ``qwen-7b`` (other labels unchanged)."""
-    return label[: -len(RELEASED_SUFFIX)] if label.endswith(RELEASED_SUFFIX) else label
+    """``qwen-7b@r2med`` -> ``qwen-7b``, ``gpt4@bright`` -> ``gpt4`` (other labels unchanged)."""
+    for suffix in RELEASED_SUFFIXES:
+        if label.endswith(suffix):
+            return label[: -len(suffix)]
+    return label
 
 
 def is_released_label(label: str) -> bool:
-    return label.endswith(RELEASED_SUFFIX)
+    return label.endswith(RELEASED_SUFFIXES)
 
 
 def locate(task_name: str, method: str, llm: str, data_dir: str | Path | None = None) -> tuple[Path, str]:

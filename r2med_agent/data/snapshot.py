@@ -45,12 +45,14 @@ class _TaskSnapshot:
             return None  # the reader reports it
         return cls(cache_dir() / "tasks" / f"{h.hexdigest()}.json")
 
-    def load(self) -> tuple[list[Query], list[str], Qrels, str, list[str]] | None:
+    def load(self) -> tuple[list[Query], list[str], Qrels, str, list[str], dict[str, tuple[str, ...]] | None] | None:
         """The stored task, or None when there is none (or it is unreadable: then it is redone)."""
         try:
             rec = json.loads(self.path.read_bytes())
             queries = [Query(q[0], q[1], q[2]) for q in rec["queries"]]
             doc_ids, qrels, fingerprint, notes = rec["doc_ids"], rec["qrels"], rec["fingerprint"], rec["notes"]
+            raw = rec.get("excluded")  # BRIGHT's layout only
+            excluded = None if raw is None else {q: tuple(ids) for q, ids in raw.items()}
             ok = (rec["format"] == self.FORMAT and isinstance(fingerprint, str)
                   and all(isinstance(d, str) for d in doc_ids))
         except FileNotFoundError:
@@ -61,10 +63,11 @@ class _TaskSnapshot:
         if not ok:
             logger.warning("ignoring task cache file %s (other format)", self.path)
             return None
-        return queries, doc_ids, qrels, fingerprint, notes
+        return queries, doc_ids, qrels, fingerprint, notes, excluded
 
     def save(self, queries: Sequence[Query], doc_ids: Sequence[str], qrels: Qrels,
-             fingerprint: str, notes: Sequence[str]) -> None:
+             fingerprint: str, notes: Sequence[str],
+             excluded: dict[str, tuple[str, ...]] | None = None) -> None:
         rec = {
             "format": self.FORMAT,
             "fingerprint": fingerprint,
@@ -73,6 +76,8 @@ class _TaskSnapshot:
             "notes": list(notes),
             "doc_ids": list(doc_ids),
         }
+        if excluded is not None:
+            rec["excluded"] = {q: list(ids) for q, ids in excluded.items()}
         remove_stale_temps(self.path.parent)  # what killed saves left
         try:
             atomic_write_json(self.path, rec, indent=None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError
+from r2med_agent.data.bright import excluded_depth, remove_excluded, task_metrics
 from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, LOOP_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary, write_task_set
@@ -246,6 +247,7 @@ class _TaskRun:
     rerank: Any = None  # an LLM reranker's output for this task
     released_source: str | None = None
     identical_ids_removed: int | None = None  # hits dropped by exclude_identical_ids
+    excluded_removed: int | None = None  # a BRIGHT task's excluded ids dropped from its rankings
 
 
 @dataclass
@@ -418,7 +420,7 @@ def _check_models(ctx: _Context) -> None:
     LLM's name, then the reranker's model (tokenizer, config; its weights load when reranking
     starts: loaded now, they would hold GPU memory an in-process vLLM engine expects to have)."""
     cfg = ctx.cfg
-    if ctx.method.uses_llm:
+    if ctx.method.uses_llm and cfg.generations != "bright":  # BRIGHT's reasoning LLMs need no entry
         from r2med_agent.llm.registry import get_llm_spec
 
         ctx.llm_spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
@@ -434,8 +436,15 @@ def _check_models(ctx: _Context) -> None:
 
 
 def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list[Generation], str]]:
-    """R2MED's released generations of every task (found and checked before any index is built)."""
+    """R2MED's released generations, or BRIGHT's released reasoning queries, of every task (found
+    and checked before any index is built)."""
     cfg = ctx.cfg
+    if cfg.generations == "bright":
+        from r2med_agent.data.bright_released import load_reasoning_generations
+
+        out = {task.name: load_reasoning_generations(task, cfg.llm, cfg.data_dir) for task in tasks}
+        log.info("scoring BRIGHT's released reasoning queries of %s: no LLM is built", cfg.llm)
+        return out
     if cfg.generations != "r2med":
         return {}
     from r2med_agent.data.released import load_generations
@@ -542,10 +551,14 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
         if cfg.empty_generation == "keep":
             r.output.requests = [replace(q, keep_empty=True) for q in r.output.requests]
         requests = r.output.requests
+        extra = excluded_depth(r.task.excluded)
         if r.output.fused_run is not None:
             r.run = r.output.fused_run
         else:
-            r.run = r.retriever.search(requests, depth + 1 if cfg.exclude_identical_ids else depth)
+            r.run = r.retriever.search(requests, depth + extra + (1 if cfg.exclude_identical_ids else 0))
+        if r.task.excluded is not None:  # BRIGHT: each query's excluded ids leave before the cut
+            r.run, r.excluded_removed = remove_excluded(r.run, r.task.excluded,
+                                                        depth + (1 if cfg.exclude_identical_ids else 0))
         if cfg.exclude_identical_ids:
             from r2med_agent.retrieval.dense.index import drop_identical_ids
 
@@ -590,7 +603,8 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
         log.warning("%s: not scored: %s; the run, generations and traces are written", r.task.name, unscored)
         ev = Evaluation({}, {}, 0, tuple(q.query_id for q in r.task.queries if not run.get(q.query_id)))
     else:
-        ev = evaluate(run, r.task.qrels, cfg.scored_metrics, depth=cfg.top_k)
+        ev = evaluate(run, r.task.qrels, metrics_within_depth(task_metrics(cfg.scored_metrics, r.task), cfg.top_k),
+                      depth=cfg.top_k)
     # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
     evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
     stats = _stats(ctx, r)
@@ -623,6 +637,8 @@ def _stats(ctx: _Context, r: _TaskRun) -> dict[str, Any]:
         stats["empty_generations"] = sum(q.empty_generations for q in out.requests)
     if r.identical_ids_removed is not None:
         stats["identical_ids_removed"] = r.identical_ids_removed
+    if r.excluded_removed is not None:
+        stats["excluded_removed"] = r.excluded_removed
     stats["retrieval_time_s"] = round(r.retrieval_time, 4)
     stats["index_time_s"] = round(r.index_time, 4)
     if r.rerank is not None:

@@ -37,7 +37,10 @@ DEFAULT_TOP_K = 100
 """R2MED's depth: the top 100 documents per query are kept and scored."""
 
 FINAL_MODES = ("default", "fuse")
-GENERATION_SOURCES = ("fresh", "r2med")
+GENERATION_SOURCES = ("fresh", "r2med", "bright")
+RELEASED_SOURCES = ("r2med", "bright")
+"""Generations read from a benchmark's release instead of made by an LLM: R2MED's
+(``<method>/<llm>/query_with_hydoc.jsonl``) and BRIGHT's reasoning queries (``<llm>_reason``)."""
 EMPTY_GENERATION = ("query", "keep")
 """What an empty generated text becomes: the plain query (``query``) or itself (``keep``, R2MED)."""
 LLM_PROMPTS = ("chat", "rendered")
@@ -114,7 +117,10 @@ class RunSpec:
         "fresh: generate with --llm (through the cache). r2med: score R2MED's released generations of "
         "--method/--llm (<Task>/<method>/<llm>/query_with_hydoc.jsonl from the hub at the task's pinned "
         "revision, from --data-dir, or from a packaged task); no LLM is built. Results go to "
-        "<method>/<llm>@r2med/."))
+        "<method>/<llm>@r2med/. bright: score BRIGHT's released reasoning queries of --llm (gpt4, "
+        "claude-3-opus, llama3-70b, Gemini-1.0, grit: its <llm>_reason configuration, from the hub at the "
+        "task's pinned revision or from --data-dir) on a BRIGHT task, with --method reason; no LLM is built. "
+        "Results go to <method>/<llm>@bright/."))
     sampling: Mapping[str, Any] = field(default_factory=dict, metadata=_help(
         "Overrides of the LLM's default sampling (temperature, top_p, max_tokens, seed, ...)."))
     samples: int = field(default=1, metadata=_help(
@@ -265,7 +271,7 @@ class RunSpec:
                              ("fusion", "rrf"), ("retriever", "bm25"), ("method", "none")):
             if kwargs.get(key) is None:
                 kwargs[key] = default
-        if kwargs["generations"] == "r2med":
+        if kwargs["generations"] in RELEASED_SOURCES:
             kwargs.pop("sampling", None)  # earlier versions recorded overrides that played no part
         kwargs.setdefault("loop_rules", 1)  # every record of this version has it; set back where no loop ran
         return cls(**kwargs)
@@ -278,7 +284,7 @@ class RunSpec:
 
         caps = capabilities(METHODS[self.method])
         skip = set()
-        if self.generations == "r2med":
+        if self.generations in RELEASED_SOURCES:
             skip |= {"sampling", "prompts", "first_pass"}
         if not caps.needs_first_pass:
             skip.add("first_pass")
@@ -296,13 +302,14 @@ class RunSpec:
 
     @property
     def llm_label(self) -> str:
-        """The LLM part of the folder: its name, ``<name>@r2med`` for released generations."""
+        """The LLM part of the folder: its name, ``<name>@r2med`` or ``<name>@bright`` for released
+        generations."""
         if self.method == "none" or not self.llm:
             return "none"
-        if self.generations == "r2med":
+        if self.generations in RELEASED_SOURCES:
             from r2med_agent.data.released import released_label
 
-            return released_label(self.llm)
+            return released_label(self.llm, self.generations)
         return self.llm
 
     @property
@@ -472,16 +479,16 @@ def _normalise(spec: RunSpec) -> None:
     _normalise_fusion_depth(spec)
     if not caps.agentic or spec.loop_retriever == spec.retriever:
         _set(spec, "loop_retriever", None)
-    if not caps.agentic or spec.generations == "r2med":
+    if not caps.agentic or spec.generations in RELEASED_SOURCES:
         _set(spec, "loop_rules", LOOP_RULES)  # no loop ran
     if not caps.final_fuse and spec.final in FINAL_MODES:
         _set(spec, "final", "default")
-    if caps.needs_first_pass and spec.generations == "r2med":
+    if caps.needs_first_pass and spec.generations in RELEASED_SOURCES:
         _set(spec, "first_pass", "bm25")  # the released generations already hold their first pass
     if not spec.reranker:
         _set(spec, "reranker", None)
         _set(spec, "rerank_k", 100)
-    if spec.method == "none" or spec.generations == "r2med":
+    if spec.method == "none" or spec.generations in RELEASED_SOURCES:
         _set(spec, "prompts", None)
     for name, default in (("bm25_k1", 0.9), ("bm25_b", 0.4)):
         value = getattr(spec, name)
@@ -512,7 +519,7 @@ def _normalise_reference_options(spec: RunSpec, caps: Capabilities) -> None:
         _set(spec, "exclude_identical_ids", False)
     if not caps.uses_llm:
         _set(spec, "empty_generation", "query")
-    if not caps.uses_llm or spec.generations == "r2med" or _llm_backend(spec.llm) not in (None, "vllm"):
+    if not caps.uses_llm or spec.generations in RELEASED_SOURCES or _llm_backend(spec.llm) not in (None, "vllm"):
         _set(spec, "llm_prompt", "chat")
     if spec.rerank_max_length is not None:
         _set(spec, "rerank_max_length", int(spec.rerank_max_length))
@@ -622,13 +629,14 @@ def _validate(spec: RunSpec) -> None:
 def _validate_generations(spec: RunSpec, caps: Capabilities, using: list[str]) -> None:
     if spec.generations not in GENERATION_SOURCES:
         raise ConfigError(f"--generations must be one of {', '.join(GENERATION_SOURCES)}, got '{spec.generations}'")
-    if spec.generations != "r2med":
+    if spec.generations not in RELEASED_SOURCES:
         return
+    whose = "R2MED's released generations" if spec.generations == "r2med" else "BRIGHT's released reasoning queries"
     if not caps.uses_llm:
-        raise ConfigError(f"--generations r2med needs a --method that generates ({', '.join(using)})")
+        raise ConfigError(f"--generations {spec.generations} needs a --method that generates ({', '.join(using)})")
     if spec.sampling:
-        raise ConfigError(f"sampling options ({', '.join(sorted(spec.sampling))}) do not apply to R2MED's "
-                          "released generations; drop them or use --generations fresh")
+        raise ConfigError(f"sampling options ({', '.join(sorted(spec.sampling))}) do not apply to {whose}; "
+                          "drop them or use --generations fresh")
     if spec.final == "fuse":
         raise ConfigError("--final fuse needs the loop's own searches, which released generations do "
                           "not have; use --generations fresh")

@@ -13,10 +13,10 @@ from typing import Any
 from r2med_agent.errors import ConfigError
 from r2med_agent.methods.agentic import SearchO1, SearchR1
 from r2med_agent.methods.base import ExpansionMethod, NoneMethod
-from r2med_agent.methods.expansion import HyDE, LameR, Query2Doc
+from r2med_agent.methods.expansion import HyDE, LameR, Query2Doc, Reason
 
 __all__ = [
-    "METHODS", "ExpansionMethod", "HyDE", "LameR", "NoneMethod", "Query2Doc", "SearchO1", "SearchR1",
+    "METHODS", "ExpansionMethod", "HyDE", "LameR", "NoneMethod", "Query2Doc", "Reason", "SearchO1", "SearchR1",
     "get_method",
 ]
 
@@ -26,6 +26,8 @@ METHODS: dict[str, type[Any]] = {
     "hyde": HyDE,
     "query2doc": Query2Doc,
     "lamer": LameR,
+    # BRIGHT's reasoning queries: the LLM's reasoning replaces the query.
+    "reason": Reason,
     # Agentic reasoning-search loops (r2med_agent/methods/agentic.py): one line per method here.
     "search-r1": SearchR1,
     "search-o1": SearchO1,

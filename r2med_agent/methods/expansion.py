@@ -1,4 +1,5 @@
-"""HyDE, Query2Doc and LameR: one LLM call per query, whose output expands the query.
+"""HyDE, Query2Doc, LameR and BRIGHT's reasoning queries: one LLM call per query, whose output
+expands the query (or, for ``reason``, replaces it).
 
 The prompts live in ``prompts/<method>/<family>.j2``; docs/protocol.md ("Prompts") gives
 what each must contain, and its table how the generated text becomes the retrieval query (the
@@ -49,6 +50,21 @@ class HyDE(ExpansionMethod):
 
     name = "hyde"
     combine = "hyde"
+
+
+class Reason(ExpansionMethod):
+    """BRIGHT's reasoning queries (Su et al., ICLR 2025, ``reason.py``): the model reasons about the
+    query (the essential problem, what would help, a draft answer) and its whole output replaces the
+    query for every retriever (``combine="rewrite"``), dense ones after their instruction.
+
+    Prompt: ``prompts/reason/<family>.j2`` (the project's wording; ``prompts import`` of a BRIGHT
+    clone writes BRIGHT's own). BRIGHT's released reasoning queries of GPT-4, Claude-3-Opus,
+    Llama-3-70B, Gemini-1.0 and GritLM are this method's released generations
+    (``--generations bright``).
+    """
+
+    name = "reason"
+    combine = "rewrite"
 
 
 class Query2Doc(ExpansionMethod):

@@ -13,7 +13,7 @@ from r2med_agent.types import SearchRequest
 
 __all__ = ["COMBINE_RULES", "bm25_query_text"]
 
-COMBINE_RULES = ("none", "hyde", "query2doc", "lamer", "reasoning")
+COMBINE_RULES = ("none", "hyde", "query2doc", "lamer", "reasoning", "rewrite")
 """The ``combine`` rules a request may name."""
 
 
@@ -22,7 +22,8 @@ def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
 
     ``none``: the query; ``hyde``: the expansion; ``query2doc``: query, query and expansion joined
     by spaces; ``lamer``: query + " " + expansion; ``reasoning``: the expansion (the final
-    response). A rule that uses the expansion falls back to the query when the expansion is blank
+    response); ``rewrite``: the expansion, which replaces the query for every retriever (BRIGHT's
+    reasoning queries). A rule that uses the expansion falls back to the query when the expansion is blank
     (the caller logs that), unless the request's ``keep_empty`` says to use it as it is, as R2MED's
     BM25 script does (HyDE's and a reasoning model's query is then empty and matches nothing); see
     :meth:`~r2med_agent.retrieval.bm25.retriever.BM25Retriever.search`. Several samples
@@ -42,7 +43,7 @@ def bm25_query_text(request: SearchRequest, *, compat: bool = False) -> str:
     q, x = request.query, " ".join(request.expansions) if request.more_expansions else request.expansion
     if rule == "none" or (not x.strip() and not request.keep_empty):
         return q
-    if rule in ("hyde", "reasoning"):
+    if rule in ("hyde", "reasoning", "rewrite"):
         return x
     if rule == "query2doc":
         return f"{q}{q} {x}" if compat else f"{q} {q} {x}"

@@ -121,6 +121,33 @@ def load_reference_module(folder: Path, rel: str, *, stubs: Mapping[str, types.M
     return module
 
 
+def run_reference_script(folder: Path, rel: str, argv: list[str], *, cwd: Path,
+                         stubs: Mapping[str, types.ModuleType] | None = None) -> dict:
+    """Run the authors' script ``folder/rel`` as ``__main__`` (``python rel *argv``) in this
+    process, from ``cwd``, with ``stubs`` standing in for modules that cannot be imported here;
+    return its globals. Its own sibling modules are dropped from ``sys.modules`` afterwards, as
+    :func:`load_reference_module` drops them."""
+    import runpy
+
+    path = folder / rel
+    if not path.is_file():
+        pytest.fail(f"the pinned copy {folder.name} has no {rel}")
+    before = set(sys.modules)
+    saved_argv, saved_cwd = list(sys.argv), os.getcwd()
+    try:
+        with _patched_modules(dict(stubs or {}), [path.parent, folder]):
+            sys.argv = [str(path), *argv]
+            os.chdir(cwd)
+            return runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        for added in set(sys.modules) - before:
+            mod_file = getattr(sys.modules.get(added), "__file__", None) or ""
+            if mod_file and Path(mod_file).resolve().is_relative_to(folder.resolve()):
+                sys.modules.pop(added, None)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/conformance/" in str(item.fspath).replace(os.sep, "/"):

@@ -9,6 +9,8 @@ hyde        mean(emb(prefix + query), emb(expansion_prefix + expansion))
 query2doc   emb(prefix + query + "[SEP]" + expansion)
 lamer       mean(emb(prefix + query), emb(expansion_prefix + expansion))
 reasoning   same as lamer (the expansion is the reasoning model's final response)
+rewrite     emb(prefix + expansion): the generated text replaces the query (BRIGHT's reasoning
+            queries); N samples: the mean of every sample's emb(prefix + sample)
 N samples   (``run --samples N``) mean of emb(query) and the N expansions' embeddings (HyDE's way);
             query2doc: mean of the N emb(prefix + query + "[SEP]" + sample)
 =========== ======================================================================
@@ -83,10 +85,17 @@ def query_embeddings(
                 fallback += 1
         elif r.combine == "none":
             primary.append(r.query)
+        elif r.combine == "rewrite":
+            primary.append(samples[0] if samples else r.query)
+            if samples:  # further samples join the mean, each in the query's place
+                q2d_rows.extend([i] * (len(samples) - 1))
+                q2d_texts.extend(samples[1:])
+            else:
+                fallback += 1
         else:
             raise ConfigError(
                 f"query {r.query_id}: unknown combine '{r.combine}'; "
-                "allowed: none, hyde, query2doc, lamer, reasoning"
+                "allowed: none, hyde, query2doc, lamer, reasoning, rewrite"
             )
     if fallback:
         logger.warning("%d request(s) had an empty expansion; their query embedding is used alone", fallback)

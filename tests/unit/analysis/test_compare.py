@@ -191,7 +191,11 @@ def test_bm25_compat_rows_get_the_papers_bm25_scores(tmp_path):
 
 
 def test_published_scores_load_all_592_rows():
-    pub = published_results()
+    from r2med_agent.analysis.published import PublishedResults
+    from r2med_agent.paths import resources_dir
+
+    # R2MED's two files (BRIGHT's own, bright_*.csv, are counted in tests/unit/analysis/test_bright_published.py)
+    pub = PublishedResults(resources_dir() / "published_results.csv", resources_dir() / "frontier_results.csv")
     paper = [k for k in pub.keys() if pub.kinds[k] != "frontier"]
     assert len(paper) == 74 and len(pub.keys("frontier")) == 26
     assert len(pub.keys("retrieval")) == 15 and len(pub.keys("rerank")) == 3

@@ -62,6 +62,9 @@ def test_grids_cover_every_published_configuration_exactly_once():
     assert set(grids) == set(TABLES)
     grids.pop("beyond")  # not a reproduction: unpublished configurations beside the best row
     frontier = grids.pop("frontier")  # published since the paper: checked below
+    for bright in ("bright", "bright-long", "bright-frontier"):  # tests/unit/analysis/test_bright_published.py
+        grids.pop(bright)
+    pub = published_results()
     assert {t: len(g.entries) for t, g in grids.items()} == {
         "retrievers": 15, "gar": 45, "agentic": 8, "rerank": 3, "nano": 5
     }
@@ -71,11 +74,11 @@ def test_grids_cover_every_published_configuration_exactly_once():
     # The nano grid holds each of the card's three profiles, computed and as shipped.
     nano = {e.published_key for e in grids["nano"].entries}
     assert {kinds[k] for k in nano} == {"nano"} and len(nano) == 3
-    assert set(keys) | nano == {k for k in published_results().keys() if kinds[k] != "frontier"}
+    assert set(keys) | nano == {k for k in pub.keys() if pub.kind(k) not in (None, "frontier")}
     # Each frontier entry is one published configuration; those it cannot run are named.
     fkeys = {e.published_key for e in frontier.entries}
     assert {kinds[k] for k in fkeys} == {"frontier"} and len(fkeys) == len(frontier.entries)
-    not_run = set(published_results().keys("frontier")) - fkeys
+    not_run = {k for k in pub.keys("frontier") if pub.kind(k) == "frontier"} - fkeys
     assert {k.reranker or k.retriever for k in not_run} == {
         "rank-k-32b", "erank-32b", "diver-4b@reasonembed-table"}
     assert {kinds[e.published_key] for e in grids["retrievers"].entries} == {"retrieval"}
@@ -96,8 +99,8 @@ def test_grid_scores_are_the_csv_scores():
     frontier = published_results()
     expected.update({(k.method, k.llm, k.retriever, k.reranker): frontier.scores(k) for k in frontier.keys("frontier")})
     for table in TABLES:
-        if table == "frontier":  # scores: published (tests/unit/analysis/test_frontier.py)
-            continue
+        if table == "frontier" or table.startswith("bright"):  # scores: published (test_frontier.py,
+            continue  # test_bright_published.py)
         doc = yaml.safe_load((configs_dir() / "reproduce" / f"{table}.yaml").read_text(encoding="utf-8"))
         for e in doc["entries"]:
             pub = e.get("published") or {}
@@ -110,7 +113,7 @@ def test_grid_scores_are_the_csv_scores():
     # The loader hands the same numbers on.
     for name, grid in load_grids().items():
         for entry, scores in zip(grid.entries, grid.published):
-            assert scores == entry.ndcg_at_10 or name == "frontier"
+            assert scores == entry.ndcg_at_10 or name == "frontier" or name.startswith("bright")
 
 
 def test_every_grid_model_is_in_the_registries_and_sized():
@@ -399,7 +402,7 @@ def test_grid_files_are_validated(tmp_path):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
     with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: sampling, samples, first_pass, fusion, rrf_k, fusion_weights, bm25_k1, bm25_b, loop_retriever, final, precision, encoder_backend, top_k, rerank_k, rerank_cut"):
         load_grid(grid("args", "  - {method: none, retriever: nv, reranker: monobert, args: {rerank_n: 10}}\n"))
-    with pytest.raises(ConfigError, match="generations must be auto or fresh, got 'r2med'"):
+    with pytest.raises(ConfigError, match="generations must be auto, fresh or bright, got 'r2med'"):
         load_grid(grid("gen", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: r2med}\n"))
     assert load_grid(grid("genf", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: fresh}\n")).entries[0].generations_mode() == "fresh"
     with pytest.raises(ConfigError, match=r"duplicate of entries\[0\]"):

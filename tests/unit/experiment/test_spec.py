@@ -253,7 +253,7 @@ def test_default_runs_keep_their_folder_names() -> None:
     ({"method": "hyde"}, "needs --llm"),
     ({"llm": "smollm2"}, "only used by a method"),
     ({"rerank_cut": True}, "--rerank-cut needs --reranker"),
-    ({"method": "search-r1", "llm": "x", "samples": 2}, "--samples applies to hyde, query2doc and lamer"),
+    ({"method": "search-r1", "llm": "x", "samples": 2}, "--samples applies to hyde, query2doc, lamer and reason"),
     ({"method": "hyde", "llm": "x", "first_pass": "bm25-compat"}, "--first-pass is LameR's"),
     ({"method": "hyde", "llm": "x", "sampling": {"top_p": 0}}, "--top-p must be in"),
 ])
