@@ -26,6 +26,7 @@ from tests.conformance.embedder_inputs import (
     task_prefixes,
     tokenizer_corpus,
 )
+from tests.conformance.reasonembed_code import AGENTIC as AGENTIC_REPO
 from tests.conformance.reasonembed_code import Code, RecordingTokenizer, scripts
 from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model
 
@@ -133,3 +134,12 @@ def test_the_authors_embedder_tokenizes_and_embeds_as_the_entry(code: Code, fold
         their_vectors = theirs(kept)
         np.testing.assert_allclose(ours.encode(kept, side=side, prefix=prefix), their_vectors, atol=2e-5,
                                    err_msg=f"{name} {side}")
+
+
+def test_entries_name_the_script_they_follow(code: Code) -> None:
+    from tests.conformance.conftest import reference_commit
+
+    commit = reference_commit(code.agentic)
+    for script, (name, _) in FOLLOWED.items():
+        assert get_encoder_spec(name).reference.startswith(
+            f"{AGENTIC_REPO}@{commit} ReasonEmbed/evaluation_r2med/{script}"), name

@@ -374,3 +374,73 @@ def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: P
     assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0
     assert result["stats"]["rerank"]["groups"] == 12 * 2  # 12 queries, one group of 3, 2 passes
     assert result["config"]["retriever"] == "tiny-reasonembed" and result["config"]["entries"]
+
+
+@pytest.mark.slow
+def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Path, monkeypatch, smollm2_spec) -> None:
+    """A frontier row over DIVER, ``run --retriever diver-4b --reranker grouprank-32b``, with tiny
+    real models in the entries' places: a random Qwen3 under diver-4b's own settings (here cut at 40
+    tokens so the sample's long texts go through DIVER's decoded-text cut) and SmolLM2-135M in the
+    groupwise reranker, on the whole ``sample`` task. Every query reaches the model as DIVER's code
+    builds it, every document with DIVER's prompt."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.data.load import load_task
+    from r2med_agent.retrieval.dense.tokens import decoded_text_cut
+
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
+    folder = tmp_path / "tiny-diver"
+    _, tok = _tiny_model("qwen3", folder, tok)
+    entry = _user_entry("diver-4b", model=str(folder), backend="transformers", max_length=40, batch_size=4)
+    assert entry["truncation"] == "decoded-text" and entry["doc_prefix"] == DIVER_DOC.format("")
+    user = tmp_path / "config.yaml"
+    user.write_text(json.dumps({"encoders": {"tiny-diver": entry}}))
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    seen: list[list[int]] = []
+    real_tokenize = HFEncoder._tokenize
+
+    def recording(self, lo, texts, titles, max_length):  # noqa: ANN001, ANN202
+        out = real_tokenize(self, lo, texts, titles, max_length)
+        seen.extend(out[0])
+        return out
+
+    monkeypatch.setattr(HFEncoder, "_tokenize", recording)
+    _register()
+    runner = CliRunner()
+    common = ["--config", str(user), "--task", "sample", "--output-dir", str(tmp_path / "res"),
+              "--reranker", "smollm2-groupwise", "--rerank-k", "3", "--cache-path", str(tmp_path / "gen.sqlite")]
+    res = runner.invoke(app, ["run", "--retriever", "tiny-diver", *common])
+    assert res.exit_code == 0, res.output
+    task = load_task("sample")
+    want = [tok(s)["input_ids"] for s in decoded_text_cut(
+        tok, [DIVER_QUERY.format(q.text) for q in task.queries] + [DIVER_DOC.format(d.text) for d in task.corpus], 40)]
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, want))  # every text, as DIVER's code gives it
+    assert sum(len(x) > 40 for x in seen) > 0  # cut texts: 40 tokens, then the tokenizer's EOS
+    (record,) = (tmp_path / "res").glob("none/none/tiny-diver__*smollm2-groupwise*/sample.json")
+    result = json.loads(record.read_text())
+    assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0 and result["config"]["entries"]
+
+
+def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
+    # The same user entry with the tokenizer's cut instead of DIVER's is another run: another
+    # entries hash, so another result folder (a shipped entry is its name: its settings are the
+    # package's).
+    import json
+
+    from r2med_agent.config import set_user_config
+    from r2med_agent.experiment.runner import entries_in_use
+    from r2med_agent.runner import RunConfig
+
+    hashes = []
+    for truncation in ("decoded-text", "tokens"):
+        user = tmp_path / f"{truncation}.yaml"
+        user.write_text(json.dumps({"encoders": {"my-diver": _user_entry("diver-4b", truncation=truncation)}}))
+        set_user_config(user)
+        try:
+            hashes.append(entries_in_use(RunConfig(tasks=("sample",), retriever="my-diver")))
+        finally:
+            set_user_config(None)
+    assert None not in hashes and hashes[0] != hashes[1]
