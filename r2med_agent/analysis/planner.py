@@ -18,6 +18,7 @@ from r2med_agent.experiment.store import (
 )
 
 logger = logging.getLogger(__name__)
+from r2med_agent.analysis.first_stage import first_stage_lines
 from r2med_agent.analysis.grids import GPU_GIB, Grid, GridEntry, reference_line
 from r2med_agent.analysis.needs import Needs, Registries, dataset_repos, entry_needs
 from r2med_agent.analysis.tables import ComparisonTable, build_table
@@ -289,6 +290,7 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
             lines.append(f"    stale {task} (runs again): {reason}")
         if p.prompts:
             lines.append(f"    prompts: {p.prompts}")
+        lines += [f"    {line}" for line in first_stage_lines(RunSpec.from_key(p.spec_key))]
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.candidates:
             lines.append(f"    first-stage run files: {p.entry.candidates_from} (hash {p.entry.candidates})")

@@ -1,10 +1,11 @@
 """The reasoning retrievers of ``configs/encoders.yaml`` on vLLM's pooling engine: which entries it
 runs, what ``auto`` picks and why not for the others (no engine), and (tier ``-m vllm``) the same
 vectors as the transformers backend on tiny random models of each architecture class the entries
-use: Qwen3 (ReasonEmbed-Qwen3, DIVER, Qwen3-Embedding), Llama (ReasonEmbed-Llama) and Qwen2
-(RaDeR's class; its entry stays on transformers, see below). The models and their byte-level
-tokenizers come from the builders of ``tests/unit/retrieval/test_reasoning_encoders.py``, which
-check the same pipelines against FlagEmbedding's recipe and sentence-transformers on transformers.
+use: Qwen3 (ReasonEmbed-Qwen3, DIVER in both its settings, Qwen3-Embedding), Llama
+(ReasonEmbed-Llama) and Qwen2 (RaDeR's class; its entry stays on transformers, see below). The
+models and their byte-level tokenizers come from ``tests/tiny_embedders.py`` (through
+``tests/unit/retrieval/test_reasoning_encoders.py``, which checks the same pipelines against
+FlagEmbedding's recipe, DIVER's and sentence-transformers on transformers).
 One engine at a time: the entries of one architecture share one model folder and so one engine,
 shut down at the end of the test.
 """
@@ -25,6 +26,8 @@ from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.spec import EncoderOptions, get_encoder_spec
 from r2med_agent.retrieval.dense.vllm import VLLMEncoder, resolve_backend, vllm_unsupported_reason
 from tests.unit.retrieval.test_reasoning_encoders import (
+    DIVER_DOC,
+    DIVER_QUERY,
     DOCS,
     FLAG_FORMAT,
     LAST_TOKEN_ENTRIES,
@@ -33,12 +36,13 @@ from tests.unit.retrieval.test_reasoning_encoders import (
     REASONEMBED_R2MED,
     TOKENIZER_STYLES,
     _byte_bpe_tokenizer,
+    _diver_cut,
     _prefixes,
     _tiny_model,
 )
 
 ON_VLLM = sorted(n for n, (_, _, backend) in LAST_TOKEN_ENTRIES.items() if backend == "auto")
-ON_TRANSFORMERS = ("rader-7b", "reasonir-8b")
+ON_TRANSFORMERS = ("rader-7b", "reasonir-8b", "reasonir-8b-prompt-excluded")
 
 
 # ------------------------------------------------------------------------------------------
@@ -70,8 +74,10 @@ def test_auto_picks_vllm_on_a_gpu_for_the_last_token_reasoning_entries(
 def test_reasonir_names_both_things_vllm_cannot_reproduce() -> None:
     # Mean pooling without the instruction tokens, and its own (bidirectional) model code: the
     # reason lists every cause, not only the first.
-    reason = str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b")))
+    reason = str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b-prompt-excluded")))
     assert "instruction tokens" in reason and "own modelling code" in reason, reason
+    reason = str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b")))  # ReasonEmbed's run pools every token
+    assert "instruction tokens" not in reason and "own modelling code" in reason, reason
     rader = str(vllm_unsupported_reason(get_encoder_spec("rader-7b")))
     assert "own modelling code" in rader and "instruction tokens" not in rader, rader
     grit = str(vllm_unsupported_reason(get_encoder_spec("grit")))
@@ -125,3 +131,29 @@ def test_reasoning_entries_same_vectors_on_vllm(arch: str, tmp_path: Path, one_e
             np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)  # normalize: true
             np.testing.assert_allclose(a, b, atol=1e-4, err_msg=f"{name} {side}")
             assert not np.allclose(b[0], b[1], atol=1e-3)  # the texts give different vectors
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_diver_same_tokens_and_vectors_on_vllm(tmp_path: Path, one_engine: None) -> None:
+    # diver-4b as DIVER's own code runs it: the engine gets the decoded-text cut's tokens (with
+    # the tokenizer's appended EOS) and a context of max_length plus the slack they may need.
+    from r2med_agent.retrieval.dense.tokens import DECODED_TEXT_SLACK
+
+    folder = tmp_path / "tiny-diver"
+    _, tok = _tiny_model("qwen3", folder, _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"]), head_dim=32)
+    spec = dataclasses.replace(get_encoder_spec("diver-4b"), model=str(folder), max_length=MAX_LENGTH, batch_size=2)
+    assert resolve_backend(spec, "vllm") == "vllm"
+    prefixes = _prefixes(spec, "nano-PMC-Clinical")
+    vl = make_encoder(spec, EncoderOptions(device="cpu", backend="vllm", show_progress=False))
+    assert isinstance(vl, VLLMEncoder) and vl.engine_kwargs(spec.model)["max_model_len"] == MAX_LENGTH + DECODED_TEXT_SLACK
+    ids = vl.token_ids(QUERIES, side="query", prefix=prefixes.query)
+    assert ids == [tok(_diver_cut(tok, DIVER_QUERY.format(q), MAX_LENGTH))["input_ids"] for q in QUERIES]
+    assert len(ids[2]) > MAX_LENGTH  # cut by decoding, then the tokenizer's EOS on top
+    assert vl.token_ids(DOCS, side="doc", prefix=prefixes.doc) == [
+        tok(_diver_cut(tok, DIVER_DOC.format(d), MAX_LENGTH))["input_ids"] for d in DOCS]
+    hf = HFEncoder(spec, device="cpu")
+    for side, texts, prefix in (("query", QUERIES, prefixes.query), ("doc", DOCS, prefixes.doc)):
+        a = hf.encode(texts, side=side, prefix=prefix)
+        b = vl.encode(texts, side=side, prefix=prefix)
+        np.testing.assert_allclose(a, b, atol=1e-4, err_msg=side)

@@ -52,16 +52,19 @@ CACHE_FORMAT = 2
 """2: documents are encoded as ``Doc.full_text`` (title + " " + text), no longer the text alone."""
 
 # Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
-# the transformers version check, engine settings). The backend enters the key as resolved at run
-# time (``doc_runtime_fields``), not as the entry's ``auto``.
+# the transformers version check, engine settings, the entry's description of its source). The
+# backend enters the key as resolved at run time (``doc_runtime_fields``), not as the entry's ``auto``.
 _QUERY_ONLY_FIELDS = frozenset(
     {
         "name", "query_model", "query_max_length", "query_prefix", "query_instructions",
         "instruction_format", "instruction_on", "batch_size", "base_url", "api_key_env",
         "doc_instructions", "doc_instruction_format", "doc_prefix", "transformers",
-        "backend", "engine_kwargs",
+        "backend", "engine_kwargs", "reference",
     }
 )
+# Fields added after caches were first written, with the value every earlier entry had: at that
+# value a field stays out of the key, so the embeddings cached before it existed stay valid.
+_LATER_FIELD_DEFAULTS = {"truncation": "tokens"}
 
 
 
@@ -90,7 +93,8 @@ def doc_cache_fields(
     what the encoder resolves at run time (``runtime``: the precision actually used, e.g.
     ``{"dtype": "bfloat16"}`` on a GPU for ``dtype: auto``; how API inputs are truncated)."""
     fields = {
-        k: v for k, v in dataclasses.asdict(spec).items() if k not in _QUERY_ONLY_FIELDS
+        k: v for k, v in dataclasses.asdict(spec).items()
+        if k not in _QUERY_ONLY_FIELDS and _LATER_FIELD_DEFAULTS.get(k, object()) != v
     }
     fields.update(runtime or {})
     fields["doc_model"] = model_fingerprint(spec.model_for("doc"))

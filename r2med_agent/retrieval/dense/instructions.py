@@ -93,3 +93,37 @@ def instruction_prefixes(
     )
     expansion = query if spec.instruction_on == "both" else ""
     return Prefixes(query=query, expansion=expansion, doc=doc)
+
+
+def _shown(text: str) -> str:
+    """A string as ``--dry-run`` prints it: quoted, newlines as ``\\n``, every other byte as is."""
+    return '"' + text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"'
+
+
+def describe_inputs(spec: EncoderSpec) -> str:
+    """What an encoder entry feeds its model, in one line: the query and document strings (with
+    ``{query}`` and ``{document}`` where the text goes), the token limit and how a longer text is
+    cut, the pooling and normalisation."""
+    if spec.query_instructions:
+        query = _shown(spec.instruction_format.replace("{text}", "{query}")) + " with the task's instruction"
+    else:
+        query = _shown(spec.query_prefix + "{query}") + (" for every task" if spec.query_prefix else "")
+    if spec.doc_instructions:
+        doc = _shown(spec.doc_instruction_format.replace("{text}", "{document}")) + " with the task's instruction"
+    else:
+        doc = _shown(spec.doc_prefix + "{document}")
+    if spec.kind == "api":
+        limit = f"{spec.max_tokens} tokens" if spec.max_tokens else f"{spec.max_chars} characters" if spec.max_chars else "no cut"
+        return f"query {query}; document {doc}; {limit}; {spec.provider} API"
+    lengths = (f"{spec.max_length} tokens" if not spec.query_max_length or spec.query_max_length == spec.max_length
+               else f"{spec.query_max_length} query / {spec.max_length} document tokens")
+    cut = {"tokens": "cut by the tokenizer", "decoded-text": "cut by decoding the first tokens back to text"}[spec.truncation]
+    if spec.append_eos:
+        cut += " (one token fewer, EOS appended)"
+    pooling = {"cls": "first-token pooling", "mean": "mean pooling", "last-token": "last-token pooling",
+               "model": "the model's own pooling"}[spec.pooling]
+    if spec.pooling == "mean":
+        pooling += " without the prompt tokens" if spec.pool_exclude_prefix else " over every token, prompt included"
+    norm = ", L2-normalised" if spec.normalize else ""
+    pair = " as (title, text) pairs" if spec.doc_title_pair else ""
+    return f"query {query}; document {doc}{pair}; {lengths}, {cut}; {pooling}{norm}"

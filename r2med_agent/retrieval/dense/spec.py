@@ -110,6 +110,19 @@ class EncoderSpec:
     (see :func:`prefix_token_count`)."""
     append_eos: bool = False
     """Truncate to ``max_length - 1`` tokens and append the EOS token (BMRetriever)."""
+    truncation: Literal["tokens", "decoded-text"] = "tokens"
+    """How a text over ``max_length`` tokens is cut (the prefix counts as part of the text).
+    ``tokens``: the tokenizer's own truncation on the right, its special tokens counted in the
+    limit (FlagEmbedding, sentence-transformers, R2MED's scripts). ``decoded-text``: DIVER's
+    (``Qwen3EmbeddingModel.truncate_text`` in AQ-MedAI/Diver ``Retriever/retrievers.py``): the
+    string is tokenized without special tokens, and only when that gives more than
+    ``max_length`` tokens it is replaced by the decoded first ``max_length`` of them; the
+    resulting string is then tokenized as the model's tokenizer does by default (special tokens
+    added, nothing more cut), so the model can see a few tokens more than ``max_length`` (see
+    :data:`~r2med_agent.retrieval.dense.tokens.DECODED_TEXT_SLACK`)."""
+    reference: str = ""
+    """Where the entry's settings come from (repository at a commit, file and function), as
+    ``reproduce --dry-run`` shows it. A description only: it changes no vector."""
     doc_title_pair: bool = False
     """Encode documents as a (title, text) token pair (MedCPT's article encoder; empty titles)."""
     trust_remote_code: bool = False
@@ -168,6 +181,9 @@ class EncoderSpec:
             raise ValueError("max_tokens and max_chars must be >= 1")
         if self.transformers:
             _specifier(self.transformers)  # a malformed specifier fails when the registry loads
+        if self.truncation == "decoded-text" and (self.append_eos or self.doc_title_pair or self.kind != "hf"):
+            raise ValueError("truncation 'decoded-text' applies to a local model's single texts: not with "
+                             "append_eos, doc_title_pair or an API entry")
 
     @property
     def dtype(self) -> str:

@@ -36,6 +36,23 @@ def prefix_token_count(tokenizer: Any, prefix: str) -> int:
     return lead + len(bare)
 
 
+DECODED_TEXT_SLACK = 64
+"""Tokens that a ``decoded-text`` cut (:func:`decoded_text_cut`) may have beyond ``max_length``
+once its string is tokenized again: the special tokens the tokenizer adds, and the replacement
+character that a multi-byte character cut in two decodes to. The vLLM backend sizes its context
+with it; the transformers backend needs no limit."""
+
+
+def decoded_text_cut(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[str]:
+    """The strings DIVER's ``Qwen3EmbeddingModel.truncate_text`` (AQ-MedAI/Diver,
+    ``Retriever/retrievers.py``) gives the model: a text whose tokens without special tokens
+    number more than ``max_length`` becomes the decoding of its first ``max_length`` tokens (the
+    tokenizer's default decoding: special tokens kept, its own clean-up setting); any other text
+    stays as it is."""
+    bare: list[list[int]] = tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return [tokenizer.decode(ids[:max_length]) if len(ids) > max_length else text for text, ids in zip(texts, bare)]
+
+
 def encoder_token_ids(
     spec: EncoderSpec,
     tokenizer: Any,
@@ -49,7 +66,11 @@ def encoder_token_ids(
     """The token ids an encoder embeds, unpadded: each text (or (title, text) pair) cut on the
     right to ``max_length``, or to ``max_length - 1`` plus EOS with ``append_eos``; with
     ``token_types``, the segment ids of the pairs too. Both backends (transformers, vLLM) embed
-    exactly these tokens."""
+    exactly these tokens. With ``truncation: decoded-text`` each text is first cut as
+    :func:`decoded_text_cut` cuts it and then tokenized in full, special tokens added."""
+    if spec.truncation == "decoded-text":
+        cut = decoded_text_cut(tokenizer, texts, max_length)
+        return tokenizer(cut, truncation=False, padding=False, return_attention_mask=False)["input_ids"], None
     limit = max_length - 1 if spec.append_eos else max_length
     kwargs: dict[str, Any] = dict(
         truncation=True if titles is None else "longest_first",

@@ -11,8 +11,8 @@ here as the transformers path applies it. The weights run in the precision the t
 would pick (:func:`~r2med_agent.retrieval.dense.torch_utils.resolve_dtype`: float32 on CPU).
 
 What vLLM cannot express exactly stays on transformers (:func:`vllm_unsupported_reason`):
-pooling that leaves the instruction out (Instructor, GritLM, ReasonIR), a model's own ``encode``
-(NV-Embed-v2), (title, text) pairs with segment ids (MedCPT's article encoder), extra forward
+pooling that leaves the instruction out (Instructor, GritLM, ``reasonir-8b-prompt-excluded``), a
+model's own ``encode`` (NV-Embed-v2), (title, text) pairs with segment ids (MedCPT's article encoder), extra forward
 arguments (GritLM's bidirectional attention), a repository's own model code (RaDeR, ReasonIR:
 vLLM would run its own implementation of the architecture) and sentence-transformers Dense
 layers after pooling.
@@ -36,7 +36,7 @@ import numpy as np
 from r2med_agent.errors import ConfigError, MissingExtraError
 from r2med_agent.retrieval.dense.models import _import_transformers, load_pretrained, resolve_model_path
 from r2med_agent.retrieval.dense.spec import BACKENDS, EncoderSpec, Side
-from r2med_agent.retrieval.dense.tokens import encoder_token_ids
+from r2med_agent.retrieval.dense.tokens import DECODED_TEXT_SLACK, encoder_token_ids
 from r2med_agent.retrieval.dense.torch_utils import resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ def _has_dense_layers(model: str) -> bool:
 def vllm_unsupported_reason(spec: EncoderSpec) -> str | None:
     """Why vLLM's pooling engine cannot reproduce this entry's vectors exactly, or None.
 
-    Every reason that applies is given, joined by "; " (ReasonIR has two: its pooling and its
-    own model code). Only the entry's settings and the model's sentence-transformers modules
+    Every reason that applies is given, joined by "; " (``reasonir-8b-prompt-excluded`` has two:
+    its pooling and its own model code). Only the entry's settings and the model's sentence-transformers modules
     (local folder or hub cache) are read; whether vLLM knows the model's architecture shows when
     the engine loads (a ConfigError naming the way back to transformers).
     """
@@ -239,7 +239,8 @@ class VLLMEncoder:
             "model": resolve_model_path(model_id),
             "runner": "pooling",
             "dtype": self.precision(),
-            "max_model_len": max(spec.max_length_for("query"), spec.max_length_for("doc")),
+            "max_model_len": max(spec.max_length_for("query"), spec.max_length_for("doc"))
+            + (DECODED_TEXT_SLACK if spec.truncation == "decoded-text" else 0),
             "gpu_memory_utilization": 0.5 if self._on_gpu() else 0.05,
             # On CPU, compiling takes 40-85 s for no gain at this size; on GPUs CUDA graphs pay.
             "enforce_eager": not self._on_gpu(),
@@ -307,7 +308,8 @@ class VLLMEncoder:
     # -- encoding ----------------------------------------------------------------------
     def token_ids(self, texts: Sequence[str], *, side: Side, prefix: str = "") -> list[list[int]]:
         """The token ids the model embeds: ``prefix + text`` cut on the right to ``max_length``
-        (``max_length - 1`` plus EOS with ``append_eos``), as the transformers path makes them."""
+        (``max_length - 1`` plus EOS with ``append_eos``; DIVER's decoded-text cut with
+        ``truncation: decoded-text``), as the transformers path makes them."""
         spec = self.spec
         full = [prefix + t for t in texts] if prefix else list(texts)
         return encoder_token_ids(spec, self._tokenizer(spec.model_for(side)), full, spec.max_length_for(side))[0]

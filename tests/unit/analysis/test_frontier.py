@@ -183,3 +183,32 @@ def test_dry_run_sizes_an_fp8_checkpoint_by_its_dtype_and_shows_the_models_note(
     line = next(x for x in listing.splitlines() if "reranker LLM deepseek-v3.1 ≈" in x)
     assert "deepseek-v3.1 ≈624.9 GiB fp8 weights (does not fit one 80 GiB GPU)" in line
     assert "[a mixture of experts (37B active);" in line
+
+
+def test_dry_run_shows_divers_own_first_stage_wherever_a_row_reranks_diver():
+    """Every row over DIVER-Retriever-4B runs DIVER's own retrieval (its code's prompts, 16,384
+    tokens cut by decoding, top 100, no expansion or BM25 fusion) and says so with its source;
+    ReasonEmbed's setting of the same model is its own row, beside its own 32.23."""
+    grid = load_grid("frontier")
+    planned = plan(grid, ReproduceOptions())
+    blocks: dict[str, str] = {}
+    for p in planned:
+        blocks[p.entry.label] = format_plan([p])
+    over_diver = [label for label in blocks if label.startswith("none/none/diver-4b/")]
+    assert len(over_diver) == 8  # GroupRank-32B, 3 zero-shot groupwise, ReasonRank 32B/7B, Rank-R1, DeepSeek
+    divers = ('first stage: diver-4b (AQ-MedAI/Diver-Retriever-4B): query "Instruct: Given a web search query, '
+              'retrieve relevant passages that answer the query\\nQuery:{query}" for every task; document '
+              '"Represent this text:{document}"; 16384 tokens, cut by decoding the first tokens back to text; '
+              'last-token pooling, L2-normalised; original queries, no expansion; no fusion')
+    for label in over_diver:
+        text = blocks[label]
+        assert divers in text, text
+        assert "its top 100 reranked by " + label.rsplit("/", 1)[1] in text
+        assert "settings from AQ-MedAI/Diver@95b111b0adad Retriever/retrievers.py, Qwen3EmbeddingModel" in text
+    (alone,) = [p for p in planned if p.entry.label == "none/none/diver-4b"]
+    assert alone.published_average == pytest.approx(0.429) and "retrieval: diver-4b (" in blocks[alone.entry.label]
+    (variant,) = [p for p in planned if p.entry.label == "none/none/diver-4b-reasonembed"]
+    assert variant.published_average == pytest.approx(0.3223)
+    text = blocks[variant.entry.label]
+    assert 'query "Instruct: {instruction}\\nQuery: {query}" with the task\'s instruction; document "{document}"; 512 tokens' in text
+    assert "eval_diver_retriever_4b.sh" in text

@@ -1,11 +1,13 @@
 """The post-paper reasoning retrievers of ``configs/encoders.yaml`` (ReasonEmbed, DIVER, RaDeR,
 ReasonIR, Qwen3-Embedding): their settings as the ReasonEmbed authors ran them on R2MED
-(VectorSpaceLab/agentic-search, ``ReasonEmbed/evaluation_r2med/``), and each pipeline on a tiny
-random model of the same architecture class against an independent computation of the authors'
-recipe: FlagEmbedding's decoder-only embedder (format the query, tokenise as the tokenizer does,
-last token, L2) checked by hand and with sentence-transformers' last-token pipeline; ReasonIR's
-sentence-transformers recipe (mean pooling without the prompt, L2) with sentence-transformers
-itself. No hub access: weights and tokenizers are built in the test.
+(VectorSpaceLab/agentic-search, ``ReasonEmbed/evaluation_r2med/``), DIVER's as its own code runs
+it (``diver-4b``), and each pipeline on a tiny random model of the same architecture class against
+an independent computation of the authors' recipe: FlagEmbedding's decoder-only embedder (format
+the query, tokenise as the tokenizer does, last token, L2) checked by hand and with
+sentence-transformers' last-token pipeline; DIVER's (its fixed prompts, the decoded-text cut,
+last token, L2) by hand; ReasonIR's sentence-transformers recipe (mean pooling, L2; with and
+without the prompt) with sentence-transformers itself. No hub access: weights and tokenizers are
+built in the test. (The authors' own functions are run in ``tests/conformance/``.)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
+from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model
 
 # ReasonEmbed/evaluation_r2med/code/prompts.py (R2MEDInstructions), byte for byte.
 REASONEMBED_R2MED = {
@@ -43,7 +46,7 @@ LAST_TOKEN_ENTRIES = {
     "reasonembed-qwen3-8b": ("hanhainebula/reason-embed-qwen3-8b-0928", "qwen3", "auto"),
     "reasonembed-qwen3-4b": ("hanhainebula/reason-embed-qwen3-4b-0928", "qwen3", "auto"),
     "reasonembed-llama-8b": ("hanhainebula/reason-embed-llama-3.1-8b-0928", "llama", "auto"),
-    "diver-4b": ("AQ-MedAI/Diver-Retriever-4B", "qwen3", "auto"),
+    "diver-4b-reasonembed": ("AQ-MedAI/Diver-Retriever-4B", "qwen3", "auto"),
     "qwen3-embedding-8b": ("Qwen/Qwen3-Embedding-8B", "qwen3", "auto"),
     "qwen3-embedding-4b": ("Qwen/Qwen3-Embedding-4B", "qwen3", "auto"),
     "rader-7b": ("Raderspace/RaDeR_gte_Qwen2-7B_MATH_LLMq_CoT_lexical", "qwen2", "transformers"),
@@ -95,12 +98,15 @@ def test_last_token_entries_are_the_reasonembed_r2med_settings(name: str) -> Non
         assert (p.query, p.doc, p.expansion) == (want, "", ""), task
 
 
-def test_reasonir_entry_is_its_sentence_transformers_recipe() -> None:
-    spec = get_encoder_spec("reasonir-8b")
+@pytest.mark.parametrize(("name", "excluded"), [("reasonir-8b", False), ("reasonir-8b-prompt-excluded", True)])
+def test_reasonir_entries_are_its_sentence_transformers_recipe(name: str, excluded: bool) -> None:
+    # reasonir-8b: ReasonEmbed's run, whose mean covers the prompt (the repository's pooling config
+    # includes it: docs/protocol.md); the variant pools as ReasonIR's own encode() does.
+    spec = get_encoder_spec(name)
     assert (spec.model, spec.backend, spec.pooling, spec.pool_exclude_prefix) == (
-        "reasonir/ReasonIR-8B", "transformers", "mean", True)
+        "reasonir/ReasonIR-8B", "transformers", "mean", excluded)
     assert (spec.normalize, spec.append_eos, spec.max_length, spec.precision) == (True, False, 512, "bfloat16")
-    assert spec.trust_remote_code and spec.transformers == ">=4.47"
+    assert spec.trust_remote_code and spec.transformers == ">=4.47" and spec.truncation == "tokens"
     assert dict(spec.query_instructions) == REASONEMBED_R2MED
     for task, r2med_task in _registry_tasks():
         p = _prefixes(spec, task)
@@ -108,7 +114,25 @@ def test_reasonir_entry_is_its_sentence_transformers_recipe() -> None:
         assert (p.query, p.doc, p.expansion) == (want, REASONIR_DOC_PROMPT, ""), task
 
 
-@pytest.mark.parametrize("name", [*sorted(LAST_TOKEN_ENTRIES), "reasonir-8b"])
+# AQ-MedAI/Diver Retriever/retrievers.py, Qwen3EmbeddingModel: embed_queries and embed_docs.
+DIVER_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:{}"
+DIVER_DOC = "Represent this text:{}"
+
+
+def test_diver_entry_is_divers_own_code() -> None:
+    spec = get_encoder_spec("diver-4b")
+    assert (spec.model, spec.backend, spec.pooling, spec.normalize, spec.append_eos) == (
+        "AQ-MedAI/Diver-Retriever-4B", "auto", "last-token", True, False)
+    assert (spec.max_length, spec.query_max_length, spec.truncation, spec.precision) == (16384, None, "decoded-text", "auto")
+    assert not spec.query_instructions and not spec.doc_instructions and spec.instruction_on == "query"
+    assert "AQ-MedAI/Diver@" in spec.reference and "Qwen3EmbeddingModel" in spec.reference
+    # One instruction for every task, R2MED's or a user's own.
+    for task, family, domain in [*((t, "", "") for t, _ in _registry_tasks()), ("my-cardiology", "qa", "cardiology")]:
+        p = instruction_prefixes(spec, task, family, domain)
+        assert (p.query, p.doc, p.expansion) == (DIVER_QUERY.format(""), DIVER_DOC.format(""), "")
+
+
+@pytest.mark.parametrize("name", [*sorted(LAST_TOKEN_ENTRIES), "reasonir-8b", "reasonir-8b-prompt-excluded"])
 def test_tasks_outside_r2med_get_no_guessed_instruction(name: str) -> None:
     # The source has one instruction per R2MED task and no template for other tasks.
     spec = get_encoder_spec(name)
@@ -124,7 +148,10 @@ def test_backend_support_follows_the_settings() -> None:
         reason = vllm_unsupported_reason(get_encoder_spec(name))
         assert (reason is None) == (backend == "auto"), (name, reason)
     assert "own modelling code" in str(vllm_unsupported_reason(get_encoder_spec("rader-7b")))
-    assert "instruction tokens" in str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b")))
+    assert vllm_unsupported_reason(get_encoder_spec("diver-4b")) is None
+    assert "instruction tokens" not in str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b")))
+    assert "own modelling code" in str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b")))
+    assert "instruction tokens" in str(vllm_unsupported_reason(get_encoder_spec("reasonir-8b-prompt-excluded")))
 
 
 # --------------------------------------------------------------------------- tiny models
@@ -138,60 +165,14 @@ QUERIES = [
 DOCS = ["Infective endocarditis presents with fever and a murmur.", "Mitosis.", "Cells divide by mitosis; " * 20]
 MAX_LENGTH = 48
 
-# Special tokens and post-processing of the stand-in tokenizers: Qwen-style (no BOS; the
-# Qwen3-Embedding tokenizers append <|endoftext|>, which is also their pad token), Llama-3-style
-# (BOS in front, nothing after).
-TOKENIZER_STYLES = {
-    "qwen3": dict(template="$A <|endoftext|>", specials={"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
-    "qwen2": dict(template="$A", specials={"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
-    "llama": dict(template="<|begin_of_text|> $A", specials={
-        "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "pad_token": "<|finetune_right_pad_id|>"}),
-}
-
-
 def _byte_bpe_tokenizer(template: str, specials: dict[str, str]):
-    """A real byte-level BPE tokenizer built offline from this file's texts: every byte (newlines,
-    spaces, the full stop) changes the ids, so a wrong instruction or format shows."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    """A real byte-level BPE tokenizer built offline from this file's texts (tests/tiny_embedders.py)."""
     corpus = [*REASONEMBED_R2MED.values(), *QUERIES, *DOCS, FLAG_FORMAT, REASONIR_QUERY_PROMPT]
-    names = list(dict.fromkeys(specials.values()))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=names, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    used = [t for t in names if t in template]
-    tok.post_processor = processors.TemplateProcessing(
-        single=template, special_tokens=[(t, tok.token_to_id(t)) for t in used])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
+    return byte_bpe_tokenizer(corpus, template, specials)
 
 
 def _tiny_model(arch: str, folder: Path, tok, head_dim: int = 8):
-    """A random model of the architecture class, saved with ``tok`` in ``folder``; returns it and
-    the tokenizer as ``AutoTokenizer`` loads it back from there (as FlagEmbedding and the encoder
-    load it: transformers may pick the architecture's own tokenizer class). Two attention heads of
-    ``head_dim`` (vLLM's CPU attention takes 32 and up)."""
-    import torch
-    import transformers
-
-    config_cls, model_cls = {
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3Model),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
-        "llama": (transformers.LlamaConfig, transformers.LlamaModel),
-    }[arch]
-    extra = {"head_dim": head_dim} if arch == "qwen3" else {}
-    cfg = config_cls(vocab_size=len(tok), hidden_size=2 * head_dim, intermediate_size=4 * head_dim,
-                     num_hidden_layers=2,
-                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **extra)
-    torch.manual_seed(0)
-    model = model_cls(cfg).eval()
-    tok.save_pretrained(folder)
-    model.save_pretrained(folder)
-    assert type(transformers.AutoModel.from_pretrained(folder)).__name__ == model_cls.__name__
-    return model, transformers.AutoTokenizer.from_pretrained(folder)
+    return tiny_model(arch, folder, tok, head_dim=head_dim)
 
 
 def _states(model, tok, text: str):
@@ -248,9 +229,11 @@ def test_last_token_entries_encode_as_flagembedding_does(name: str, tmp_path: Pa
     np.testing.assert_allclose(got_d, st.encode(DOCS, batch_size=3), atol=1e-5)
 
 
-def _mean_without_prompt_model(folder: Path, max_seq_length: int):
-    """sentence-transformers' Transformer -> Pooling(mean, include_prompt=False) -> Normalize: what
-    ReasonIR's README sets up (``set_pooling_include_prompt(include_prompt=False)``)."""
+def _mean_model(folder: Path, max_seq_length: int, include_prompt: bool):
+    """sentence-transformers' Transformer -> Pooling(mean, include_prompt) -> Normalize: ReasonIR
+    through sentence-transformers, with the repository's pooling config (the prompt included, as
+    ReasonEmbed ran it) or as ReasonIR's README sets it up
+    (``set_pooling_include_prompt(include_prompt=False)``)."""
     from sentence_transformers import SentenceTransformer
 
     try:
@@ -261,38 +244,80 @@ def _mean_without_prompt_model(folder: Path, max_seq_length: int):
     body = Transformer(str(folder), max_seq_length=max_seq_length)
     dim = body.get_embedding_dimension() if hasattr(body, "get_embedding_dimension") else body.get_word_embedding_dimension()
     return SentenceTransformer(
-        modules=[body, Pooling(dim, pooling_mode="mean", include_prompt=False), Normalize()], device="cpu")
+        modules=[body, Pooling(dim, pooling_mode="mean", include_prompt=include_prompt), Normalize()], device="cpu")
 
 
-def test_reasonir_encodes_as_sentence_transformers_without_the_prompt(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "excluded"), [("reasonir-8b", False), ("reasonir-8b-prompt-excluded", True)])
+def test_reasonir_encodes_as_sentence_transformers(name: str, excluded: bool, tmp_path: Path) -> None:
     # A tiny random Llama (ReasonIR-8B is a Llama 3.1; its bidirectional attention is the model
     # repository's own code, which the same forward call runs in both pipelines, not tested here).
     tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["llama"])
     folder = tmp_path / "tiny-reasonir"
     model, tok = _tiny_model("llama", folder, tok)
-    spec = dataclasses.replace(get_encoder_spec("reasonir-8b"), model=str(folder), max_length=MAX_LENGTH,
-                               batch_size=2)
+    spec = dataclasses.replace(get_encoder_spec(name), model=str(folder), max_length=MAX_LENGTH, batch_size=2)
     prefixes = _prefixes(spec, "MedQA-Diag")
     query_prompt = REASONIR_QUERY_PROMPT.format(REASONEMBED_R2MED["MedQA-Diag"])
     enc = HFEncoder(spec, device="cpu")
     got_q = enc.encode(QUERIES, side="query", prefix=prefixes.query)
     got_d = enc.encode(DOCS, side="doc", prefix=prefixes.doc)
 
-    def by_hand(prompt: str, text: str, skip: int | None = None) -> np.ndarray:
+    def by_hand(prompt: str, text: str, skip_prompt: bool) -> np.ndarray:
         ids, hidden = _states(model, tok, prompt + text)
-        n_prompt = len(tok(prompt)["input_ids"]) if skip is None else skip  # BOS + prompt tokens
+        n_prompt = len(tok(prompt)["input_ids"]) if skip_prompt else 0  # BOS + prompt tokens
         assert ids[:n_prompt] == tok(prompt)["input_ids"][:n_prompt]
         return _unit(hidden[n_prompt:].mean(dim=0))
 
     for row, query in zip(got_q, QUERIES):
-        np.testing.assert_allclose(row, by_hand(query_prompt, query), atol=1e-5)
-        assert not np.allclose(row, by_hand(query_prompt, query, skip=0), atol=1e-4)  # prompt pooled too
+        np.testing.assert_allclose(row, by_hand(query_prompt, query, excluded), atol=1e-5)
+        assert not np.allclose(row, by_hand(query_prompt, query, not excluded), atol=1e-4)  # the other pooling
     for row, doc in zip(got_d, DOCS):
-        np.testing.assert_allclose(row, by_hand(REASONIR_DOC_PROMPT, doc), atol=1e-5)
+        np.testing.assert_allclose(row, by_hand(REASONIR_DOC_PROMPT, doc, excluded), atol=1e-5)
 
-    st = _mean_without_prompt_model(folder, MAX_LENGTH)
+    st = _mean_model(folder, MAX_LENGTH, include_prompt=not excluded)
     np.testing.assert_allclose(got_q, st.encode(QUERIES, prompt=query_prompt, batch_size=3), atol=1e-5)
     np.testing.assert_allclose(got_d, st.encode(DOCS, prompt=REASONIR_DOC_PROMPT, batch_size=3), atol=1e-5)
+
+
+def _diver_cut(tok, text: str, limit: int) -> str:
+    """DIVER's truncate_text, written out here: tokens without special tokens; over the limit,
+    the decoded first ``limit`` of them."""
+    ids = tok.encode(text, add_special_tokens=False)
+    return tok.decode(ids[:limit]) if len(ids) > limit else text
+
+
+@pytest.mark.parametrize("limit", [MAX_LENGTH, 12])
+def test_diver_encodes_as_its_own_code_does(limit: int, tmp_path: Path) -> None:
+    # A tiny random Qwen3 whose tokenizer appends <|endoftext|> as Qwen3-Embedding's does: the
+    # strings DIVER's Qwen3EmbeddingModel builds, cut by decoding, tokenized again with the
+    # tokenizer's own special tokens and nothing cut (vLLM's embed), last token, L2.
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
+    folder = tmp_path / "tiny-diver"
+    model, tok = _tiny_model("qwen3", folder, tok)
+    spec = dataclasses.replace(get_encoder_spec("diver-4b"), model=str(folder), max_length=limit, batch_size=2)
+    prefixes = _prefixes(spec, "PMC-Clinical")
+    enc = HFEncoder(spec, device="cpu")
+    got_q = enc.encode(QUERIES, side="query", prefix=prefixes.query)
+    got_d = enc.encode(DOCS, side="doc", prefix=prefixes.doc)
+
+    def diver(string: str) -> np.ndarray:
+        import torch
+
+        ids = tok(_diver_cut(tok, string, limit))["input_ids"]
+        assert ids[-1] == tok.eos_token_id
+        with torch.inference_mode():
+            return _unit(model(input_ids=torch.tensor([ids])).last_hidden_state[0][-1])
+
+    cut = 0
+    for row, query in zip(got_q, QUERIES):
+        np.testing.assert_allclose(row, diver(DIVER_QUERY.format(query)), atol=1e-5)
+        cut += len(tok.encode(DIVER_QUERY.format(query), add_special_tokens=False)) > limit
+        # ReasonEmbed's format (a space after "Query:") is another vector (unless both are cut inside the prompt).
+        assert limit < MAX_LENGTH or not np.allclose(row, diver("Instruct: Given a web search query, retrieve relevant passages "
+                                          "that answer the query\nQuery: " + query), atol=1e-4)
+    for row, doc in zip(got_d, DOCS):
+        np.testing.assert_allclose(row, diver(DIVER_DOC.format(doc)), atol=1e-5)
+        assert not np.allclose(row, diver(doc), atol=1e-4)  # no document prompt: another vector
+    assert cut >= 1  # the decoded-text cut ran
 
 
 def _user_entry(name: str, **changes) -> dict:
@@ -349,3 +374,73 @@ def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: P
     assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0
     assert result["stats"]["rerank"]["groups"] == 12 * 2  # 12 queries, one group of 3, 2 passes
     assert result["config"]["retriever"] == "tiny-reasonembed" and result["config"]["entries"]
+
+
+@pytest.mark.slow
+def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Path, monkeypatch, smollm2_spec) -> None:
+    """A frontier row over DIVER, ``run --retriever diver-4b --reranker grouprank-32b``, with tiny
+    real models in the entries' places: a random Qwen3 under diver-4b's own settings (here cut at 40
+    tokens so the sample's long texts go through DIVER's decoded-text cut) and SmolLM2-135M in the
+    groupwise reranker, on the whole ``sample`` task. Every query reaches the model as DIVER's code
+    builds it, every document with DIVER's prompt."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.data.load import load_task
+    from r2med_agent.retrieval.dense.tokens import decoded_text_cut
+
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
+    folder = tmp_path / "tiny-diver"
+    _, tok = _tiny_model("qwen3", folder, tok)
+    entry = _user_entry("diver-4b", model=str(folder), backend="transformers", max_length=40, batch_size=4)
+    assert entry["truncation"] == "decoded-text" and entry["doc_prefix"] == DIVER_DOC.format("")
+    user = tmp_path / "config.yaml"
+    user.write_text(json.dumps({"encoders": {"tiny-diver": entry}}))
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    seen: list[list[int]] = []
+    real_tokenize = HFEncoder._tokenize
+
+    def recording(self, lo, texts, titles, max_length):  # noqa: ANN001, ANN202
+        out = real_tokenize(self, lo, texts, titles, max_length)
+        seen.extend(out[0])
+        return out
+
+    monkeypatch.setattr(HFEncoder, "_tokenize", recording)
+    _register()
+    runner = CliRunner()
+    common = ["--config", str(user), "--task", "sample", "--output-dir", str(tmp_path / "res"),
+              "--reranker", "smollm2-groupwise", "--rerank-k", "3", "--cache-path", str(tmp_path / "gen.sqlite")]
+    res = runner.invoke(app, ["run", "--retriever", "tiny-diver", *common])
+    assert res.exit_code == 0, res.output
+    task = load_task("sample")
+    want = [tok(s)["input_ids"] for s in decoded_text_cut(
+        tok, [DIVER_QUERY.format(q.text) for q in task.queries] + [DIVER_DOC.format(d.text) for d in task.corpus], 40)]
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, want))  # every text, as DIVER's code gives it
+    assert sum(len(x) > 40 for x in seen) > 0  # cut texts: 40 tokens, then the tokenizer's EOS
+    (record,) = (tmp_path / "res").glob("none/none/tiny-diver__*smollm2-groupwise*/sample.json")
+    result = json.loads(record.read_text())
+    assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0 and result["config"]["entries"]
+
+
+def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
+    # The same user entry with the tokenizer's cut instead of DIVER's is another run: another
+    # entries hash, so another result folder (a shipped entry is its name: its settings are the
+    # package's).
+    import json
+
+    from r2med_agent.config import set_user_config
+    from r2med_agent.experiment.runner import entries_in_use
+    from r2med_agent.runner import RunConfig
+
+    hashes = []
+    for truncation in ("decoded-text", "tokens"):
+        user = tmp_path / f"{truncation}.yaml"
+        user.write_text(json.dumps({"encoders": {"my-diver": _user_entry("diver-4b", truncation=truncation)}}))
+        set_user_config(user)
+        try:
+            hashes.append(entries_in_use(RunConfig(tasks=("sample",), retriever="my-diver")))
+        finally:
+            set_user_config(None)
+    assert None not in hashes and hashes[0] != hashes[1]

@@ -1,0 +1,43 @@
+"""What a grid row's dense retrieval does, for ``reproduce --dry-run``: each encoder it searches
+with, the strings and token limit that encoder feeds its model, and how deep its list goes and
+what reads it (the reranker, the fusion), with the source the settings follow."""
+
+from __future__ import annotations
+
+from r2med_agent.experiment.spec import RunSpec
+from r2med_agent.retrieval.fusion import member_names
+
+
+def _how_searched(spec: RunSpec, name: str, members: list[str]) -> str:
+    queries = "original queries, no expansion" if spec.method == "none" else f"queries of the {spec.method} method"
+    others = [m for m in members if m != name]
+    fusion = (f"fused ({spec.fusion}) with {', '.join(others)}" if others
+              else "no fusion (no BM25 or other retriever merged)")
+    if spec.reranker:
+        depth = f"its top {spec.rerank_k} reranked by {spec.reranker}"
+    else:
+        depth = f"its top {spec.top_k} scored"
+    return f"{queries}; {fusion}; {depth}"
+
+
+def first_stage_lines(spec: RunSpec) -> list[str]:
+    """One line per dense encoder of the row's retriever (none for BM25 or given run files):
+    ``first stage`` when the row reranks, else ``retrieval``; then the entry's ``reference``."""
+    from r2med_agent.retrieval.dense.instructions import describe_inputs
+    from r2med_agent.retrieval.dense.spec import encoder_registry
+
+    if spec.candidates:
+        return []
+    encoders = encoder_registry()
+    members = member_names(spec.retriever)
+    label = "first stage" if spec.reranker else "retrieval"
+    out = []
+    for name in members:
+        enc = encoders.get(name)
+        if enc is None:
+            continue
+        model = enc.model or f"{enc.query_model} / {enc.doc_model}"
+        out.append(f"{label}: {name} ({model}): {describe_inputs(enc)}; {_how_searched(spec, name, members)}")
+        if enc.reference:
+            out.append(f"  settings from {enc.reference}")
+    return out
