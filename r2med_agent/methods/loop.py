@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from r2med_agent.errors import ConfigError, DataError, LLMError
@@ -460,6 +461,8 @@ class ReasoningLoop(LoopMethod):
     """The method counts tokens of inserted text (:attr:`token_cut`); the runner then loads the
     model's tokenizer (:func:`load_token_cut`)."""
     token_cut: TokenCut = staticmethod(cut_whitespace_tokens)  # type: ignore[assignment]
+    prompts_dir: Path | None = None
+    """The prompts folder the loop renders from (None: ``$R2MED_PROMPTS_DIR`` or the package's)."""
 
     def __init__(
         self,
@@ -858,6 +861,13 @@ class ReasoningLoop(LoopMethod):
                 f"{len(final_retrievers)} final retrievers for {len(tasks_and_retrievers)} tasks"
             )
         return loop._run(tasks_and_retrievers, llm, final_retrievers)
+
+    def with_prompts(self, prompts_dir: str | PathLike[str]) -> ReasoningLoop:
+        """This loop rendering its prompts from ``prompts_dir`` (an authors' templates folder, or
+        a folder of the user's own over the package's)."""
+        if self.prompts_dir is not None and Path(prompts_dir) == self.prompts_dir:
+            return self
+        return self._copy(prompts_dir=Path(prompts_dir), _hash=None)
 
     def _copy(self, **changes: Any) -> ReasoningLoop:
         other = copy.copy(self)
