@@ -121,6 +121,7 @@ class SearchR1(ReasoningLoop):
     output_format = "search-r1"
     result_tags = ("<information>", "</information>")
     length_ends = False
+    empty_actions = True
 
     def __init__(
         self,

@@ -98,6 +98,7 @@ def parse_output(
     *,
     stop_reason: object = None,
     finish_reason: str = "stop",
+    empty_ok: bool = False,
 ) -> Action:
     """Parse one generated step into an :class:`Action`.
 
@@ -108,13 +109,18 @@ def parse_output(
         stop_reason: the stop string the backend reports, if any (may be None, or a token id).
         finish_reason: the backend's finish reason; ``length`` means the text was cut by
             ``max_tokens``, so an unclosed tag at the end is not a finished query.
+        empty_ok: a tag with nothing inside is still a search (answer) with an empty query
+            (Search-R1's parser reads ``<search> </search>`` so); False: it is ``none``.
 
     Returns:
         The action. A closing tag found in the text ends the step there (the backend included
         the stop string, maybe followed by whitespace, or ignored the stop and ran on); otherwise
         a reported stop string, or an unclosed opening tag left at the end of a generation that
-        stopped (stop reason missing), closes the last opened tag. A closing tag without its
-        opening tag, or an empty query/answer, is ``none``.
+        stopped (stop reason missing), closes the last opened tag. The content runs from the
+        FIRST opening tag of its kind before the closing one, as both originals read it
+        (Search-R1's ``<(search|answer)>(.*?)</\1>``, Search-o1's ``extract_between``): in
+        ``<search>a<search>b</search>`` the query is ``a<search>b``. A closing tag without its
+        opening tag is ``none``, and so is an empty query/answer unless ``empty_ok``.
     """
     closes = {close: kind for kind, (_, close) in tags.items()}
     kind: str | None = None
@@ -138,11 +144,11 @@ def parse_output(
         return Action("none", text)
     open_, close = tags[kind]
     body = head + close
-    j = head.rfind(open_)
+    j = head.find(open_)
     if j == -1:
         return Action("none", body)
     content = head[j + len(open_) :].strip()
-    if not content:
+    if not content and not empty_ok:
         return Action("none", body)
     return Action(kind, body, content)  # type: ignore[arg-type]
 
@@ -457,6 +463,9 @@ class ReasoningLoop(LoopMethod):
     length_ends: ClassVar[bool] = True
     """A step cut by ``max_tokens`` without a search or an answer ends the trajectory (``length``);
     False: it is a step with neither (:meth:`invalid_turn`), as Search-R1's evaluation reads it."""
+    empty_actions: ClassVar[bool] = False
+    """A search (answer) tag with nothing inside is a search with an empty query (an empty
+    answer), as Search-R1's loop reads it; False: a step with neither (Search-o1 ends there)."""
     needs_tokenizer: bool = False
     """The method counts tokens of inserted text (:attr:`token_cut`); the runner then loads the
     model's tokenizer (:func:`load_token_cut`)."""
@@ -690,7 +699,7 @@ class ReasoningLoop(LoopMethod):
                 traj.finish_reason = "error"
                 continue
             act = parse_output(gen.text, tags, stop_reason=gen.stop_reason,
-                               finish_reason=gen.finish_reason)
+                               finish_reason=gen.finish_reason, empty_ok=self.empty_actions)
             if act.kind != "search":
                 self._read_no_search(traj, gen, act, closing)
                 continue
