@@ -250,3 +250,31 @@ def test_a_task_the_authors_have_no_prompt_for_stops_before_the_llm(sources, tmp
                                           "for it .*--prompts own"):
         run_experiment(cfg)
     assert not (tmp_path / "r").exists()
+
+
+def test_cache_import_stores_released_texts_under_the_authors_prompts(sources, tmp_path, monkeypatch, capsys) -> None:
+    """`cache import` keys each text by the request the matching `run` sends: with the paper's
+    LLMs that is the authors' prompt, so a later default run finds them and builds no LLM."""
+    import json as json_
+
+    from r2med_agent.data import load_task
+    from r2med_agent.llm import default_sampling, get_llm_spec, make_llm
+    from r2med_agent.methods.expansion import HyDE
+    from tests.unit.llm.test_cache import R2MED_ROWS, write_task_dir
+
+    source, clone = sources["R2MED"]
+    monkeypatch.setenv(ps.BASE_URL_ENV, mirror_files(tmp_path / "mirror", source, clone).as_uri())
+    data = write_task_dir(tmp_path / "data")
+    rows = tmp_path / "query_with_hydoc.jsonl"
+    rows.write_text("".join(json_.dumps(r) + "\n" for r in R2MED_ROWS))
+    db = tmp_path / "g.sqlite"
+    assert main(["cache", "import", str(rows), "--task", "Biology", "--method", "hyde", "--llm", "qwen-7b",
+                 "--data-dir", str(data), "--allow-count-mismatch", "--cache-path", str(db)]) == 0
+    assert "imported 2 generations" in capsys.readouterr().out
+    task_ = load_task("Biology", data, allow_count_mismatch=True)
+    authors = HyDE(prompts_dir=ps.ensure(source))
+    llm = make_llm("qwen-7b", cache_path=db)
+    gens = llm.generate(authors.build_prompts(task_), default_sampling(get_llm_spec("qwen-7b")),
+                        template_hash=authors.template_hash(task_))
+    assert [g.text for g in gens] == [r["hy_doc"] for r in R2MED_ROWS] and all(g.cached for g in gens)
+    assert not llm.backend.built
