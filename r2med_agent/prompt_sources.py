@@ -180,16 +180,18 @@ def renderers(method: str, llm: str | None, generations: str, reranker: str | No
     return out
 
 
-def _local(llm: str | None) -> bool:
-    """Whether ``llm`` is a local smoke model (registry backend ``local``: llama.cpp in-process)."""
+def _smoke(llm: str | None) -> bool:
+    """Whether ``llm`` keeps the project's wording by default: a local smoke model (registry
+    backend ``local``: llama.cpp in-process), or a name the registry does not know (the run
+    stops on it with a did-you-mean, not on a fetch)."""
     if not llm:
-        return False
+        return True
     from r2med_agent.llm.registry import get_llm_spec
 
     try:
         return get_llm_spec(llm).backend == "local"
     except Exception:  # noqa: BLE001 - an unknown entry is reported where the LLM is built
-        return False
+        return True
 
 
 def natural(method: str, llm: str | None, generations: str, reranker: str | None) -> str:
@@ -197,7 +199,7 @@ def natural(method: str, llm: str | None, generations: str, reranker: str | None
     prompt folders has a pinned source and is read by an LLM other than a local smoke model, else
     :data:`OWN` (the offline first run stays offline)."""
     for folder, reader in renderers(method, llm, generations, reranker):
-        if source_of_folder(folder) is not None and not _local(reader):
+        if source_of_folder(folder) is not None and not _smoke(reader):
             return AUTHORS
     return OWN
 

@@ -411,6 +411,11 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     from r2med_agent.methods import get_method
     from r2med_agent.prompt_sources import check_tasks, run_prompts
 
+    method = get_method(cfg.method)()
+    if method.uses_llm:
+        from r2med_agent.llm.registry import get_llm_spec
+
+        get_llm_spec(cfg.llm)  # type: ignore[arg-type]  # a misspelt name, before any fetch
     # The authors' prompts first: fetched, or refused with one message, before any other work.
     prompts = run_prompts(cfg, cfg.prompts_dir)
     tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
@@ -422,7 +427,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
         log.info("scoring the top %d: %s left out (their cut-off is beyond the depth)",
                  cfg.top_k, ", ".join(beyond))
     check_tasks(prompts, cfg.method, tasks)
-    ctx = _Context(cfg, get_method(cfg.method)(), cfg.spec(), cfg.store, prompts=prompts)
+    ctx = _Context(cfg, method, cfg.spec(), cfg.store, prompts=prompts)
     _check_models(ctx)
     released = _load_released(ctx, tasks)
     out_dir = ctx.store.prepare(ctx.spec)

@@ -278,3 +278,40 @@ def test_cache_import_stores_released_texts_under_the_authors_prompts(sources, t
                         template_hash=authors.template_hash(task_))
     assert [g.text for g in gens] == [r["hy_doc"] for r in R2MED_ROWS] and all(g.cached for g in gens)
     assert not llm.backend.built
+
+
+def test_dry_runs_name_every_rows_prompt_source(tmp_path, monkeypatch) -> None:
+    """`reproduce --dry-run` of the frontier and the paper's grids: every row says whose prompts
+    it renders (the authors' at repo@commit, with whether they are at hand), the zero-shot
+    groupwise rows GroupRank's, as their published rows did; a row without a prompt says none."""
+    from r2med_agent.reproduce import ReproduceOptions, format_plan, load_grid, plan
+
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(prompts.ENV_VAR, raising=False)
+    pins = {s.repo: s.short for s in ps.prompt_sources().values()}
+    by_reranker = {"grouprank-32b": "AQ-MedAI/Diver", "qwen3-32b-groupwise": "AQ-MedAI/Diver",
+                   "qwen3-32b-groupwise-think": "AQ-MedAI/Diver", "qwen-32b-groupwise": "AQ-MedAI/Diver",
+                   "deepseek-v3.1-groupwise": "AQ-MedAI/Diver", "reasonrank-32b": "8421BCD/ReasonRank",
+                   "reasonrank-7b": "8421BCD/ReasonRank", "rank1-32b": "orionw/rank1", "rank1-7b": "orionw/rank1",
+                   "rank-r1-14b": "ielab/llm-rankers"}
+    by_method = {"hyde": "R2MED/R2MED", "query2doc": "R2MED/R2MED", "lamer": "R2MED/R2MED",
+                 "search-r1": "PeterGriffinJin/Search-R1", "search-o1": "sunnynexus/Search-o1"}
+    seen = set()
+    for table in ("frontier", "gar", "agentic"):
+        opts = ReproduceOptions(output_dir=tmp_path / "results", generations="fresh")
+        planned = plan(load_grid(table), opts)
+        text = format_plan(planned)
+        assert text.count("\n    prompts: ") == len(planned)
+        for p in planned:
+            repo = by_reranker.get(p.entry.reranker) or by_method.get(p.entry.method)
+            if repo is not None:
+                assert p.prompts.startswith(f"the authors', {pins[repo]} (") and p.prompts.endswith(
+                    "(without network: r2med-agent prompts import <a clone of "
+                    f"{repo} at {pins[repo].rsplit('@', 1)[1]}>)"), (table, p.entry.label, p.prompts)
+                assert RunSpec.from_key(p.spec_key).prompts_from == pins[repo]
+                seen.add(repo)
+            elif p.entry.reranker:
+                assert p.prompts == "the project's own", p.entry.label  # InsertRank: no published code
+            else:
+                assert p.prompts == "none (no LLM reads a prompt in this row)", p.entry.label
+    assert seen == set(by_method.values()) | set(by_reranker.values())
