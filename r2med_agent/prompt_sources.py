@@ -3,7 +3,7 @@
 A model trained on its authors' prompt (GroupRank, ReasonRank, Rank1, Rank-R1, the Search-R1
 checkpoints), and a published row whose numbers came from its authors' prompts (R2MED's HyDE,
 Query2Doc and LameR cells, Search-o1, the zero-shot groupwise rows of GroupRank's table), is run
-with those prompts by default. The project ships none of their text: ``configs/prompt_sources.yaml``
+with those prompts by default. The project ships none of their text: ``configs/pinned/prompt_sources.yaml``
 names, per reference repository, the commit and the files (each with its SHA-256) its prompts are
 read from, and the prompt folders they give (:class:`PromptSource`).
 
@@ -49,7 +49,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCES_FILE = "prompt_sources.yaml"
+SOURCES_FILE = "pinned/prompt_sources.yaml"
 BASE_URL_ENV = "R2MED_PROMPTS_BASE_URL"
 """Environment variable: where the pinned files are fetched from, in raw.githubusercontent's layout
 ``<base>/<owner>/<repo>/<commit>/<path>`` (``https://``, ``http://`` or ``file://``)."""
@@ -74,7 +74,7 @@ class PromptSource:
     """One reference repository's prompts at a pinned commit.
 
     Attributes:
-        name: the key in ``prompt_sources.yaml``.
+        name: the key in ``configs/pinned/prompt_sources.yaml``.
         repo: ``owner/name`` on GitHub.
         commit: the full 40-hex commit.
         reader: the :data:`~r2med_agent.prompt_import.READERS` entry that reads the files.
@@ -121,7 +121,7 @@ def base_url() -> str:
 
 @lru_cache(maxsize=1)
 def prompt_sources() -> dict[str, PromptSource]:
-    """The pinned sources of ``configs/prompt_sources.yaml``, by name.
+    """The pinned sources of ``configs/pinned/prompt_sources.yaml``, by name.
 
     Raises:
         ConfigError: a malformed entry (named, with the field).
@@ -452,15 +452,12 @@ class RunPrompts:
                  "files": dict(s.files)} for s in self.sources]
 
 
-def split_folders(spec: Any) -> tuple[list[tuple[str, str | None, PromptSource | None]], bool]:
-    """The prompt folders a spec renders, each with its reader and its source (None: own
-    wording), and whether any is in the authors' wording."""
+def split_folders(spec: Any) -> list[tuple[str, str | None, PromptSource | None]]:
+    """The prompt folders a spec renders, each with the LLM that reads it and its authors'
+    source (None: rendered in the project's wording)."""
     authors = spec.prompts_from not in (OWN, None)
-    out = []
-    for folder, reader in renderers(spec.method, spec.llm, spec.generations, spec.reranker):
-        src = source_of_folder(folder) if authors else None
-        out.append((folder, reader, src))
-    return out, any(s is not None for _, _, s in out)
+    return [(folder, reader, source_of_folder(folder) if authors else None)
+            for folder, reader in renderers(spec.method, spec.llm, spec.generations, spec.reranker)]
 
 
 def run_prompts(spec: Any, own_dir: Path | None = None) -> RunPrompts:
@@ -471,7 +468,7 @@ def run_prompts(spec: Any, own_dir: Path | None = None) -> RunPrompts:
         PromptSourceError: a source could not be had (nothing of the run has started).
         ConfigError: the spec names sources of another version (other commits).
     """
-    folders, _ = split_folders(spec)
+    folders = split_folders(spec)
     wanted = [s for _, _, s in folders if s is not None]
     current = resolve(AUTHORS, spec.method, spec.llm, spec.generations, spec.reranker)
     if wanted and spec.prompts_from != current:
@@ -500,7 +497,7 @@ def describe(spec: Any, prompts_dir: Any = None) -> str:
     source, its files and whether they are at hand ("" when the row renders none)."""
     from r2med_agent.prompt_import import describe as describe_own
 
-    folders, _ = split_folders(spec)
+    folders = split_folders(spec)
     if not folders:
         return ""
     parts = []

@@ -358,7 +358,7 @@ def _have_prompts(planned: Sequence[PlannedRun]) -> None:
     needed = {}
     for p in planned:
         if p.pending:
-            folders, _ = split_folders(RunSpec.from_key(p.spec_key))
+            folders = split_folders(RunSpec.from_key(p.spec_key))
             needed.update({s.name: s for _, _, s in folders if s is not None})
     for source in needed.values():
         ensure(source)

@@ -43,7 +43,7 @@ def import_command(
                                  "(TOML as data), never run."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Prompts folder to write the templates into (any "
                                        "commit, recorded); point R2MED_PROMPTS_DIR at it. Without --out: the "
-                                       "clone must be at the commit configs/prompt_sources.yaml pins, and its "
+                                       "clone must be at the commit configs/pinned/prompt_sources.yaml pins, and its "
                                        "files go into the cache, where runs with the authors' prompts find them "
                                        "(the way to work without network)."),
     force: bool = typer.Option(False, "--force", help="Replace templates that already exist in --out."),
@@ -88,5 +88,5 @@ def sources_command() -> None:
     from r2med_agent.cli.run_cmd import print_listing
     from r2med_agent.prompt_sources import listing
 
-    print_listing("the authors' prompts (configs/prompt_sources.yaml)",
+    print_listing("the authors' prompts (configs/pinned/prompt_sources.yaml)",
                   ["name", "repo@commit", "prompt folders", "at hand", "what"], listing())

@@ -174,7 +174,7 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
         return None
     from r2med_agent.prompt_sources import split_folders
 
-    folders, _ = split_folders(cfg)
+    folders = split_folders(cfg)
     if folders and all(src is not None for _, _, src in folders):
         return None  # every prompt is the authors'
     from r2med_agent import prompt_templates as prompts
@@ -769,7 +769,7 @@ def _prompts_import(cfg: RunConfig) -> list[dict[str, Any]]:
     from r2med_agent.prompt_import import imported_prompts
     from r2med_agent.prompt_sources import RunPrompts, split_folders
 
-    folders, _ = split_folders(cfg)
+    folders = split_folders(cfg)
     sources = tuple(dict.fromkeys(s for _, _, s in folders if s is not None))
     out = RunPrompts(sources=sources).record()
     own = [f for f, _, s in folders if s is None]

@@ -127,7 +127,7 @@ class RunSpec:
         "Hash of the prompt templates in use when they are not the shipped ones ($R2MED_PROMPTS_DIR)."))
     prompts_from: str | None = field(default="own", metadata=_help(
         "Whose prompt wording the run renders: authors (the authors' own prompts, fetched once from their "
-        "repository at the commit configs/prompt_sources.yaml pins: R2MED's HyDE/Query2Doc/LameR, Search-R1, "
+        "repository at the commit configs/pinned/prompt_sources.yaml pins: R2MED's HyDE/Query2Doc/LameR, Search-R1, "
         "Search-o1, ReasonRank, Rank1, GroupRank, Rank-R1) or own (the project's wording, with "
         "$R2MED_PROMPTS_DIR over it). Default: authors, unless the LLM that reads the prompt is the local smoke "
         "model (smollm2). Recorded as the repositories and commits used, e.g. R2MED/R2MED@62b707460040."))

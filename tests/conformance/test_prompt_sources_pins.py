@@ -1,4 +1,4 @@
-"""configs/prompt_sources.yaml against the authors' files: every pinned commit is the commit of
+"""configs/pinned/prompt_sources.yaml against the authors' files: every pinned commit is the commit of
 the pinned copy, every pinned hash the hash of the authors' file at it, and the files fetched
 through a real loopback HTTP server in raw.githubusercontent's layout import into the prompt
 folders the entry names (each template marked to render exactly)."""

@@ -6,7 +6,7 @@ one line, before any work, with nothing written.
 
 The sources here are this test's own: fake clones of R2MED and Search-R1 in the references'
 layouts (tests/unit/test_prompt_import.py), pinned at their git commits with their files'
-hashes, in place of configs/prompt_sources.yaml. The real pins are checked against the authors'
+hashes, in place of configs/pinned/prompt_sources.yaml. The real pins are checked against the authors'
 files in tests/conformance/test_prompt_sources_pins.py."""
 
 from __future__ import annotations
