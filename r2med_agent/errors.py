@@ -91,3 +91,11 @@ class DiskFullError(R2MedError):
         )
         self.path = path
         self.needed_bytes = needed_bytes
+
+
+class PromptSourceError(R2MedError):
+    """The authors' prompts of a run could not be had: no network and no clone, a mirror or clone
+    at another commit, or a fetched file whose hash differs from the pinned one. Raised before any
+    work; nothing already written is touched."""
+
+    exit_code = 7

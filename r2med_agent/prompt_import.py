@@ -387,7 +387,7 @@ def read_search_o1(clone: Path) -> ImportedPrompts:
     """Search-o1's open-QA prompt (``get_singleqa_search_o1_instruction`` followed by
     ``get_task_instruction_openqa``, QwQ's variant when the loop runs QwQ) for every family, and
     its Reason-in-Documents request (``get_webpage_to_reasonchain_instruction``)."""
-    out = ImportedPrompts("RUC-NLPIR/Search-o1", _commit(clone))
+    out = ImportedPrompts("sunnynexus/Search-o1", _commit(clone))
     mod = _parse(clone, SEARCH_O1_PROMPTS)
     head = mod.function("get_singleqa_search_o1_instruction")
     instruction = _pieces(mod, _return_value(mod, head), _params(head, ["max_searches"]))
@@ -502,15 +502,51 @@ def read_grouprank(clone: Path) -> ImportedPrompts:
     return out
 
 
+RANK_R1_PROMPTS = "Rank-R1/prompts/prompt_setwise-R1.toml"
+"""Rank-R1's trained prompt file in ielab/llm-rankers (the one its README's runs pass)."""
+
+RANK_R1_DOCS = '{% for p in passages %}{{ "\\n" if not loop.first else "" }}[{{ loop.index }}] {{ p }}{% endfor %}'
+"""Rank-R1's ``{docs}``: ``"[i] text"`` per document joined by newlines, as
+``RankR1SetwiseLlmRanker.compare`` (llmrankers/setwise.py) joins them."""
+
+
+def read_rank_r1(clone: Path) -> ImportedPrompts:
+    """Rank-R1's system and user prompts: ``prompt_system`` and ``prompt_user`` (a ``str.format``
+    template of ``{query}`` and ``{docs}``) of its TOML prompt file, read as data."""
+    out = ImportedPrompts("ielab/llm-rankers", _commit(clone))
+    path = clone / RANK_R1_PROMPTS
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            raise ConfigError("reading Rank-R1's TOML prompt file needs Python 3.11 or the tomli package") from None
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read it ({e})", path) from None
+    except tomllib.TOMLDecodeError as e:
+        raise DataError(f"not valid TOML: {e}", path) from None
+    system, user = doc.get("prompt_system"), doc.get("prompt_user")
+    if not (isinstance(system, str) and isinstance(user, str)):
+        raise DataError("expected text keys prompt_system and prompt_user (the reference's layout)", path)
+    mod = _Module(path, RANK_R1_PROMPTS, ast.Module([], type_ignores=[]))
+    fields = {"query": "query", "docs": RANK_R1_DOCS}
+    body = ('{% if part == "system" %}' + _literal(system) + "{% else %}"
+            + _source(_format_pieces(mod, mod.tree, user, fields)) + "{% endif %}")
+    for family in FAMILIES:
+        rel = f"rerank-setwise/{family}.j2"
+        out.templates[rel] = _template(RANK_R1_PROMPTS, out.reference, body)
+        out.origins[rel] = f"{RANK_R1_PROMPTS}: prompt_system, prompt_user"
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # BRIGHT: reason.py
 
 BRIGHT_REPO = "xlang-ai/BRIGHT"
 """BRIGHT's code repository (Su et al., ICLR 2025)."""
-
-BRIGHT_COMMIT = "d99e8391d967d4c2b3a74732530d2309e2fc92b6"
-"""The commit of ``xlang-ai/BRIGHT`` whose ``reason.py`` the project reads (its main branch's
-newest, 13 Sep 2025; the conformance suite's pinned copy)."""
 
 BRIGHT_REASON = "reason.py"
 BRIGHT_FILES = (BRIGHT_REASON,)
@@ -569,6 +605,7 @@ READERS: dict[str, tuple[tuple[str, ...], Callable[[Path], ImportedPrompts]]] = 
     "Rank1": ((RANK1_FILE,), read_rank1),
     "GroupRank": ((GROUPRANK_FILE,), read_grouprank),
     "BRIGHT": (BRIGHT_FILES, read_bright),
+    "Rank-R1": ((RANK_R1_PROMPTS,), read_rank_r1),
 }
 """Reference -> (files that identify its clone, any one of them; its reader)."""
 

@@ -149,13 +149,14 @@ class GridEntry:
         from r2med_agent.runner import RunConfig
 
         if self.candidates:
+            args = {"prompts_from": None, **self.args}
             if candidates_path is None:
                 return RunConfig(tasks=tuple(tasks), retriever=self.retriever, candidates=self.candidates,
                                  reranker=self.reranker or None, output_dir=Path(output_dir), data_dir=data_dir,
-                                 allow_count_mismatch=allow_count_mismatch, **self.args)
+                                 allow_count_mismatch=allow_count_mismatch, **args)
             cfg = RunConfig(tasks=tuple(tasks), retriever=self.retriever, candidates_path=Path(candidates_path),
                             reranker=self.reranker or None, output_dir=Path(output_dir), data_dir=data_dir,
-                            allow_count_mismatch=allow_count_mismatch, **self.args)
+                            allow_count_mismatch=allow_count_mismatch, **args)
             if cfg.candidates != self.candidates:
                 raise ConfigError(
                     f"--candidates {candidates_path}: these run files (hash {cfg.candidates}) are not the ones "
@@ -173,7 +174,7 @@ class GridEntry:
             data_dir=data_dir,
             generations=generations,
             allow_count_mismatch=allow_count_mismatch,
-            **self.args,
+            **{"prompts_from": None, **self.args},  # the authors' prompts unless the entry says otherwise
         )
 
     def row_keys(self) -> list[Any]:

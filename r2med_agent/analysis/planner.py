@@ -84,8 +84,8 @@ class PlannedRun:
     source_tasks: tuple[str, ...] = ()
     """The tasks ``source_average`` covers (default: R2MED's 8)."""
     prompts: str = ""
-    """Whose prompts the row renders (the reference's, imported, or the project's own); "" when
-    it renders none."""
+    """Whose prompts the row renders (the authors' at a pinned commit, and whether they are at
+    hand; imported ones; or the project's own); "none ..." when it renders none."""
 
     @property
     def published_average(self) -> float | None:
@@ -230,19 +230,19 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 spec_key=spec.key(),
                 source_average=average,
                 source_tasks=grid.tasks,
-                prompts=_prompts_line(entry, mode),
+                prompts=_prompts_line(spec),
             )
         )
     return out
 
 
-def _prompts_line(entry: GridEntry, mode: str) -> str:
-    """Whose prompts a row renders ("" when it renders none): $R2MED_PROMPTS_DIR's imported ones,
-    the user's own files there, or the project's."""
-    from r2med_agent.prompt_import import describe, run_prompt_folders
+def _prompts_line(spec: RunSpec) -> str:
+    """Whose prompts a row renders: the authors' (each source's repo@commit, its files, and
+    whether they are at hand), the imports or the user's own files in $R2MED_PROMPTS_DIR, or the
+    project's; "none" when it renders none (no LLM, or released generations only)."""
+    from r2med_agent.prompt_sources import describe
 
-    folders = run_prompt_folders(entry.method, mode, entry.reranker)
-    return describe(folders) if folders else ""
+    return describe(spec) or "none (no LLM reads a prompt in this row)"
 
 
 def _result_file(store: ResultStore, spec: RunSpec, task: str) -> Path | None:
@@ -383,6 +383,7 @@ def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
         The comparison table (rows in grid order, published scores beside ours).
     """
     planned = plan(grid, opts)
+    _have_prompts(planned)
     for i, p in enumerate(planned):
         if not p.pending:
             logger.info("[%d/%d] %s: results exist, skipped", i + 1, len(planned), p.entry.label)
@@ -392,6 +393,20 @@ def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
         logger.info("[%d/%d] %s on %s", i + 1, len(planned), p.entry.label, ", ".join(p.pending))
         _run_one(p.entry, opts, p.pending)
     return results_table(grid, opts, planned)
+
+
+def _have_prompts(planned: Sequence[PlannedRun]) -> None:
+    """The authors' prompts of every row that will run, fetched (or refused) before the first
+    row starts: a grid never stops hours in for want of a prompt file."""
+    from r2med_agent.prompt_sources import ensure, split_folders
+
+    needed = {}
+    for p in planned:
+        if p.pending:
+            folders = split_folders(RunSpec.from_key(p.spec_key))
+            needed.update({s.name: s for _, _, s in folders if s is not None})
+    for source in needed.values():
+        ensure(source)
 
 
 def results_table(

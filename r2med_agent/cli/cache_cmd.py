@@ -181,6 +181,7 @@ def import_command(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="As in `run`."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="As in `run`."),
     seed: Optional[int] = typer.Option(None, "--seed", help="As in `run`."),
+    prompts_from: Optional[str] = typer.Option(None, "--prompts", show_default=False, help="As in `run`: the wording the matching run renders, authors or own (default: the run's default, the authors' prompts for the paper's LLMs)."),
     cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for LLM names defined there)."),
 ) -> None:
@@ -197,7 +198,7 @@ def import_command(
     cache = _open_cache(cache_path, must_exist=False)
     target = ImportTarget(task=task, method=method, llm=llm, data_dir=data_dir, sample_index=sample,
                           sampling_overrides=overrides, allow_missing_qrels_docs=allow_missing_qrels_docs,
-                          allow_count_mismatch=allow_count_mismatch)
+                          allow_count_mismatch=allow_count_mismatch, prompts_from=prompts_from)
     report = import_for_method(cache, file, target)
     typer.echo(
         f"imported {report.imported} generations into {cache.path}"
@@ -218,6 +219,8 @@ class ImportTarget:
     sampling_overrides: dict[str, Any] | None = None
     allow_missing_qrels_docs: bool = False
     allow_count_mismatch: bool = False
+    prompts_from: str | None = None
+    """``authors`` or ``own``; None: the run's default (r2med_agent.prompt_sources.natural)."""
 
 
 def import_for_method(cache, file: Path, target: ImportTarget):
@@ -245,12 +248,19 @@ def import_for_method(cache, file: Path, target: ImportTarget):
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         params = replace(params, **sampling_overrides)
-    the_task = load_task(task, target.data_dir, allow_missing_qrels_docs=target.allow_missing_qrels_docs,
-                         allow_count_mismatch=target.allow_count_mismatch)
-    m = get_method(method)()
-    if m.agentic or not m.uses_llm:
+    from r2med_agent.experiment.spec import RunSpec
+    from r2med_agent.prompt_sources import check_tasks, run_prompts
+
+    cls = get_method(method)
+    if cls.agentic or not cls.uses_llm:
         takers = [n for n, c in METHODS.items() if c.uses_llm and not c.agentic]
         raise ConfigError(f"--method {method}: only single-shot expansion methods ({', '.join(takers)}) can be imported")
+    # The prompts the matching run renders: the authors' are had (fetched) before any work.
+    wording = run_prompts(RunSpec(method=method, llm=llm, prompts_from=target.prompts_from))
+    the_task = load_task(task, target.data_dir, allow_missing_qrels_docs=target.allow_missing_qrels_docs,
+                         allow_count_mismatch=target.allow_count_mismatch)
+    check_tasks(wording, method, [the_task])
+    m = cls(prompts_dir=wording.method_dir)
     first_pass = None
     if m.needs_first_pass:
         from r2med_agent.retrieval import make_retriever

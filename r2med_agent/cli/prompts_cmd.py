@@ -4,14 +4,15 @@ R2MED's Query2Doc examples, into a prompts folder of your own."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from r2med_agent.cli.app import app
 
 prompts_app = typer.Typer(
-    help="Prompt files: import a reference repository's own prompts (or R2MED's Query2Doc examples) "
-         "into a prompts folder (R2MED_PROMPTS_DIR).",
+    help="Prompt files: the authors' prompts at pinned commits (fetch, list, import from a clone), or a "
+         "reference's prompts or R2MED's Query2Doc examples imported into a prompts folder (R2MED_PROMPTS_DIR).",
     no_args_is_help=True,
 )
 app.add_typer(prompts_app, name="prompts")
@@ -37,13 +38,24 @@ def import_examples_command(
 
 @prompts_app.command("import")
 def import_command(
-    clone: Path = typer.Argument(..., help="Root of a clone of R2MED, Search-R1, Search-o1 or BRIGHT "
-                                 "(or a reranker's repository); its files are read with Python's ast, never run."),
-    out: Path = typer.Option(..., "--out", "-o", help="Prompts folder to write the templates into; point "
-                             "R2MED_PROMPTS_DIR at it."),
-    force: bool = typer.Option(False, "--force", help="Replace templates that already exist there."),
+    clone: Path = typer.Argument(..., help="Root of a clone of R2MED, Search-R1, Search-o1, BRIGHT, ReasonRank, rank1, "
+                                 "Diver (GroupRank) or llm-rankers (Rank-R1); its files are read with Python's ast "
+                                 "(TOML as data), never run."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Prompts folder to write the templates into (any "
+                                       "commit, recorded); point R2MED_PROMPTS_DIR at it. Without --out: the "
+                                       "clone must be at the commit configs/pinned/prompt_sources.yaml pins, and its "
+                                       "files go into the cache, where runs with the authors' prompts find them "
+                                       "(the way to work without network)."),
+    force: bool = typer.Option(False, "--force", help="Replace templates that already exist in --out."),
 ) -> None:
-    """Write templates that render the reference's own prompts, byte for byte, for fresh runs."""
+    """Import a reference's own prompts: into the cache at the pinned commit, or into --out."""
+    if out is None:
+        from r2med_agent.prompt_sources import install_clone
+
+        source = install_clone(clone)
+        typer.echo(f"{source.short}: {', '.join(source.folders)} at hand for runs with the authors' prompts "
+                   f"({source.folder})")
+        return
     from r2med_agent.prompt_import import import_clone, write_prompts
 
     imported = import_clone(clone)
@@ -53,4 +65,28 @@ def import_command(
     for rel, origin in sorted(imported.origins.items()):
         typer.echo(f"  {rel} <- {origin}")
     typer.echo(f"wrote {len(written) - 1} template(s) and {written[-1]}")
-    typer.echo(f"fresh runs use them with: export R2MED_PROMPTS_DIR={out}")
+    typer.echo(f"fresh runs with --prompts own use them with: export R2MED_PROMPTS_DIR={out}")
+
+
+@prompts_app.command("fetch")
+def fetch_command(
+    names: Optional[list[str]] = typer.Argument(None, help="Sources to fetch (names or owner/repo, see `prompts "
+                                                "sources`); default: all of them."),
+) -> None:
+    """Fetch the authors' prompts at their pinned commits into the cache now (runs fetch on first use)."""
+    from r2med_agent.prompt_sources import base_url, ensure, sources_named
+
+    for source in sources_named(names or []):
+        ensure(source)
+        typer.echo(f"{source.short}: {', '.join(source.folders)} at hand ({source.folder})")
+    typer.echo(f"from {base_url()}")
+
+
+@prompts_app.command("sources")
+def sources_command() -> None:
+    """List the authors' prompts the project fetches: repository, pinned commit, folders, whether at hand."""
+    from r2med_agent.cli.run_cmd import print_listing
+    from r2med_agent.prompt_sources import listing
+
+    print_listing("the authors' prompts (configs/pinned/prompt_sources.yaml)",
+                  ["name", "repo@commit", "prompt folders", "at hand", "what"], listing())

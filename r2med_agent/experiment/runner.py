@@ -98,6 +98,7 @@ class RunConfig(RunSpec):
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
+        _check_prompt_sources(self)
         if self.prompts is None:
             object.__setattr__(self, "prompts", prompts_in_use(self))
         if self.entries is None:
@@ -152,12 +153,31 @@ class RunConfig(RunSpec):
         return self.store.folder(self)
 
 
+def _check_prompt_sources(cfg: RunConfig) -> None:
+    """A spec that names the authors' prompts at commits this version does not pin names results
+    of an earlier version; it cannot run."""
+    from r2med_agent.prompt_sources import AUTHORS, OWN, resolve
+
+    if cfg.prompts_from == OWN:
+        return
+    current = resolve(AUTHORS, cfg.method, cfg.llm, cfg.generations, cfg.reranker)
+    if cfg.prompts_from != current:
+        raise ConfigError(f"prompts_from {cfg.prompts_from} names results made with the authors' prompts at other "
+                          f"commits; this version fetches {current} (--prompts authors)")
+
+
 def prompts_in_use(cfg: RunConfig) -> str | None:
-    """Hash of the overriding prompt folder's templates when the run renders prompts (an LLM
-    method with fresh generations, or a reranker), else None (the shipped templates)."""
+    """Hash of the overriding prompt folder's templates when the run renders prompts in the
+    project's wording (an LLM method with fresh generations, or a reranker, whose folders are not
+    all rendered in the authors' wording), else None (the shipped templates)."""
     renders = (cfg.method != "none" and cfg.generations == "fresh") or bool(cfg.reranker)
     if not renders:
         return None
+    from r2med_agent.prompt_sources import split_folders
+
+    folders = split_folders(cfg)
+    if folders and all(src is not None for _, _, src in folders):
+        return None  # every prompt is the authors'
     from r2med_agent import prompt_templates as prompts
 
     folders = prompts.search_path(cfg.prompts_dir)
@@ -263,6 +283,7 @@ class _Context:
     reranker: Any = None
     llm: Any = None
     loop_steps: list[dict[str, int]] | None = None
+    prompts: Any = None  # prompt_sources.RunPrompts: where the method and the reranker read their templates
 
 
 def _cost_usd(spec: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
@@ -390,7 +411,15 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
 def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> ExperimentResult:
     from r2med_agent.data import load_task
     from r2med_agent.methods import get_method
+    from r2med_agent.prompt_sources import check_tasks, run_prompts
 
+    method = get_method(cfg.method)()
+    if method.uses_llm and cfg.generations == "fresh":  # released texts need no registry entry
+        from r2med_agent.llm.registry import get_llm_spec
+
+        get_llm_spec(cfg.llm)  # type: ignore[arg-type]  # a misspelt name, before any fetch
+    # The authors' prompts first: fetched, or refused with one message, before any other work.
+    prompts = run_prompts(cfg, cfg.prompts_dir)
     tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
                        allow_count_mismatch=cfg.allow_count_mismatch, qrels_split=cfg.split,
                        all_queries=cfg.all_queries)
@@ -399,7 +428,8 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     if beyond:
         log.info("scoring the top %d: %s left out (their cut-off is beyond the depth)",
                  cfg.top_k, ", ".join(beyond))
-    ctx = _Context(cfg, get_method(cfg.method)(), cfg.spec(), cfg.store)
+    check_tasks(prompts, cfg.method, tasks)
+    ctx = _Context(cfg, method, cfg.spec(), cfg.store, prompts=prompts)
     _check_models(ctx)
     released = _load_released(ctx, tasks)
     out_dir = ctx.store.prepare(ctx.spec)
@@ -431,6 +461,7 @@ def _check_models(ctx: _Context) -> None:
             cfg.reranker, precision=cfg.precision, max_length=cfg.rerank_max_length,
             cache_path=cfg.cache_path, use_cache=cfg.use_cache,
             refresh=cfg.refresh_cache, chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
+            prompts_dir=ctx.prompts.reranker_dir if ctx.prompts is not None else cfg.prompts_dir,
         )
         ctx.reranker.check()
 
@@ -520,7 +551,8 @@ def _run_method(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
 
         params = _with_overrides(default_sampling(ctx.llm_spec), dict(cfg.sampling))
     settings = MethodSettings(params=params, sampling=dict(cfg.sampling), llm_spec=ctx.llm_spec,
-                              samples=cfg.samples, final=cfg.final, top_k=cfg.top_k)
+                              samples=cfg.samples, final=cfg.final, top_k=cfg.top_k,
+                              prompts_dir=ctx.prompts.method_dir if ctx.prompts is not None else cfg.prompts_dir)
     result = ctx.method.run_tasks(jobs, ctx.llm, settings)
     ctx.loop_steps = result.loop_steps
     for name, output in result.tasks.items():
@@ -746,13 +778,20 @@ def _config_record(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _prompts_import(cfg: RunConfig) -> list[dict[str, Any]]:
-    """The reference prompts behind the run's own (``prompts import``): reference, commit and
-    prompt folders of each import it renders; [] when its prompts are the project's or the user's."""
-    if cfg.prompts is None:
-        return []
-    from r2med_agent.prompt_import import imported_prompts, run_prompt_folders
+    """The reference prompts the run renders: each authors' source (reference, full commit, its
+    folders and pinned files, ``pinned: true``), then the imports of ``prompts import --out``
+    behind its own-wording folders (reference, commit, folders); [] when every prompt is the
+    project's or the user's own."""
+    from r2med_agent.prompt_import import imported_prompts
+    from r2med_agent.prompt_sources import RunPrompts, split_folders
 
-    return imported_prompts(run_prompt_folders(cfg.method, cfg.generations, cfg.reranker), cfg.prompts_dir)
+    folders = split_folders(cfg)
+    sources = tuple(dict.fromkeys(s for _, _, s in folders if s is not None))
+    out = RunPrompts(sources=sources).record()
+    own = [f for f, _, s in folders if s is None]
+    if cfg.prompts is not None and own:
+        out += imported_prompts(own, cfg.prompts_dir)
+    return out
 
 
 def _now() -> str:

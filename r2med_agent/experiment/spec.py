@@ -86,6 +86,9 @@ class RunSpec:
             ``max_tokens``, ``seed`` (None: send no seed), ``repetition_penalty``, ...).
         samples: generations per query (methods that support samples).
         prompts: hash of the prompt templates in use when they are not the shipped ones.
+        prompts_from: ``own`` (the project's wording) or the authors' sources the run renders,
+            ``owner/repo@<12 hex>`` joined by ``+`` (:mod:`r2med_agent.prompt_sources`); given as
+            ``authors``, or None for the run's default (:func:`~r2med_agent.prompt_sources.natural`).
         first_pass: the first-pass retriever of methods that show a first pass in their prompt.
         retriever: ``bm25``, ``bm25-compat``, an encoder name, or a '+'-joined fusion
             (``candidates`` when ``candidates`` is set).
@@ -128,6 +131,12 @@ class RunSpec:
         "with the mean of the query's and the samples' embeddings, BM25 with the samples joined."))
     prompts: str | None = field(default=None, metadata=_help(
         "Hash of the prompt templates in use when they are not the shipped ones ($R2MED_PROMPTS_DIR)."))
+    prompts_from: str | None = field(default="own", metadata=_help(
+        "Whose prompt wording the run renders: authors (the authors' own prompts, fetched once from their "
+        "repository at the commit configs/pinned/prompt_sources.yaml pins: R2MED's HyDE/Query2Doc/LameR, Search-R1, "
+        "Search-o1, ReasonRank, Rank1, GroupRank, Rank-R1) or own (the project's wording, with "
+        "$R2MED_PROMPTS_DIR over it). Default: authors, unless the LLM that reads the prompt is the local smoke "
+        "model (smollm2). Recorded as the repositories and commits used, e.g. R2MED/R2MED@62b707460040."))
     first_pass: str = field(default="bm25", metadata=_help(
         "LameR's first-pass retriever, whose top 10 the prompt shows: bm25 (default), bm25-compat (the "
         "reference's gensim BM25, what the paper's LameR rows read) or an encoder name."))
@@ -274,6 +283,7 @@ class RunSpec:
         if kwargs["generations"] in RELEASED_SOURCES:
             kwargs.pop("sampling", None)  # earlier versions recorded overrides that played no part
         kwargs.setdefault("loop_rules", 1)  # every record of this version has it; set back where no loop ran
+        kwargs.setdefault("prompts_from", "own")  # earlier versions rendered the project's wording
         return cls(**kwargs)
 
     def applicable(self) -> list[str]:
@@ -286,6 +296,8 @@ class RunSpec:
         skip = set()
         if self.generations in RELEASED_SOURCES:
             skip |= {"sampling", "prompts", "first_pass"}
+            if not self.reranker:
+                skip.add("prompts_from")
         if not caps.needs_first_pass:
             skip.add("first_pass")
         if not self.reranker:
@@ -426,6 +438,12 @@ def _safe(text: str) -> str:
     return _UNSAFE.sub("-", text).strip("-") or "-"
 
 
+def _prompts_token(value: Any) -> str:
+    from r2med_agent.prompt_sources import label_token
+
+    return label_token(str(value))
+
+
 def _rerank_k_token(value: Any, spec: RunSpec) -> str:
     return f"top{value}" if spec.rerank_cut else f"rk{value}"
 
@@ -437,6 +455,7 @@ _TOKENS: dict[str, Any] = {
     "sampling.seed": lambda v, s: f"seed{_fmt(v)}",
     "samples": lambda v, s: f"n{v}",
     "prompts": lambda v, s: f"prompts-{str(v)[:6]}",
+    "prompts_from": lambda v, s: _prompts_token(v),
     "candidates": lambda v, s: f"cand-{str(v)[:8]}",
     "first_pass": lambda v, s: f"fp-{v}",
     "bm25_k1": lambda v, s: f"k1-{_fmt(v)}",
@@ -506,6 +525,15 @@ def _normalise(spec: RunSpec) -> None:
         _set(spec, "precision", None)
         _set(spec, "encoder_backend", None)
     _normalise_reference_options(spec, caps)
+    _normalise_prompts_from(spec)
+
+
+def _normalise_prompts_from(spec: RunSpec) -> None:
+    """``authors`` (or None, the run's default) becomes the sources the run renders; a run that
+    renders none of them renders its own wording (r2med_agent.prompt_sources.resolve)."""
+    from r2med_agent.prompt_sources import resolve
+
+    _set(spec, "prompts_from", resolve(spec.prompts_from, spec.method, spec.llm, spec.generations, spec.reranker))
 
 
 def _normalise_reference_options(spec: RunSpec, caps: Capabilities) -> None:
@@ -694,6 +722,9 @@ def _check_choices(spec: RunSpec) -> None:
         raise ConfigError(f"--empty-generation must be one of {', '.join(EMPTY_GENERATION)}, got '{spec.empty_generation}'")
     if spec.llm_prompt not in LLM_PROMPTS:
         raise ConfigError(f"--llm-prompt must be one of {', '.join(LLM_PROMPTS)}, got '{spec.llm_prompt}'")
+    from r2med_agent.prompt_sources import check_value
+
+    check_value(spec.prompts_from)
     if spec.loop_rules not in range(1, LOOP_RULES + 1) or isinstance(spec.loop_rules, bool):
         raise ConfigError(f"loop_rules must be a loop version from 1 to {LOOP_RULES}, got {spec.loop_rules!r}")
 
@@ -753,7 +784,8 @@ def _validate_fixed_rankings(spec: RunSpec) -> None:
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "max_tokens": "--max-tokens", "seed": "--seed"}
 """The ``run`` options that set sampling overrides."""
 
-SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever", "bm25_k1": "--k1", "bm25_b": "--b"}
+SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever", "bm25_k1": "--k1", "bm25_b": "--b",
+              "prompts_from": "--prompts"}
 """Spec fields whose ``run`` option is not simply ``--<field-with-dashes>``."""
 
 
@@ -777,8 +809,9 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
         out += ["--retriever", spec.retriever]
     if spec.reranker:
         out += ["--reranker", spec.reranker]
+    out += _prompts_args(spec)
     for name, value in spec.non_default().items():
-        if name in ("method", "llm", "generations", "retriever", "reranker", "prompts", "entries"):
+        if name in ("method", "llm", "generations", "retriever", "reranker", "prompts", "entries", "prompts_from"):
             continue
         if name == "candidates" and candidates_path is not None:
             continue
@@ -797,6 +830,24 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
         else:
             out += [flag, _fmt(value).replace("-", ",") if name in ("fusion_weights", "fusion_depth") else str(value)]
     return out
+
+
+def _prompts_args(spec: RunSpec) -> list[str]:
+    """``--prompts own|authors`` where the spec's wording is not the run's default.
+
+    Raises:
+        ConfigError: the spec names the authors' prompts at commits this version does not pin.
+    """
+    from r2med_agent.prompt_sources import AUTHORS, OWN, resolve
+
+    if spec.prompts_from == resolve(None, spec.method, spec.llm, spec.generations, spec.reranker):
+        return []
+    if spec.prompts_from == OWN:
+        return ["--prompts", OWN]
+    if spec.prompts_from == resolve(AUTHORS, spec.method, spec.llm, spec.generations, spec.reranker):
+        return ["--prompts", AUTHORS]
+    raise ConfigError(f"prompts_from {spec.prompts_from} names results made with the authors' prompts at other "
+                      "commits, which this version does not fetch")
 
 
 def _sampling_args(sampling: Mapping[str, Any]) -> list[str]:

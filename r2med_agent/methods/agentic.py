@@ -45,6 +45,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from r2med_agent.errors import ConfigError
@@ -78,7 +79,7 @@ __all__ = [
 FAMILIES = ("qa", "exam", "treatment", "case")
 
 
-def _templates_hash(method: str, extra: Sequence[str]) -> str:
+def _templates_hash(method: str, extra: Sequence[str], prompts_dir: Path | None = None) -> str:
     """One version hash over every template of a method (all families and the extra ones).
 
     A single loop call batches all tasks, so the key carries the method's whole template set.
@@ -87,7 +88,7 @@ def _templates_hash(method: str, extra: Sequence[str]) -> str:
 
     h = hashlib.sha256()
     for name in (*FAMILIES, *extra):
-        h.update(f"{name}\0{template_hash(method, name)}\0".encode())
+        h.update(f"{name}\0{template_hash(method, name, prompts_dir=prompts_dir)}\0".encode())
     return h.hexdigest()
 
 
@@ -120,6 +121,7 @@ class SearchR1(ReasoningLoop):
     output_format = "search-r1"
     result_tags = ("<information>", "</information>")
     length_ends = False
+    empty_actions = True
 
     def __init__(
         self,
@@ -150,19 +152,20 @@ class SearchR1(ReasoningLoop):
     @property
     def template_hash(self) -> str:  # type: ignore[override]
         if self._hash is None:
-            self._hash = _templates_hash("search-r1", ("invalid",))
+            self._hash = _templates_hash("search-r1", ("invalid",), self.prompts_dir)
         return self._hash
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
         from r2med_agent.prompt_templates import render
 
-        text = render(f"search-r1/{task.family}.j2", query=question_mark(query.text), domain=task.domain)
+        text = render(f"search-r1/{task.family}.j2", prompts_dir=self.prompts_dir, query=question_mark(query.text),
+                      domain=task.domain)
         return [{"role": "user", "content": text}]
 
     def invalid_turn(self, traj: Trajectory) -> str | None:
         from r2med_agent.prompt_templates import render
 
-        return "\n" + render("search-r1/invalid.j2").strip() + "\n"
+        return "\n" + render("search-r1/invalid.j2", prompts_dir=self.prompts_dir).strip() + "\n"
 
     def insert_documents(self, traj: Trajectory, query: str, docs: Sequence[Doc]) -> str:
         block = f"\n\n{self.result_tags[0]}{format_docs_r1(docs, self.max_doc_words).strip()}{self.result_tags[1]}\n\n"
@@ -232,7 +235,7 @@ def format_docs_o1(docs: Sequence[Doc], max_chars: int | None) -> str:
 
 SEARCH_REPEATED = "You have searched this query. Please refer to previous results."
 SEARCH_LIMIT = "The maximum search limit is exceeded. You are not allowed to search."
-# Search-o1's Reason-in-Documents interface (RUC-NLPIR/Search-o1, scripts/evaluate.py,
+# Search-o1's Reason-in-Documents interface (sunnynexus/Search-o1, scripts/evaluate.py,
 # extract_answer with mode "infogen"): the markers the output is split on, each with the newline
 # in front of it, and the text inserted when neither is there.
 NO_INFORMATION = "No helpful information found."
@@ -308,14 +311,14 @@ class SearchO1(ReasoningLoop):
     @property
     def template_hash(self) -> str:  # type: ignore[override]
         if self._hash is None:
-            self._hash = _templates_hash("search-o1", ("reason_in_documents",))
+            self._hash = _templates_hash("search-o1", ("reason_in_documents",), self.prompts_dir)
         return self._hash
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
         from r2med_agent.prompt_templates import render
 
-        text = render(f"search-o1/{task.family}.j2", query=query.text, domain=task.domain,
-                      max_searches=self.max_searches, qwq=self.qwq)
+        text = render(f"search-o1/{task.family}.j2", prompts_dir=self.prompts_dir, query=query.text,
+                      domain=task.domain, max_searches=self.max_searches, qwq=self.qwq)
         return [{"role": "user", "content": text}]
 
     def for_model(self, model: str) -> SearchO1:
@@ -355,6 +358,7 @@ class SearchO1(ReasoningLoop):
         reasoning = traj.text + body
         text = render(
             "search-o1/reason_in_documents.j2",
+            prompts_dir=self.prompts_dir,
             previous_steps=previous_steps(reasoning, self.search_tags[0], self.result_tags[0]),
             search_query=query,
             documents=format_docs_o1(docs, self.max_doc_chars),

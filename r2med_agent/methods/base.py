@@ -9,6 +9,7 @@ Methods never call the LLM or a retriever themselves and never write files.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Sequence
@@ -58,6 +59,9 @@ class MethodSettings:
         samples: generations per query.
         final: the agentic final ranking (``default`` or ``fuse``).
         top_k: documents kept per query.
+        prompts_dir: the prompts folder the method renders from (an authors' templates folder,
+            or a folder of the user's own over the package's); None: the method's own setting
+            (``$R2MED_PROMPTS_DIR`` or the package).
     """
 
     params: SamplingParams | None = None
@@ -66,6 +70,7 @@ class MethodSettings:
     samples: int = 1
     final: str = "default"
     top_k: int = 100
+    prompts_dir: Path | None = None
 
 
 @dataclass
@@ -135,6 +140,8 @@ class LoopMethod(Method):
 
     def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
         method = self.for_model(settings.llm_spec.model) if settings.llm_spec is not None else self  # type: ignore[attr-defined]
+        if settings.prompts_dir is not None:
+            method = method.with_prompts(settings.prompts_dir)  # type: ignore[attr-defined]
         results = method.run(  # type: ignore[attr-defined]
             [(j.task, j.retriever) for j in jobs], llm, final=settings.final, top_k=settings.top_k,
             sampling=loop_sampling(method, settings), final_retrievers=[j.final_retriever for j in jobs],
@@ -282,6 +289,10 @@ class ExpansionMethod(Method):
 
     def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
         """Render every task's prompts, make ONE generate call, turn the texts into requests."""
+        if settings.prompts_dir is not None and settings.prompts_dir != self.prompts_dir:
+            method = copy.copy(self)
+            method.prompts_dir = Path(settings.prompts_dir)
+            return method.run_tasks(jobs, llm, replace(settings, prompts_dir=None))
         prompts_all: list[list[Message]] = []
         metas: list[dict[str, Any]] = []
         hashes: list[str] = []  # one per prompt: part of each generation's cache key

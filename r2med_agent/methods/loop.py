@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from r2med_agent.errors import ConfigError, DataError, LLMError
@@ -97,6 +98,7 @@ def parse_output(
     *,
     stop_reason: object = None,
     finish_reason: str = "stop",
+    empty_ok: bool = False,
 ) -> Action:
     """Parse one generated step into an :class:`Action`.
 
@@ -107,13 +109,18 @@ def parse_output(
         stop_reason: the stop string the backend reports, if any (may be None, or a token id).
         finish_reason: the backend's finish reason; ``length`` means the text was cut by
             ``max_tokens``, so an unclosed tag at the end is not a finished query.
+        empty_ok: a tag with nothing inside is still a search (answer) with an empty query
+            (Search-R1's parser reads ``<search> </search>`` so); False: it is ``none``.
 
     Returns:
         The action. A closing tag found in the text ends the step there (the backend included
         the stop string, maybe followed by whitespace, or ignored the stop and ran on); otherwise
         a reported stop string, or an unclosed opening tag left at the end of a generation that
-        stopped (stop reason missing), closes the last opened tag. A closing tag without its
-        opening tag, or an empty query/answer, is ``none``.
+        stopped (stop reason missing), closes the last opened tag. The content runs from the
+        FIRST opening tag of its kind before the closing one, as both originals read it
+        (Search-R1's ``<(search|answer)>(.*?)</\1>``, Search-o1's ``extract_between``): in
+        ``<search>a<search>b</search>`` the query is ``a<search>b``. A closing tag without its
+        opening tag is ``none``, and so is an empty query/answer unless ``empty_ok``.
     """
     closes = {close: kind for kind, (_, close) in tags.items()}
     kind: str | None = None
@@ -137,11 +144,11 @@ def parse_output(
         return Action("none", text)
     open_, close = tags[kind]
     body = head + close
-    j = head.rfind(open_)
+    j = head.find(open_)
     if j == -1:
         return Action("none", body)
     content = head[j + len(open_) :].strip()
-    if not content:
+    if not content and not empty_ok:
         return Action("none", body)
     return Action(kind, body, content)  # type: ignore[arg-type]
 
@@ -456,10 +463,15 @@ class ReasoningLoop(LoopMethod):
     length_ends: ClassVar[bool] = True
     """A step cut by ``max_tokens`` without a search or an answer ends the trajectory (``length``);
     False: it is a step with neither (:meth:`invalid_turn`), as Search-R1's evaluation reads it."""
+    empty_actions: ClassVar[bool] = False
+    """A search (answer) tag with nothing inside is a search with an empty query (an empty
+    answer), as Search-R1's loop reads it; False: a step with neither (Search-o1 ends there)."""
     needs_tokenizer: bool = False
     """The method counts tokens of inserted text (:attr:`token_cut`); the runner then loads the
     model's tokenizer (:func:`load_token_cut`)."""
     token_cut: TokenCut = staticmethod(cut_whitespace_tokens)  # type: ignore[assignment]
+    prompts_dir: Path | None = None
+    """The prompts folder the loop renders from (None: ``$R2MED_PROMPTS_DIR`` or the package's)."""
 
     def __init__(
         self,
@@ -687,7 +699,7 @@ class ReasoningLoop(LoopMethod):
                 traj.finish_reason = "error"
                 continue
             act = parse_output(gen.text, tags, stop_reason=gen.stop_reason,
-                               finish_reason=gen.finish_reason)
+                               finish_reason=gen.finish_reason, empty_ok=self.empty_actions)
             if act.kind != "search":
                 self._read_no_search(traj, gen, act, closing)
                 continue
@@ -858,6 +870,13 @@ class ReasoningLoop(LoopMethod):
                 f"{len(final_retrievers)} final retrievers for {len(tasks_and_retrievers)} tasks"
             )
         return loop._run(tasks_and_retrievers, llm, final_retrievers)
+
+    def with_prompts(self, prompts_dir: str | PathLike[str]) -> ReasoningLoop:
+        """This loop rendering its prompts from ``prompts_dir`` (an authors' templates folder, or
+        a folder of the user's own over the package's)."""
+        if self.prompts_dir is not None and Path(prompts_dir) == self.prompts_dir:
+            return self
+        return self._copy(prompts_dir=Path(prompts_dir), _hash=None)
 
     def _copy(self, **changes: Any) -> ReasoningLoop:
         other = copy.copy(self)

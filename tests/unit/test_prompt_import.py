@@ -356,6 +356,33 @@ GROUP_USER = ("I give you {TOPK} documents marked []. Score them.\nQuery:\n{QUER
               "## Output\nScores for all {TOPK} documents. \n<answer> \n```json\n{{\"[1]\": 5}}\n``` \n</answer>\n")
 
 
+RANK_R1_TOML = (
+    'prompt_system = "A dummy system line, with <think> </think> tags."\n\n'
+    "prompt_user = '''Pick for: \"{query}\" among\n{docs}\nAnswer [n].'''\n\n"
+    "pattern = '<answer>(.*?)</answer>'\n"
+)
+
+
+def test_rank_r1_system_and_user_prompts(tmp_path) -> None:
+    """Rank-R1's TOML prompt file, read as data: the system text, and the user text with
+    ``{docs}`` filled as RankR1SetwiseLlmRanker.compare fills it ("[i] text" joined by newlines)."""
+    import tomllib
+
+    clone = tmp_path / "llm-rankers"
+    path = write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", RANK_R1_TOML)
+    out = tmp_path / "ref-prompts"
+    run_import(clone, out)
+    ref = tomllib.loads(path.read_text(encoding="utf-8"))
+    docs = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(PASSAGES))
+    for family in ("qa", "exam"):
+        rel = f"rerank-setwise/{family}.j2"
+        variables = dict(prompts_dir=out, query="q {x}", passages=PASSAGES, domain="x")
+        assert prompts.render(rel, part="system", **variables) == ref["prompt_system"]
+        assert prompts.render(rel, part="user", **variables) == ref["prompt_user"].format(query="q {x}", docs=docs)
+    write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", "prompt_system = [1]\n")
+    assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o2")]) != 0
+
+
 def test_grouprank_system_and_user_prompts(tmp_path) -> None:
     clone = tmp_path / "Diver"
     write(clone, "Reranker/rerank_groupwise.py", GUARD + (
@@ -406,25 +433,33 @@ def test_the_run_records_the_import_and_its_commit(tmp_path) -> None:
 
 
 def test_dry_run_says_whose_prompts_each_fresh_row_renders(tmp_path, monkeypatch) -> None:
+    """A row renders the authors' prompts at their pinned commit unless it asks for its own
+    wording; with its own wording, $R2MED_PROMPTS_DIR's imports are what it renders."""
     from r2med_agent.reproduce import ReproduceOptions, format_plan, load_grid, plan
 
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     clone = r2med_clone(tmp_path)
     commit = git_commit(clone)
     out = tmp_path / "ref-prompts"
     run_import(clone, out)
     grid_file = write(tmp_path, "grid.yaml", "title: t\nentries:\n"
                       "  - {method: hyde, llm: qwen-7b, retriever: bm25}\n"
-                      "  - {method: search-r1, llm: qwen-7b, retriever: bm25}\n"
+                      "  - {method: hyde, llm: qwen-7b, retriever: bm25, args: {prompts_from: own}}\n"
+                      "  - {method: search-r1, llm: qwen-7b, retriever: bm25, args: {prompts_from: own}}\n"
                       "  - {method: none, retriever: bm25}\n")
     opts = ReproduceOptions(output_dir=tmp_path / "results", tasks=("Biology",), generations="fresh")
-    own = format_plan(plan(load_grid(grid_file), opts))
-    assert own.count("    prompts: the project's own\n") == 2
+    authors = ("    prompts: the authors', R2MED/R2MED@62b707460040 (src/instrcution.py, src/example.py): not at hand: "
+               "fetched on first use from https://raw.githubusercontent.com")
+    rows = format_plan(plan(load_grid(grid_file), opts)).split("\n[")
+    assert authors in rows[0] and "--prompts" not in rows[0]
+    assert "    prompts: the project's own\n" in rows[1] and "--prompts own" in rows[1]
+    assert "    prompts: the project's own\n" in rows[2]
+    assert "    prompts: none (no LLM reads a prompt in this row)\n" in rows[3]
     monkeypatch.setenv(prompts.ENV_VAR, str(out))
-    listing = format_plan(plan(load_grid(grid_file), opts))
-    rows = listing.split("\n[")
-    assert f"    prompts: the reference's, imported from R2MED/R2MED@{commit[:12]}\n" in rows[0]
-    assert "prompts: the project's own\n" in rows[1]  # search-r1: not imported into this folder
-    assert "prompts:" not in rows[2]
+    rows = format_plan(plan(load_grid(grid_file), opts)).split("\n[")
+    assert authors in rows[0]  # the pinned commit, whatever $R2MED_PROMPTS_DIR holds
+    assert f"    prompts: the reference's, imported from R2MED/R2MED@{commit[:12]}\n" in rows[1]
+    assert "prompts: the project's own\n" in rows[2]  # search-r1: not imported into this folder
 
 
 def test_not_a_reference_clone(tmp_path, capsys) -> None:
@@ -444,7 +479,7 @@ REAL = [Path(p) for p in os.environ.get("R2MED_REFERENCE_CLONES", "").split(os.p
 
 
 @pytest.mark.skipif(not REAL, reason="set R2MED_REFERENCE_CLONES to clones of R2MED, Search-R1, Search-o1, "
-                    "ReasonRank, rank1 or Diver (joined by the path separator) to check their real files")
+                    "ReasonRank, rank1, Diver or llm-rankers (joined by the path separator) to check their real files")
 @pytest.mark.parametrize("clone", REAL, ids=[p.name for p in REAL])
 def test_real_clone_renders_the_reference_prompt(clone, tmp_path) -> None:
     from r2med_agent.prompt_import import import_clone
@@ -535,6 +570,18 @@ def _real_grouprank(clone: Path, out: Path) -> int:
     return 2
 
 
+def _real_rank_r1(clone: Path, out: Path) -> int:
+    import tomllib
+
+    ref = tomllib.loads((clone / "Rank-R1/prompts/prompt_setwise-R1.toml").read_text(encoding="utf-8"))
+    docs = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(PASSAGES))
+    variables = dict(prompts_dir=out, query="qq", passages=PASSAGES, domain="x")
+    assert prompts.render("rerank-setwise/qa.j2", part="system", **variables) == ref["prompt_system"]
+    assert prompts.render("rerank-setwise/qa.j2", part="user", **variables) == ref["prompt_user"].format(
+        query="qq", docs=docs)
+    return 2
+
+
 REAL_CHECKS = {"R2MED/R2MED": _real_r2med, "PeterGriffinJin/Search-R1": _real_search_r1,
-               "RUC-NLPIR/Search-o1": _real_search_o1, "8421BCD/ReasonRank": _real_reasonrank,
-               "orionw/rank1": _real_rank1, "AQ-MedAI/Diver": _real_grouprank}
+               "sunnynexus/Search-o1": _real_search_o1, "8421BCD/ReasonRank": _real_reasonrank,
+               "orionw/rank1": _real_rank1, "AQ-MedAI/Diver": _real_grouprank, "ielab/llm-rankers": _real_rank_r1}

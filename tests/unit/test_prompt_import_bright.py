@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.methods import get_method
-from r2med_agent.prompt_import import BRIGHT_COMMIT, BRIGHT_FILES, BRIGHT_REPO, READERS, import_clone, write_prompts
+from r2med_agent.prompt_import import BRIGHT_FILES, BRIGHT_REPO, READERS, import_clone, write_prompts
 from r2med_agent.types import Doc, Query, Task
 from tests.unit.test_prompt_import import GUARD, _no_env_override, run_import, write  # noqa: F401  (autouse)
 
@@ -40,8 +40,12 @@ def _theirs(source: str, query: str) -> str:
 
 
 def test_the_reader_is_registered_with_brights_repo_commit_and_files() -> None:
+    from r2med_agent.prompt_sources import prompt_sources, source_of_folder
+
     assert READERS["BRIGHT"][0] == BRIGHT_FILES == ("reason.py",)
-    assert BRIGHT_REPO == "xlang-ai/BRIGHT" and len(BRIGHT_COMMIT) == 40 and int(BRIGHT_COMMIT, 16) >= 0
+    pin = prompt_sources()["BRIGHT"]
+    assert BRIGHT_REPO == pin.repo == "xlang-ai/BRIGHT" and len(pin.commit) == 40 and int(pin.commit, 16) >= 0
+    assert set(pin.files) == set(BRIGHT_FILES) and source_of_folder("reason") is pin
 
 
 def test_bright_reasoning_prompt_renders_as_reason_py_builds_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -309,10 +309,15 @@ def test_staleness_compares_only_the_settings_that_apply(tmp_path):
     write_result(out, "none", "none", "bm25", "Biology", RUN, config={"sampling": {"temperature": 0.0}})
     assert plan(grid, opts)[0].stale == {"Biology": "sampling {'temperature': 0.0}, the entry {}"}
     # Agentic: an unset loop retriever is the final one, so these two records are the same run.
-    agentic = _grid(tmp_path, "{method: search-r1, llm: qwen-3b-ins, retriever: bge, args: {loop_retriever: bge}}")
+    agentic = _grid(tmp_path, "{method: search-r1, llm: qwen-3b-ins, retriever: bge, "
+                              "args: {loop_retriever: bge, prompts_from: own}}")
     fresh = ReproduceOptions(output_dir=out, tasks=("Biology",), generations="fresh")
     write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": None})
     assert plan(agentic, fresh)[0].done == ("Biology",)
+    # The same row with the authors' prompts (a grid's default) is another run: this one is stale.
+    authors = _grid(tmp_path, "{method: search-r1, llm: qwen-3b-ins, retriever: bge, args: {loop_retriever: bge}}")
+    assert plan(authors, fresh)[0].stale == {
+        "Biology": "prompts_from 'own', the entry 'PeterGriffinJin/Search-R1@a14dc3a4ffc6'"}
     write_result(out, "search-r1", "qwen-3b-ins", "bge", "Biology", RUN, config={"loop_retriever": "bm25"})
     assert plan(agentic, fresh)[0].stale == {"Biology": "loop_retriever 'bm25', the entry 'bge'"}
     # A result file without a recorded config is never taken as done.
@@ -329,7 +334,8 @@ def test_staleness_compares_only_the_settings_that_apply(tmp_path):
 
 def test_released_and_fresh_results_never_stand_for_each_other(tmp_path):
     out = tmp_path / "results"
-    grid = _grid(tmp_path, "{method: lamer, llm: qwen-7b, retriever: bm25, args: {first_pass: bm25-compat}}")
+    grid = _grid(tmp_path, "{method: lamer, llm: qwen-7b, retriever: bm25, "
+                           "args: {first_pass: bm25-compat, prompts_from: own}}")
     released = ReproduceOptions(output_dir=out, tasks=("Biology",))
     fresh = ReproduceOptions(output_dir=out, tasks=("Biology",), generations="fresh")
     assert plan(grid, released)[0].result_dir == out / "lamer" / "qwen-7b@r2med" / "bm25"
@@ -399,7 +405,7 @@ def test_grid_files_are_validated(tmp_path):
         load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
     with pytest.raises(ConfigError, match="method hyde needs an llm"):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
-    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: sampling, samples, first_pass, fusion, rrf_k, fusion_weights, bm25_k1, bm25_b, loop_retriever, final, precision, encoder_backend, top_k, rerank_k, rerank_cut"):
+    with pytest.raises(ConfigError, match="unknown args rerank_n; allowed: sampling, samples, prompts_from, first_pass, fusion, rrf_k, fusion_weights, bm25_k1, bm25_b, loop_retriever, final, precision, encoder_backend, top_k, rerank_k, rerank_cut"):
         load_grid(grid("args", "  - {method: none, retriever: nv, reranker: monobert, args: {rerank_n: 10}}\n"))
     with pytest.raises(ConfigError, match="generations must be auto, fresh or bright, got 'r2med'"):
         load_grid(grid("gen", "  - {method: hyde, llm: qwen-7b, retriever: bm25, generations: r2med}\n"))

@@ -146,8 +146,11 @@ def _strip(folder: Path, task: str) -> None:
 def test_reproduce_runs_an_old_loop_cell_again(tmp_path) -> None:
     out = tmp_path / "results"
     grid_file = tmp_path / "grid.yaml"
-    grid_file.write_text("title: t\nentries:\n  - {method: search-o1, llm: qwen3-32b, retriever: bge}\n"
-                         "  - {method: hyde, llm: qwen-7b, retriever: bm25}\n")
+    # Both rows in the project's wording, as the results below were made (a grid's default is
+    # the authors' prompts, another run).
+    grid_file.write_text("title: t\nentries:\n  - {method: search-o1, llm: qwen3-32b, retriever: bge, "
+                         "args: {prompts_from: own}}\n"
+                         "  - {method: hyde, llm: qwen-7b, retriever: bm25, args: {prompts_from: own}}\n")
     grid = load_grid(grid_file)
     opts = ReproduceOptions(output_dir=out, tasks=("Biology",), generations="fresh")
     agentic = write_result(out, "search-o1", "qwen3-32b", "bge", "Biology", GOOD)

@@ -64,7 +64,9 @@ def specs(draw) -> RunSpec:
         kw.update(retriever="bm25", candidates=draw(st.text("0123456789abcdef", min_size=16, max_size=16)))
         for name in ("fusion", "rrf_k", "fusion_weights"):
             kw.pop(name, None)
-    kw["reranker"] = draw(st.sampled_from([None, "monobert", "bge-reranker", "smollm2-listwise"]))
+    kw["reranker"] = draw(st.sampled_from([None, "monobert", "bge-reranker", "smollm2-listwise", "smollm2-groupwise",
+                                          "grouprank-32b"]))
+    kw["prompts_from"] = draw(st.sampled_from([None, "own", "authors"]))
     if kw["reranker"]:
         kw["rerank_k"] = draw(st.integers(1, 1000))
         kw["rerank_cut"] = draw(st.booleans())
@@ -126,7 +128,7 @@ def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
                     "--fusion", "--rrf-k", "--fusion-weights", "--loop-retriever", "--final", "--precision",
                     "--encoder-backend", "--top-k", "--rerank-k", "--rerank-cut", "--k1", "--b",
                     "--exclude-identical-ids", "--empty-generation", "--llm-prompt", "--rerank-max-length",
-                    *SAMPLING_FLAGS.values()}
+                    "--prompts", *SAMPLING_FLAGS.values()}
     parsed = _parse_run_args(args)
     parsed["prompts"] = spec.prompts  # prompts come from $R2MED_PROMPTS_DIR, not an option
     assert RunSpec(**parsed) == spec
@@ -136,7 +138,7 @@ def _parse_run_args(args: list[str]) -> dict:
     """The spec fields a `run` command line gives (the CLI's own parsing, without running)."""
     from r2med_agent.cli.run_cmd import _parse_weights, parse_seed
 
-    out: dict = {}
+    out: dict = {"prompts_from": None}  # without --prompts, the run's default wording
     sampling: dict = {}
     i = 0
     while i < len(args):
@@ -148,6 +150,8 @@ def _parse_run_args(args: list[str]) -> dict:
         value = args[i + 1]
         i += 2
         name = {v: k for k, v in SPEC_FLAGS.items()}.get(flag, flag[2:].replace("-", "_"))
+        if flag == "--prompts":
+            name = "prompts_from"
         if flag == "--temperature" or flag == "--top-p":
             sampling[name] = float(value)
         elif flag == "--max-tokens":

@@ -791,7 +791,7 @@ def test_cli_import_stats_export_roundtrip(tmp_path, capsys):
     hyde_file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in R2MED_ROWS))
     db = tmp_path / "cache" / "g.sqlite"
     args = ["--cache-path", str(db)]
-    assert main(["cache", "import", str(hyde_file), "--task", "Biology", "--method", "hyde",
+    assert main(["cache", "import", str(hyde_file), "--task", "Biology", "--method", "hyde", "--prompts", "own",
                  "--llm", "qwen-7b", "--data-dir", str(data), "--allow-count-mismatch", *args]) == 0
     assert "imported 2 generations" in capsys.readouterr().out
 
@@ -1016,7 +1016,8 @@ def test_cli_roundtrip_on_the_shipped_r2med_demo(tmp_path, capsys):
     if not hyde_file.is_file():
         pytest.skip("the packaged r2med-demo copy is not installed")
     args = ["--cache-path", str(tmp_path / "g.sqlite")]
-    assert main(["cache", "import", str(hyde_file), "--task", "r2med-demo", "--method", "hyde", "--llm", "qwen-7b", *args]) == 0
+    assert main(["cache", "import", str(hyde_file), "--task", "r2med-demo", "--method", "hyde", "--llm", "qwen-7b",
+                 "--prompts", "own", *args]) == 0
     assert "imported 2 generations" in capsys.readouterr().out
     out = tmp_path / "query_with_hydoc.jsonl"
     assert main(["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde",
@@ -1032,7 +1033,7 @@ def test_cli_roundtrip_on_the_shipped_r2med_demo(tmp_path, capsys):
     # The same file imported as a second configuration (another seed): one export no longer
     # knows which to write, says so, and a filter picks one.
     assert main(["cache", "import", str(hyde_file), "--task", "r2med-demo", "--method", "hyde", "--llm", "qwen-7b",
-                 "--seed", "7", *args]) == 0
+                 "--prompts", "own", "--seed", "7", *args]) == 0
     capsys.readouterr()
     export = ["cache", "export", "--model", "qwen-7b", "--task", "r2med-demo", "--method", "hyde", "--out", str(bare), *args]
     assert main(export) == 2
@@ -1057,7 +1058,7 @@ def test_cli_import_of_the_demo_as_a_data_dir_needs_the_missing_docs_option(tmp_
     if not hyde_file.is_file():
         pytest.skip("the packaged r2med-demo copy is not installed")
     args = ["cache", "import", str(hyde_file), "--task", "Biology", "--data-dir", str(demo),
-            "--method", "hyde", "--llm", "qwen-7b", "--cache-path", str(tmp_path / "g.sqlite"),
+            "--method", "hyde", "--llm", "qwen-7b", "--prompts", "own", "--cache-path", str(tmp_path / "g.sqlite"),
             "--allow-count-mismatch"]  # R2MED's demo: 2 of Biology's 103 queries
     assert main(args) == 2
     assert "--allow-missing-qrels-docs" in capsys.readouterr().err

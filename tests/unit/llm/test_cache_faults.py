@@ -122,7 +122,7 @@ def test_cli_import_on_a_full_disk_exits_6_with_one_message(small_disk, tmp_path
     hyde_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     db = small_disk / "g.sqlite"
     code = main(["cache", "import", str(hyde_file), "--task", "Biology", "--method", "hyde", "--llm", "qwen-7b",
-                 "--data-dir", str(data), "--allow-count-mismatch", "--cache-path", str(db)])
+                 "--prompts", "own", "--data-dir", str(data), "--allow-count-mismatch", "--cache-path", str(db)])
     err = capsys.readouterr().err
     assert code == 6, err
     assert f"{db}: no space left on the device (about" in err and "Traceback" not in err

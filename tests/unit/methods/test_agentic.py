@@ -211,6 +211,31 @@ def test_search_r1_invalid_turn_gets_corrective_message():
     assert llm.calls[1][0][-1]["content"] == "I think the answer is probably anemia." + step.inserted
 
 
+def test_search_r1_runs_an_empty_search_and_reads_the_first_opening_tag():
+    """As Search-R1's loop (postprocess_predictions: ``<(search|answer)>(.*?)</\\1>``): an empty
+    ``<search> </search>`` is a search with an empty query (results inserted, no corrective
+    message), and a query runs from the FIRST ``<search>``; Search-o1 reads an empty query as the
+    end (its ``if search_query``)."""
+    def script(messages, params):
+        text = last_text(messages)
+        if not text:
+            return "<search> </search>"
+        if text.count("<information>") == 1:
+            return "<search>fever<search>anemia</search>"
+        return "<answer></answer>"
+
+    task = make_task(n=1)
+    retr = InlineRetriever(task)
+    trace = SearchR1().run([(task, retr)], ScriptedLLM(script))["Biology"].traces[0]
+    assert [r.query for call in retr.calls for r in call] == ["", "fever<search>anemia"]
+    assert [s.search_query for s in trace.steps] == ["", "fever<search>anemia", None]
+    assert trace.steps[0].inserted == "\n\n<information></information>\n\n"  # nothing matched ""
+    assert trace.finish_reason == "answer" and trace.final == ""
+    o1 = SearchO1().run([(task, InlineRetriever(task))], ScriptedLLM(
+        lambda m, p: "<|begin_search_query|>  <|end_search_query|>"))["Biology"].traces[0]
+    assert o1.finish_reason == "answer" and o1.steps[0].search_query is None
+
+
 def test_search_r1_protocol_defaults():
     """Search-R1 at evaluation (docs/protocol.md): 4 turns that search, top-3 documents, greedy
     decoding, stop at </search> (and </answer>); then the final rollout."""

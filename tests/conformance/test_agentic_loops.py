@@ -1,0 +1,285 @@
+"""Search-R1's and Search-o1's prompts and the reading of their outputs, against the authors' own
+code (PeterGriffinJin/Search-R1, sunnynexus/Search-o1; pinned copies).
+
+The authors' functions run here: module files are imported (heavy imports stubbed), and functions
+defined inside others or methods of classes whose modules cannot be imported are compiled from the
+file's own syntax tree and called with a stand-in ``self`` (the tokenizer's decode as the identity).
+The project's side renders templates imported from the copies (as a fetch imports them) through
+the loops' own methods, and reads outputs through the loops' own parser.
+
+Step outputs are given as a backend with the loops' stop strings returns them: ended by the first
+closing tag (included), by the end of generation, or cut by ``max_tokens``."""
+
+from __future__ import annotations
+
+import ast
+import re
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from r2med_agent.data import load_task
+from r2med_agent.methods.agentic import SearchO1, SearchR1, extract_final_information, previous_steps
+from r2med_agent.methods.loop import Trajectory, parse_output
+from r2med_agent.prompt_import import read_search_o1, read_search_r1, write_prompts
+from r2med_agent.types import Query, Task
+from tests.conformance.conftest import load_reference_module, reference_repo, stub
+
+HOSTILE_QUESTIONS = (
+    "Ünïcödé: 患者の発熱 — fièvre 🙂\u200b?",
+    "Braces {question} {0} {{x}} {% raw %} and a trailing space ",
+    "Line one\r\nline two\n\n\tindented",
+    " ".join(f"w{i}" for i in range(20_000)),
+    "ends with a question mark?",
+    "?",
+)
+
+
+def reference_functions(path: Path, names: set[str], scope: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The authors' functions ``names`` (module level, methods or nested), compiled from the
+    file's syntax tree alone: the rest of the file does not run."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert {d.name for d in defs} == names, f"{path.name} lacks {names - {d.name for d in defs}}"
+    ns: dict[str, Any] = {"re": re, **{k: getattr(typing, k) for k in ("List", "Dict", "Any", "Tuple", "Optional")},
+                          **(scope or {})}
+    exec(compile(ast.Module(defs, type_ignores=[]), str(path), "exec"), ns)  # noqa: S102 - the authors' code, pinned
+    return ns
+
+
+def reference_block(path: Path, first: str, last: str, inputs: tuple[str, ...], output: str,
+                    scope: dict[str, Any]) -> Any:
+    """The statements of ``path`` from the one that reads ``first`` to the one that reads ``last``
+    (inline code of a long function), as a function of ``inputs`` returning ``output``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        text = [ast.unparse(s) for s in body]
+        if first in text:
+            i = text.index(first)
+            j = next(k for k in range(i, len(text)) if text[k] == last)
+            func = ast.FunctionDef(name="block", args=ast.arguments(
+                posonlyargs=[], args=[ast.arg(a) for a in inputs], kwonlyargs=[], kw_defaults=[], defaults=[]),
+                body=[*body[i:j + 1], ast.Return(ast.Name(output, ast.Load()))], decorator_list=[], type_params=[])
+            ns = dict(scope)
+            exec(compile(ast.fix_missing_locations(ast.Module([func], type_ignores=[])), str(path), "exec"), ns)  # noqa: S102
+            return ns["block"]
+    raise AssertionError(f"{path.name} has no statement {first!r}")
+
+
+def _questions() -> tuple[str, ...]:
+    return tuple(q.text for q in load_task("sample").queries) + HOSTILE_QUESTIONS
+
+
+def _task(queries: tuple[Query, ...] = ()) -> Task:
+    return Task(name="Biology", family="qa", domain="biology", queries=queries, corpus=(), qrels={}, source="inline",
+                fingerprint="conformance")
+
+
+# ----------------------------------------------------------------------------------------------
+# Search-R1
+
+
+@pytest.fixture(scope="module")
+def search_r1() -> Path:
+    return reference_repo("PeterGriffinJin/Search-R1")
+
+
+@pytest.fixture(scope="module")
+def r1_prompts(search_r1, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("search-r1-prompts")
+    write_prompts(read_search_r1(search_r1), out)
+    return out
+
+
+def test_search_r1_prompt_is_the_training_prompt(search_r1, r1_prompts) -> None:
+    """nq_search.py builds each training example's prompt: the question stripped, a "?" added when
+    it lacks one, then make_prefix; the checkpoints were trained on exactly that text."""
+    ns = reference_functions(search_r1 / "scripts/data_process/nq_search.py", {"make_prefix", "make_map_fn"},
+                             {"args": SimpleNamespace(template_type="base"), "data_source": "nq"})
+    process_fn = ns["make_map_fn"]("test")
+    loop = SearchR1().with_prompts(r1_prompts)
+    for question in _questions():
+        expected = process_fn({"question": question, "golden_answers": ["x"]}, 0)["prompt"]
+        got = loop.initial_messages(_task(), Query("q", question))
+        assert got == expected, question[:60]
+
+
+def test_search_r1_empty_question(search_r1, r1_prompts) -> None:
+    """Kept: an empty (or blank) question fails in the authors' preprocessing (``question[-1]``
+    of an empty string); the project renders the prompt with an empty question."""
+    ns = reference_functions(search_r1 / "scripts/data_process/nq_search.py", {"make_prefix", "make_map_fn"},
+                             {"args": SimpleNamespace(template_type="base"), "data_source": "nq"})
+    for question in ("", "   "):
+        with pytest.raises(IndexError):
+            ns["make_map_fn"]("test")({"question": question, "golden_answers": []}, 0)
+        content = SearchR1().with_prompts(r1_prompts).initial_messages(_task(), Query("q", question))[0]["content"]
+        assert content == ns["make_prefix"]({"question": ""}, "base")
+
+
+def _r1_loop_functions(search_r1: Path) -> dict[str, Any]:
+    return reference_functions(search_r1 / "search_r1/llm_agent/generation.py",
+                               {"_postprocess_responses", "postprocess_predictions", "execute_predictions"},
+                               {"torch": stub("torch")})
+
+
+def test_search_r1_corrective_message(search_r1, r1_prompts) -> None:
+    ns = _r1_loop_functions(search_r1)
+    manager = SimpleNamespace()
+    manager.postprocess_predictions = lambda predictions: ns["postprocess_predictions"](manager, predictions)
+    next_obs, dones, valid, searched = ns["execute_predictions"](manager, ["no action here"], "<pad>", [True], False)
+    traj = Trajectory(job=None, messages=[])  # type: ignore[arg-type]
+    assert (dones, valid, searched) == ([0], [0], [0])
+    assert SearchR1().with_prompts(r1_prompts).invalid_turn(traj) == next_obs[0]
+
+
+R1_STEPS = (
+    # (the step's text as the backend returns it, its finish reason)
+    ("<think>I should look it up.</think>\n<search> iron deficiency anemia </search>", "stop"),
+    ("<search>croup</search>", "stop"),
+    ("<think>done</think>\n<answer> Paris </answer>", "stop"),
+    ("<answer>a\nmulti-line answer</answer>", "stop"),
+    ("<search>first<search>second</search>", "stop"),
+    ("<answer>x <answer> y</answer>", "stop"),
+    ("<search>a<answer>b</search>", "stop"),
+    ("<answer>a <search> b</answer>", "stop"),
+    ("<search> </search>", "stop"),
+    ("<search></search>", "stop"),
+    ("<answer></answer>", "stop"),
+    ("I must write the query between <search> and </search>", "stop"),
+    ("<think>no tags at all, the model stopped", "stop"),
+    ("</search>", "stop"),
+    ("", "stop"),
+    ("<think>cut by max_tokens <search>partial query", "length"),
+    ("Ünïcödé <search> 患者 🙂 </search>", "stop"),
+)
+
+
+@pytest.mark.parametrize(("text", "finish"), R1_STEPS)
+def test_search_r1_reads_each_step_as_its_loop_does(text, finish, search_r1) -> None:
+    """The action (search, answer or none), its content, and the step text kept in the
+    trajectory: _postprocess_responses then postprocess_predictions of generation.py."""
+    ns = _r1_loop_functions(search_r1)
+    manager = SimpleNamespace(tokenizer=SimpleNamespace(batch_decode=lambda r, skip_special_tokens=True: r),
+                              config=SimpleNamespace(no_think_rl=False), _batch_tokenize=lambda texts: texts)
+    _, (kept,) = ns["_postprocess_responses"](manager, [text])
+    (action,), (content,) = ns["postprocess_predictions"](manager, [kept])
+    act = parse_output(text, SearchR1.tags(), stop_reason=None, finish_reason=finish,
+                       empty_ok=SearchR1.empty_actions)
+    assert (act.kind, act.content, act.body) == (action or "none", content, kept)
+
+
+# ----------------------------------------------------------------------------------------------
+# Search-o1
+
+
+@pytest.fixture(scope="module")
+def search_o1() -> Path:
+    return reference_repo("sunnynexus/Search-o1")
+
+
+@pytest.fixture(scope="module")
+def o1_prompts(search_o1, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("search-o1-prompts")
+    write_prompts(read_search_o1(search_o1), out)
+    return out
+
+
+@pytest.mark.parametrize("qwq", [False, True])
+def test_search_o1_instruction_and_question(qwq, search_o1, o1_prompts) -> None:
+    """run_search_o1.py: instruction + user prompt of the single-QA task, QwQ's variant for a
+    model whose path names qwq."""
+    ref = load_reference_module(search_o1, "scripts/prompts.py")
+    loop = SearchO1(qwq=qwq).with_prompts(o1_prompts)
+    for question in _questions() + ("", "   "):
+        expected = (ref.get_singleqa_search_o1_instruction(loop.max_searches)
+                    + ref.get_task_instruction_openqa(question, model_name="qwq" if qwq else None))
+        assert loop.initial_messages(_task(), Query("q", question)) == [{"role": "user", "content": expected}]
+
+
+REASONINGS = (
+    "",
+    "One step.",
+    "Step one.\n\nStep two.\n<|begin_search_query|>iron<|end_search_query|>",
+    "a\nb\n\nc\n\n\nd\ne\nf\ng\nh\n<|begin_search_query|>q1<|end_search_query|>\n\n<|begin_search_result|>found"
+    "<|end_search_result|>\n\nmore\nand more\n\n<|begin_search_query|>q2<|end_search_query|>",
+    "\n".join(f"line {i} Ünïcödé 🙂" for i in range(40)) + "\n<|begin_search_query|>last<|end_search_query|>",
+    "trailing newlines\n\n\n\n",
+)
+
+
+def test_search_o1_previous_steps_as_run_search_o1_shortens_them(search_o1) -> None:
+    """The previous reasoning steps Reason-in-Documents reads: run_search_o1.py's own inline
+    code, from all_reasoning_steps = seq['output'] to the strip of truncated_prev_reasoning."""
+    ref = reference_block(
+        search_o1 / "scripts/run_search_o1.py", "all_reasoning_steps = seq['output']",
+        "truncated_prev_reasoning = truncated_prev_reasoning.strip('\\n')", ("seq",), "truncated_prev_reasoning",
+        {"BEGIN_SEARCH_QUERY": "<|begin_search_query|>", "BEGIN_SEARCH_RESULT": "<|begin_search_result|>"})
+    for text in REASONINGS:
+        assert previous_steps(text, "<|begin_search_query|>", "<|begin_search_result|>") == ref({"output": text})
+
+
+def test_search_o1_reason_in_documents_prompt(search_o1, o1_prompts) -> None:
+    ref = load_reference_module(search_o1, "scripts/prompts.py")
+    from r2med_agent import prompt_templates as prompts
+
+    for prev, query, docs in (("Step 1: a", "iron", "**Web Page 1:**\n{}\n"), ("", "", ""),
+                              ("Ünïcödé {x} {{y}}", "q {0}", " ".join(["doc"] * 20_000))):
+        got = prompts.render("search-o1/reason_in_documents.j2", prompts_dir=o1_prompts, previous_steps=prev,
+                             search_query=query, documents=docs)
+        assert got == ref.get_webpage_to_reasonchain_instruction(prev, query, docs)
+
+
+CONDENSED = (
+    "Reasoning first.\n**Final Information**\n\nIron deficiency\nanemia.\n",
+    "**Final Information** at the very start, with no newline before it",
+    "a\n**Final Information**\nfirst\n**Final Information**\n```\nsecond\n```",
+    "thinking\n**Modified Reasoning Steps**\nStep 1: x\n\nStep 2: y\n",
+    "x\n**Modified Reasoning Steps**\n```steps```\n**Final Information**\nwins",
+    "No markers at all.",
+    "",
+    "\n",
+    "<think>\n**Final Information** inside the thinking\n</think>\nplain",
+    "Ünïcödé\n**Final Information**  患者 🙂  ",
+)
+
+
+def test_search_o1_final_information_as_evaluate_extracts_it(search_o1) -> None:
+    evaluate = load_reference_module(search_o1, "scripts/evaluate.py", stubs={
+        "lcb_runner": stub("lcb_runner"), "lcb_runner.evaluation": stub("lcb_runner.evaluation"),
+        "utils": stub("utils"), "utils.math_equivalence": stub("utils.math_equivalence")})
+    for raw in CONDENSED:
+        assert extract_final_information(raw) == evaluate.extract_answer(raw, mode="infogen"), raw
+
+
+O1_STEPS = (
+    "I need to check.\n<|begin_search_query|>iron deficiency<|end_search_query|>",
+    "<|begin_search_query|>first<|begin_search_query|>second<|end_search_query|>",
+    "<|begin_search_query|>  <|end_search_query|>",
+    "<|begin_search_query|>multi\nline query<|end_search_query|>",
+    "The answer is \\boxed{anemia}.",
+    "",
+    "Ünïcödé <|begin_search_query|> 患者 🙂 <|end_search_query|>",
+)
+
+
+@pytest.mark.parametrize("text", O1_STEPS)
+def test_search_o1_reads_each_step_as_its_loop_does(text, search_o1) -> None:
+    """run_search_o1.py: extract_between(text, BEGIN, END), searched when it is not empty and the
+    output ends with the end tag (vLLM with include_stop_str_in_output). The project's backends
+    return the text without the stop string and report it; both forms read the same."""
+    ns = reference_functions(search_o1 / "scripts/run_search_o1.py", {"extract_between"})
+    end = "<|end_search_query|>"
+    query = ns["extract_between"](text, "<|begin_search_query|>", end)
+    searched = bool(query) and text.rstrip().endswith(end)
+    with_stop = parse_output(text, SearchO1.tags(), stop_reason=None, finish_reason="stop")
+    reported = parse_output(text.removesuffix(end), SearchO1.tags(), stop_reason=end if text.endswith(end) else None,
+                            finish_reason="stop")
+    for act in (with_stop, reported):
+        assert (act.kind == "search", act.content if act.kind == "search" else None) == (
+            searched, query if searched else None)
