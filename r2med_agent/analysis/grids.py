@@ -62,7 +62,7 @@ BYTES_PER_PARAM = 2
 RUN_ARGS: tuple[str, ...] = tuple(
     f.name for f in fields(RunSpec)
     if f.name not in ("method", "llm", "retriever", "reranker", "generations", "prompts", "candidates", "entries",
-                      "loop_rules")
+                      "loop_rules", "rerank_rules")
 )
 SCORE_SOURCES = ("entries", "published")
 """Where a grid file's published scores come from: each entry's ``ndcg_at_10`` (checked against
@@ -109,6 +109,9 @@ class GridEntry:
             over the grid's tasks); ``reproduce --candidates PATH`` gives the files, and other
             files are refused.
         candidates_from: where a user gets those files (shown by ``--dry-run``).
+        differences: what the entry's run still does otherwise than the published row's authors'
+            code (docs/protocol.md); empty: as the authors ran it; None: not reviewed. Shown by
+            ``--dry-run`` and beside the row's results (:func:`status_line`).
     """
 
     method: str
@@ -122,6 +125,16 @@ class GridEntry:
     generations: str = "auto"
     candidates: str = ""
     candidates_from: str = ""
+    differences: tuple[str, ...] | None = None
+
+    @property
+    def status(self) -> str:
+        """The row's status: ``as the authors ran it``, its differences, or not reviewed."""
+        if self.differences is None:
+            return "not reviewed against the authors' code"
+        if not self.differences:
+            return "as the authors ran it"
+        return "differs from the authors' run: " + "; ".join(self.differences)
 
     @property
     def label(self) -> str:

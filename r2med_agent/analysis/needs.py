@@ -403,7 +403,8 @@ EXPANSION_PROMPT_TOKENS = 300
 
 def token_estimate(entry: GridEntry, n_queries: int, registries: Registries, released: bool = False) -> list[str]:
     """Upper-bound LLM calls and tokens of an entry's LLM stages over ``n_queries`` queries:
-    prompts from the reranker's document cut (``max_doc_words`` x TOKENS_PER_WORD), outputs at
+    prompts from the reranker's document cut (``max_doc_tokens``, ``max_doc_chars`` /
+    CHARS_PER_TOKEN or ``max_doc_words`` x TOKENS_PER_WORD), outputs at
     the entries' ``max_tokens`` (reasoning models often use far fewer). Dollars where the LLM
     entry has prices."""
     out: list[str] = []
@@ -429,7 +430,12 @@ def _rerank_work(rr: Any, k: int, n_queries: int) -> tuple[str, int, int]:
     """``(label, calls, prompt tokens)`` of an LLM reranker over the top ``k`` of ``n_queries``."""
     import math
 
-    doc = rr.max_doc_chars / CHARS_PER_TOKEN if getattr(rr, "max_doc_chars", 0) else rr.max_doc_words * TOKENS_PER_WORD
+    if getattr(rr, "max_doc_tokens", 0):
+        doc = float(rr.max_doc_tokens)  # an upper bound: shorter documents stay shorter (Rank1's guard too)
+    elif getattr(rr, "max_doc_chars", 0):
+        doc = rr.max_doc_chars / CHARS_PER_TOKEN
+    else:
+        doc = rr.max_doc_words * TOKENS_PER_WORD
     if rr.kind == "listwise":
         from r2med_agent.retrieval.rerank.llm import window_positions
 

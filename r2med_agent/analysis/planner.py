@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -295,6 +296,8 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         if p.entry.candidates:
             lines.append(f"    first-stage run files: {p.entry.candidates_from} (hash {p.entry.candidates})")
         lines += [f"    {line}" for line in _source_lines(p.entry, p.done + p.pending)]
+        if p.entry.differences is not None:
+            lines.append(f"    status: {p.entry.status}")
         if p.entry.note:
             lines.append(f"    note: {p.entry.note}")
     todo = sum(1 for p in planned if p.pending)
@@ -423,8 +426,11 @@ def results_table(
         raise ConfigError(f"no results of grid '{grid.name}' under {root} yet; run without --dry-run")
     tasks = [t for t in opts.tasks if any(t in r.tasks for r in rows)]
     aliases = {key: e.published_key for e in grid.entries for key in e.row_keys()}
-    return build_table(
+    table = build_table(
         rows, "ndcg_at_10", tasks=tasks, published=any(grid.published) or any(a is not None for a in grid.averages),
         published_aliases=aliases
     )
+    statuses = {i: planned[order[r.spec.key()]].entry.status for i, r in enumerate(rows)  # type: ignore[union-attr]
+                if planned[order[r.spec.key()]].entry.differences is not None}  # type: ignore[union-attr]
+    return dataclasses.replace(table, statuses=statuses) if statuses else table
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from r2med_agent.errors import ConfigError
@@ -125,6 +125,9 @@ class ComparisonTable:
     with_cost: bool = False
     published_scores: PublishedResults | None = None
     """Where the published columns came from (for their sources' footnotes)."""
+    statuses: Mapping[int, str] = field(default_factory=dict)
+    """Row index -> how the row's run compares with its authors' (a reproduction grid's
+    ``differences``: ``as the authors ran it`` or what differs), one footnote each."""
 
     def marker(self, row: TableRow, task: str) -> str:
         """``▲``/``▼`` when ``row`` differs significantly from the baseline on ``task`` (or ``"all"``)."""
@@ -135,7 +138,7 @@ class ComparisonTable:
 
     def footnotes(self) -> list[str]:
         """Legend lines: partial averages, significance markers."""
-        notes = []
+        notes = [f"row {i} ({self.rows[i].row.label}): {status}" for i, status in sorted(self.statuses.items())]
         for r in self.rows:
             if r.partial and r.average is not None:
                 have = len(self.tasks) - len(r.missing_tasks)

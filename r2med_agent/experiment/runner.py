@@ -20,7 +20,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError
 from r2med_agent.data.bright import excluded_depth, remove_excluded, task_metrics
 from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
-from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, LOOP_RULES, RunSpec
+from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, LOOP_RULES, RERANK_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary, write_task_set
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
 
@@ -95,6 +95,9 @@ class RunConfig(RunSpec):
         if self.loop_rules != LOOP_RULES:
             raise ConfigError(f"loop_rules {self.loop_rules} names results of an earlier version's loops; this "
                               f"version runs only loop_rules {LOOP_RULES}")
+        if self.rerank_rules != RERANK_RULES:
+            raise ConfigError(f"rerank_rules {self.rerank_rules} names results of an earlier version's rerankers; "
+                              f"this version runs only rerank_rules {RERANK_RULES}")
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
@@ -611,7 +614,8 @@ def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
     cfg, reranker = ctx.cfg, ctx.reranker
     if ctx.llm is not None and cfg.llm == reranker.spec.llm:
         reranker.share_llm(ctx.llm)
-    jobs = [RerankJob(r.task, r.output.requests, r.run, {d.doc_id: d.full_text for d in r.task.corpus})
+    jobs = [RerankJob(r.task, r.output.requests, r.run, {d.doc_id: d.full_text for d in r.task.corpus},
+                      ordered=bool(getattr(r.retriever, "keeps_order", False)) and r.output.fused_run is None)
             for r in runs]
     t0 = time.perf_counter()
     outputs = reranker.rerank_tasks(jobs, cfg.rerank_k)

@@ -63,6 +63,13 @@ LOOP_RULES = 2
 followed their originals' code (docs/protocol.md), 2 since. Records of agentic runs that lack the
 setting were written by version 1 (:meth:`RunSpec.from_record`)."""
 
+RERANK_RULES = 2
+"""The version of the published LLM rerankers' behaviour this code runs (GroupRank's, ReasonRank's,
+Rank-R1's and Rank1's entries, the ``groupwise``/``setwise`` kinds and the ``reasonrank``/``rank1``
+formats): 1 before they followed their authors' code (docs/protocol.md, "Rerankers as their
+authors ran them"), 2 since. Records of such runs that lack the setting were written by version 1
+(:meth:`RunSpec.from_record`)."""
+
 NO_MODEL = BM25_NAMES | {CANDIDATES}
 """Retrievers with no neural model: precision and encoder backend do not apply to them."""
 
@@ -110,6 +117,8 @@ class RunSpec:
         rerank_max_length: tokens of a cross-encoder's (query, document) input (None: the entry's).
         loop_rules: the version of the agentic loops' behaviour (:data:`LOOP_RULES`); only the
             current one runs, an earlier one names results an earlier version made.
+        rerank_rules: the version of the published LLM rerankers' behaviour
+            (:data:`RERANK_RULES`); as ``loop_rules``.
     """
 
     method: str = field(default="none", metadata=_help(
@@ -218,6 +227,9 @@ class RunSpec:
     loop_rules: int = field(default=LOOP_RULES, metadata=_help(
         "Version of the Search-R1/Search-o1 loop behaviour: 2 follows the originals' code (this version "
         "runs only it); 1 names fresh agentic results of earlier versions, made before that change."))
+    rerank_rules: int = field(default=RERANK_RULES, metadata=_help(
+        "Version of the published LLM rerankers' behaviour (GroupRank, ReasonRank, Rank-R1, Rank1): 2 follows "
+        "their authors' code (this version runs only it); 1 names results of earlier versions, made before."))
 
     def __post_init__(self) -> None:
         _check_choices(self)  # a misspelt value is an error even where the setting plays no part
@@ -250,7 +262,7 @@ class RunSpec:
             raise ConfigError(f"not a run spec key: {key!r} ({e.msg})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"not a run spec key: {key!r}")
-        return cls.from_record({"loop_rules": LOOP_RULES, **data})  # a key leaves defaults out
+        return cls.from_record({"loop_rules": LOOP_RULES, "rerank_rules": RERANK_RULES, **data})  # a key leaves defaults out
 
     def digest(self) -> str:
         """Eight hex digits of SHA-256 over :meth:`key`: stable across runs, machines, versions."""
@@ -284,6 +296,7 @@ class RunSpec:
             kwargs.pop("sampling", None)  # earlier versions recorded overrides that played no part
         kwargs.setdefault("loop_rules", 1)  # every record of this version has it; set back where no loop ran
         kwargs.setdefault("prompts_from", "own")  # earlier versions rendered the project's wording
+        kwargs.setdefault("rerank_rules", 1)  # the same; set back where no published LLM reranker ran
         return cls(**kwargs)
 
     def applicable(self) -> list[str]:
@@ -304,6 +317,8 @@ class RunSpec:
             skip |= {"rerank_k", "rerank_cut"}
         if not caps.agentic:
             skip |= {"loop_retriever", "final", "loop_rules"}
+        if not _published_llm_reranker(self.reranker):
+            skip.add("rerank_rules")
         return [f.name for f in fields(RunSpec) if f.name not in skip]
 
     def spec(self) -> RunSpec:
@@ -475,6 +490,7 @@ _TOKENS: dict[str, Any] = {
     "llm_prompt": lambda v, s: f"prompt-{v}",
     "rerank_max_length": lambda v, s: f"rml{v}",
     "loop_rules": lambda v, s: f"loops-v{v}",
+    "rerank_rules": lambda v, s: f"rerank-v{v}",
 }
 
 
@@ -507,6 +523,8 @@ def _normalise(spec: RunSpec) -> None:
     if not spec.reranker:
         _set(spec, "reranker", None)
         _set(spec, "rerank_k", 100)
+    if not _published_llm_reranker(spec.reranker):
+        _set(spec, "rerank_rules", RERANK_RULES)  # no published LLM reranker ran
     if spec.method == "none" or spec.generations in RELEASED_SOURCES:
         _set(spec, "prompts", None)
     for name, default in (("bm25_k1", 0.9), ("bm25_b", 0.4)):
@@ -567,6 +585,20 @@ def _entry_max_length(reranker: str | None) -> int | None:
     except Exception:  # noqa: BLE001 - an unknown entry is reported where the reranker is built
         return None
     return entry.max_length if entry.kind == "cross-encoder" else None
+
+
+def _published_llm_reranker(reranker: str | None) -> bool:
+    """Whether ``reranker`` is an entry whose behaviour follows a published LLM reranker's code
+    (:func:`~r2med_agent.retrieval.rerank.spec.follows_published_code`); False for none, a
+    cross-encoder, the project's own LLM prompts, or an entry that cannot be looked up."""
+    if not reranker:
+        return False
+    from r2med_agent.retrieval.rerank.spec import follows_published_code, get_reranker_spec
+
+    try:
+        return follows_published_code(get_reranker_spec(reranker))
+    except Exception:  # noqa: BLE001 - an unknown entry is reported where the reranker is built
+        return False
 
 
 def _llm_backend(name: str | None) -> str | None:
@@ -727,6 +759,8 @@ def _check_choices(spec: RunSpec) -> None:
     check_value(spec.prompts_from)
     if spec.loop_rules not in range(1, LOOP_RULES + 1) or isinstance(spec.loop_rules, bool):
         raise ConfigError(f"loop_rules must be a loop version from 1 to {LOOP_RULES}, got {spec.loop_rules!r}")
+    if spec.rerank_rules not in range(1, RERANK_RULES + 1) or isinstance(spec.rerank_rules, bool):
+        raise ConfigError(f"rerank_rules must be a reranker version from 1 to {RERANK_RULES}, got {spec.rerank_rules!r}")
 
 
 def _normalise_fusion_depth(spec: RunSpec) -> None:
@@ -823,6 +857,9 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
             continue
         if name == "loop_rules":
             raise ConfigError(f"loop_rules {value} names results of an earlier version's loops, which this "
+                              "version does not run")
+        if name == "rerank_rules":
+            raise ConfigError(f"rerank_rules {value} names results of an earlier version's rerankers, which this "
                               "version does not run")
         flag = SPEC_FLAGS.get(name, "--" + name.replace("_", "-"))
         if isinstance(value, bool):

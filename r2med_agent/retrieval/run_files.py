@@ -73,16 +73,20 @@ def candidates_fingerprint(files: Mapping[str, Path]) -> str:
 
 def read_ranked_run(path: str | Path) -> Run:
     """A TREC run (``qid Q0 docid rank score tag``), each query's documents in rank order (the
-    file's order where ranks tie), with the file's scores.
+    file's order where ranks tie), with the file's scores. A document listed again for the same
+    query keeps its first listing; the repeats are counted in a warning (ReasonRank's released runs
+    repeat 337 lines in four tasks; its own reranking reads both listings, which a run holding each
+    document once cannot: docs/protocol.md).
 
     Raises:
-        DataError: with file:line for a line without 6 columns, a rank or score that is not a
-            number, or a document listed twice for one query.
+        DataError: with file:line for a line without 6 columns, or a rank or score that is not a
+            number.
     """
     from r2med_agent.io import iter_lines
 
     rows: dict[str, list[tuple[int, int, str, float]]] = {}
     seen: set[tuple[str, str]] = set()
+    repeats: list[int] = []
     for lineno, line in iter_lines(path, "run file"):
         parts = line.split()
         if not parts:
@@ -97,9 +101,13 @@ def read_ranked_run(path: str | Path) -> Run:
         if not math.isfinite(s):
             raise DataError(f"score '{score}' is not finite", path, lineno)
         if (qid, doc) in seen:
-            raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
+            repeats.append(lineno)
+            continue
         seen.add((qid, doc))
         rows.setdefault(qid, []).append((r, lineno, doc, s))
+    if repeats:
+        log.warning("%s:%d: %d lines list a document again for the same query; each keeps its first listing",
+                    path, repeats[0], len(repeats))
     return {qid: {doc: s for _, _, doc, s in sorted(docs)} for qid, docs in rows.items()}
 
 
@@ -110,6 +118,9 @@ class CandidateRunRetriever:
     """
 
     name = "candidates"
+    keeps_order = True
+    """Each query's documents come in the file's order, which rerankers keep (tied scores
+    included), as the published rerankers read their run files; see ``RerankJob.ordered``."""
 
     def __init__(self, run: Run, source: Path) -> None:
         self.run = run

@@ -19,6 +19,8 @@ One job per module (import from the module that holds a name):
   :class:`JobReranker`, the setup it shares with the setwise reranker.
 * :mod:`~r2med_agent.retrieval.rerank.setwise`: :class:`SetwiseReranker` (Rank-R1: the best of
   small sets, llm-rankers' heap sort, :func:`heapsort_selection`).
+* :mod:`~r2med_agent.retrieval.rerank.tokens`: passages (and Rank-R1's query) cut to tokens of the
+  reranker's LLM's own tokenizer, and ReasonRank's ftfy repair.
 * :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker
   (also :func:`r2med_agent.retrieval.make_reranker`).
 

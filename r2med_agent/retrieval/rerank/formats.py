@@ -67,6 +67,19 @@ def answer_block(text: str) -> tuple[str, bool]:
     return text, False
 
 
+def reasonrank_numbers(answer: str) -> list[int] | None:
+    """The numbers ReasonRank reads from an answer block (``_clean_response`` and
+    ``receive_permutation`` of its ``rerank/rankllm.py``): every character that is not a digit
+    (``str.isdigit``) becomes a space, and each remaining run is a number. None when a run is
+    not one (``int`` refuses digits such as superscripts): ReasonRank then leaves the window as
+    it was."""
+    spaced = "".join(c if c.isdigit() else " " for c in answer)
+    try:
+        return [int(x) for x in spaced.split()]
+    except ValueError:
+        return None
+
+
 def true_probability(top: Sequence[tuple[str, float]] | None) -> float | None:
     """P(true) / (P(true) + P(false)) of one position's top tokens; None unless both the
     `` true`` and the `` false`` token are among them (Rank1 then ends the answer by force)."""

@@ -11,36 +11,45 @@ reads the same prompt. A Qwen3
 model's ``<think>`` (``enable_thinking`` in its LLM entry's ``chat_template_kwargs``) comes before
 all that and is split off by the LLM's reasoning parser.
 
-One pass shuffles a query's top ``k`` (a seeded shuffle per pass, task and query) and cuts them
-into groups of ``group_size`` (GroupRank: 20); ``passes: N`` repeats that with seeds ``seed``,
-``seed + 1``, ... and a document's score is the mean of its scores over the passes, each score
-divided by 10 (GroupRank's test-time scaling, ``repeat_num``). Documents are cut to
-``max_doc_chars`` characters after their runs of newlines become one space, as GroupRank does
-(3000), or else to ``max_doc_words`` words.
+One pass shuffles a query's top ``k`` and cuts them into groups of ``group_size`` (GroupRank:
+20); ``passes: N`` repeats that (GroupRank's test-time scaling, ``repeat_num``) and a document's
+score is the mean of the scores the answers gave it, each divided by 10. The shuffles
+(``shuffle``) are by default GroupRank's own: one generator seeded ``seed`` per task (its script's
+``random.seed(666)``, one process per task), drawn pass after pass and, in each pass, query after
+query in the task's order, each pass reshuffling the order the last one left; so, given the same
+first-stage lists, the groups are the ones its script builds. ``per-query`` gives each pass of
+each query a generator of its own instead. Documents are cut to ``max_doc_chars`` characters
+after their runs of newlines become one space, as GroupRank does (3000), or else to
+``max_doc_words`` words.
 
-Reading the answer (:func:`parse_group_scores`) follows GroupRank's own: the ``<answer>`` part
-when there is one, in it the last fenced JSON block, else the last ``{...}``; an unclosed block is
-read to its end. Where GroupRank's parser gives up, it counts a repair instead: an answer with no
-score at all (``unparseable``: every document of the group scores 0, as GroupRank scores a failed
-group), documents the answer leaves out (``missing``: no score from that group; a document
-without any score scores 0), numbers that are no document of the group (``out_of_range``,
-ignored; GroupRank fails the whole group there), numbers named twice (``repeated``, the last one
-counts, as in a JSON object) and scores outside 0-10 (``clamped``). Ties keep the first-stage
-order (GroupRank's script also reports a 0.6/0.4 interpolation with the retriever's scores; that is
-not done here).
+Reading the answers (``parse``) is by default GroupRank's own (:func:`grouprank_pairs`): the raw
+answer's ``<answer>`` part, its last fenced JSON block or last ``{...}``, GroupRank's small fixes,
+``json.loads``; each key mapped to a document of the group as its script maps it. Where that
+fails at any point, the whole group scores 0, as in GroupRank (counted as ``unparseable``). A
+document that no answer scored is left out of the run, as GroupRank's run leaves it out
+(``unscored: drop``; ``zero`` keeps it at 0). Scores that tie stay tied in the run, as in
+GroupRank's, so evaluation orders them as trec_eval does (by document id); the trace lists them in
+the order GroupRank's sort leaves them. ``parse: lenient`` reads the final response with repairs
+instead (:func:`parse_group_scores`): an answer with no score at all (``unparseable``: the group
+scores 0), documents it leaves out (``missing``), numbers that are no document of the group
+(``out_of_range``, ignored), numbers named twice (``repeated``, the last one counts) and scores
+outside 0-10 (``clamped``), each counted. GroupRank's script also reports a 0.6/0.4 interpolation
+with the retriever's scores; that is not done here (docs/protocol.md).
 
-Batching: every group of every pass of every query of every task goes in ONE ``generate`` call,
-through the generation cache (two groups with the same documents in the same order are the same
-prompt and share one answer).
+Batching: every group of one pass, of every query of every task, goes in ONE ``generate`` call
+(``passes`` calls in all), through the generation cache. Pass ``p`` is sample ``p`` of its prompts:
+a group that recurs in another pass (a list not longer than a few documents can be shuffled into
+the same order twice) gets an answer of its own, as GroupRank's script samples it again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from r2med_agent import prompt_templates as prompts
@@ -61,6 +70,8 @@ _BRACES_RE = re.compile(r"\{[\s\S]*?\}")
 # A key "[3]" (or "3", [3], 3) and its number; GroupRank reads the key with int(k.strip('[]')).
 _PAIR_RE = re.compile(r'"?\s*\[?\s*(\d+)\s*\]*\s*"?\s*:\s*(-?\d+(?:\.\d+)?)')
 _NEWLINES_RE = re.compile(r"\n+")
+_DOUBLED_BRACKET_RE = re.compile(r"(\[\d+\])\]")
+_SPACES_RE = re.compile(r"\s+")
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -133,6 +144,87 @@ def parse_group_scores(text: str, size: int) -> tuple[list[float | None], GroupR
     return scores, GroupRepair(0, missing, repeated, out_of_range, clamped)
 
 
+def grouprank_answer(text: str) -> dict[Any, Any] | None:
+    """The object GroupRank's ``_extract_rerank_output`` reads from an answer, or None where it
+    fails: inside ``<answer>`` when there is one, the last fenced JSON block (else the last
+    ``{...}``; none: a failure), a doubled bracket after a key number removed (``"[7]]"``), one
+    ``}`` added when a ``{`` is unclosed, whitespace runs made one space, then ``json.loads`` and
+    ``dict``. A ``NaN`` or ``Infinity`` also fails here, where GroupRank would average it in."""
+    m = _ANSWER_RE.search(text)
+    if m:
+        text = m.group(1).strip()
+    fenced = _FENCED_RE.findall(text)
+    if fenced:
+        block = fenced[-1].strip()
+    else:
+        braces = _BRACES_RE.findall(text)
+        if not braces:
+            return None
+        block = braces[-1]
+    block = _DOUBLED_BRACKET_RE.sub(r"\1", block.strip())
+    if block.count("{") > block.count("}"):
+        block += "}"
+    block = _SPACES_RE.sub(" ", block).strip()
+    try:
+        return dict(json.loads(block, parse_constant=_no_constant))
+    except Exception:  # noqa: BLE001 - every failure of GroupRank's own reading zeroes the group
+        return None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is no score")
+
+
+def grouprank_pairs(text: str, doc_ids: Sequence[str]) -> list[tuple[str, float]] | None:
+    """``(doc id, score / 10)`` for each key of the answer's object in its order, as GroupRank maps
+    them (``dids[int(key.strip().strip('[]')) - 1]``: so ``"[0]"`` names the group's last document,
+    as Python's indexing does there); None when its reading fails or any key or score does not
+    map (a key past the group, a score that is no number), which zeroes the whole group."""
+    obj = grouprank_answer(text)
+    if obj is None:
+        return None
+    out: list[tuple[str, float]] = []
+    try:
+        for key, score in obj.items():
+            out.append((doc_ids[int(key.strip().strip("[]")) - 1], score / SCORE_MAX))
+    except Exception:  # noqa: BLE001 - as GroupRank's try around the mapping
+        return None
+    return out
+
+
+def read_group(gen: Generation, group: Sequence[str], *, strict: bool) -> tuple[
+        list[tuple[str, float]], list[float | None], GroupRepair]:
+    """One group's answer read: the ``(doc id, score)`` pairs that join the documents' means, the
+    score shown per group position (None: none), and what was repaired. ``strict`` reads the raw
+    text as GroupRank does (:func:`grouprank_pairs`; a failure scores the group 0 throughout);
+    otherwise the final response, with the repairs of :func:`parse_group_scores`."""
+    if not strict:
+        scores, repair = parse_group_scores(gen.final, len(group))
+        return [(d, s) for d, s in zip(group, scores) if s is not None], scores, repair
+    pairs = grouprank_pairs(gen.text, group)
+    if pairs is None:
+        return [(d, 0.0) for d in group], [0.0] * len(group), GroupRepair(unparseable=1)
+    last = dict(pairs)
+    shown = [last.get(d) for d in group]
+    return pairs, shown, GroupRepair(missing=sum(1 for s in shown if s is None))
+
+
+def final_order(head: Sequence[str], got: Mapping[str, list[float]], unscored: str, *,
+                strict: bool) -> tuple[list[str], list[float], list[str]]:
+    """A query's documents by their mean score, the scores, and the documents no answer scored.
+
+    Ties keep their scores tied (GroupRank writes its run so; evaluation then orders them as
+    trec_eval does, by document id). Listed in the order GroupRank's sort leaves them (``strict``:
+    the order in which the answers first scored them; else first-stage order). An unscored
+    document is left out (``drop``, GroupRank) or scores 0 (``zero``)."""
+    means = {d: sum(v) / len(v) for d, v in got.items() if v}
+    base = [d for d in got if d in means] if strict else [d for d in head if d in means]
+    missing = [d for d in head if d not in means]
+    entries = [(d, means[d]) for d in base] + ([(d, 0.0) for d in missing] if unscored == "zero" else [])
+    entries.sort(key=lambda e: -e[1])  # stable
+    return [d for d, _ in entries], [s for _, s in entries], missing
+
+
 def make_groups(doc_ids: Sequence[str], group_size: int, rng: random.Random) -> list[list[str]]:
     """``doc_ids`` shuffled by ``rng`` and cut into groups of ``group_size`` (the last may be
     smaller)."""
@@ -166,6 +258,10 @@ class _Query:
     steps: list[TraceStep] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+    """Each candidate's text as the prompt shows it (cut once)."""
+    unscored: list[str] = field(default_factory=list)
+    """Groupwise: candidates no answer scored (left out of the run or kept at 0, ``unscored``)."""
 
 
 class JobReranker(LLMReranker):
@@ -185,9 +281,11 @@ class JobReranker(LLMReranker):
         self.spec = spec
         self.name = spec.name
         self.kind = spec.kind
+        self.format = getattr(spec, "format", "default")
         self._llm = llm
         self._llm_opts = dict(cache_path=cache_path, use_cache=use_cache, refresh=refresh, chunk_size=chunk_size)
         self.prompts_dir = prompts_dir
+        self._cut = None
 
     def check(self) -> None:
         """Fail now (ConfigError) on an unknown LLM or a missing prompt; loads nothing."""
@@ -219,7 +317,7 @@ class JobReranker(LLMReranker):
     def _rerank(self, queries: list[_Query]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _stats(self, records: list[dict[str, Any]]) -> dict[str, Any]:  # pragma: no cover - abstract
+    def _stats(self, queries: list[_Query]) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _outputs(self, jobs: Sequence[RerankJob], queries: list[_Query]) -> list[RerankOutput]:
@@ -232,7 +330,7 @@ class JobReranker(LLMReranker):
             out = outputs[q.job]
             out.run[q.request.query_id] = new
             extra = {"task": q.task.name, "query": q.request.query, "reranker": self.name, "kind": self.kind,
-                     "seed": self.spec.seed, self.RECORDS: q.records}
+                     "seed": self.spec.seed, self.RECORDS: q.records, **({"unscored": q.unscored} if q.unscored else {})}
             out.traces.append(Trace(query_id=q.request.query_id, method=f"rerank-{self.kind}", steps=tuple(q.steps),
                                     final="reranked: " + ", ".join(q.head), finish_reason="stop", extra=extra))
         for j, out in enumerate(outputs):
@@ -247,7 +345,8 @@ class JobReranker(LLMReranker):
                 "llm_time_s": round(sum(g.latency_s for g in gens), 4),
                 "llm_time_new_s": round(sum(g.latency_s for g in made), 4),
                 "seed": self.spec.seed,
-                **self._stats([r for q in mine for r in q.records]),
+                **self.cut_stats(),
+                **self._stats(mine),
             }
         return outputs
 
@@ -271,27 +370,59 @@ class GroupwiseReranker(JobReranker):
             return grouprank_text(text, self.spec.max_doc_chars)
         return cut_words(text, self.spec.max_doc_words)
 
-    def _rerank(self, queries: list[_Query]) -> None:
+    def _groups(self, queries: list[_Query]) -> list[tuple[_Query, int, int, list[str]]]:
+        """Every group of every pass, pass after pass, each pass query after query (GroupRank's
+        batch order): ``(query, pass, group index, doc ids)``."""
         spec = self.spec
         batch: list[tuple[_Query, int, int, list[str]]] = []
+        if spec.shuffle == "sequential":  # one generator per task, as GroupRank's random.seed per run
+            rngs = {job: random.Random(spec.seed) for job in {q.job for q in queries}}
+            orders = {id(q): list(q.head) for q in queries}
+            for p in range(spec.passes):
+                for q in queries:
+                    rngs[q.job].shuffle(orders[id(q)])  # in place: each pass reshuffles the last one's order
+                    order = orders[id(q)]
+                    for g, i in enumerate(range(0, len(order), spec.group_size)):
+                        batch.append((q, p, g, order[i:i + spec.group_size]))
+            return batch
         for p in range(spec.passes):
             for q in queries:
                 rng = pass_rng(spec.seed + p, q.task.name, q.request.query_id)
                 for g, group in enumerate(make_groups(q.head, spec.group_size, rng)):
                     batch.append((q, p, g, group))
-        prompts_ = [self.messages(q.task, q.request.query, [self._doc_text(q, d) for d in group])
-                    for q, _, _, group in batch]
-        logger.info("%s: %d groups (%d passes) in one batch", self.name, len(batch), spec.passes)
-        outs = self.llm.generate(prompts_, self.sampling(), template_hash=[self.template_hash(q.task) for q, *_ in batch],
-                                 meta=[self.meta(q, **{"pass": p, "group": g}) for q, p, g, _ in batch]) if batch else []
+        return batch
+
+    def _generate(self, batch: list[tuple[_Query, int, int, list[str]]]) -> list[Generation]:
+        """The answers to every group: one generate call per pass, holding that pass's groups of
+        every query of every task. Pass ``p`` is sample ``p`` of its prompts (its own cache key and
+        seed), so a group that recurs in another pass is answered anew, as GroupRank samples it
+        again."""
+        params = self.sampling()
+        outs: list[Generation] = []
+        for p in range(self.spec.passes):
+            part = [b for b in batch if b[1] == p]
+            if not part:
+                continue
+            logger.info("%s: pass %d of %d, %d groups in one batch", self.name, p + 1, self.spec.passes, len(part))
+            seeded = params if p == 0 or params.seed is None else replace(params, seed=params.seed + p)
+            outs += self.llm.generate(
+                [self.messages(q.task, q.request.query, [self._doc_text(q, d) for d in group]) for q, _, _, group in part],
+                seeded, sample_index=p, template_hash=[self.template_hash(q.task) for q, *_ in part],
+                meta=[self.meta(q, **{"pass": p, "group": g}) for q, _, g, _ in part])
+        return outs
+
+    def _rerank(self, queries: list[_Query]) -> None:
+        spec = self.spec
+        batch = self._groups(queries)
+        outs = self._generate(batch)
         got: dict[int, dict[str, list[float]]] = {id(q): {} for q in queries}
         for (q, p, g, group), gen in zip(batch, outs):
             q.gens.append(gen)
-            scores, repair = parse_group_scores(gen.final, len(group))
-            for d, s in zip(group, scores):
-                if s is not None:
-                    got[id(q)].setdefault(d, []).append(s)
-            q.records.append({"pass": p, "seed": spec.seed + p, "group": g, "doc_ids": group,
+            pairs, scores, repair = read_group(gen, group, strict=spec.parse == "strict")
+            for d, s in pairs:
+                got[id(q)].setdefault(d, []).append(s)
+            seed = spec.seed if spec.shuffle == "sequential" else spec.seed + p
+            q.records.append({"pass": p, "seed": seed, "group": g, "doc_ids": group,
                               "scores": scores, **repair.to_dict(), "finish_reason": gen.finish_reason})
             note = ", ".join(f"[{i}] {'-' if s is None else round(s * SCORE_MAX, 2)}" for i, s in enumerate(scores, 1))
             if repair.any:
@@ -300,15 +431,15 @@ class GroupwiseReranker(JobReranker):
                                      inserted=note, prompt_tokens=gen.prompt_tokens,
                                      completion_tokens=gen.completion_tokens))
         for q in queries:
-            means = [_mean(got[id(q)].get(d, [])) for d in q.head]
-            order = sorted(range(len(q.head)), key=lambda i: (-means[i], i))
-            q.head = [q.head[i] for i in order]
-            q.scores = [means[i] for i in order]
+            q.head, q.scores, q.unscored = final_order(q.head, got[id(q)], spec.unscored, strict=spec.parse == "strict")
 
-    def _stats(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"passes": self.spec.passes, "group_size": self.spec.group_size, "groups": len(records),
-                "repairs": {k: sum(r[k] for r in records) for k in REPAIR_KINDS},
-                "answers_repaired": sum(1 for r in records if any(r[k] for k in REPAIR_KINDS))}
+    def _stats(self, queries: list[_Query]) -> dict[str, Any]:
+        groups = [r for q in queries for r in q.records]
+        return {"passes": self.spec.passes, "group_size": self.spec.group_size, "groups": len(groups),
+                "parse": self.spec.parse, "shuffle": self.spec.shuffle,
+                "repairs": {k: sum(r[k] for r in groups) for k in REPAIR_KINDS},
+                "answers_repaired": sum(1 for r in groups if any(r[k] for k in REPAIR_KINDS)),
+                "unscored": sum(len(q.unscored) for q in queries), "unscored_policy": self.spec.unscored}
 
 
 def _mean(values: list[float]) -> float:

@@ -47,7 +47,7 @@ from typing import Any
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.retrieval.fusion import ranked
-from r2med_agent.retrieval.rerank import formats
+from r2med_agent.retrieval.rerank import formats, tokens
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep
 
 logger = logging.getLogger(__name__)
@@ -128,12 +128,18 @@ def parse_permutation(text: str, size: int) -> tuple[list[int], Repair]:
     has none. A number outside 1..``size`` or named a second time is dropped; candidates never
     named follow in their window order. The result is always a permutation of ``range(size)``.
     """
-    found = _BRACKETED_RE.findall(text) or _NUMBER_RE.findall(text)
+    return permutation_of([int(t) for t in _BRACKETED_RE.findall(text) or _NUMBER_RE.findall(text)], size)
+
+
+def permutation_of(numbers: Sequence[int], size: int) -> tuple[list[int], Repair]:
+    """The permutation of ``range(size)`` that 1-based ``numbers`` name, repaired as
+    :func:`parse_permutation` says (the first mention counts; candidates never named follow in
+    their window order)."""
     order: list[int] = []
     seen: set[int] = set()
     repeated = out_of_range = 0
-    for token in found:
-        i = int(token) - 1
+    for number in numbers:
+        i = number - 1
         if not 0 <= i < size:
             out_of_range += 1
         elif i in seen:
@@ -188,6 +194,18 @@ def cut_words(text: str, max_words: int) -> str:
     return " ".join(text.split()[:max_words])
 
 
+def reasonrank_permutation(answer: str, size: int) -> tuple[list[int], Repair, bool]:
+    """The order ReasonRank reads from an answer block (``receive_permutation``): every run of
+    digits in it is a number, whatever surrounds it; then as :func:`permutation_of`. When a run of
+    digits is no number (``int`` refuses it, e.g. superscript digits) ReasonRank leaves the window
+    as it was: the third value is then False."""
+    numbers = formats.reasonrank_numbers(answer)
+    if numbers is None:
+        return list(range(size)), Repair(), False
+    order, repair = permutation_of(numbers, size)
+    return order, repair, True
+
+
 # --------------------------------------------------------------------------- reranker
 
 
@@ -199,6 +217,11 @@ class RerankJob:
     requests: Sequence[SearchRequest]
     run: Run
     corpus: Mapping[str, str]
+    ordered: bool = False
+    """True: each query's documents in ``run`` are already in their first-stage order (a run
+    file read as given, ``run --candidates``), which the reranker keeps, tied scores included, as
+    the published rerankers read their run files; False: they are ranked by score, ties by
+    document id."""
 
 
 @dataclass
@@ -219,6 +242,8 @@ class _Query:
     tail: list[str]
     corpus: Mapping[str, str]
     first: Mapping[str, float] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    """Each candidate's text as the prompt shows it (cut once, read by every window)."""
     gens: list[Generation] = field(default_factory=list)
     windows: list[tuple[int, int]] = field(default_factory=list)
     steps: list[TraceStep] = field(default_factory=list)
@@ -232,7 +257,8 @@ def ranked_requests(jobs: Sequence[RerankJob], k: int) -> Iterator[tuple[int, Re
     document the corpus lacks)."""
     for j, job in enumerate(jobs):
         for req in job.requests:
-            items = [d for d, _ in ranked(job.run.get(req.query_id, {}))]
+            docs = job.run.get(req.query_id, {})
+            items = list(docs) if job.ordered else [d for d, _ in ranked(docs)]
             for doc_id in items[:k]:
                 if doc_id not in job.corpus:
                     raise DataError(
@@ -275,6 +301,7 @@ class LLMReranker:
         self._llm = llm
         self._llm_opts = dict(cache_path=cache_path, use_cache=use_cache, refresh=refresh, chunk_size=chunk_size)
         self.prompts_dir = prompts_dir
+        self._cut: tokens.PassageCut | None = None
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -307,8 +334,40 @@ class LLMReranker:
             self._llm = make_llm(self.spec.llm, **self._llm_opts)
         return self._llm
 
+    def passage_cut(self) -> tokens.PassageCut:
+        """The token cut of the LLM's tokenizer (loaded once; see
+        :mod:`~r2med_agent.retrieval.rerank.tokens`): the built LLM's entry, else the registry's."""
+        if self._cut is None:
+            spec = getattr(self._llm, "spec", None) if self._llm is not None else None
+            if spec is None:
+                try:
+                    spec = self.llm_spec()
+                except ConfigError:
+                    spec = None
+            self._cut = tokens.load_passage_cut(spec)
+        return self._cut
+
+    def prepared(self, text: str) -> str:
+        """A candidate's text as the prompt shows it: stripped and repaired by ftfy
+        (``fix_text``), then cut to ``max_doc_tokens`` tokens of the LLM's tokenizer, or else to
+        ``max_doc_words`` words. Rank1's passages go as they are; ``max_doc_tokens`` is then a
+        guard that cuts only a passage longer than that."""
+        spec = self.spec
+        if self.format == "rank1":  # Rank1 sends a passage as it is; the guard cuts only a longer one
+            n = getattr(spec, "max_doc_tokens", 0)
+            return self.passage_cut().cut(text, n) if n and self.passage_cut().count(text) > n else text
+        if getattr(spec, "fix_text", False):
+            text = tokens.fix_text(text.strip())
+        if getattr(spec, "max_doc_tokens", 0):
+            return self.passage_cut().cut(text, spec.max_doc_tokens)
+        return cut_words(text, spec.max_doc_words)
+
+    def cut_stats(self) -> dict[str, Any]:
+        """How the passages were cut, for the stats (empty when not by tokens)."""
+        return {"passage_cut": self.passage_cut().how} if getattr(self.spec, "max_doc_tokens", 0) else {}
+
     def sampling(self) -> SamplingParams:
-        """The LLM's default sampling with the entry's temperature and token limit."""
+        """The LLM's default sampling with the entry's temperature, top_p and token limit."""
         llm_spec = getattr(self.llm, "spec", None)
         if llm_spec is None and self._llm is None:
             llm_spec = self.llm_spec()
@@ -318,6 +377,8 @@ class LLMReranker:
             params = llm_spec.sampling_params(temperature=self.spec.temperature)
         if self.spec.max_tokens:
             params = replace(params, max_tokens=self.spec.max_tokens)
+        if getattr(self.spec, "top_p", 0.0):
+            params = replace(params, top_p=self.spec.top_p)
         return params
 
     def returns_logprobs(self) -> bool:
@@ -375,8 +436,12 @@ class LLMReranker:
         if self.format == "rank1":
             return [{"role": "assistant", "content": text}]
         if self.format == "reasonrank":
-            return [{"role": "system", "content": formats.REASONRANK_SYSTEM}, {"role": "user", "content": text}]
-        return [{"role": "user", "content": text}]
+            messages = [{"role": "system", "content": formats.REASONRANK_SYSTEM}, {"role": "user", "content": text}]
+        else:
+            messages = [{"role": "user", "content": text}]
+        if getattr(self.spec, "fix_text", False):  # ReasonRank repairs the whole rendered prompt too
+            messages = [{**m, "content": tokens.fix_text(m["content"], in_prompt=True)} for m in messages]
+        return messages
 
     def _hash(self, task: Task) -> str:
         return prompts.template_hash(self.folder, task.family, prompts_dir=self.prompts_dir)
@@ -385,15 +450,35 @@ class LLMReranker:
         """One window's prompt: its candidates cut to ``max_doc_words`` in window order (ReasonRank:
         bracketed numbers rewritten; InsertRank: each with its first-stage score)."""
         shown = q.head[start:end]
-        passages = [cut_words(self._corpus_text(q, d), self.spec.max_doc_words) for d in shown]
+        passages = [self._shown_text(q, d) for d in shown]
         query = q.request.query
         extra: dict[str, Any] = {}
         if self.format == "reasonrank":
-            passages = [formats.replace_numbers(p) for p in passages]
             query = formats.replace_numbers(query).strip()
         elif self.format == "insertrank":
             extra["scores"] = [f"{q.first[d]:.{SCORE_DECIMALS}f}" for d in shown]
         return self._prompt(q.task, query=query, passages=passages, **extra)
+
+    def _shown_text(self, q: _Query, doc_id: str) -> str:
+        """A candidate as a window shows it (:meth:`prepared`; ReasonRank: its bracketed numbers
+        rewritten), made once per query."""
+        if doc_id not in q.texts:
+            text = self.prepared(self._corpus_text(q, doc_id))
+            q.texts[doc_id] = formats.replace_numbers(text) if self.format == "reasonrank" else text
+        return q.texts[doc_id]
+
+    def _read_window(self, gen: Generation, size: int) -> tuple[list[int], Repair, dict[str, Any]]:
+        """A window's order from its answer, and what the window's record adds (ReasonRank: its
+        answer block; read strictly, whether its numbers could be read at all)."""
+        if self.format != "reasonrank":
+            order, repair = parse_permutation(gen.final, size)
+            return order, repair, {}
+        answer, block = formats.answer_block(gen.text)
+        if getattr(self.spec, "parse", "lenient") != "strict":
+            order, repair = parse_permutation(answer, size)
+            return order, repair, {"answer_block": block}
+        order, repair, readable = reasonrank_permutation(answer, size)
+        return order, repair, {"answer_block": block, "readable": readable}
 
     def _meta(self, q: _Query, **extra: Any) -> dict[str, Any]:
         return {"task": q.task.name, "query_id": q.request.query_id, "method": f"rerank-{self.kind}",
@@ -401,6 +486,7 @@ class LLMReranker:
 
     def _listwise(self, queries: list[_Query]) -> None:
         spec = self.spec
+        positions = {id(q): [q.first[d] for d in q.head] for q in queries}  # the first-stage score of each rank
         for q in queries:
             q.windows = window_positions(len(q.head), spec.window, spec.step)
         params = self.sampling()
@@ -421,15 +507,13 @@ class LLMReranker:
                 q.gens.append(gen)
                 start, end = q.windows[position]
                 shown = q.head[start:end]
-                answer, block = gen.final, None
-                if self.format == "reasonrank":
-                    answer, block = formats.answer_block(gen.text)
-                order, repair = parse_permutation(answer, len(shown))
+                order, repair, read = self._read_window(gen, len(shown))
                 q.head[start:end] = [shown[i] for i in order]
                 q.records.append({"start": start, "end": end, "permutation": [i + 1 for i in order],
-                                  **repair.to_dict(), "finish_reason": gen.finish_reason,
-                                  **({} if block is None else {"answer_block": block})})
+                                  **repair.to_dict(), "finish_reason": gen.finish_reason, **read})
                 note = " > ".join(f"[{i + 1}]" for i in order)
+                if read.get("readable") is False:
+                    note += " (its numbers could not be read: the window keeps its order)"
                 if repair.any:
                     note += " (repaired: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in repair.to_dict().items() if n) + ")"
                 q.steps.append(TraceStep(
@@ -438,7 +522,10 @@ class LLMReranker:
                 ))
             position += 1
         for q in queries:
-            q.scores = [float(len(q.head) - i) for i in range(len(q.head))]
+            if getattr(spec, "run_scores", "rank") == "positional":
+                q.scores = [float(f"{s:.6f}") for s in positions[id(q)]]
+            else:
+                q.scores = [float(len(q.head) - i) for i in range(len(q.head))]
 
     def _judge_pairs(
         self, queries: list[_Query], params: SamplingParams,
@@ -447,7 +534,7 @@ class LLMReranker:
         answers of ONE generate call for all of them (each kept with its query)."""
         pairs = [(q, d) for q in queries for d in q.head]
         prompts_ = [
-            self._prompt(q.task, query=q.request.query, document=cut_words(self._corpus_text(q, d), self.spec.max_doc_words))
+            self._prompt(q.task, query=q.request.query, document=self.prepared(self._corpus_text(q, d)))
             for q, d in pairs
         ]
         hashes = [self._hash(q.task) for q, _ in pairs]
@@ -562,12 +649,14 @@ class LLMReranker:
             }
             if self.format != "default":
                 stats["format"] = self.format
+            stats.update(self.cut_stats())
             if self.kind == "listwise":
                 stats["windows"] = len(records)
                 stats["repairs"] = {k: sum(r[k] for r in records) for k in ("missing", "repeated", "out_of_range")}
                 stats["answers_repaired"] = sum(1 for r in records if r["missing"] or r["repeated"] or r["out_of_range"])
                 if self.format == "reasonrank":
                     stats["no_answer_block"] = sum(1 for r in records if not r["answer_block"])
+                    stats["unreadable_answers"] = sum(1 for r in records if r.get("readable") is False)
             else:
                 stats["pairs"] = len(records)
                 prob = "p_true" if self.format == "rank1" else "p_yes"

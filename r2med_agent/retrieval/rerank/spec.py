@@ -12,7 +12,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval.dense.spec import Precision, _specifier, weights_dtype_name
 from r2med_agent.types import Run, SearchRequest
 
-__all__ = ["Reranker", "RerankerSpec", "get_reranker_spec", "reranker_registry"]
+__all__ = ["Reranker", "RerankerSpec", "follows_published_code", "get_reranker_spec", "reranker_registry"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,40 @@ class RerankerSpec:
     max_doc_chars: int = 0
     """Groupwise: when set, each candidate is cut to this many characters instead (its runs of
     newlines made one space first), as GroupRank cuts them (3000); 0: ``max_doc_words``."""
+    max_doc_tokens: int = 0
+    """Listwise and setwise: when set, each candidate is cut to this many tokens of the reranker's
+    LLM's own tokenizer instead of ``max_doc_words`` (its tokens turned back into text, as
+    ReasonRank (512) and Rank-R1 (1024) cut them; see
+    :mod:`~r2med_agent.retrieval.rerank.tokens`); 0: ``max_doc_words``."""
+    max_query_tokens: int = 0
+    """Setwise: when set, the query is cut the same way to this many tokens (Rank-R1: 1024); 0:
+    not cut."""
+    fix_text: bool = False
+    """ReasonRank's text repair: every candidate and then the whole prompt through ftfy's
+    ``fix_text`` (mojibake, HTML entities in a candidate, curly quotes, full-width forms, NFC),
+    as ReasonRank's ``convert_doc_to_prompt_content`` and ``create_prompt`` do. Needs ``ftfy``."""
+    parse: Literal["strict", "lenient"] = "strict"
+    """How answers of a published format are read (``groupwise``, ``setwise``, ``format:
+    reasonrank``). ``strict``: exactly as its authors' code reads them (GroupRank: its JSON reading,
+    and a group it cannot read scores 0 throughout; Rank-R1: its answer pattern and an exact label,
+    else the heap parent stays; ReasonRank: every number of the answer block, and an answer whose
+    digits are not numbers leaves the window as it was). ``lenient``: the project's repairs, each
+    counted (see each kind's module). Formats without published code read leniently either way."""
+    run_scores: Literal["rank", "positional"] = "rank"
+    """Listwise: the scores the reranked run is written with. ``rank``: strictly decreasing, so
+    the run holds the reranked order exactly; ``positional``: each rank keeps the first-stage score
+    that rank had, written to six decimals, as ReasonRank's runs are (its ``receive_permutation``
+    keeps the scores in place and its TREC writer prints ``{score:.6f}``); ranks whose scores then
+    tie are ordered by evaluation as trec_eval orders ties, as in ReasonRank's own evaluation."""
+    unscored: Literal["drop", "zero"] = "drop"
+    """Groupwise: a candidate no group's answer scored. ``drop``: left out of the run, as
+    GroupRank's script leaves it out of the run it evaluates; ``zero``: kept with score 0."""
+    shuffle: Literal["sequential", "per-query"] = "sequential"
+    """Groupwise: how candidates are shuffled into groups. ``sequential``: as GroupRank's script,
+    one generator seeded ``seed`` per task, drawn pass after pass and query after query in the
+    task's order, each pass shuffling the order the pass before left; ``per-query``: a generator
+    per pass, task and query (seed ``seed + pass``), so a query's groups do not depend on which
+    other queries the run holds."""
     group_size: int = 20
     """Groupwise: candidates the model scores in one answer (GroupRank: 20)."""
     passes: int = 1
@@ -60,6 +94,9 @@ class RerankerSpec:
     """LLM kinds: most tokens per answer (0: the LLM entry's ``max_tokens``)."""
     temperature: float = 0.0
     """LLM kinds: sampling temperature of the answers (0: greedy)."""
+    top_p: float = 0.0
+    """LLM kinds: nucleus sampling of the answers (0: the LLM entry's ``top_p``; GroupRank's
+    script samples every model it runs at 0.8)."""
     base_model: str | None = None
     """The model a LoRA adapter applies to (RankLLaMA: ``meta-llama/Llama-2-7b-hf``)."""
     max_length: int = 512
@@ -103,11 +140,16 @@ class RerankerSpec:
                 raise ValueError("window must be >= 2 and step between 1 and window - 1")
             if self.max_doc_words < 1 or self.max_tokens < 0 or self.temperature < 0:
                 raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
+            if not 0.0 <= self.top_p <= 1.0 or self.max_doc_tokens < 0 or self.max_query_tokens < 0:
+                raise ValueError("top_p must be between 0 and 1 (0: the LLM entry's), max_doc_tokens and "
+                                 "max_query_tokens >= 0")
             needs = {"reasonrank": "listwise", "insertrank": "listwise", "rank1": "pointwise-reasoning"}
             if self.format in needs and needs[self.format] != self.kind:
                 raise ValueError(f"format {self.format} is for kind {needs[self.format]}")
             if self.group_size < 1 or self.passes < 1 or self.max_doc_chars < 0:
                 raise ValueError("group_size and passes must be >= 1, max_doc_chars >= 0")
+            if self.run_scores != "rank" and self.kind != "listwise":
+                raise ValueError("run_scores is for kind listwise")
             if not 1 <= self.num_child <= 19 or self.select_k < 1:
                 raise ValueError("num_child must be between 1 and 19 (sets of at most 20), select_k >= 1")
             return
@@ -115,12 +157,21 @@ class RerankerSpec:
             raise ValueError("a cross-encoder needs 'model'")
         if self.llm or self.format != "default":
             raise ValueError("'llm' and 'format' are for the LLM kinds (listwise, pointwise-reasoning, groupwise, setwise)")
+        if self.max_doc_tokens or self.max_query_tokens or self.fix_text or self.top_p:
+            raise ValueError("max_doc_tokens, max_query_tokens, fix_text and top_p are for the LLM kinds")
         if "{query}" not in self.query_template or "{text}" not in self.doc_template:
             raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
         if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
             raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
         if self.transformers:
             _specifier(self.transformers)
+
+
+def follows_published_code(spec: RerankerSpec) -> bool:
+    """Whether an entry runs a published LLM reranker's code (the ``groupwise`` and ``setwise``
+    kinds, GroupRank's and Rank-R1's; the ``reasonrank`` and ``rank1`` formats): the entries whose
+    results the run spec's ``rerank_rules`` versions."""
+    return spec.kind in ("groupwise", "setwise") or spec.format in ("reasonrank", "rank1")
 
 
 def reranker_registry() -> dict[str, RerankerSpec]:

@@ -212,3 +212,28 @@ def test_dry_run_shows_divers_own_first_stage_wherever_a_row_reranks_diver():
     text = blocks[variant.entry.label]
     assert 'query "Instruct: {instruction}\\nQuery: {query}" with the task\'s instruction; document "{document}"; 512 tokens' in text
     assert "eval_diver_retriever_4b.sh" in text
+
+
+def test_each_reranker_row_states_how_it_compares_with_its_authors_run(tmp_path: Path):
+    """Every reranker row of the frontier grid has its status (docs/protocol.md, "Rerankers as
+    their authors ran them"): the dry run prints it, and the results table gives it a footnote."""
+    from r2med_agent.analysis.planner import results_table
+
+    grid = load_grid("frontier")
+    assert all(e.differences is not None for e in grid.entries if e.reranker)
+    listing = format_plan(plan(grid, ReproduceOptions(output_dir=tmp_path / "results")))
+    blocks = listing.split("\n[")
+    for e in grid.entries:
+        block = next(b for b in blocks if b.split("  (")[0].split("] ", 1)[-1] == e.label
+                     and (not e.candidates) == ("--candidates" not in b))
+        assert (f"    status: {e.status}" in block) == (e.differences is not None), e.label
+    from r2med_agent.analysis.grids import GridEntry
+
+    assert GridEntry(method="none", retriever="bm25", differences=()).status == "as the authors ran it"
+    insert = next(e for e in grid.entries if e.reranker == "insertrank-r1")
+    assert insert.status.startswith("differs from the authors' run: no code of the authors is public")
+    root = tmp_path / "results"
+    for task in r2med_tasks():
+        write_result(root, "none", "none", "bm25", task, GOOD, reranker="insertrank-r1")
+    table = results_table(grid, ReproduceOptions(output_dir=root))
+    assert f"row 0 (none/none/bm25/insertrank-r1): {insert.status}" in table.footnotes()

@@ -401,7 +401,7 @@ def test_grid_files_are_validated(tmp_path):
         path.write_text("title: t\nentries:\n" + body)
         return path
 
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, candidates, candidates_from, generations, llm, method"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, candidates, candidates_from, differences, generations, llm, method"):
         load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
     with pytest.raises(ConfigError, match="method hyde needs an llm"):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))

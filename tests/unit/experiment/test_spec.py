@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.spec import LOOP_RULES, SAMPLING_FLAGS, SPEC_FLAGS, RunSpec, cli_args
+from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, SPEC_FLAGS, RunSpec, cli_args
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.runner import RunConfig
 
@@ -300,3 +300,32 @@ def test_a_name_cut_for_length_keeps_specs_apart() -> None:
     a = RunSpec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.2,))
     b = RunSpec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.3,))
     assert a.leaf != b.leaf and a.leaf.endswith(a.digest()) and len(a.leaf) <= 160
+
+
+def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
+    # A published LLM reranker's run recorded before the rerankers followed their authors' code
+    # (no rerank_rules) is another spec, with its own folder; `run` refuses to make one.
+    new = RunSpec(retriever="diver-4b", reranker="grouprank-32b")
+    record = new.record()
+    assert record["rerank_rules"] == RERANK_RULES == 2 and RunSpec.from_record(record) == new
+    del record["rerank_rules"]
+    old = RunSpec.from_record(record)
+    assert old.rerank_rules == 1 and old.folder() != new.folder() and "rerank-v1" in old.leaf
+    assert RunSpec.from_key(old.key()) == old and RunSpec.from_key(new.key()) == new
+    assert "rerank_rules" in new.applicable()
+    with pytest.raises(ConfigError, match="rerank_rules 1 names results of an earlier version's rerankers"):
+        cli_args(old)
+    from r2med_agent.runner import RunConfig
+
+    with pytest.raises(ConfigError, match="this version runs only rerank_rules 2"):
+        RunConfig(tasks=("sample",), reranker="grouprank-32b", rerank_rules=1)
+    for name in ("reasonrank-7b", "rank-r1-14b", "rank1-7b", "qwen3-32b-groupwise"):
+        rec = RunSpec(reranker=name).record()
+        del rec["rerank_rules"]
+        assert RunSpec.from_record(rec).rerank_rules == 1, name
+    # Nothing of theirs ran: no reranker, a cross-encoder, the project's own LLM prompts.
+    for spec in (RunSpec(), RunSpec(retriever="nv", reranker="monobert"), RunSpec(reranker="smollm2-listwise"),
+                 RunSpec(method="hyde", llm="qwen-7b")):
+        rec = spec.record()
+        del rec["rerank_rules"]
+        assert RunSpec.from_record(rec) == spec and "rerank_rules" not in spec.applicable()

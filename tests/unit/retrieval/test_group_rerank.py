@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -94,8 +95,9 @@ def test_setwise_prompt_is_rank_r1_format_byte_for_byte() -> None:
     spec = RerankerSpec(name="s", kind="setwise", llm="x")
     texts = ["first passage", "second one", "third"]
     messages = SetwiseReranker(spec, llm=object()).messages(_task("A", 1, family="exam"), "a query", texts)
-    # As RankR1SetwiseLlmRanker.compare builds it: "[i] text" joined by newlines into prompt_user.
-    docs = "\n".join([f"[{i + 1}] {t}" for i, t in enumerate(texts)])
+    # As R1SetwiseLlmRanker.compare (Rank-R1/run_setwise.py) builds it: the toml's doc_prefix "[i]: "
+    # and doc_separator "\n" into prompt_user (tests/conformance checks it against the file itself).
+    docs = "\n".join([f"[{i + 1}]: {t}" for i, t in enumerate(texts)])
     assert messages == [{"role": "system", "content": RANK_R1_SYSTEM},
                         {"role": "user", "content": RANK_R1_USER.format(query="a query", docs=docs)}]
 
@@ -142,14 +144,14 @@ def _score_by_number(messages, params) -> str:  # noqa: ANN001
     return "<reason>by number</reason>\n<answer>\n```json\n" + str(scores).replace("'", '"') + "\n```\n</answer>"
 
 
-def test_groupwise_one_generate_call_for_all_passes_and_tasks_averaging_passes(tmp_path) -> None:
+def test_groupwise_one_generate_call_per_pass_for_all_tasks_averaging_passes(tmp_path) -> None:
     fake = ScriptedLLM(_score_by_number)
-    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=4, passes=2, seed=5)
+    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=4, passes=2, seed=5, shuffle="per-query")
     a, b = _task("A", 9), _task("B", 9, family="case")
     llm = CachedLLM(fake, "scripted", cache=GenerationCache(tmp_path / "g.sqlite"))
     outs = GroupwiseReranker(spec, llm=llm).rerank_tasks([_job(a), _job(b)], 6)
-    # 2 tasks x 2 queries x 2 passes x 2 groups (4 + 2 of the top 6): one generate call.
-    assert [len(c) for c in fake.calls] == [16]
+    # 2 tasks x 2 queries x 2 groups (4 + 2 of the top 6): one generate call per pass.
+    assert [len(c) for c in fake.calls] == [8, 8]
     # Each document's score is its mean over the two passes; the expected groups are rebuilt
     # from the recorded seeds (5 and 6).
     top = [f"A-d{i}" for i in range(6)]
@@ -171,12 +173,13 @@ def test_groupwise_one_generate_call_for_all_passes_and_tasks_averaging_passes(t
     assert "A-d" not in first and re.search(r"^\[1\]\. text \d line two of \d$", first, flags=re.M)
     # A second run is served by the cache: no call reaches the model.
     again = GroupwiseReranker(spec, llm=CachedLLM(fake, "scripted", cache=GenerationCache(tmp_path / "g.sqlite")))
-    assert again.rerank_tasks([_job(a), _job(b)], 6)[0].run == outs[0].run and len(fake.calls) == 1
+    assert again.rerank_tasks([_job(a), _job(b)], 6)[0].run == outs[0].run and len(fake.calls) == 2
 
 
-def test_groupwise_repairs_are_counted_and_ties_keep_the_first_stage_order() -> None:
+def test_lenient_groupwise_repairs_are_counted_and_ties_keep_the_first_stage_order() -> None:
     fake = ScriptedLLM(lambda m, p: "Document two seems best." if "text 0" in m[-1]["content"] else '{"[1]": 5}')
-    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=2)
+    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=2, parse="lenient", unscored="zero",
+                        shuffle="per-query")
     out = GroupwiseReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(_task("A", 4))], 4)[0]
     repairs = out.stats["repairs"]
     # The group holding d0 is unparseable (both score 0); the other names only its first document.
@@ -248,20 +251,25 @@ def test_heapsort_selection_follows_llm_rankers(n: int, num_child: int, k: int) 
 
 
 def test_parse_choice_uses_rank_r1_pattern() -> None:
-    assert parse_choice("<think> d3 matches </think>\n<answer>[3]</answer>", "", 5) == (2, "pattern")
-    assert parse_choice("<THINK>x</THINK> <ANSWER> [2] </ANSWER>", "", 5) == (1, "pattern")
-    # The <think> part taken away by a reasoning parser: the final response's <answer> is read.
-    assert parse_choice("<answer>[4]</answer>", "<answer>[4]</answer>", 5) == (3, "answer_tag")
-    assert parse_choice("<think>x</think><answer>[9]</answer>", "", 5) == (0, "unanswered")  # no such label
-    assert parse_choice("<think>x</think><answer>3</answer>", "", 5) == (0, "unanswered")  # not a label
-    assert parse_choice("The answer is [2].", "The answer is [2].", 5) == (0, "unanswered")
+    for strict in (True, False):
+        assert parse_choice("<think> d3 matches </think>\n<answer>[3]</answer>", "", 5, strict=strict) == (2, "pattern")
+        assert parse_choice("<THINK>x</THINK> <ANSWER> [2] </ANSWER>", "", 5, strict=strict) == (1, "pattern")
+        assert parse_choice("<think>x</think><answer>[9]</answer>", "", 5, strict=strict) == (0, "unanswered")
+        assert parse_choice("<think>x</think><answer>3</answer>", "", 5, strict=strict) == (0, "unanswered")
+        assert parse_choice("The answer is [2].", "The answer is [2].", 5, strict=strict) == (0, "unanswered")
+    # Lenient: the <think> part taken away by a reasoning parser, the final response's <answer> is
+    # read; a label with a leading zero names its document. Rank-R1 (strict) reads neither.
+    assert parse_choice("<answer>[4]</answer>", "<answer>[4]</answer>", 5, strict=False) == (3, "answer_tag")
+    assert parse_choice("<think>x</think><answer>[03]</answer>", "", 5, strict=False) == (2, "pattern")
+    assert parse_choice("<answer>[4]</answer>", "<answer>[4]</answer>", 5) == (0, "unanswered")
+    assert parse_choice("<think>x</think><answer>[03]</answer>", "", 5) == (0, "unanswered")
 
 
 # --------------------------------------------------------------------------- setwise reranker
 
 
 def _pick_highest(messages, params) -> str:  # noqa: ANN001
-    nums = _numbers(messages[-1]["content"], r"^\[\d+\] text (\d+)")
+    nums = _numbers(messages[-1]["content"], r"^\[\d+\]: text (\d+)")
     best = max(range(len(nums)), key=lambda i: nums[i])
     return f"<think> [{best + 1}] has the highest number </think>\n<answer>[{best + 1}]</answer>"
 
@@ -281,7 +289,7 @@ def test_setwise_batches_queries_per_round_and_sorts_the_top(tmp_path) -> None:
     assert [len(c) for c in fake.calls] == [sum(1 for n in per_query if n > r) for r in range(max(per_query))]
     assert outs[0].stats["answers_read"] == {"pattern": sum(per_query[:2]), "answer_tag": 0, "unanswered": 0}
     # Sets are shown shuffled (seeded), and the answer's label maps back to the document shown.
-    shown = [_numbers(c[-1]["content"], r"^\[\d+\] text (\d+)") for call in fake.calls for c in call]
+    shown = [_numbers(c[-1]["content"], r"^\[\d+\]: text (\d+)") for call in fake.calls for c in call]
     assert any(s != sorted(s) for s in shown)
     again = SetwiseReranker(spec, llm=CachedLLM(fake, "scripted", cache=GenerationCache(tmp_path / "g.sqlite")))
     calls = len(fake.calls)
@@ -351,7 +359,9 @@ def test_group_and_set_rerankers_run_end_to_end_with_the_local_model(tmp_path, s
     if name == "smollm2-groupwise":
         # 2 queries x 2 passes x 1 group of 3, recorded with their seeds.
         groups = [g for t in traces.values() for g in t.extra["groups"]]
-        assert stats["groups"] == len(groups) == 4 and {g["seed"] for g in groups} == {666, 667}
+        # GroupRank's shuffles: one generator seeded 666 per task, drawn pass after pass.
+        assert stats["groups"] == len(groups) == 4 and {g["seed"] for g in groups} == {666}
+        assert sorted(g["pass"] for g in groups) == [0, 0, 1, 1] and stats["shuffle"] == "sequential"
         # SmolLM2 seldom writes GroupRank's JSON: what it could not give is counted, not hidden.
         for kind, count in stats["repairs"].items():
             assert count == sum(g[kind] for g in groups)
@@ -364,3 +374,71 @@ def test_group_and_set_rerankers_run_end_to_end_with_the_local_model(tmp_path, s
     again = run_experiment(cfg)
     assert again.outcomes[0].stats["rerank"]["generations"] == 0  # every answer from the cache
     assert again.average == first.average
+
+
+# --------------------------------------------------------------------------- GroupRank's own reading, shuffles, drops
+# (tests/conformance/test_grouprank.py runs the authors' code itself against these)
+
+
+def test_grouprank_reading_zeroes_a_group_where_its_script_fails() -> None:
+    from r2med_agent.retrieval.rerank.groupwise import grouprank_pairs
+
+    group = ["a", "b", "c"]
+    assert grouprank_pairs('<answer>```json\n{"[2]": 7, "[1]": 3}\n```</answer>', group) == [("b", 0.7), ("a", 0.3)]
+    # Its fixes: a doubled bracket, a fenced object left unclosed; but an unclosed fence is no block.
+    assert grouprank_pairs('<answer>```json\n{"[1]]": 4, "[3]": 9\n```', group) == [("a", 0.4), ("c", 0.9)]
+    assert grouprank_pairs('<answer>```json\n{"[1]": 4, "[3]": 9', group) is None
+    assert grouprank_pairs('{"[0]": 5}', group) == [("c", 0.5)]  # dids[-1]: Python indexing, as in its script
+    assert grouprank_pairs('{"[1]": 12, "1": -2}', group) == [("a", 1.2), ("a", -0.2)]  # no clamping, both count
+    for failed in ('{"[4]": 5}', '{"[1]": "5"}', "no JSON here", "", '{"[1]": NaN}', '{"[x]": 1}'):
+        assert grouprank_pairs(failed, group) is None, failed
+
+
+def test_grouprank_strict_run_drops_never_scored_documents_and_zeroes_failed_groups() -> None:
+    # Groups of 2 in one pass: the group holding d0 fails (every document 0); the others name only
+    # their first document, so their second is never scored and leaves the run.
+    fake = ScriptedLLM(lambda m, p: "Document two." if "text 0" in m[-1]["content"] else '{"[1]": 5}')
+    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=2, seed=666)
+    out = GroupwiseReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(_task("A", 6))], 6)[0]
+    run = out.run["A-q0"]
+    groups = out.traces[0].extra["groups"]
+    failed = next(g for g in groups if "A-d0" in g["doc_ids"])
+    assert all(run[d] == 0.0 for d in failed["doc_ids"]) and failed["unparseable"] == 1
+    named = [g["doc_ids"][0] for g in groups if g is not failed]
+    dropped = [g["doc_ids"][1] for g in groups if g is not failed]
+    assert all(run[d] == 0.5 for d in named) and not set(dropped) & set(run)
+    assert sorted(out.traces[0].extra["unscored"]) == sorted(dropped) and out.stats["unscored"] == 2 * len(dropped)
+    zero = GroupwiseReranker(replace(spec, unscored="zero"), llm=CachedLLM(fake, "scripted")).rerank_tasks(
+        [_job(_task("A", 6))], 6)[0]
+    assert {d: zero.run["A-q0"][d] for d in dropped} == dict.fromkeys(dropped, 0.0)
+
+
+def test_grouprank_sequential_shuffles_are_one_generator_per_task_drawn_pass_by_pass() -> None:
+    """An independent computation of GroupRank's groups: random.seed(seed), then for each pass and
+    each query in order, shuffle that query's list in place (the last pass's order) and cut it."""
+    fake = ScriptedLLM(_score_by_number)
+    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=3, passes=3, seed=666)
+    a, b = _task("A", 7), _task("B", 7)
+    out = GroupwiseReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(a), _job(b)], 7)
+    for task, result in zip((a, b), out):
+        rng = random.Random(666)
+        lists = {q.query_id: [d.doc_id for d in task.corpus] for q in task.queries}
+        expected = []
+        for p in range(3):
+            for q in task.queries:
+                rng.shuffle(lists[q.query_id])
+                expected += [(q.query_id, p, lists[q.query_id][i:i + 3]) for i in range(0, 7, 3)]
+        got = [(t.query_id, g["pass"], g["doc_ids"]) for t in result.traces for g in t.extra["groups"]]
+        assert sorted(got) == sorted(expected)
+
+
+def test_groupwise_sampling_is_the_entrys_top_p_and_each_pass_is_a_sample() -> None:
+    seen = []
+    fake = ScriptedLLM(lambda m, p: seen.append(p) or '{"[1]": 1}')
+    spec = RerankerSpec(name="gw", kind="groupwise", llm="x", group_size=10, passes=2, temperature=0.3, top_p=0.8,
+                        max_tokens=8000)
+    GroupwiseReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([_job(_task("A", 2))], 2)
+    assert {(p.temperature, p.top_p, p.max_tokens) for p in seen} == {(0.3, 0.8, 8000)}
+    assert len({p.seed for p in seen}) == 2  # pass 1 is another sample of the same prompts
+    with pytest.raises(ValueError, match="top_p"):
+        RerankerSpec(name="x", kind="groupwise", llm="y", top_p=1.5)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -355,3 +357,63 @@ def test_format_entries_run_end_to_end_with_the_local_model(name, tmp_path, smol
     again = run_experiment(cfg)
     assert again.outcomes[0].stats["rerank"]["generations"] == 0  # all from the cache
     assert again.average == first.average
+
+
+# --------------------------------------------------------------------------- ReasonRank as its code runs
+# (tests/conformance/test_reasonrank.py runs the authors' code itself against these)
+
+
+def test_reasonrank_strict_reading_takes_every_number_and_leaves_unreadable_windows() -> None:
+    from r2med_agent.retrieval.rerank.llm import reasonrank_permutation
+
+    assert reasonrank_permutation("[2] > [1], and 3 is poor", 4)[0] == [1, 0, 2, 3]  # every number counts
+    order, repair, readable = reasonrank_permutation("[\u00b2] > [1]", 3)  # int() refuses "²"
+    assert (order, readable) == ([0, 1, 2], False) and not repair.any
+    assert reasonrank_permutation("[\u0663] > [\u0661]", 3)[0] == [2, 0, 1]  # Arabic-Indic digits are numbers
+    answers = iter(["<think>x</think><answer>[2] > [1] (3 is off)</answer>", "<think>y</think><answer>[\u00b9]</answer>"])
+    spec = RerankerSpec(name="rr", kind="listwise", format="reasonrank", llm="x", window=3, step=1)
+    job = _job(_task("A", 4))
+    job.requests = job.requests[:1]
+    out = LLMReranker(spec, llm=CachedLLM(ScriptedLLM(lambda m, p: next(answers)), "scripted")).rerank_tasks([job], 4)[0]
+    windows = out.traces[0].extra["windows"]
+    assert windows[0]["permutation"] == [2, 1, 3] and windows[1]["readable"] is False
+    assert out.stats["unreadable_answers"] == 1
+    lenient = LLMReranker(replace(spec, parse="lenient"), llm=CachedLLM(
+        ScriptedLLM(lambda m, p: "<think>x</think><answer>[2] > [1] (3 is off)</answer>"), "scripted"))
+    assert lenient.rerank_tasks([job], 4)[0].traces[0].extra["windows"][0]["permutation"] == [2, 1, 3]
+
+
+def test_reasonrank_run_keeps_each_ranks_first_stage_score_to_six_decimals() -> None:
+    spec = RerankerSpec(name="rr", kind="listwise", format="reasonrank", llm="x", window=4, step=2,
+                        run_scores="positional")
+    job = _job(_task("A", 4))
+    job.run = {q: {d: s + 1e-9 * (i % 2) for i, (d, s) in enumerate(docs.items())} for q, docs in job.run.items()}
+    job.run["A-q0"]["A-d1"] = job.run["A-q0"]["A-d2"]  # a tie the run keeps
+    fake = ScriptedLLM(lambda m, p: "<think>x</think><answer>[4] > [3] > [2] > [1]</answer>")
+    out = LLMReranker(spec, llm=CachedLLM(fake, "scripted")).rerank_tasks([job], 4)[0]
+    first = list(job.run["A-q0"].values())
+    assert list(out.run["A-q0"]) == ["A-d3", "A-d2", "A-d1", "A-d0"]
+    assert list(out.run["A-q0"].values()) == [float(f"{s:.6f}") for s in first]
+    with pytest.raises(ValueError, match="run_scores"):
+        RerankerSpec(name="x", kind="groupwise", llm="y", run_scores="positional")
+
+
+def test_passages_are_cut_by_the_entrys_own_tokenizer_and_repaired_by_ftfy(caplog) -> None:
+    """smollm2's GGUF vocabulary (the local entry), ftfy's repair, and the warned fallback when an
+    entry's tokenizer cannot be loaded (recorded in the stats)."""
+    from r2med_agent.llm.registry import get_llm_spec
+    from r2med_agent.retrieval.rerank.tokens import WORDS, load_passage_cut
+
+    spec = RerankerSpec(name="rr", kind="listwise", format="reasonrank", llm="smollm2", max_doc_tokens=6, fix_text=True)
+    reranker = LLMReranker(spec, llm=CachedLLM(ScriptedLLM(lambda m, p: ""), "scripted"))
+    cut = reranker.passage_cut()
+    assert cut.how.startswith("tokenizer of") and "GGUF" in cut.how
+    text = "  The patient\u00e2\u0080\u0099s caf\u00c3\u00a9 &amp; \u201cquoted\u201d [3] words and more words here  "
+    prepared = reranker.prepared(text)
+    assert prepared.startswith("The patient's caf\u00e9 & ") and cut.count(prepared) <= 7
+    llama = get_llm_spec("smollm2")
+    broken = replace(llama, backend="vllm", model="no/such-model-anywhere", tokenizer=str(Path("/nonexistent")))
+    with caplog.at_level("WARNING"):
+        fallback = load_passage_cut(broken)
+    assert fallback.how == WORDS and "could not be loaded" in caplog.text
+    assert fallback.cut("one  two\nthree four", 3) == "one  two\nthree"

@@ -66,6 +66,43 @@ def test_a_reranker_gets_the_candidates_top_k_in_the_files_order(tmp_path: Path,
     assert result.result_dir.name == cfg.leaf and cfg.leaf.startswith("candidates__cand-")
 
 
+def test_an_llm_reranker_keeps_the_files_order_where_scores_tie(tmp_path: Path, monkeypatch) -> None:
+    """ReasonRank's released runs tie scores in 103 of 876 queries; the authors read each list in
+    the file's order. A listwise reranker's one window shows them so, not by score and document id."""
+    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.retrieval.rerank.llm import LLMReranker
+    from r2med_agent.retrieval.rerank.spec import RerankerSpec
+    from tests.fakes import ScriptedLLM
+
+    task = load_task("sample")
+    docs = [d.doc_id for d in task.corpus][:4][::-1]  # not in id order
+    qid = task.queries[0].query_id
+    path = tmp_path / "sample.run"
+    path.write_text("".join(f"{qid} Q0 {d} {i + 1} 0.5 tag\n" for i, d in enumerate(docs)))
+    fake = ScriptedLLM(lambda m, p: "[1] > [2] > [3] > [4]")
+    spec = RerankerSpec(name="ordered", kind="listwise", llm="smollm2", window=4, step=2, max_doc_words=3)
+    reranker = LLMReranker(spec, llm=CachedLLM(fake, "scripted"))
+    monkeypatch.setattr("r2med_agent.retrieval.make_reranker", lambda name, **_: reranker)
+    monkeypatch.setattr("r2med_agent.experiment.runner.model_precisions", lambda cfg: {})
+    cfg = RunConfig(tasks=("sample",), candidates_path=path, reranker="smollm2-listwise", rerank_k=4,
+                    output_dir=tmp_path / "out", show_progress=False)
+    run_experiment(cfg)
+    shown = fake.calls[0][0][-1]["content"]
+    texts = {d.doc_id: " ".join(d.full_text.split()[:3]) for d in task.corpus}
+    assert [shown.index(texts[d]) for d in docs] == sorted(shown.index(texts[d]) for d in docs)
+
+
+def test_a_document_listed_again_keeps_its_first_listing(tmp_path: Path, caplog) -> None:
+    """ReasonRank's released runs list 337 documents a second time for the same query; they are read,
+    each document at its first listing, with a warning that counts the repeats."""
+    path = tmp_path / "dup.run"
+    path.write_text("q Q0 a 1 0.9 t\nq Q0 b 2 0.8 t\nq Q0 a 3 0.7 t\nr Q0 a 1 0.5 t\n")
+    with caplog.at_level(logging.WARNING):
+        run = read_ranked_run(path)
+    assert run == {"q": {"a": 0.9, "b": 0.8}, "r": {"a": 0.5}}
+    assert "dup.run:3: 1 lines list a document again" in caplog.text
+
+
 def test_other_files_other_folder_same_files_same_folder(tmp_path: Path) -> None:
     a = _released_layout(tmp_path / "a")
     b = _released_layout(tmp_path / "b", reverse=False)
