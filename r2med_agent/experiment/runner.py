@@ -153,7 +153,8 @@ class RunConfig(RunSpec):
 
 def prompts_in_use(cfg: RunConfig) -> str | None:
     """Hash of the overriding prompt folder's templates when the run renders prompts (an LLM
-    method with fresh generations, or a reranker), else None (the shipped templates)."""
+    method with fresh generations, or a reranker), else None (the shipped templates). Its
+    templates are checked for what the template sandbox refuses first, before any work."""
     renders = (cfg.method != "none" and cfg.generations == "fresh") or bool(cfg.reranker)
     if not renders:
         return None
@@ -162,6 +163,7 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
     folders = prompts.search_path(cfg.prompts_dir)
     if len(folders) < 2:
         return None
+    prompts.check_folder(folders[0])
     return folder_fingerprint(folders[0])
 
 
