@@ -19,7 +19,7 @@ import pytest
 from r2med_agent.errors import LLMError
 from r2med_agent.llm.registry import make_backend
 from r2med_agent.types import SamplingParams
-from tests.llm_server import FaultProxy, openai_spec
+from tests.llm_server import CannedChatServer, FaultProxy, openai_spec
 
 COUNT = [{"role": "user", "content": "Count from 1 to 20, one number per line."}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
@@ -93,6 +93,90 @@ def test_http_null_content_is_a_failed_generation_counted_and_never_cached(
     assert backend.null_replies == 1
     assert "1 of 3 replies had no content (content: null)" in caplog.text
     assert len(llm.cache) == 2  # the failed one is asked for again by the next run
+
+
+# ---------------------------------------------------------------- mistyped 200 replies
+
+MISTYPED = {
+    # valid JSON whose fields have the wrong types (issue 29 item 2): before, a TypeError,
+    # AttributeError or ValueError after the batch, a traceback, and nothing of the batch cached
+    "content-int": lambda p: CannedChatServer.good(p, content=123),
+    "content-list": lambda p: CannedChatServer.good(p, content=[{"type": "text", "text": "hi"}]),
+    "message-string": lambda p: {**CannedChatServer.good(p),
+                                 "choices": [{"index": 0, "finish_reason": "stop", "message": "hi"}]},
+    "usage-string": lambda p: {**CannedChatServer.good(p), "usage": {"prompt_tokens": "ten", "completion_tokens": 5}},
+    "finish-reason-list": lambda p: {**CannedChatServer.good(p),
+                                     "choices": [{**CannedChatServer.good(p)["choices"][0], "finish_reason": [1]}]},
+}
+STOPS = SamplingParams(temperature=0.0, max_tokens=4, stop=("never",))
+
+
+@pytest.mark.parametrize("kind", MISTYPED)
+def test_http_mistyped_200_reply_is_retried(kind: str) -> None:
+    bad = MISTYPED[kind]
+    with CannedChatServer(lambda prompt, attempt: bad(prompt) if attempt == 1 else CannedChatServer.good(prompt)) as srv:
+        backend = make_backend(openai_spec([srv.base_url], model="m", server="openai"))
+        gens = backend.generate(_prompts(1), STOPS)
+    assert gens[0].text == "answer: Say the number 0." and gens[0].prompt_tokens == 10
+    assert len(srv.requests) == 2 and backend.attempts == 2
+
+
+@pytest.mark.parametrize("kind", MISTYPED)
+def test_http_mistyped_replies_that_persist_fail_alone_and_the_good_ones_are_cached(kind: str, tmp_path: Path) -> None:
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    bad = MISTYPED[kind]
+    spec = openai_spec(["http://127.0.0.1:9/v1"], model="m", server="openai", max_retries=1, backoff_initial_s=0.01)
+
+    def wrapper(url: str) -> CachedLLM:
+        from dataclasses import replace
+
+        return CachedLLM(make_backend(replace(spec, base_urls=(url,))), spec,
+                         cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+
+    persistent = ("Say the number 3.", "Say the number 7.")
+    with CannedChatServer(lambda prompt, attempt: bad(prompt) if prompt in persistent else CannedChatServer.good(prompt)) as srv:
+        first = wrapper(srv.base_url)
+        with pytest.raises(LLMError) as err:
+            first.generate(_prompts(12), STOPS)
+    message = str(err.value)
+    assert "malformed reply" in message and "2 of 12 requests failed, 10 succeeded" in message
+    assert len(first.cache) == 10 and len(srv.requests) == 12 + 2  # each bad one retried once
+
+    with CannedChatServer() as fixed:  # the server answers well again: only the two are paid for
+        gens = wrapper(fixed.base_url).generate(_prompts(12), STOPS)
+    assert sorted(fixed.requests) == list(persistent)
+    assert [g.text for g in gens] == [f"answer: Say the number {i}." for i in range(12)]
+
+
+def test_a_run_whose_server_sends_a_mistyped_reply_exits_with_one_message_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from r2med_agent.cli.app import main
+    from tests.unit.llm.test_cache import write_task_dir
+
+    data = write_task_dir(tmp_path / "data")
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
+
+    def run(url: str) -> int:
+        config = tmp_path / "config.yaml"
+        config.write_text(f"llms:\n  canned:\n    backend: openai\n    model: m\n    server: openai\n"
+                          f"    base_urls: [{url}]\n    max_retries: 1\n    backoff_initial_s: 0.01\n")
+        return main(["run", "--config", str(config), "--task", "Biology", "--method", "hyde", "--llm", "canned",
+                     "--retriever", "bm25", "--data-dir", str(data), "--allow-count-mismatch", "--output-dir", str(tmp_path / "out"),
+                     "--no-progress"])
+
+    nostril = "one nostril"
+    with CannedChatServer(lambda p, a: MISTYPED["content-int"](p) if nostril in p else CannedChatServer.good(p)) as srv:
+        code = run(srv.base_url)
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "malformed reply: message.content is int '123', not str" in err and "Traceback" not in err
+    assert "1 of 2 requests failed, 1 succeeded" in err
+    with CannedChatServer() as fixed:
+        assert run(fixed.base_url) == 0, capsys.readouterr().err
+    assert len(fixed.requests) == 1 and nostril in fixed.requests[0]
 
 
 # ---------------------------------------------------------------- llama.cpp in-process
