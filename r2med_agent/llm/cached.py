@@ -571,8 +571,11 @@ class CachedLLM:
                 outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params)
                 model_time += dt
                 saved = self._commit_chunk(chunk, outs, requests, uses_of, made, owner)
-                if bar is not None and bar.n < start + len(chunk):
-                    bar.update(start + len(chunk) - bar.n)  # a backend that reports nothing itself
+                missing = start + len(chunk) - bar.n - bar.failed if bar is not None else 0
+                if bar is not None and missing > 0:  # a backend that reports nothing itself
+                    lost = min(sum(o is None for o in outs), missing)
+                    bar.fail(lost)
+                    bar.update(missing - lost)
                 logger.debug(
                     "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
                 )

@@ -448,7 +448,7 @@ class OpenAICompatBackend:
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._pool = _UrlPool(spec.base_urls, spec.backoff_initial_s, spec.backoff_max_s)
-        self._retry_lines: set[tuple[int, str]] = set()
+        self._retry_lines: set[int] = set()
 
     @property
     def server(self) -> str:
@@ -501,13 +501,16 @@ class OpenAICompatBackend:
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
-        self._retry_lines: set[tuple[int, str]] = set()
+        self._retry_lines: set[int] = set()
         progress = for_backend(len(prompts), f"{self.spec.name}")
         last_reply = [time.monotonic()]
 
         def finished(task: asyncio.Future[Any]) -> None:
             last_reply[0] = time.monotonic()
-            progress.update(1, _completion_tokens(task))
+            if task.cancelled() or task.exception() is not None:
+                progress.fail(1)  # counted apart: a batch whose requests failed is not "done"
+            else:
+                progress.update(1, _completion_tokens(task))
 
         heartbeat = asyncio.ensure_future(self._heartbeat(last_reply))
         try:
@@ -685,8 +688,10 @@ class OpenAICompatBackend:
 
     def _retrying(self, key: str) -> Any:
         """The retry policy of one request (module docstring): exponential backoff with jitter
-        or the server's ``Retry-After``, one warning per attempt number and error."""
-        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
+        or the server's ``Retry-After``, one warning per attempt number in a batch (its first
+        failure: the errors of one attempt differ only in details such as byte offsets), no
+        attempt started after ``max_retry_s``."""
+        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
         from tenacity.wait import wait_exponential_jitter
 
         spec = self.spec
@@ -709,11 +714,10 @@ class OpenAICompatBackend:
 
         def before_sleep(state: Any) -> None:
             exc = state.outcome.exception()
-            # One line per attempt and error, not one per prompt of the batch.
-            seen = (state.attempt_number, self._describe(exc, key))
-            if seen in self._retry_lines:
+            # One line per attempt, not one per prompt of the batch.
+            if state.attempt_number in self._retry_lines:
                 return
-            self._retry_lines.add(seen)
+            self._retry_lines.add(state.attempt_number)
             logger.warning(
                 "llm %s: attempt %d failed (%s); retrying in %.2fs",
                 spec.name,
@@ -723,7 +727,7 @@ class OpenAICompatBackend:
             )
 
         return AsyncRetrying(
-            stop=stop_after_attempt(spec.max_retries + 1) | stop_after_delay(spec.max_retry_s),
+            stop=stop_after_attempt(spec.max_retries + 1) | stop_before_delay(spec.max_retry_s),
             wait=wait,
             retry=retry_if_exception(retryable),
             before_sleep=before_sleep,
@@ -746,6 +750,7 @@ class OpenAICompatBackend:
         from tenacity import RetryError
 
         last_url: str | None = None
+        deadline = time.monotonic() + self.spec.max_retry_s
         try:
             async for attempt in self._retrying(key):
                 with attempt:
@@ -754,12 +759,14 @@ class OpenAICompatBackend:
                     self.attempts += 1
                     self.requests_per_url[last_url] += 1
                     failure: BaseException | None = None
+                    # the last attempt waits only for what the retry budget has left
+                    timeout_s = max(min(self.spec.timeout_s, deadline - time.monotonic()), 0.1)
                     try:
                         client = clients[last_url]
                         create = (client.completions.create if "prompt" in request
                                   else client.chat.completions.create)
                         try:
-                            response = await create(**request)
+                            response = await create(**request, timeout=_timeout(timeout_s))
                         except (ValueError, openai.APIResponseValidationError) as e:
                             # A 200 whose body is not the JSON it claims (json errors are
                             # ValueErrors): the server's fault, like a 5xx.
@@ -777,6 +784,8 @@ class OpenAICompatBackend:
                             ) from None
                     except BaseException as e:
                         failure = e
+                        if isinstance(e, openai.APITimeoutError):
+                            e.r2med_timeout_s = timeout_s  # type: ignore[attr-defined]  (for its message)
                         raise
                     finally:
                         pool.release(last_url, failure)
@@ -835,7 +844,9 @@ class OpenAICompatBackend:
         if exc is None:
             return "unknown error"
         if isinstance(exc, openai.APITimeoutError):
-            text = f"timed out after {self.spec.timeout_s:g}s"
+            waited = getattr(exc, "r2med_timeout_s", self.spec.timeout_s)
+            text = f"timed out after {waited:.3g}s" + (
+                " (what the retry budget max_retry_s had left)" if waited < self.spec.timeout_s else "")
         elif isinstance(exc, openai.APIConnectionError):
             text = f"connection error: {exc.__cause__ or exc}"
         elif isinstance(exc, openai.AuthenticationError):
@@ -924,6 +935,14 @@ class OpenAICompatBackend:
                 else _completion_logprobs(getattr(choice, "logprobs", None))
             ),
         )
+
+
+def _timeout(seconds: float) -> Any:
+    """An attempt's httpx timeout: ``seconds`` in all, at most :data:`CONNECT_TIMEOUT_S` of it to
+    connect."""
+    import httpx
+
+    return httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
 
 
 def _typed(value: Any, kind: type, name: str) -> Any:

@@ -179,6 +179,74 @@ def test_a_run_whose_server_sends_a_mistyped_reply_exits_with_one_message_and_re
     assert len(fixed.requests) == 1 and nostril in fixed.requests[0]
 
 
+# ---------------------------------------------------------------- retries (issue 29 item 8)
+
+
+def test_one_warning_per_attempt_whatever_the_details_of_each_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Twelve replies cut at twelve different bytes fail attempt 1 with twelve different texts
+    (the JSON error names its byte offset): before, up to one line each."""
+    import json
+
+    def reply(prompt: str, attempt: int) -> bytes:
+        body = json.dumps(CannedChatServer.good(prompt)).encode()
+        return body[: 40 + 7 * int(prompt.split()[-1].rstrip("."))] if attempt == 1 else body
+
+    with CannedChatServer(reply) as srv, caplog.at_level(logging.WARNING, logger="r2med_agent.llm.openai_compat"):
+        backend = make_backend(openai_spec([srv.base_url], model="m", server="openai", max_concurrency=12))
+        gens = backend.generate(_prompts(12), STOPS)
+    assert all(g.text for g in gens) and len(srv.requests) == 24
+    lines = [r.getMessage() for r in caplog.records if "attempt" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("llm smollm2-http: attempt 1 failed (malformed reply"), lines
+
+
+def test_the_last_attempt_waits_only_for_what_the_retry_budget_has_left() -> None:
+    """timeout_s 3, max_retry_s 4.5, a server that never answers: the second attempt used to wait
+    its whole 3 s (6 s in all; in the issue 73 s for a 50 s budget); now it stops at the budget."""
+    import time
+
+    with CannedChatServer(delay_s=60) as srv:
+        backend = make_backend(openai_spec([srv.base_url], model="m", server="openai", timeout_s=3.0,
+                                           max_retry_s=4.5, max_retries=10, backoff_initial_s=0.05))
+        t0 = time.monotonic()
+        with pytest.raises(LLMError) as err:
+            backend.generate(_prompts(1), STOPS)
+        elapsed = time.monotonic() - t0
+    assert 4.3 < elapsed < 5.3, elapsed
+    assert backend.attempts == 2
+    assert "failed after 2 attempts: timed out after 1." in str(err.value)
+    assert "what the retry budget max_retry_s had left" in str(err.value)
+
+
+def test_progress_never_says_done_when_the_requests_failed(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """Every request timed out: the last progress line said ``12/12 generations (100%), done``."""
+    from r2med_agent import progress
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    was = progress.enabled()
+    progress.configure(enabled=True)
+    try:
+        with CannedChatServer(delay_s=60) as srv:
+            spec = openai_spec([srv.base_url], model="m", server="openai", timeout_s=1.0, max_retry_s=1.5,
+                               max_concurrency=12)
+            with pytest.raises(LLMError):
+                make_backend(spec).generate(_prompts(12), STOPS)
+        err = capsys.readouterr().err
+        assert "0/12 generations (0%), 12 failed" in err and "12/12" not in err and "done" not in err, err
+        # through the cache wrapper (one progress for the run), half of them failing for good
+        odd = lambda p, a: b"{" if int(p.split()[-1].rstrip(".")) % 2 else CannedChatServer.good(p)  # noqa: E731
+        with CannedChatServer(odd) as srv:
+            spec = openai_spec([srv.base_url], model="m", server="openai", max_retries=0, max_concurrency=12)
+            llm = CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
+            with pytest.raises(LLMError):
+                llm.generate(_prompts(12), STOPS)
+        err = capsys.readouterr().err
+        assert "6/12 generations (50%), 6 failed" in err and "done" not in err, err
+    finally:
+        progress.configure(enabled=was)
+
+
 # ---------------------------------------------------------------- llama.cpp in-process
 
 
