@@ -251,9 +251,12 @@ def test_progress_never_says_done_when_the_requests_failed(capsys: pytest.Captur
 
 
 @pytest.mark.slow
-def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(smollm2_spec, tmp_path: Path) -> None:
+def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(
+    smollm2_spec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from dataclasses import replace
 
+    from r2med_agent import progress
     from r2med_agent.llm.cache import GenerationCache
     from r2med_agent.llm.cached import CachedLLM
 
@@ -261,8 +264,15 @@ def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(smollm2_s
     prompts = _prompts(4)
     prompts[2] = [{"role": "user", "content": "Too long: " + "lorem ipsum " * 400}]
     llm = CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
-    with pytest.raises(LLMError) as err:
-        llm.generate(prompts, GREEDY)
+    was = progress.enabled()
+    progress.configure(enabled=True)
+    try:
+        with pytest.raises(LLMError) as err:
+            llm.generate(prompts, GREEDY)
+    finally:
+        progress.configure(enabled=was)
+    # the failed prompt is counted apart, never as done (issue 29 item 8)
+    assert "3/4 generations (75%), 1 failed" in capsys.readouterr().err
     message = str(err.value)
     assert message.startswith("prompt 3 of 4 ('Too long: lorem ipsum")
     assert "raise n_ctx in its llms entry, now 512" in message
