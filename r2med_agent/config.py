@@ -54,9 +54,15 @@ MAX_YAML_NODES = 1_000_000
 """Most nodes a YAML file may hold once its aliases are expanded (each alias counted as the size
 of the subtree it repeats)."""
 
+MAX_YAML_ALIAS_TEXT = 10_000_000
+"""Most characters of text (keys and values) a YAML file's aliases may add once expanded: one
+10 kB string repeated through 50 nested aliases is 111,000 nodes (under :data:`MAX_YAML_NODES`)
+but a gigabyte of text, which a run then copies and hashes (10 GB of memory in minutes)."""
+
 
 class _YAMLLimit(yaml.YAMLError):
-    """A YAML file beyond :data:`MAX_YAML_ALIASES` or :data:`MAX_YAML_NODES` (with its line)."""
+    """A YAML file beyond :data:`MAX_YAML_ALIASES`, :data:`MAX_YAML_NODES` or
+    :data:`MAX_YAML_ALIAS_TEXT` (with its line)."""
 
     def __init__(self, problem: str, mark: Any) -> None:
         super().__init__(problem)
@@ -65,52 +71,64 @@ class _YAMLLimit(yaml.YAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that counts aliases and the size of the document they expand to, and
-    stops at the limits before anything is built."""
+    """PyYAML's safe loader that counts aliases and the size of the document they expand to
+    (nodes, and the characters of text their repeats add), and stops at the limits before
+    anything is built."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._aliases = 0
         self._expanded = 0
-        self._sizes: dict[int, int] = {}
+        self._alias_text = 0
+        self._sizes: dict[int, tuple[int, int]] = {}
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if not self.check_event(yaml.AliasEvent):
-            self._count(1, self.peek_event().start_mark)
+            self._count(1, 0, self.peek_event().start_mark)
             return super().compose_node(parent, index)
         mark = self.peek_event().start_mark
         self._aliases += 1
         if self._aliases > MAX_YAML_ALIASES:
             raise _YAMLLimit(f"more than {MAX_YAML_ALIASES} aliases (*name); write the entries out", mark)
         node = super().compose_node(parent, index)
-        self._count(self._size(node), mark)
+        self._count(*self._size(node), mark)
         return node
 
-    def _count(self, nodes: int, mark: Any) -> None:
+    def _count(self, nodes: int, text: int, mark: Any) -> None:
         self._expanded += nodes
+        self._alias_text += text
         if self._expanded > MAX_YAML_NODES:
             raise _YAMLLimit(f"its aliases expand it beyond {MAX_YAML_NODES:,} nodes", mark)
+        if self._alias_text > MAX_YAML_ALIAS_TEXT:
+            raise _YAMLLimit(
+                f"its aliases repeat more than {MAX_YAML_ALIAS_TEXT:,} characters of text; write "
+                "the entries out", mark)
 
-    def _size(self, node: Any) -> int:
-        """Nodes in ``node``'s subtree with every alias expanded (memoised per node)."""
+    def _size(self, node: Any) -> tuple[int, int]:
+        """(nodes, characters of scalars) in ``node``'s subtree with every alias expanded
+        (memoised per node)."""
         known = self._sizes.get(id(node))
         if known is not None:
             return known
-        size = 1
-        if isinstance(node, yaml.SequenceNode):
-            size += sum(self._size(child) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            size += sum(self._size(k) + self._size(v) for k, v in node.value)
-        self._sizes[id(node)] = size
-        return size
+        nodes, text = 1, 0
+        if isinstance(node, yaml.ScalarNode):
+            text = len(node.value)
+        else:
+            children = (node.value if isinstance(node, yaml.SequenceNode)
+                        else [c for pair in node.value for c in pair])
+            for child in children:
+                n, t = self._size(child)
+                nodes, text = nodes + n, text + t
+        self._sizes[id(node)] = (nodes, text)
+        return nodes, text
 
 
 def read_yaml(path: Path) -> Any:
     """Parse a YAML file; unreadable, non-UTF-8 or malformed files raise ConfigError with file:line.
 
     Only plain data is built (PyYAML's safe loader), and a file whose aliases repeat more than
-    :data:`MAX_YAML_ALIASES` times or expand it beyond :data:`MAX_YAML_NODES` nodes is refused
-    before it is built."""
+    :data:`MAX_YAML_ALIASES` times, expand it beyond :data:`MAX_YAML_NODES` nodes or repeat more
+    than :data:`MAX_YAML_ALIAS_TEXT` characters of text is refused before it is built."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

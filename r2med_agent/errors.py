@@ -72,6 +72,15 @@ class LLMError(R2MedError):
     exit_code = 4
 
 
+def _size(n: int) -> str:
+    """``n`` bytes for a person: kB below a megabyte (rounded up: never "0.0 MB"), else MB or GB."""
+    if n < 1_000_000:
+        return f"{max(-(-n // 1000), 1)} kB"
+    if n < 1_000_000_000:
+        return f"{n / 1e6:.1f} MB"
+    return f"{n / 1e9:.1f} GB"
+
+
 class HubUnavailableError(R2MedError):
     """The Hugging Face hub could not be reached."""
 
@@ -84,7 +93,7 @@ class DiskFullError(R2MedError):
     exit_code = 6
 
     def __init__(self, path: object, needed_bytes: int | None = None) -> None:
-        need = f" (about {needed_bytes / 1e6:.1f} MB more needed)" if needed_bytes else ""
+        need = f" (about {_size(needed_bytes)} more needed)" if needed_bytes else ""
         super().__init__(
             f"{path}: no space left on the device{need}; free some space (or point the cache "
             "or output folder elsewhere) and run the same command again: finished work is kept"

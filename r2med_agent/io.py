@@ -163,16 +163,17 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str], size: int) -> None:
-    """Raise DiskFullError for ``path`` (``size`` bytes were being written) when ``exc`` is a
-    full disk or quota; the caller has already removed its temporaries. Other errors return.
+def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str], size: int | None) -> None:
+    """Raise DiskFullError for ``path`` (``size`` bytes were being written; None: not known)
+    when ``exc`` is a full disk or quota; the caller has already removed its temporaries. Other
+    errors return.
 
     numpy's ``tofile`` (under ``np.save`` to a path) reports a full disk as a short write
     ("N requested and M written") without an errno; that counts too."""
     short_write = isinstance(exc, OSError) and exc.errno is None and _SHORT_WRITE.search(str(exc))
     if isinstance(exc, OSError) and (exc.errno in _FULL or short_write):
         free = free_bytes(path)
-        raise DiskFullError(path, max(size - (free or 0), 1)) from None
+        raise DiskFullError(path, None if size is None else max(size - (free or 0), 1)) from None
 
 
 def check_space(path: str | os.PathLike[str], size: int) -> None:

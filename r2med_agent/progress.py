@@ -183,6 +183,7 @@ class GenerationProgress(_PlainLines):
         self.total = int(total)
         self.desc = desc
         self.n = 0
+        self.failed = 0
         self.tokens = 0
         self._stream = stream if stream is not None else sys.stderr
         self._interval = float(_SETTINGS["interval_s"] if interval_s is None else interval_s)
@@ -233,14 +234,28 @@ class GenerationProgress(_PlainLines):
                 bar.update(self.n - bar.n)
             return
         now = self._clock()
-        if now - self._last_line >= self._interval and self.n < self.total:
+        if now - self._last_line >= self._interval and self.n + self.failed < self.total:
             self._last_line = now
             self._write(self.line())
 
+    def fail(self, n: int = 1) -> None:
+        """``n`` generations failed (counted apart: the work is not done)."""
+        self.failed += n
+        if self.show and self._tty and self._draw_bar() is not None:
+            self._bar.set_postfix_str(f"{self.failed} failed", refresh=False)
+
     def line(self) -> str:
-        """The plain progress line: done/total, percent, rate, ETA, tokens/s."""
+        """The plain progress line: done/total, percent, rate, ETA, tokens/s; with failures, how
+        many failed, and never "done"."""
         elapsed = max(self.elapsed, 1e-9)
-        parts = _line_parts(self.desc, self.n, self.total, "generations", elapsed)
+        if not self.failed:
+            parts = _line_parts(self.desc, self.n, self.total, "generations", elapsed)
+        else:
+            parts = _line_parts(self.desc, self.n, None, "generations", elapsed)
+            parts[0] = (f"{self.desc}: {self.n}/{self.total} generations "
+                        f"({100 * self.n / max(self.total, 1):.0f}%), {self.failed} failed")
+            if self.n + self.failed >= self.total:
+                parts.append(f"ended in {_fmt_eta(elapsed)}")
         if self.tokens:
             parts.append(f"{self.tokens / elapsed:.1f} output tok/s")
         return ", ".join(parts)

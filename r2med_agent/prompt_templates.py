@@ -12,6 +12,14 @@ below) at a folder with the same layout. A file there replaces the package's fil
 relative name; every file it does not have comes from the package. Templates render with
 ``StrictUndefined``, so a template that uses a variable the caller did not pass is an error, not
 an empty string.
+
+Templates come from users' folders and clones of other repositories, so they render in Jinja's
+sandbox (``ImmutableSandboxedEnvironment``): a template can use its variables, filters and tests,
+but not Python's internals (``cycler.__init__.__globals__`` reached ``os``) nor change the values
+it is given. A template that names such an attribute is refused with its file and line when it
+is first loaded, and a run checks every template of its prompt folder before any work
+(:func:`check_folder`); one that reaches one by a computed name fails when rendered, also with
+its file and line.
 """
 
 from __future__ import annotations
@@ -26,12 +34,15 @@ from typing import Any
 
 import jinja2
 import jinja2.meta
+import jinja2.nodes
+import jinja2.sandbox
 
 from r2med_agent.errors import ConfigError
 
 __all__ = [
     "ENV_VAR",
     "EXACT_MARK",
+    "check_folder",
     "environment",
     "load_examples",
     "render",
@@ -97,7 +108,7 @@ def search_path(prompts_dir: PathLike | None = None) -> list[Path]:
 
 @lru_cache(maxsize=16)
 def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
-    return jinja2.Environment(
+    return jinja2.sandbox.ImmutableSandboxedEnvironment(
         loader=jinja2.FileSystemLoader(list(paths), encoding="utf-8"),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -110,8 +121,8 @@ def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
 def environment(prompts_dir: PathLike | None = None) -> jinja2.Environment:
     """The Jinja environment over :func:`search_path` (cached per search path).
 
-    ``StrictUndefined``, no autoescaping, trailing newlines kept, ``trim_blocks`` on. Templates
-    are re-read when their file changes on disk.
+    Jinja's immutable sandbox, ``StrictUndefined``, no autoescaping, trailing newlines kept,
+    ``trim_blocks`` on. Templates are re-read when their file changes on disk.
     """
     return _environment(tuple(str(p) for p in search_path(prompts_dir)))
 
@@ -142,10 +153,65 @@ def _not_found(name: str, prompts_dir: PathLike | None) -> ConfigError:
     return ConfigError(f"no prompt template '{name}' in {where}{hint}")
 
 
+_INTERNALS = frozenset({"mro", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_code", "ag_frame",
+                        "tb_frame", "tb_next", "f_globals", "f_locals", "f_builtins", "f_code"})
+"""Attribute names the sandbox refuses besides those starting with ``_``."""
+
+def _check_safe(ast: jinja2.nodes.Template, filename: str) -> None:
+    """Refuse a template that names an attribute the sandbox refuses (``x.__class__``,
+    ``x["__init__"]``, ``x|attr("__globals__")``), with its file and line."""
+    for node in ast.find_all((jinja2.nodes.Getattr, jinja2.nodes.Getitem, jinja2.nodes.Filter)):
+        if isinstance(node, jinja2.nodes.Getattr):
+            name: Any = node.attr
+        elif isinstance(node, jinja2.nodes.Getitem):
+            name = node.arg.value if isinstance(node.arg, jinja2.nodes.Const) else None
+        else:
+            arg = node.args[0] if node.name == "attr" and node.args else None
+            name = arg.value if isinstance(arg, jinja2.nodes.Const) else None
+        if isinstance(name, str) and (name.startswith("_") or name in _INTERNALS):
+            raise ConfigError(
+                f"{filename}:{node.lineno}: unsafe template: it reads {name!r}, which templates may "
+                "not (they render in a sandbox: their variables, filters and tests, no Python "
+                "internals); remove it"
+            )
+
+
+def _checked_source(env: jinja2.Environment, name: str, source: str, filename: str | None) -> jinja2.nodes.Template:
+    """``source`` parsed and checked by :func:`_check_safe` (syntax errors with file and line)."""
+    try:
+        ast = env.parse(source, name, filename)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"{e.filename or name}:{e.lineno}: template syntax error: {e.message}") from None
+    _check_safe(ast, filename or name)
+    return ast
+
+
+def check_folder(folder: PathLike) -> None:
+    """Check every template (``*.j2``) of a prompt folder with :func:`_check_safe` (a run does
+    so before any work). Syntax errors are left to the template's first use.
+
+    Raises:
+        ConfigError: a template names an attribute the sandbox refuses (file and line).
+    """
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    for path in sorted(Path(folder).rglob("*.j2")):
+        try:
+            source = path.read_text(encoding="utf-8")
+            ast = env.parse(source, path.name, str(path))
+        except (OSError, UnicodeDecodeError, jinja2.TemplateSyntaxError):
+            continue
+        _check_safe(ast, str(path))
+
+
 def _get_template(name: str, prompts_dir: PathLike | None) -> jinja2.Template:
     env = environment(prompts_dir)
     try:
-        return env.get_template(name)
+        template = env.get_template(name)
+        if not getattr(template, "_r2med_checked", False):  # once per loaded (or reloaded) file
+            source, filename, _ = env.loader.get_source(env, name)  # type: ignore[union-attr]
+            _checked_source(env, name, source, filename)
+            template._r2med_checked = True  # type: ignore[attr-defined]
+        return template
     except jinja2.TemplateNotFound as e:
         # A missing include names the include, not the outer template.
         raise _not_found(e.name or name, prompts_dir) from None
@@ -170,6 +236,8 @@ def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **vari
     template = _get_template(template_path, prompts_dir)
     try:
         return template.render(**variables)
+    except jinja2.sandbox.SecurityError as e:
+        raise ConfigError(f"{_template_line(e, template)}: unsafe template: {e}") from None
     except jinja2.UndefinedError as e:
         given = ", ".join(sorted(variables)) or "none"
         raise ConfigError(
@@ -177,6 +245,19 @@ def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **vari
         ) from None
     except jinja2.TemplateNotFound as e:
         raise _not_found(e.name or template_path, prompts_dir) from None
+
+
+def _template_line(exc: BaseException, template: jinja2.Template) -> str:
+    """``file:line`` of the template line that raised ``exc`` (Jinja's traceback holds template
+    frames), else the template's file."""
+    where = template.filename or template.name or "template"
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.endswith(".j2"):
+            where = f"{filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def renders_exactly(template_path: str, /, *, prompts_dir: PathLike | None = None) -> bool:
@@ -195,10 +276,7 @@ def renders_exactly(template_path: str, /, *, prompts_dir: PathLike | None = Non
 
 
 def _referenced(env: jinja2.Environment, name: str, source: str, filename: str | None) -> list[str]:
-    try:
-        ast = env.parse(source, name, filename)
-    except jinja2.TemplateSyntaxError as e:
-        raise ConfigError(f"{e.filename or name}:{e.lineno}: template syntax error: {e.message}") from None
+    ast = _checked_source(env, name, source, filename)
     refs = list(jinja2.meta.find_referenced_templates(ast))
     if any(r is None for r in refs):
         raise ConfigError(

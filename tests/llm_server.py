@@ -393,3 +393,67 @@ class FaultProxy:
             self._reply(handler, resp.status, payload)
         finally:
             conn.close()
+
+
+class CannedChatServer:
+    """A plain OpenAI-style chat endpoint on 127.0.0.1 whose replies the test writes: a JSON
+    body per request, chosen by ``reply(prompt_text, attempt)`` (``attempt`` counts the requests
+    that carried that prompt, from 1); by default a well-formed completion answering
+    ``"answer: <prompt>"`` with usage. For replies a real server could send but no real engine here
+    does on purpose (a mistyped field in valid JSON). ``requests`` lists the prompt of every chat
+    request; ``delay_s`` holds every reply that long first.
+    """
+
+    def __init__(self, reply: Any = None, delay_s: float = 0.0) -> None:
+        self.reply = reply or (lambda prompt, attempt: self.good(prompt))
+        self.delay_s = delay_s
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+            def do_GET(self) -> None:  # noqa: N802
+                FaultProxy._reply(self, 200, json.dumps({"object": "list", "data": [{"id": "m"}]}).encode())
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                prompt = str(body.get("messages", [{}])[-1].get("content", body.get("prompt", "")))
+                with server._lock:
+                    server.requests.append(prompt)
+                    attempt = server.requests.count(prompt)
+                if server.delay_s:
+                    server._stop.wait(server.delay_s)
+                payload = server.reply(prompt, attempt)
+                FaultProxy._reply(self, 200, payload if isinstance(payload, bytes) else json.dumps(payload).encode())
+
+        self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self.base_url = f"http://{LOOPBACK}:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def good(prompt: str, **message: Any) -> dict[str, Any]:
+        """A well-formed chat completion (``message`` fields replace the defaults)."""
+        return {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": f"answer: {prompt}", **message}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> CannedChatServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

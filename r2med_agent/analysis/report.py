@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -479,6 +480,26 @@ def render_html(
     )
 
 
+def _write_plot(draw: Any, path: Path) -> Path:
+    """``draw(file)`` into a temporary folder named for its writer, then moved to ``path`` by
+    one rename: a full disk leaves the old plot as it was and no temporary (DiskFullError)."""
+    import shutil
+    import tempfile
+
+    from r2med_agent.io import raise_if_disk_full, temp_prefix
+
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp"))
+    try:
+        draw(tmp / path.name)
+        os.replace(tmp / path.name, path)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise_if_disk_full(e, path, None)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
 def write_report(
     table: ComparisonTable,
     out_dir: str | Path,
@@ -510,8 +531,9 @@ def write_report(
         raise ConfigError(f"--out {out}: cannot create the report folder ({e.strerror}); "
                           "choose another path") from None
     plots = {
-        f"{table.metric} per task": plot_per_task(table, out / "per_task.png"),
-        "quality against cost": plot_quality_vs_cost(table, out / "quality_vs_cost.png", cost_axis),
+        f"{table.metric} per task": _write_plot(lambda p: plot_per_task(table, p), out / "per_task.png"),
+        "quality against cost": _write_plot(lambda p: plot_quality_vs_cost(table, p, cost_axis),
+                                            out / "quality_vs_cost.png"),
     }
     data = drilldown_data(table, tasks, doc_chars=doc_chars)
     page = render_html(table, plots, data, title=title)

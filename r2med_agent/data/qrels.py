@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from r2med_agent.data.records import _get_id
+from r2med_agent.data.records import _get_id, id_problem
 from r2med_agent.errors import DataError
 from r2med_agent.io import iter_jsonl, iter_lines
 from r2med_agent.types import Doc, Qrels, Query
@@ -102,6 +102,10 @@ def _qrels_from_text(path: Path) -> list[tuple[Path, int, str, str, int]]:
         qid, doc_id, score = (fields[0], fields[2], fields[3]) if width == 4 else fields
         if not qid or not doc_id:
             raise DataError("empty query or document id", path, line_no)
+        for what, value in (("query", qid), ("document", doc_id)):
+            problem = id_problem(value)
+            if problem:
+                raise DataError(f"qrels {what} id {value!r} {problem[0]}, {problem[1]}", path, line_no)
         rows.append((path, line_no, qid, doc_id, _parse_score(score, path, line_no)))
     return rows
 

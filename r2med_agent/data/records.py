@@ -16,9 +16,27 @@ from r2med_agent.io import iter_jsonl
 from r2med_agent.types import Doc, Query
 
 
-_INNER_SPACE = re.compile(r"\s")
-"""Whitespace inside an id: a TREC run or qrels line is split on it, so such an id cannot be written
-into the run file (a newline would even add lines) and is refused where it is read."""
+_INNER_SPACE = re.compile(r"[\s\u180e\u200b-\u200d\u2060\ufeff]")
+"""Whitespace in an id (inside it, leading or trailing): a TREC run or qrels line is split on it,
+so such an id cannot be written into the run file (a newline would even add lines), and one
+stripped silently would not be the id the other files name; also the zero-width characters
+(U+200B-U+200D, U+2060, U+FEFF, U+180E), which make two ids that look the same differ. Refused
+where it is read."""
+
+
+def id_problem(text: str) -> tuple[str, str] | None:
+    """What makes ``text`` unusable as an id (:data:`_INNER_SPACE`) and what to do, or None."""
+    m = _INNER_SPACE.search(text)
+    if m is None:
+        return None
+    ch = m.group()
+    if not ch.isspace():
+        import unicodedata
+
+        return (f"holds an invisible character (U+{ord(ch):04X} {unicodedata.name(ch, 'FORMAT CHARACTER')})",
+                "which makes it differ from the same id without it; remove it")
+    where = "leading " if m.start() == 0 else "trailing " if not text[m.end():].strip() else ""
+    return f"holds {where}whitespace", "which a TREC run file cannot hold; use ids without spaces, tabs or line breaks"
 
 
 def _check_unique(ids: list[tuple[str, Path]], paths: list[Path], what: str) -> None:
@@ -59,12 +77,12 @@ def _get_id(obj: dict[str, Any], keys: Sequence[str], path: Path, line: int, wha
             value = obj[key]
             if isinstance(value, bool) or not isinstance(value, (str, int)):
                 raise DataError(f"{what} field '{key}' must be a string, got {value!r}", path, line)
-            text = str(value).strip()
-            if not text:
+            text = str(value)
+            if not text.strip():
                 raise DataError(f"empty {what} field '{key}'", path, line)
-            if _INNER_SPACE.search(text):
-                raise DataError(f"{what} id {text!r} holds whitespace (field '{key}'), which a TREC run "
-                                "file cannot hold; use ids without spaces, tabs or line breaks", path, line)
+            problem = id_problem(text)
+            if problem:
+                raise DataError(f"{what} id {text!r} {problem[0]} (field '{key}'), {problem[1]}", path, line)
             return text
     raise DataError(f"missing field '{keys[0]}' (the {what} id)", path, line)
 

@@ -21,7 +21,7 @@ class _TaskSnapshot:
     """A validated task's queries, qrels, document ids and fingerprint in the task cache, stored
     under a SHA-256 of the bytes of every file it was read from."""
 
-    FORMAT = 2  # 2: ids holding whitespace refused, BEIR splits, folders without qrels; raise when reading or validation rules change what a set of files loads as
+    FORMAT = 3  # 2: ids holding whitespace refused, BEIR splits, folders without qrels; 3: leading or trailing whitespace and zero-width characters in ids refused; raise when reading or validation rules change what a set of files loads as
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -21,7 +21,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.data.bright import excluded_depth, remove_excluded, task_metrics
 from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, LOOP_RULES, RERANK_RULES, RunSpec
-from r2med_agent.experiment.store import ResultStore, folder_scores, write_summary, write_task_set
+from r2med_agent.experiment.store import ResultStore, folder_scores, summary_text, write_task_set
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
 
 __all__ = ["DEFAULT_TOP_K", "FINAL_MODES", "ExperimentResult", "RunConfig", "RunSpec", "TaskOutcome", "cut_run",
@@ -172,7 +172,8 @@ def _check_prompt_sources(cfg: RunConfig) -> None:
 def prompts_in_use(cfg: RunConfig) -> str | None:
     """Hash of the overriding prompt folder's templates when the run renders prompts in the
     project's wording (an LLM method with fresh generations, or a reranker, whose folders are not
-    all rendered in the authors' wording), else None (the shipped templates)."""
+    all rendered in the authors' wording), else None (the shipped templates). Its templates are
+    checked for what the template sandbox refuses first, before any work."""
     renders = (cfg.method != "none" and cfg.generations == "fresh") or bool(cfg.reranker)
     if not renders:
         return None
@@ -186,6 +187,7 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
     folders = prompts.search_path(cfg.prompts_dir)
     if len(folders) < 2:
         return None
+    prompts.check_folder(folders[0])
     return folder_fingerprint(folders[0])
 
 
@@ -444,8 +446,10 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
         ctx.llm = _make_llm(ctx, llm, owned)
         _run_method(ctx, runs)
     _search(ctx, runs)
-    outcomes = [_finish_task(ctx, out_dir, r) for r in runs.values()]
-    return _write_summary(ctx, out_dir, outcomes)
+    outcomes: list[TaskOutcome] = []
+    for r in runs.values():
+        outcomes.append(_finish_task(ctx, out_dir, r, outcomes))
+    return ExperimentResult(ctx.cfg, outcomes, _average(outcomes), out_dir, _llm_stats(ctx))
 
 
 def _check_models(ctx: _Context) -> None:
@@ -627,8 +631,9 @@ def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
         r.retrieval_time += share
 
 
-def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
-    """Cut, evaluate and write one task's files."""
+def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun, done: list[TaskOutcome]) -> TaskOutcome:
+    """Cut, evaluate and write one task's files, with the folder's summary as it is once they
+    are written (after the tasks ``done`` before it in this run)."""
     cfg = ctx.cfg
     t0 = time.perf_counter()
     run = r.run
@@ -645,11 +650,13 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
     evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
     stats = _stats(ctx, r)
     ctx.store.note_replacement(ctx.spec, r.task.name)
-    files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s, unscored)
+    outcome = TaskOutcome(r.task.name, ev, [], stats, unscored)
+    outcome.files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s, unscored,
+                                      summary=lambda: _summary(ctx, out_dir, [*done, outcome]))
     if ev.missing and not unscored:
         log.warning("%s: %d of %d queries have no results and score 0", r.task.name,
                     len(ev.missing), ev.num_queries)
-    return TaskOutcome(r.task.name, ev, files, stats, unscored)
+    return outcome
 
 
 def _not_scored(cfg: RunConfig, task: Task) -> str:
@@ -682,29 +689,38 @@ def _stats(ctx: _Context, r: _TaskRun) -> dict[str, Any]:
     return stats
 
 
-def _write_summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) -> ExperimentResult:
-    """The folder's summary covers every task result in it (a second --task run adds to it);
-    the "run" block is this run's own."""
-    cfg, llm = ctx.cfg, ctx.llm
-    average = average_over_tasks([o.evaluation.mean for o in outcomes if not o.not_scored])
+def _average(outcomes: list[TaskOutcome]) -> dict[str, float]:
+    return average_over_tasks([o.evaluation.mean for o in outcomes if not o.not_scored])
+
+
+def _llm_stats(ctx: _Context) -> dict[str, Any]:
+    llm = ctx.llm
     llm_stats = asdict(llm.stats) if llm is not None and hasattr(llm, "stats") else {}
     rerank_llm = getattr(ctx.reranker, "built_llm", None)
     if rerank_llm is not None and rerank_llm is not llm and hasattr(rerank_llm, "stats"):
         llm_stats = {**llm_stats, "reranker": asdict(rerank_llm.stats)}
+    return llm_stats
+
+
+def _summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) -> str:
+    """The folder's ``summary.json`` once ``outcomes`` are written: every task result in it (a
+    second --task run adds to it) and the "run" block, this run's own tasks so far. It goes into
+    the last outcome's set of files (made under the folder's lock), so it always matches them."""
+    cfg = ctx.cfg
     scores = folder_scores(out_dir, {o.task: o.evaluation.mean for o in outcomes})
     extra = {
-        "run": {"tasks": [o.task for o in outcomes], "average": average},
-        "llm_stats": llm_stats,
+        "run": {"tasks": [o.task for o in outcomes], "average": _average(outcomes)},
+        "llm_stats": _llm_stats(ctx),
         **({"loop_steps": ctx.loop_steps} if ctx.loop_steps is not None else {}),
         "config": _config_record(cfg),
         "precision": model_precisions(cfg),
     }
-    write_summary(out_dir, scores, ctx.spec, extra)
-    return ExperimentResult(cfg, outcomes, average, out_dir, llm_stats)
+    return summary_text(scores, ctx.spec, extra)
 
 
 def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: Evaluation,
-                      stats: dict[str, Any], evaluation_s: float, unscored: str) -> list[Path]:
+                      stats: dict[str, Any], evaluation_s: float, unscored: str, *,
+                      summary: Any = None) -> list[Path]:
     from r2med_agent.evaluation import write_trec_run
 
     task, out = r.task, r.output
@@ -742,7 +758,8 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         from r2med_agent.methods.loop import traces_to_jsonl
 
         files[".rerank.jsonl"] = traces_to_jsonl(r.rerank.traces)
-    return write_task_set(out_dir, task.name, files)  # one set: a reader never mixes two runs' files
+    # one set (with the folder's summary): a reader never mixes two runs' files
+    return write_task_set(out_dir, task.name, files, summary=summary)
 
 
 def _generations_jsonl(task: Task, gens: Sequence[Generation], requests: Sequence[SearchRequest],

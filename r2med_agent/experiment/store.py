@@ -20,7 +20,9 @@ moves each of their task results into the folder of its own spec.
 A task's files are one set, replaced as a whole (:func:`write_task_set`): they are written into a
 hidden staging folder, which one rename turns into ``.<Task>.set/`` (the commit: from then on the
 new set is the task's result), and then moved into place one by one, ``<Task>.json`` last, files
-of the old set that the new one lacks removed. A kill before the commit leaves the old set (and
+of the old set that the new one lacks removed. A run's set also holds the folder's
+``summary.json`` (made under the folder's lock with the new scores, moved in just before
+``<Task>.json``), so a kill never leaves a summary of other scores than the task files beside it. A kill before the commit leaves the old set (and
 a staging folder the next write removes); a kill after it leaves ``.<Task>.set/``, which readers
 read through (:func:`task_set_files`) and the next write of the folder finishes. A reader thus
 never mixes two runs' files.
@@ -33,7 +35,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, RunSpec
 from r2med_agent.io import (
     atomic_write_json,
+    atomic_write_text,
     build_lock,
     raise_if_disk_full,
     read_json,
@@ -110,6 +113,8 @@ def _finish_set(folder: Path, task: str) -> None:
     if members is not None:
         for suffix in (*TASK_SUFFIXES[1:], TASK_SUFFIXES[0]):
             name = task + suffix
+            if suffix == ".json" and (pending / SUMMARY_FILE).exists():
+                os.replace(pending / SUMMARY_FILE, folder / SUMMARY_FILE)
             if (pending / name).exists():
                 os.replace(pending / name, folder / name)
             elif name not in members:
@@ -137,8 +142,13 @@ def finish_pending_sets(folder: Path) -> None:
         remove_stale_temps(folder)
 
 
-def write_task_set(folder: Path, task: str, files: Mapping[str, str]) -> list[Path]:
+def write_task_set(folder: Path, task: str, files: Mapping[str, str],
+                   summary: Callable[[], str] | None = None) -> list[Path]:
     """Replace ``task``'s files in ``folder`` by ``files`` (``suffix -> text``) as one set.
+
+    Args:
+        summary: makes the folder's ``summary.json`` text, which joins the set; called under the
+            folder's lock, once the set's files are final (see :func:`folder_scores`).
 
     Returns:
         the paths of the new files.
@@ -155,6 +165,8 @@ def write_task_set(folder: Path, task: str, files: Mapping[str, str]) -> list[Pa
         remove_stale_temps(folder)
         stage = Path(tempfile.mkdtemp(dir=folder, prefix=temp_prefix(folder / task), suffix=".tmp"))
         contents = {task + suffix: text.encode("utf-8") for suffix, text in files.items()}
+        if summary is not None:
+            contents[SUMMARY_FILE] = summary().encode("utf-8")
         manifest = {"task": task, "files": list(contents)}
         contents[_SET_MANIFEST] = (json.dumps(manifest) + "\n").encode("utf-8")
         size = sum(len(data) for data in contents.values())
@@ -449,6 +461,12 @@ def spec_file(spec: RunSpec) -> dict[str, Any]:
 def write_summary(folder: Path, scores: Mapping[str, Mapping[str, float]], spec: RunSpec | None,
                   extra: Mapping[str, Any] | None = None) -> Path:
     """``summary.json``: every task's mean scores in the folder and their average."""
+    return atomic_write_text(folder / SUMMARY_FILE, summary_text(scores, spec, extra))
+
+
+def summary_text(scores: Mapping[str, Mapping[str, float]], spec: RunSpec | None,
+                 extra: Mapping[str, Any] | None = None) -> str:
+    """The text of a ``summary.json`` (:func:`write_summary`)."""
     from datetime import datetime, timezone
 
     from r2med_agent.evaluation import average_over_tasks
@@ -461,7 +479,7 @@ def write_summary(folder: Path, scores: Mapping[str, Mapping[str, float]], spec:
     body.update(tasks=list(ordered), average=average_over_tasks(list(ordered.values())), per_task=ordered)
     body.update(extra or {})
     body.setdefault("evaluated_at", datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    return atomic_write_json(folder / SUMMARY_FILE, body)
+    return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
 
 
 def folder_scores(folder: Path, this_run: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:

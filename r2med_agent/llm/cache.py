@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import DataError, DiskFullError
+from r2med_agent.io import free_bytes
 from r2med_agent.types import Generation, Message
 
 logger = logging.getLogger(__name__)
@@ -350,13 +351,25 @@ class LeaseClaim:
     held: dict[str, LeaseOwner]
 
 
-def _is_full(e: BaseException) -> bool:
-    """Whether an error means the file system (or quota) ran out of space."""
+LOW_SPACE_BYTES = 1 << 20
+"""Free space below which an SQLite I/O error counts as a full disk: SQLite reports a write or
+a shared-memory file (32 kB) that did not fit as ``disk I/O error``, not as ``SQLITE_FULL``."""
+
+
+def _is_full(e: BaseException, path: Path | None = None) -> bool:
+    """Whether an error means the file system (or quota) ran out of space: ENOSPC/EDQUOT,
+    ``SQLITE_FULL``, or an SQLite I/O error where the file system of ``path`` has less than
+    :data:`LOW_SPACE_BYTES` free."""
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     if isinstance(e, sqlite3.Error):
         code = getattr(e, "sqlite_errorcode", None)
-        return code == getattr(sqlite3, "SQLITE_FULL", 13) or "database or disk is full" in str(e)
+        if code == getattr(sqlite3, "SQLITE_FULL", 13) or "database or disk is full" in str(e):
+            return True
+        io_error = (code is not None and code & 0xFF == getattr(sqlite3, "SQLITE_IOERR", 10)) or "disk I/O error" in str(e)
+        if io_error and path is not None:
+            free = free_bytes(path)
+            return free is not None and free < LOW_SPACE_BYTES
     return False
 
 
@@ -393,7 +406,7 @@ class GenerationCache:
             try:
                 conn = self._open()
             except sqlite3.OperationalError as e:
-                if _is_full(e):
+                if _is_full(e, self.path):
                     raise DiskFullError(self.path) from None
                 if "locked" not in str(e) or time.monotonic() + delay > deadline:
                     raise DataError(f"cannot open generation cache: {e}", self.path) from None
@@ -585,7 +598,7 @@ class GenerationCache:
                 if conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
-                if _is_full(e):
+                if _is_full(e, self.path):
                     raise DiskFullError(self.path, needed_bytes) from None
                 raise
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.errors import ConfigError, DiskFullError, LLMError
 from r2med_agent.llm.base import LLM, PartialBatchError, PromptMeta, TemplateHashes
 from r2med_agent.llm.cache import (
     LEASE_TTL_S,
@@ -544,8 +544,10 @@ class CachedLLM:
             try:
                 cache.release(owner)
             except Exception as e:  # never hides the error that ended the block
-                logger.warning("%s: could not release its cache leases (%s); they lapse when this "
-                               "process ends", self.model_id, e)
+                # (a full disk is the run's own error, said once by whoever meets it)
+                log = logger.debug if isinstance(e, DiskFullError) else logger.warning
+                log("%s: could not release its cache leases (%s); they lapse when this process ends",
+                    self.model_id, e)
 
     def _generate_misses(
         self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
@@ -571,8 +573,11 @@ class CachedLLM:
                 outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params)
                 model_time += dt
                 saved = self._commit_chunk(chunk, outs, requests, uses_of, made, owner)
-                if bar is not None and bar.n < start + len(chunk):
-                    bar.update(start + len(chunk) - bar.n)  # a backend that reports nothing itself
+                missing = start + len(chunk) - bar.n - bar.failed if bar is not None else 0
+                if bar is not None and missing > 0:  # a backend that reports nothing itself
+                    lost = min(sum(o is None for o in outs), missing)
+                    bar.fail(lost)
+                    bar.update(missing - lost)
                 logger.debug(
                     "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
                 )

@@ -304,7 +304,10 @@ class LlamaCppBackend:
                                                       f"({_opening(messages)}): {e}")
                 out.append(gen)
                 interrupts.check()
-                progress.update(1, gen.completion_tokens if gen is not None else 0)
+                if gen is None:
+                    progress.fail(1)  # counted apart: the batch is not "done"
+                else:
+                    progress.update(1, gen.completion_tokens)
         progress.close()
         if failures:
             if all(g is None for g in out):

@@ -4,8 +4,10 @@
 A batch is sent as concurrent requests (at most ``max_concurrency`` in flight) over one or more
 base URLs, least-loaded first; results come back in input order. Our retries are the only ones
 (the openai client's own are off): 429, 5xx, 408, timeouts, connection errors and malformed
-200 replies (a body that is not JSON, an HTML page, no choices) are retried with exponential
-backoff and jitter, or after the server's ``Retry-After``; 400/401/403/404/422 raise
+200 replies (a body that is not JSON, an HTML page, no choices, or valid JSON of the wrong types:
+a ``content`` that is a number or a list, a ``message`` that is a string, a token count that is
+not a number) are retried with exponential backoff and jitter, or after the server's
+``Retry-After``; 400/401/403/404/422 raise
 :class:`LLMError` at once. A reply whose content is null (and that has no separate reasoning)
 is a generation with ``finish_reason`` ``error``, which the cache does not keep; such replies
 are counted (``null_replies``) and a batch that had some says so in one warning. While replies
@@ -272,7 +274,8 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 
 class MalformedReplyError(Exception):
     """A 200 reply that is not a completion: a body that is not JSON (cut short, an HTML page
-    from a gateway or a captive portal) or one without choices. Retried like a 5xx."""
+    from a gateway or a captive portal), one without choices, or one whose fields have the wrong
+    types (``content: 123``). Retried like a 5xx."""
 
 
 def check_reply(response: Any) -> None:
@@ -286,8 +289,12 @@ def check_reply(response: Any) -> None:
     if not isinstance(choices, list) or not choices:
         raise MalformedReplyError("the reply has no choices")
     for choice in choices:
-        if getattr(choice, "message", None) is None and not hasattr(choice, "text"):
+        message = getattr(choice, "message", None)
+        if message is None and not hasattr(choice, "text"):
             raise MalformedReplyError("a choice of the reply has neither a message nor a text")
+        if message is not None and (isinstance(message, (str, int, float, list)) or not hasattr(message, "content")):
+            raise MalformedReplyError(f"a choice's message is {type(message).__name__} {str(message)[:40]!r}, "
+                                      "not an object with a content")
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -441,7 +448,7 @@ class OpenAICompatBackend:
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._pool = _UrlPool(spec.base_urls, spec.backoff_initial_s, spec.backoff_max_s)
-        self._retry_lines: set[tuple[int, str]] = set()
+        self._retry_lines: set[int] = set()
 
     @property
     def server(self) -> str:
@@ -494,13 +501,16 @@ class OpenAICompatBackend:
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
         abort = asyncio.Event()  # set by an AuthError: requests not yet sent are not sent
-        self._retry_lines: set[tuple[int, str]] = set()
+        self._retry_lines: set[int] = set()
         progress = for_backend(len(prompts), f"{self.spec.name}")
         last_reply = [time.monotonic()]
 
         def finished(task: asyncio.Future[Any]) -> None:
             last_reply[0] = time.monotonic()
-            progress.update(1, _completion_tokens(task))
+            if task.cancelled() or task.exception() is not None:
+                progress.fail(1)  # counted apart: a batch whose requests failed is not "done"
+            else:
+                progress.update(1, _completion_tokens(task))
 
         heartbeat = asyncio.ensure_future(self._heartbeat(last_reply))
         try:
@@ -666,16 +676,22 @@ class OpenAICompatBackend:
             if abort.is_set():
                 raise _NotSent
             start = time.perf_counter()
-            response, url = await self._send(request, clients, pool, key, abort)
-            latency = time.perf_counter() - start
-        if n == 1:
-            return self._to_generation(response, params, latency)
-        return self._samples(response, params, latency, n, url)
+
+            def read(response: Any, url: str) -> Generation | list[Generation]:
+                # inside the attempt: a reply of the wrong types is retried like a malformed one
+                latency = time.perf_counter() - start
+                if n == 1:
+                    return self._to_generation(response, params, latency)
+                return self._samples(response, params, latency, n, url)
+
+            return await self._send(request, clients, pool, key, abort, read)
 
     def _retrying(self, key: str) -> Any:
         """The retry policy of one request (module docstring): exponential backoff with jitter
-        or the server's ``Retry-After``, one warning per attempt number and error."""
-        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
+        or the server's ``Retry-After``, one warning per attempt number in a batch (its first
+        failure: the errors of one attempt differ only in details such as byte offsets), no
+        attempt started after ``max_retry_s``."""
+        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
         from tenacity.wait import wait_exponential_jitter
 
         spec = self.spec
@@ -698,11 +714,10 @@ class OpenAICompatBackend:
 
         def before_sleep(state: Any) -> None:
             exc = state.outcome.exception()
-            # One line per attempt and error, not one per prompt of the batch.
-            seen = (state.attempt_number, self._describe(exc, key))
-            if seen in self._retry_lines:
+            # One line per attempt, not one per prompt of the batch.
+            if state.attempt_number in self._retry_lines:
                 return
-            self._retry_lines.add(seen)
+            self._retry_lines.add(state.attempt_number)
             logger.warning(
                 "llm %s: attempt %d failed (%s); retrying in %.2fs",
                 spec.name,
@@ -712,7 +727,7 @@ class OpenAICompatBackend:
             )
 
         return AsyncRetrying(
-            stop=stop_after_attempt(spec.max_retries + 1) | stop_after_delay(spec.max_retry_s),
+            stop=stop_after_attempt(spec.max_retries + 1) | stop_before_delay(spec.max_retry_s),
             wait=wait,
             retry=retry_if_exception(retryable),
             before_sleep=before_sleep,
@@ -721,10 +736,11 @@ class OpenAICompatBackend:
 
     async def _send(
         self, request: dict[str, Any], clients: dict[str, Any], pool: _UrlPool, key: str,
-        abort: asyncio.Event,
-    ) -> tuple[Any, str | None]:
+        abort: asyncio.Event, read: Callable[[Any, str], T],
+    ) -> T:
         """Send ``request`` under :meth:`_retrying`, a retry to another URL when one is ready;
-        returns the response and the URL that gave it.
+        returns ``read(response, url)`` (a reply it cannot read, of the wrong types, is
+        malformed: retried).
 
         Raises:
             LLMError: the request failed for good (:class:`AuthError` and
@@ -734,6 +750,7 @@ class OpenAICompatBackend:
         from tenacity import RetryError
 
         last_url: str | None = None
+        deadline = time.monotonic() + self.spec.max_retry_s
         try:
             async for attempt in self._retrying(key):
                 with attempt:
@@ -742,12 +759,14 @@ class OpenAICompatBackend:
                     self.attempts += 1
                     self.requests_per_url[last_url] += 1
                     failure: BaseException | None = None
+                    # the last attempt waits only for what the retry budget has left
+                    timeout_s = max(min(self.spec.timeout_s, deadline - time.monotonic()), 0.1)
                     try:
                         client = clients[last_url]
                         create = (client.completions.create if "prompt" in request
                                   else client.chat.completions.create)
                         try:
-                            response = await create(**request)
+                            response = await create(**request, timeout=_timeout(timeout_s))
                         except (ValueError, openai.APIResponseValidationError) as e:
                             # A 200 whose body is not the JSON it claims (json errors are
                             # ValueErrors): the server's fault, like a 5xx.
@@ -756,8 +775,17 @@ class OpenAICompatBackend:
                                 f"{' '.join(str(e).split())[:120]})"
                             ) from None
                         check_reply(response)
+                        try:
+                            result = read(response, last_url)
+                        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+                            raise MalformedReplyError(
+                                f"a field of the reply has the wrong type ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:120]})"
+                            ) from None
                     except BaseException as e:
                         failure = e
+                        if isinstance(e, openai.APITimeoutError):
+                            e.r2med_timeout_s = timeout_s  # type: ignore[attr-defined]  (for its message)
                         raise
                     finally:
                         pool.release(last_url, failure)
@@ -769,7 +797,7 @@ class OpenAICompatBackend:
             ) from None
         except openai.OpenAIError as e:
             raise self._final_error(e, last_url, key, abort) from None
-        return response, last_url
+        return result
 
     def _final_error(self, exc: Any, url: str | None, key: str, abort: asyncio.Event) -> LLMError:
         """The error of a request that failed without (further) retries; sets ``abort`` when
@@ -801,8 +829,8 @@ class OpenAICompatBackend:
                 "the server does not support n"
             )
         usage = getattr(response, "usage", None)
-        p_in = int(getattr(usage, "prompt_tokens", 0) or 0)
-        p_out = int(getattr(usage, "completion_tokens", 0) or 0)
+        p_in = _token_count(usage, "prompt_tokens")
+        p_out = _token_count(usage, "completion_tokens")
         out = []
         for j in range(n):
             g = self._to_generation(response, params, latency / n, index=j)
@@ -816,7 +844,9 @@ class OpenAICompatBackend:
         if exc is None:
             return "unknown error"
         if isinstance(exc, openai.APITimeoutError):
-            text = f"timed out after {self.spec.timeout_s:g}s"
+            waited = getattr(exc, "r2med_timeout_s", self.spec.timeout_s)
+            text = f"timed out after {waited:.3g}s" + (
+                " (what the retry budget max_retry_s had left)" if waited < self.spec.timeout_s else "")
         elif isinstance(exc, openai.APIConnectionError):
             text = f"connection error: {exc.__cause__ or exc}"
         elif isinstance(exc, openai.AuthenticationError):
@@ -869,16 +899,16 @@ class OpenAICompatBackend:
         choice = response.choices[index]
         message = getattr(choice, "message", None)
         if message is None:  # a completions-endpoint choice (continued text)
-            text, reasoning = getattr(choice, "text", None) or "", None
+            text, reasoning = _typed(getattr(choice, "text", None), str, "text") or "", None
         else:
-            text = message.content or ""
+            text = _typed(getattr(message, "content", None), str, "message.content") or ""
             reasoning = getattr(message, "reasoning_content", None) or getattr(
                 message, "reasoning", None
             )
         if not isinstance(reasoning, str):
             reasoning = ""
-        finish_reason = choice.finish_reason or "stop"
-        if message is not None and message.content is None and not reasoning.strip():
+        finish_reason = _typed(getattr(choice, "finish_reason", None), str, "finish_reason") or "stop"
+        if message is not None and getattr(message, "content", None) is None and not reasoning.strip():
             # ``content: null`` with no reasoning either: nothing was generated (a filtered or
             # failed answer); a failed generation, which the cache does not keep.
             finish_reason = "error"
@@ -896,8 +926,8 @@ class OpenAICompatBackend:
             reasoning=reasoning.strip(),
             finish_reason=finish_reason,
             stop_reason=stop_reason,
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            prompt_tokens=_token_count(usage, "prompt_tokens"),
+            completion_tokens=_token_count(usage, "completion_tokens"),
             latency_s=latency,
             logprobs=(
                 None if not (params.logprobs or params.token_choices)
@@ -905,6 +935,33 @@ class OpenAICompatBackend:
                 else _completion_logprobs(getattr(choice, "logprobs", None))
             ),
         )
+
+
+def _timeout(seconds: float) -> Any:
+    """An attempt's httpx timeout: ``seconds`` in all, at most :data:`CONNECT_TIMEOUT_S` of it to
+    connect."""
+    import httpx
+
+    return httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
+
+
+def _typed(value: Any, kind: type, name: str) -> Any:
+    """``value`` when it is None or a ``kind``; else the reply is malformed (retried)."""
+    if value is None or isinstance(value, kind):
+        return value
+    raise MalformedReplyError(f"{name} is {type(value).__name__} {str(value)[:40]!r}, not {kind.__name__}")
+
+
+def _token_count(usage: Any, name: str) -> int:
+    """A token count of ``usage`` (0 when the server gives none); one that is not a whole
+    number makes the reply malformed."""
+    value = getattr(usage, name, None) if usage is not None else None
+    if value is None:
+        return 0
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < 0:
+        raise MalformedReplyError(f"usage.{name} is {value!r}, not a token count")
+    return int(value)
 
 
 def _completion_tokens(task: asyncio.Future[Generation]) -> int:

@@ -103,6 +103,46 @@ def _alias_bomb(levels: int, width: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bytes_bomb(text_kb: int = 10, levels: int = 5, width: int = 10) -> str:
+    """One ``text_kb`` kB string repeated through ``width`` aliases per level: a 10 kB file of
+    111,110 nodes (under the node limit) that expands to a gigabyte of text (issue 29 item 3)."""
+    lines = ["llms:", "  bomb:", "    backend: openai", "    model: m",
+             "    base_url: http://127.0.0.1:9/v1", "    extra_body:", f'      s: &s "{"x" * (text_kb * 1000)}"']
+    previous = "s"
+    for n in range(levels):
+        anchor = f" &l{n}" if n < levels - 1 else ""
+        lines.append(f"      l{n}:{anchor} [{', '.join([f'*{previous}'] * width)}]")
+        previous = f"l{n}"
+    return "\n".join(lines) + "\n"
+
+
+def test_a_bytes_bomb_is_refused_by_the_text_its_aliases_repeat(tmp_path, capsys):
+    """Before: read in 10 ms, then ``run --config`` copied and hashed the gigabyte (2.2 GB of
+    memory in 23 s before it failed for other reasons; 10.6 GB in 3 minutes with data)."""
+    import time
+
+    from r2med_agent.cli import main
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_bytes_bomb(), encoding="utf-8")
+    assert bomb.stat().st_size < 11_000
+    with pytest.raises(ConfigError, match=r"bomb\.yaml:10: refused YAML: its aliases repeat more than "
+                                          r"10,000,000 characters of text"):
+        config.read_yaml(bomb)
+    t0 = time.perf_counter()
+    code = main(["run", "--config", str(bomb), "--task", "Biology", "--method", "hyde", "--llm", "bomb",
+                 "--data-dir", str(tmp_path / "data")])
+    assert time.perf_counter() - t0 < 10
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "bomb.yaml:10: refused YAML: its aliases repeat more than 10,000,000 characters" in err
+    assert "Traceback" not in err
+    # Text repeated within the limit still loads: 10 aliases of a 10 kB string are 100 kB.
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(_bytes_bomb(levels=1), encoding="utf-8")
+    assert len(config.read_yaml(fine)["llms"]["bomb"]["extra_body"]["l0"]) == 10
+
+
 def test_an_alias_bomb_is_refused_with_its_line_before_it_is_built(tmp_path, capsys):
     from r2med_agent.cli import main
 

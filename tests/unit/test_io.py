@@ -182,3 +182,28 @@ def test_a_short_numpy_write_counts_as_a_full_disk(tmp_path):
     with pytest.raises(DiskFullError, match=r"x.npy: no space left on the device \(about"):
         raise_if_disk_full(OSError("359993 requested and 141280 written"), tmp_path / "x.npy", 1 << 60)
     raise_if_disk_full(OSError("something else"), tmp_path / "x.npy", 10)  # not a full disk: returns
+
+
+def test_cli_report_on_a_full_disk_is_one_message_and_keeps_the_old_plots(tmp_path, capsys):
+    """Issue 29 item 6: the plots were written in place, so a full disk printed PIL's traceback,
+    exited 1 and left a truncated PNG."""
+    import os
+
+    from r2med_agent.cli import main
+    from tests.integration.test_concurrency import small_disk
+
+    root = _tree(tmp_path)
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        out = disk / "report"
+        assert main(["report", str(root), "--out", str(out), "--no-texts"]) == 0
+        old = {p.name: p.read_bytes() for p in out.iterdir()}
+        assert sorted(old) == ["per_task.png", "quality_vs_cost.png", "report.html"]
+        st = os.statvfs(disk)
+        (disk / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 4096))
+        for folder in (disk / "new", out):  # a new report, then the old one rewritten
+            code = main(["report", str(root), "--out", str(folder), "--no-texts", "--title", "again"])
+            err = capsys.readouterr().err
+            assert code == 6, err
+            assert f"{folder / 'per_task.png'}: no space left on the device" in err and "Traceback" not in err
+        assert list((disk / "new").iterdir()) == []  # no temporary, no PNG cut short
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == old

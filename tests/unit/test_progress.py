@@ -105,6 +105,15 @@ def test_generation_and_stage_lines_word_for_word() -> None:
     assert gen.line() == "gen (m): 4/4 generations (100%), 0.20/s, done in 0:00:20, 1.0 output tok/s"
     empty = GenerationProgress(0, "gen (m)", stream=io.StringIO(), show=True, clock=clock)
     assert empty.line() == "gen (m): 0/0 generations, 0.00/s, done in 0:00:00"
+    # failed generations are counted apart and the work is never "done" (issue 29 item 8)
+    clock.t = 0.0
+    failing = GenerationProgress(4, "gen (m)", stream=io.StringIO(), show=True, clock=clock)
+    clock.t = 20.0
+    failing.update(1)
+    failing.fail(1)
+    assert failing.line() == "gen (m): 1/4 generations (25%), 1 failed, 0.05/s"
+    failing.fail(2)
+    assert failing.line() == "gen (m): 1/4 generations (25%), 3 failed, 0.05/s, ended in 0:00:20"
     for total in (None, 0):
         clock.t = 0.0
         stage = StageProgress(total=total, desc="BM25 index", unit="doc", stream=io.StringIO(), clock=clock)

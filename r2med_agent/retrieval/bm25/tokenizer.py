@@ -8,10 +8,13 @@ of the analyzer (:mod:`~r2med_agent.retrieval.bm25.analysis`).
   ``tools/lucene_uax29_tables.py`` into ``resources/lucene_uax29.json``. A text is translated to
   one representative character per class, position for position, and the expression runs on that
   (it stays small and compiles at once). Lucene's scanner buffer holds 255 UTF-16 units: a longer
-  token yields the longest match that fits, and scanning resumes after it (one known difference:
-  when no match fits, e.g. more than 255 ``_`` before a letter, Lucene emits the 255 units
-  anyway; here they are skipped). ASCII texts take an equivalent ASCII-only pattern, twice as
-  fast; the analyzer first lowercases a corpus's ASCII texts and cuts them into candidates by
+  token yields the longest match that fits, and scanning resumes after it; the cutting is linear
+  in the token's length (a 50 MB word takes seconds), and so is the search over long runs of
+  ``_`` or ZWJ that no letter or emoji follows. One known difference: when no match fits in 255
+  units (more than 255 ``_`` before a letter), Lucene moves on one character at a time and emits
+  the last 254 ``_`` with the letter; here the run is cut into pieces of 255 (no tokens: they
+  hold only ``_``) and the last piece keeps the letter. ASCII texts take an equivalent
+  ASCII-only pattern, twice as fast; the analyzer first lowercases a corpus's ASCII texts and cuts them into candidates by
   ``bytes.translate`` and ``bytes.split`` (:data:`_ASCII_CANDIDATES`, four times faster than the
   pattern), and tokenizes each distinct candidate once (``tests/unit/retrieval/test_bm25.py`` checks both against
   the full grammar, text by text). One-character tokens are kept, as Lucene keeps them (bm25s's
@@ -22,6 +25,7 @@ of the analyzer (:mod:`~r2med_agent.retrieval.bm25.analysis`).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import re
@@ -52,14 +56,18 @@ translated text is a one-byte-per-character string, the fastest for ``re``)."""
 
 
 @functools.cache
-def _scanner() -> tuple[np.ndarray, dict[str, str]]:
-    """(translation table, regex class per macro) of Lucene's tokenizer character classes.
+def _scanner() -> tuple[np.ndarray, dict[str, str], dict[str, str]]:
+    """(translation table, regex class per macro, twins) of Lucene's tokenizer character classes.
 
     The classes (``resources/lucene_uax29.json``) were read from Lucene 9.9.1's scanner by
     ``tools/lucene_uax29_tables.py``. Every code point is translated (a numpy lookup) to one
     ASCII representative per distinct set of classes it belongs to (a few dozen), so the grammar
     is a small regular expression over representatives (compiled in milliseconds) and matches map
     back to the original text position for position (code points in no class have their own).
+
+    Each representative of an ExtendNumLet class (``_`` and other connector punctuation) has a
+    *twin*, a spare representative in the same classes that no token may start with; the
+    ExtendNumLet characters inside a run take it (:func:`_enl_runs`).
     """
     from importlib import resources
 
@@ -98,7 +106,30 @@ def _scanner() -> tuple[np.ndarray, dict[str, str]]:
                                       "Emoji_Modifier"})
     )
     cls["ExtFmtSansPresSel"] = union("ExtFmtZwj", minus=("PresSel", "ZWJ"))
-    return table, cls
+    spare = iter(_REPS[len(keys):])
+    twins = {r: next(spare, "") for k, r in reps.items() if "ExtendNumLet" in k}
+    if "" in twins.values():
+        raise RuntimeError("no spare representative for an ExtendNumLet class")
+    cls = {m: body + "".join(t for r, t in twins.items() if r in body) for m, body in cls.items()}
+    return table, cls, twins
+
+
+@functools.cache
+def _enl_runs() -> tuple[str, re.Pattern[str], dict[int, int]]:
+    """(ExtendNumLet representatives, a run of two or more of them with only Extend, Format or
+    ZWJ characters between, their twins as a ``str.translate`` table).
+
+    A match starting inside such a run reaches the run's end as one starting at its first
+    character does, so it cannot succeed where that one failed; tried from each of its characters
+    instead, a long run of ``_`` that no letter follows was a quadratic search (hours for a
+    megabyte). So the characters of a run after its first take their twins, which no token starts
+    with (in :func:`_token_re`) and which match everywhere else as the characters they stand for.
+    """
+    _, cls, twins = _scanner()
+    enl, efz = "".join(twins), cls["ExtFmtZwj"]
+    efz = "".join(ch for ch in efz if ch not in twins.values())
+    run = re.compile(rf"[{enl}](?:[{efz}]*+[{enl}])++" if efz else rf"[{enl}]{{2,}}")
+    return enl, run, str.maketrans(twins)
 
 
 @functools.cache
@@ -127,18 +158,27 @@ def _token_re() -> re.Pattern[str]:
         rf"|(?:{h}(?:{sq}|{dq}{h})|{na}(?:(?:(?:{enl})+|{mn}){na})*"
         rf"|{aa}(?:(?:(?:{enl})+|{ml}){aa})*)+)"
     )
-    word = rf"(?:{enl})*{unit}(?:(?:{enl})+{unit})*(?:{enl})*"
     zwj = c["ZWJ"]
-    # ExtFmtZwjSansPresSel*; a ZWJ before another emoji is left to join the two (the longest match
-    # the scanner finds)
+    word = rf"(?:{enl})*{unit}(?:(?:{enl})+{unit})*(?:{enl})*"
+    # ExtFmtZwjSansPresSel*; a run of ZWJ before another emoji is left to join the two (the
+    # longest match the scanner finds). (A run is taken whole and then looked past once: a
+    # lookahead from each of its ZWJ made a long run a quadratic search.)
     starts = f"(?:{c['EmojiChar']}|{c['Emoji_Modifier']})"
-    sans = rf"(?:{c['ExtFmtSansPresSel']}|{zwj}(?!{zwj}*{starts}))*"
+    sans = rf"(?:{c['ExtFmtSansPresSel']}|(?>{zwj}+)(?!{starts}))*"
     emoji_char = f"{c['EmojiChar']}{sans}"
     modifier = f"{c['Emoji_Modifier']}{sans}"
     pres = c["EmojiPres"]
-    e1 = rf"(?:{zwj}*{emoji_char}{pres}?|(?:{zwj}*{emoji_char})?{modifier})"
+
+    def e1(zwjs: str) -> str:
+        return rf"(?:{zwjs}{emoji_char}{pres}?|(?:{zwjs}{emoji_char})?{modifier})"
+
+    # A match starts at a run of ZWJ only at its first character: one starting inside the run
+    # would reach the run's end as one starting at its first character does, so it fails where
+    # that one failed; tried from each character instead, a long run was a quadratic search.
+    # (Runs of ExtendNumLet are kept from starting matches by their representatives: _enl_runs.)
+    lead = rf"(?:(?<!{zwj})(?>{zwj}+))?" if zwj.startswith("[") else ""
     emoji = (
-        rf"{e1}(?:{c['TagSpec']}+{c['TagTerm']}|(?:{zwj}{e1})*)"
+        rf"{e1(lead)}(?:{c['TagSpec']}+{c['TagTerm']}|(?:{zwj}{e1(f'{zwj}*')})*)"
         rf"|{c['KeyCapBase']}{sans}{pres}?{c['KeyCap']}{sans}"
         rf"|(?:{ex('Regional_Indicator')}){{2}}"
     )
@@ -149,6 +189,7 @@ def _token_re() -> re.Pattern[str]:
                              "Regional_Indicator", "Complex_Context", "Han", "Hiragana")
         if c[n].startswith("[")
     )
+    first = "".join(ch for ch in first if ch not in _scanner()[2].values())  # not the twins
     return re.compile(
         rf"(?=[{first}])"
         rf"(?:{word}|{emoji}|(?:{ex('Complex_Context')})+|{ex('Han')}|{ex('Hiragana')})"
@@ -197,33 +238,88 @@ def _findall_unicode(text: str) -> list[str]:
     """Raw tokens of lowercased ``text`` by the full grammar (any text)."""
     codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     mapped = _scanner()[0][codes].tobytes().decode("ascii")
-    tokens = [text[m.start() : m.end()] for m in _token_re().finditer(mapped)]
+    tokens = [text[m.start() : m.end()] for m in _token_re().finditer(_mark_runs(mapped)[0])]
     if tokens and max(map(len, tokens)) > _MAX_TOKEN_UNITS // 2:  # astral characters count twice
         return _split_long(text, _token_re(), mapped)
     return tokens
 
 
+def _mark_runs(mapped: str) -> tuple[str, list[tuple[int, int]]]:
+    """``mapped`` with the ExtendNumLet characters inside runs replaced by their twins
+    (:func:`_enl_runs`), and the runs' spans."""
+    enl, runs, twin = _enl_runs()
+    if not any(r in mapped for r in enl):
+        return mapped, []
+    spans: list[tuple[int, int]] = []
+
+    def mark(m: re.Match[str]) -> str:
+        spans.append(m.span())
+        return m[0][0] + m[0][1:].translate(twin)
+
+    return runs.sub(mark, mapped), spans
+
+
 def _split_long(text: str, pattern: re.Pattern[str], mapped: str | None = None) -> list[str]:
     """Tokens of ``text`` with StandardTokenizer's length limit: a match longer than 255 UTF-16
     units yields the longest match within its first 255 units, and scanning resumes after it.
-    ``mapped`` is the text the pattern runs on (position for position), when not ``text``."""
+    ``mapped`` is the text the pattern runs on (position for position), when not ``text``.
+
+    Linear in the text: a long match is found once, then cut piece by piece, each piece looked
+    for and matched within a window of 255 units from where scanning resumes (a match that fits
+    its window is the one the pattern finds in the whole text), never by matching the rest of
+    the long run again (that made one long word quadratic). The runs of ``_`` in a window are
+    marked (:func:`_mark_runs`) from where scanning resumes, which may be inside a run.
+    """
     out: list[str] = []
     pos = 0
-    scanned = text if mapped is None else mapped
+    scanned, runs = (text, []) if mapped is None else _mark_runs(mapped)
+    run_starts = [a for a, _ in runs]
     while (m := pattern.search(scanned, pos)) is not None:
-        end = m.end()
-        units = 0
-        for i in range(m.start(), end):
-            units += 2 if ord(text[i]) > 0xFFFF else 1
-            if units > _MAX_TOKEN_UNITS:
-                # the scanner's buffer is full: it returns the longest match that fits
-                end = pattern.match(scanned, m.start(), i).end()
-                break
-        token = text[m.start() : end]
-        if not _only_underscores(token):
-            out.append(token)
-        pos = end
+        start, end = m.span()
+        if _fit(text, start, end) == end:
+            token = text[start:end]
+            if not _only_underscores(token):
+                out.append(token)
+            pos = end
+            continue
+        while start < end or _inside(runs, run_starts, start):  # within reach of the long match
+            limit = min(len(text), _fit(text, start, len(text)) + _MAX_TOKEN_UNITS)
+            window = text[start:limit] if mapped is None else _mark_runs(mapped[start:limit])[0]
+            found = pattern.search(window)
+            if found is None:  # (a token may start near the end and not end in the window)
+                start = max(start + 1, limit - _MAX_TOKEN_UNITS)
+                continue
+            # the scanner's buffer is full at ``reach``: it returns the longest match that fits
+            reach = _fit(text, start + found.start(), len(text))
+            piece = pattern.match(window, found.start(), reach - start)
+            if piece is None:  # no match fits: these units are skipped (the module doc)
+                start = reach
+                continue
+            token = text[start + piece.start() : start + piece.end()]
+            if not _only_underscores(token):
+                out.append(token)
+            start += piece.end()
+        pos = start  # past the long match: scanning goes on as anywhere else
     return out
+
+
+def _inside(runs: list[tuple[int, int]], starts: list[int], i: int) -> bool:
+    """Whether position ``i`` is inside (not at the start of) one of ``runs``."""
+    k = bisect.bisect_right(starts, i) - 1
+    return k >= 0 and runs[k][0] < i < runs[k][1]
+
+
+def _fit(text: str, start: int, end: int) -> int:
+    """The largest ``e <= end`` with ``text[start:e]`` at most 255 UTF-16 units long."""
+    e = min(end, start + _MAX_TOKEN_UNITS)
+    piece = text[start:e]
+    if piece.isascii():
+        return e
+    units = len(piece.encode("utf-16-le", "surrogatepass")) // 2  # astral characters count twice
+    while units > _MAX_TOKEN_UNITS:
+        e -= 1
+        units -= 2 if ord(text[e]) > 0xFFFF else 1
+    return e
 
 
 def tokenize(text: str) -> list[str]:

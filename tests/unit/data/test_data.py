@@ -924,3 +924,16 @@ def test_read_qrels_files_on_their_own(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text(qrel("q1", "d1") + "\n" + qrel("q1", "d2", 1.5) + "\n")
     with pytest.raises(DataError, match=r"bad\.jsonl:2: qrels score must be an integer"):
         data.read_qrels_jsonl(tmp_path / "bad.jsonl")
+
+
+def test_qrels_text_ids_with_a_zero_width_character_or_inner_space_are_refused(tmp_path: Path) -> None:
+    """Issue 29 item 9: a zero-width space made ``q1`` and ``q1<U+200B>`` two ids that look alike."""
+    trec = tmp_path / "qrels.txt"
+    trec.write_text("q1 0 d1 1\nq2\u200b 0 d2 1\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"qrels\.txt:2: qrels query id 'q2\\u200b' holds an invisible "
+                                        r"character \(U\+200B ZERO WIDTH SPACE\)"):
+        data.read_qrels_file(trec)
+    tsv = tmp_path / "qrels.tsv"
+    tsv.write_text("q1\t0\td1\t1\nq2\t0\td 2\t1\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"qrels\.tsv:2: qrels document id 'd 2' holds whitespace"):
+        data.read_qrels_file(tsv)

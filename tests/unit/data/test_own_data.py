@@ -193,9 +193,12 @@ def test_summary_covers_every_task_in_the_folder(tmp_path):
         assert value == pytest.approx((means["sample"][metric] + means["r2med-demo"][metric]) / 2)
 
 
-@pytest.mark.parametrize("bad_id", ["q 1", "q\t1", "q\n1"])
+@pytest.mark.parametrize("bad_id", ["q 1", "q\t1", "q\n1", " q1", "\tq1", "q1 ", "\u3000q1", "q\u200b1",
+                                    "q1\u200b", "\u2060q1", "q\ufeff1"])
 @pytest.mark.parametrize("which", ["query", "document"])
 def test_an_id_with_whitespace_is_refused_at_load_with_file_and_line(tmp_path, capsys, bad_id, which):
+    """Issue 29 item 9: leading or trailing whitespace was stripped silently (the qrels' " q1" then
+    named another id than the run's), and a zero-width space was kept as part of the id."""
     # A TREC run line is split on whitespace: such an id would make a .run file that `evaluate`
     # and `report` reject (a newline adds a line), so it is refused where it is read.
     data = _copy_sample(tmp_path / "mine")
@@ -215,7 +218,12 @@ def test_an_id_with_whitespace_is_refused_at_load_with_file_and_line(tmp_path, c
     out = tmp_path / "results"
     assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress") == 2
     err = capsys.readouterr().err
-    assert f"{name}:3: {which} id {bad_id!r} holds whitespace" in err and "Traceback" not in err
+    if any(c in "\u200b\u2060\ufeff" for c in bad_id):
+        holds = "an invisible character (U+"
+    else:
+        holds = ("leading " if bad_id[0].isspace() else "trailing " if bad_id[-1].isspace() else "") + "whitespace"
+    assert f"{name}:3: {which} id {bad_id!r} holds {holds}" in err, err
+    assert "Traceback" not in err
     assert not list(out.rglob("*.run"))
 
 

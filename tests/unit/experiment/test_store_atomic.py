@@ -74,3 +74,72 @@ def test_a_committed_set_is_read_through_before_it_is_moved_into_place(tmp_path)
     finish_pending_sets(folder)
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "T.json", "T.run"]
     assert _consistent(tmp_path) == 3
+
+
+# -- summary.json in the set (issue 29 item 7) ---------------------------------------------------
+
+_KILLED_RUN = """
+import os, signal, sys
+from r2med_agent.experiment import store
+real, calls = store._finish_set, []
+def finish(folder, task):  # the second call moves the committed set into place
+    calls.append(task)
+    if sys.argv[1] == "committed" and len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(folder, task)
+    if sys.argv[1] == "moved" and len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+store._finish_set = finish
+from r2med_agent.cli.app import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _summary_and_task(folder: Path, task: str) -> tuple[dict, dict]:
+    """The scores the folder's summary.json gives the task, and those of its <Task>.json, as a
+    reader of the files sees them."""
+    summary = json.loads((folder / "summary.json").read_text())
+    return summary["per_task"][task], json.loads((folder / f"{task}.json").read_text())["test"]
+
+
+def test_a_run_killed_after_its_task_files_leaves_a_summary_of_the_same_scores(tmp_path):
+    """Before, summary.json was written after every task's set: a kill in between left the
+    previous run's scores in it beside the new <Task>.json (5 of 30 kill trials)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from r2med_agent.cli import main
+    from r2med_agent.paths import resources_dir
+
+    data = tmp_path / "mine"
+    shutil.copytree(resources_dir() / "sample", data)
+    out = tmp_path / "results"
+    args = ["run", "--data-dir", str(data), "-o", str(out), "--no-progress"]
+    assert main(args) == 0
+    folder = out / "none" / "none" / "bm25"
+    first = _summary_and_task(folder, "mine")
+    assert first[0] == first[1]
+    # other judgments: the same spec scores differently
+    qrels = data / "qrels.jsonl"
+    rows = qrels.read_text(encoding="utf-8").splitlines()
+    qrels.write_text("\n".join(rows[: len(rows) // 2]) + "\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    for point in ("committed", "moved"):
+        killed = subprocess.run([sys.executable, "-c", _KILLED_RUN, point, *args], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        summary, task = _summary_and_task(folder, "mine")
+        assert summary == task, point  # the old scores in both, or the new ones in both
+        assert (summary == first[0]) == (point == "committed")
+        if point == "committed":  # the next write finishes the set: the new scores in both
+            from r2med_agent.experiment.store import finish_pending_sets
+
+            finish_pending_sets(folder)
+            summary, task = _summary_and_task(folder, "mine")
+            assert summary == task != first[0]
+    assert main(args) == 0
+    assert not list(folder.glob(".*.set")) and not list(folder.glob(".*.tmp"))
+    summary, task = _summary_and_task(folder, "mine")
+    assert summary == task != first[0]

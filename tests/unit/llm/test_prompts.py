@@ -158,6 +158,91 @@ def test_syntax_error_names_file_and_line(tmp_path):
         prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path, query="q", domain="d")
 
 
+# -- the sandbox (issue 29 item 5) -------------------------------------------------------------
+
+UNSAFE = "Write about {{ domain }}.\n{{ cycler.__init__.__globals__.os.popen('touch %s').read() }}\n{{ query }}\n"
+
+
+def test_a_template_reaching_python_internals_is_refused_with_file_and_line(tmp_path):
+    """Before: a plain Jinja environment ran the shell command and rendered its output."""
+    marker = tmp_path / "PWNED"
+    (tmp_path / "p" / "hyde").mkdir(parents=True)
+    (tmp_path / "p" / "hyde" / "qa.j2").write_text(UNSAFE % marker, encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"hyde/qa\.j2:2: unsafe template: it reads '__(globals|init)__'"):
+        prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path / "p", query="q", domain="d")
+    with pytest.raises(ConfigError, match=r"hyde/qa\.j2:2: unsafe template"):
+        prompt_templates.template_hash("hyde", "qa", prompts_dir=tmp_path / "p")
+    # a name computed at render time is stopped by the sandbox itself, also with file and line
+    (tmp_path / "p" / "hyde" / "qa.j2").write_text(
+        "{{ domain }}\n\n{{ (cycler|attr(domain)).__name__ }}\n", encoding="utf-8")
+    (tmp_path / "p" / "hyde" / "exam.j2").write_text("{{ (cycler|attr(query))|string }}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"hyde/qa\.j2:3: unsafe template"):
+        prompt_templates.render("hyde/qa.j2", prompts_dir=tmp_path / "p", query="q", domain="__init__")
+    with pytest.raises(ConfigError, match=r"hyde/exam\.j2:1: unsafe template: access to attribute '__init__'"):
+        prompt_templates.render("hyde/exam.j2", prompts_dir=tmp_path / "p", query="__init__")
+    # values passed in cannot be changed either (the immutable sandbox)
+    (tmp_path / "p" / "hyde" / "case.j2").write_text("{{ documents.append('x') }}{{ query }}\n", encoding="utf-8")
+    documents = ["a"]
+    with pytest.raises(ConfigError, match=r"hyde/case\.j2:1: unsafe template"):
+        prompt_templates.render("hyde/case.j2", prompts_dir=tmp_path / "p", query="q", documents=documents)
+    assert documents == ["a"] and not marker.exists()
+
+
+def test_a_run_with_an_unsafe_template_stops_before_any_work(tmp_path, monkeypatch, capsys):
+    from r2med_agent.cli.app import main
+    from tests.unit.llm.test_cache import write_task_dir
+
+    marker = tmp_path / "PWNED"
+    prompts = tmp_path / "prompts"
+    (prompts / "hyde" / "deep").mkdir(parents=True)
+    (prompts / "hyde" / "qa.j2").write_text("{{ query }}\n", encoding="utf-8")
+    (prompts / "hyde" / "deep" / "_part.j2").write_text("ok\n\n" + UNSAFE % marker, encoding="utf-8")
+    monkeypatch.setenv(prompt_templates.ENV_VAR, str(prompts))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("R2MED_CACHE_DIR", str(cache))
+    code = main(["run", "--task", "Biology", "--method", "hyde", "--llm", "smollm2", "--retriever", "bm25",
+                 "--data-dir", str(write_task_dir(tmp_path / "data")), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{prompts / 'hyde' / 'deep' / '_part.j2'}:4: unsafe template" in err and "Traceback" not in err
+    assert not marker.exists() and not cache.exists() and not (tmp_path / "out").exists()
+
+
+def _every_variable(part: str, qwq: bool) -> dict:
+    return {"query": "QUERY text", "domain": "biology", "examples": EXAMPLES, "documents": DOCUMENTS,
+            "passages": ["first passage", "second passage"], "part": part, "qwq": qwq, "max_searches": 5,
+            "previous_steps": "STEP one", "search_query": "SEARCH q", "document": "DOC text",
+            "answer_label": "Answer", "query_label": "Query", "label": "Question", "subject": "SUBJ",
+            "task_line": "TASK line", "example": "EX", "example_query": "EXQ", "example_question": "EXQQ",
+            "example_step": "EXSTEP", "scores": {"1": 3, "2": 5}}
+
+
+def test_every_shipped_template_renders_in_the_sandbox_as_in_a_plain_environment():
+    import jinja2
+
+    plain = jinja2.Environment(loader=jinja2.FileSystemLoader(str(prompts_dir()), encoding="utf-8"),
+                               undefined=jinja2.StrictUndefined, autoescape=False,
+                               keep_trailing_newline=True, trim_blocks=True)
+    names = sorted(p.relative_to(prompts_dir()).as_posix() for p in prompts_dir().rglob("*.j2")
+                   if not p.name.startswith("_"))
+    assert len(names) >= 50
+    for name in names:
+        rendered = 0
+        for part in ("system", "user"):
+            for qwq in (True, False):
+                for scores in ({"1": 3, "2": 5}, [3, 5]):
+                    variables = {**_every_variable(part, qwq), "scores": scores}
+                    try:
+                        want = plain.get_template(name).render(**variables)
+                    except jinja2.UndefinedError:  # not this template's variables
+                        with pytest.raises(ConfigError):
+                            prompt_templates.render(name, **variables)
+                        continue
+                    assert prompt_templates.render(name, **variables) == want, name
+                    rendered += 1
+        assert rendered, name
+
+
 def test_edited_template_is_reread(tmp_path):
     (tmp_path / "hyde").mkdir()
     path = tmp_path / "hyde" / "qa.j2"
