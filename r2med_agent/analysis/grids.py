@@ -189,8 +189,12 @@ class GridEntry:
 
     def generations_mode(self, wanted: str = "r2med") -> str:
         """``r2med`` when R2MED released this entry's generations and ``wanted`` is ``r2med``
-        (reproduce's default), else ``fresh``."""
+        (reproduce's default), else ``fresh``. An entry with several samples per query is always
+        ``fresh``: R2MED released one text per query, and ``run`` refuses ``--samples`` above 1
+        with them."""
         if wanted != "r2med" or self.generations == "fresh" or self.method == "none":
+            return "fresh"
+        if int(self.args.get("samples", 1)) > 1:
             return "fresh"
         return "r2med" if self.llm in released_llms().get(self.method, ()) else "fresh"
 

@@ -389,6 +389,10 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     from r2med_agent.data import load_task
     from r2med_agent.methods import get_method
 
+    if cfg.generations == "r2med":
+        from r2med_agent.data.released import check_samples
+
+        check_samples(cfg.tasks, cfg.method, cfg.llm or "", cfg.samples, cfg.data_dir)
     tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
                        allow_count_mismatch=cfg.allow_count_mismatch, qrels_split=cfg.split,
                        all_queries=cfg.all_queries)

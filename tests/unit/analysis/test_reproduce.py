@@ -562,6 +562,24 @@ def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path)
     assert "tokens: qwen3-32b-listwise (9 windows of 20 per query): 7,884 calls" in text  # 876 queries x 9
     assert "--samples 4" in text and "reranker LLM qwen3-32b" in text and "PROBLEM" not in text
     assert "--retriever bm25+reasonembed-qwen3-8b:query --reranker grouprank-32b --fusion-depth 1000,200" in text
+    # Issue 30 item 1: R2MED released one text per query, so no row scores released texts as samples.
+    for p in planned:
+        if p.entry.args.get("samples", 1) > 1:
+            assert p.generations == "fresh" and "--generations r2med" not in p.command, p.entry.label
+
+
+def test_no_grid_scores_released_generations_as_several_samples(tmp_path):
+    """Issue 30 item 1: an entry with several samples per query generates them, in every grid and
+    whatever its ``generations`` says: R2MED's released files hold one text per query."""
+    from r2med_agent.analysis.grids import GridEntry
+
+    entry = GridEntry(method="hyde", llm="qwen-7b", retriever="bm25", args={"samples": 4})
+    assert entry.generations_mode("r2med") == "fresh"
+    assert GridEntry(method="hyde", llm="qwen-7b", retriever="bm25").generations_mode("r2med") == "r2med"
+    for table, grid in load_grids().items():
+        for p in plan(grid, ReproduceOptions(output_dir=tmp_path)):
+            if p.entry.args.get("samples", 1) > 1:
+                assert p.generations == "fresh", (table, p.entry.label)
 
 
 @pytest.mark.parametrize("generations", ["r2med", "fresh"])
