@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -38,7 +39,8 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.io import atomic_write_text, iter_jsonl
 from r2med_agent.paths import resources_dir
-from r2med_agent.types import Task
+from r2med_agent.data.formats import DEFAULT_SPLIT
+from r2med_agent.types import DataOrigin, Task
 
 logger = logging.getLogger(__name__)
 
@@ -533,26 +535,55 @@ class TaskData:
         allow_missing_qrels_docs: as the run that made the results (or ``report``'s option).
         allow_count_mismatch: likewise.
         origin: how it was chosen, for messages: ``--data-dir``, ``recorded`` or ``registry``.
+        name: the name to load it by (a BEIR split's task, ``mine@dev``, loads as ``mine``).
+        split: the BEIR qrels split its results were made on.
+        all_queries: its results kept the queries that split does not judge.
     """
 
     data_dir: Path | None
     allow_missing_qrels_docs: bool = False
     allow_count_mismatch: bool = False
     origin: str = "registry"
+    name: str | None = None
+    split: str = DEFAULT_SPLIT
+    all_queries: bool = False
 
 
-def _recorded_folder(result: TaskResult) -> Path | None:
-    """The local task folder a result file records as its data ``source`` (runs on ``--data-dir``
-    data record the folder's absolute path; hub and package data record a name, not a folder),
-    when that folder still exists."""
+_SOURCE_NOTES = re.compile(r"( \(split [^()]*\)| \(counts differ: .*\)| \(commit [0-9a-f]{40}\))+$")
+"""What a result's ``source`` adds after the folder (results of earlier versions, which record no
+``data`` block): a BEIR split, a count mismatch, a hub commit."""
+
+
+def _recorded_data(result: TaskResult) -> DataOrigin | None:
+    """Where a result file's task was read from, when that was a local folder that still exists:
+    its ``data`` block, or for results written before there was one, the folder its ``source``
+    names (with the split and options of its config). Hub and package data record no folder:
+    they are loaded by name."""
     try:
-        source = json.loads(result.path.read_text(encoding="utf-8")).get("source")
-    except (OSError, ValueError, AttributeError):
+        rec = json.loads(result.path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    if not isinstance(source, str) or not source:
+    if not isinstance(rec, dict):
         return None
-    folder = Path(source.split(" (counts differ")[0])
-    return folder if folder.is_absolute() and folder.is_dir() else None
+    data = rec.get("data")
+    if isinstance(data, dict):
+        try:
+            origin = DataOrigin(folder=data.get("folder"), layout=str(data.get("layout") or ""),
+                                name=str(data.get("name") or ""), split=data.get("split"),
+                                all_queries=bool(data.get("all_queries")))
+        except TypeError:
+            return None
+    else:
+        source = rec.get("source")
+        if not isinstance(source, str) or not source:
+            return None
+        cfg = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+        origin = DataOrigin(folder=_SOURCE_NOTES.sub("", source), split=cfg.get("split") or None,
+                            all_queries=bool(cfg.get("all_queries")))
+    if not isinstance(origin.folder, str) or not origin.folder:
+        return None
+    folder = Path(origin.folder)
+    return origin if folder.is_absolute() and folder.is_dir() else None
 
 
 def _holds(data_dir: Path, name: str) -> bool:
@@ -573,23 +604,27 @@ def task_data(
     """Where to load each task of ``table`` from: the first of ``data_dirs`` that holds it; else
     the folder its result files record (with the run's own ``allow_*`` settings); else the
     package or the hub. Several recorded folders for one task name: the first row's is used, with
-    a warning naming the others.
+    a warning naming the others. A BEIR task is loaded with the split its results record, by its
+    name before the split's suffix.
     """
     out: dict[str, TaskData] = {}
     for name in table.tasks:
-        given = next((d for d in data_dirs if _holds(d, name)), None)
+        results = [r for r in (t.row.tasks.get(name) for t in table.rows) if r is not None]
+        recorded = [(r, origin) for r in results for origin in [_recorded_data(r)] if origin is not None]
+        how = _split_of(name, results, recorded)
+        base = how["name"] or name
+        given = next((d for d in data_dirs if _holds(d, base)), None)
         if given is None and len(data_dirs) == 1:
             given = data_dirs[0]  # load_task says what the folder lacks
         if given is not None:
-            out[name] = TaskData(given, allow_missing_qrels_docs, allow_count_mismatch, "--data-dir")
+            out[name] = TaskData(given, allow_missing_qrels_docs, allow_count_mismatch, "--data-dir", **how)
             continue
-        recorded = [(r, folder) for r in (t.row.tasks.get(name) for t in table.rows) if r is not None
-                    for folder in [_recorded_folder(r)] if folder is not None]
         if not recorded:
-            out[name] = TaskData(None, allow_missing_qrels_docs, allow_count_mismatch)
+            out[name] = TaskData(None, allow_missing_qrels_docs, allow_count_mismatch, **how)
             continue
-        first, folder = recorded[0]
-        others = sorted({str(f) for _, f in recorded} - {str(folder)})
+        first, origin = recorded[0]
+        folder = Path(str(origin.folder))
+        others = sorted({str(o.folder) for _, o in recorded} - {str(folder)})
         if others:
             logger.warning("task %s: results record data in several folders; the report shows texts from "
                            "%s (not %s); pass --data-dir to choose", name, folder, ", ".join(others))
@@ -599,8 +634,29 @@ def task_data(
             allow_missing_qrels_docs or bool(cfg.get("allow_missing_qrels_docs")),
             allow_count_mismatch or bool(cfg.get("allow_count_mismatch")),
             "recorded",
+            **how,
         )
     return out
+
+
+def _split_of(name: str, results: Sequence[TaskResult], recorded: Sequence[tuple[TaskResult, DataOrigin]]
+              ) -> dict[str, Any]:
+    """The name, BEIR split and query choice to load task ``name`` with, as its results recorded
+    them (a ``data`` block, or an earlier version's config)."""
+    for _, origin in recorded:
+        if origin.layout == "beir":
+            return {"name": origin.name or None, "split": origin.split or DEFAULT_SPLIT,
+                    "all_queries": origin.all_queries}
+        if origin.layout:
+            return {"name": origin.name or None}
+    for r in results:
+        cfg = r.config
+        split, every = cfg.get("split"), bool(cfg.get("all_queries"))
+        if isinstance(split, str) and split:
+            suffix = "" if (split, every) == (DEFAULT_SPLIT, False) else f"@{split}" + ("-all" if every else "")
+            base = name[: -len(suffix)] if suffix and name.endswith(suffix) else name
+            return {"name": base if base != name else None, "split": split, "all_queries": every}
+    return {}
 
 
 def load_report_tasks(where: Mapping[str, TaskData]) -> dict[str, Task]:
@@ -615,8 +671,10 @@ def load_report_tasks(where: Mapping[str, TaskData]) -> dict[str, Task]:
     loaded: dict[str, Task] = {}
     for name, data in where.items():
         try:
-            loaded[name] = load_task(name, data.data_dir, allow_missing_qrels_docs=data.allow_missing_qrels_docs,
-                                     allow_count_mismatch=data.allow_count_mismatch)
+            loaded[name] = load_task(data.name or name, data.data_dir,
+                                     allow_missing_qrels_docs=data.allow_missing_qrels_docs,
+                                     allow_count_mismatch=data.allow_count_mismatch, qrels_split=data.split,
+                                     all_queries=data.all_queries)
         except R2MedError as e:
             where_from = {"recorded": f" from {data.data_dir}, the folder its results record",
                           "--data-dir": f" from --data-dir {data.data_dir}"}.get(data.origin, "")

@@ -680,6 +680,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         "spec_key": cfg.key(),
         "precision": model_precisions(cfg),
         "source": task.source,
+        "data": task.origin.record() if task.origin is not None else None,
         "corpus_fingerprint": task.fingerprint,
     }
     files[".json"] = json.dumps(record, indent=2, ensure_ascii=False) + "\n"

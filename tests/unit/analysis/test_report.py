@@ -402,3 +402,78 @@ def test_report_and_tasks_take_config(cli, tmp_path: Path):
     assert res.exit_code == 0, f"{res.output} {res.exception}"
     data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     assert data["tasks"]["Cardio"]["docs"].get("d1") == "insects fly towards light: cardio copy"
+
+
+def _beir_task(folder: Path, marker: str) -> None:
+    """A task of your own in BEIR layout with a test and a dev split; ``marker`` is d1's text."""
+    (folder / "qrels").mkdir(parents=True)
+    with (folder / "queries.jsonl").open("w") as f:
+        for qid, text in QUERIES.items():
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with (folder / "corpus.jsonl").open("w") as f:
+        for did, text in CORPUS.items():
+            f.write(json.dumps({"_id": did, "title": "", "text": marker if did == "d1" else text}) + "\n")
+    qids = sorted(QRELS)
+    for split, chosen in (("test", qids[:-1]), ("dev", qids[-1:])):
+        lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q in chosen for d, g in QRELS[q].items()]
+        (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_cli_report_finds_the_texts_of_every_layout(cli, tmp_path: Path):
+    """Issue 30 item 2: a result records its data folder as data (``"data"``: folder, layout,
+    name, split), and ``report`` without --data-dir finds the texts of BEIR folders (each split
+    its own task), R2MED-layout folders and Nano-layout copies; ``report`` used to stop with
+    ``unknown task 'mini-med'`` because the BEIR folder's source reads ``<folder> (split test)``."""
+    from r2med_agent.cli.app import main
+    from tests.unit.data.test_data import make_nano_snapshot
+
+    beir, own = tmp_path / "mini-med", tmp_path / "lab" / "Alpha"
+    _beir_task(beir, "insects fly towards light: beir copy")
+    _own_task(own, "insects fly towards light: r2med copy")
+    nano = make_nano_snapshot(tmp_path / "NanoR2MED", "NanoR2MEDBiology", "jsonl")
+    results = tmp_path / "results"
+    for args in (["--data-dir", str(beir)], ["--data-dir", str(beir), "--split", "dev"],
+                 ["--data-dir", str(beir), "--all-queries"], ["--data-dir", str(own)],
+                 ["--data-dir", str(nano), "--task", "nano-Biology", "--allow-count-mismatch"]):
+        assert main(["run", *args, "-o", str(results), "--no-progress"]) == 0, args
+    record = json.loads((results / "none" / "none" / "bm25" / "mini-med@dev.json").read_text())
+    assert record["data"] == {"folder": str(beir.resolve()), "layout": "beir", "name": "mini-med", "split": "dev",
+                              "all_queries": False}
+    record = json.loads((results / "none" / "none" / "bm25" / "nano-Biology.json").read_text())
+    assert record["data"]["folder"] == str(nano.resolve()) and record["data"]["layout"] == "nano"
+    res = CliRunner().invoke(cli, ["report", str(results), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert sorted(data["tasks"]) == ["Alpha", "mini-med", "mini-med@dev", "mini-med@test-all", "nano-Biology"]
+    qids = sorted(QRELS)
+    assert sorted(data["tasks"]["mini-med"]["queries"]) == qids[:-1]
+    assert sorted(data["tasks"]["mini-med@dev"]["queries"]) == qids[-1:]
+    assert sorted(data["tasks"]["mini-med@test-all"]["queries"]) == sorted(QUERIES)
+    assert data["tasks"]["mini-med@test-all"]["docs"].get("d1") == "insects fly towards light: beir copy"
+    assert data["tasks"]["mini-med@dev"]["qrels"] == {q: QRELS[q] for q in qids[-1:]}
+    assert data["tasks"]["Alpha"]["docs"].get("d1") == "insects fly towards light: r2med copy"
+    assert data["tasks"]["nano-Biology"]["queries"] == {"0": "first query", "1": "second query"}
+    # Results of the registry's own tasks record no folder: they load by name.
+    assert main(["run", "--task", "sample", "-o", str(results), "--no-progress"]) == 0
+    sample = json.loads((results / "none" / "none" / "bm25" / "sample.json").read_text())["data"]
+    assert sample["folder"] is None and sample["layout"] == "r2med"
+
+
+def test_cli_report_reads_results_that_record_no_data_block(cli, tmp_path: Path):
+    """Results written before the ``data`` block: the folder comes from the ``source`` prose
+    (``<folder> (split dev)``) and the split from the recorded config."""
+    from r2med_agent.cli.app import main
+
+    beir = tmp_path / "mini-med"
+    _beir_task(beir, "insects fly towards light: beir copy")
+    results = tmp_path / "results"
+    assert main(["run", "--data-dir", str(beir), "--split", "dev", "-o", str(results), "--no-progress"]) == 0
+    path = results / "none" / "none" / "bm25" / "mini-med@dev.json"
+    record = json.loads(path.read_text())
+    assert record["source"] == f"{beir.resolve()} (split dev)"
+    del record["data"]
+    path.write_text(json.dumps(record))
+    res = CliRunner().invoke(cli, ["report", str(results), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert sorted(data["tasks"]["mini-med@dev"]["queries"]) == sorted(QRELS)[-1:]
