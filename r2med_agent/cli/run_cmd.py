@@ -83,7 +83,7 @@ _RUN_OPTIONS = {
     "no_cache": typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
     "refresh_cache": typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
     "cache_path": typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
-    "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call (each generation is committed to the cache as it finishes); 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
     "candidates": typer.Option(None, "--candidates", help="First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
     "split": typer.Option("test", "--split", help="The qrels split of a BEIR folder (qrels/<split>.tsv); only the queries it names run, as BEIR's loader keeps them. Recorded in each result's source."),
     "all_queries": typer.Option(False, "--all-queries", help="Also run a BEIR folder's queries that the split's qrels do not name (unscored)."),
