@@ -220,17 +220,23 @@ def _parse_depths(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
+    from r2med_agent.console import figure_column, label_column, print_table
+
     table = Table(title=Text(result.config.label))
     uses_llm = result.config.method != "none"
-    table.add_column("task", no_wrap=True)
+    label_column(table, "task")
     for m in _HEADLINE:
-        table.add_column(_SHORT[m], justify="right")
-    table.add_column("queries", justify="right")
-    table.add_column("empty", justify="right")
+        figure_column(table, _SHORT[m])
+    figure_column(table, "queries")
+    figure_column(table, "empty")
+    # Blank generated texts get a column when a task had some (the common case, none, leaves
+    # room for the figures at 80 columns).
+    blanks = uses_llm and any(o.stats.get("empty_generations", 0) for o in result.outcomes)
     if uses_llm:
-        table.add_column("new gens", justify="right")
-        table.add_column("cached", justify="right")
-        table.add_column("empty gens", justify="right")
+        figure_column(table, "new\ngens")
+        figure_column(table, "cached")
+    if blanks:
+        figure_column(table, "empty\ngens")
     for o in result.outcomes:
         cells = [
             o.task,
@@ -239,18 +245,18 @@ def print_summary(result) -> None:
             str(len(o.evaluation.missing)),
         ]
         if uses_llm:
-            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0)),
-                      str(o.stats.get("empty_generations", 0))]
+            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0))]
+        if blanks:
+            cells.append(str(o.stats.get("empty_generations", 0)))
         table.add_row(*cells)
     if len(result.outcomes) > 1:
-        blanks = [""] * (5 if uses_llm else 2)
         table.add_row(
-            "average", *(_score(result.average, m) for m in _HEADLINE), *blanks,
+            "average", *(_score(result.average, m) for m in _HEADLINE), *[""] * (len(table.columns) - 4),
             style="bold",
         )
-    console.print(table)
+    print_table(console, table)
     console.print("empty = queries with no retrieved document (they score 0)"
-                  + ("; empty gens = blank generated texts (--empty-generation)" if uses_llm else ""), style="dim")
+                  + ("; empty gens = blank generated texts (--empty-generation)" if blanks else ""), style="dim")
     for o in result.outcomes:
         if o.not_scored:
             console.print(f"{o.task}: not scored ({o.not_scored}); its run, generations and traces are written",
@@ -288,12 +294,14 @@ def evaluate_command(
             out["per_query"] = ev.per_query
         console.print_json(json.dumps(out))
         return
+    from r2med_agent.console import figure_column, label_column, print_table
+
     table = Table(title=f"{run.name} ({ev.num_queries} queries, {len(ev.missing)} with no results)")
-    table.add_column("metric")
-    table.add_column("mean", justify="right")
+    label_column(table, "metric")
+    figure_column(table, "mean")
     for m, v in ev.mean.items():
         table.add_row(m, f"{v:.4f}")
-    console.print(table)
+    print_table(console, table)
     if per_query:
         for qid, scores in ev.per_query.items():
             console.print(qid, " ".join(f"{m}={scores[m]:.4f}" for m in _HEADLINE if m in scores))
