@@ -89,7 +89,7 @@ _RUN_OPTIONS = {
     "all_queries": typer.Option(False, "--all-queries", help="Also run a BEIR folder's queries that the split's qrels do not name (unscored)."),
     "no_eval": typer.Option(False, "--no-eval", help="Run every stage and write the run, generations and traces, but score nothing (what a folder without qrels gets)."),
     "allow_missing_candidates": typer.Option(False, "--allow-missing-candidates", help="Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
-    "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
+    "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the registries: 'llms:', 'encoders:', 'rerankers:' (cross-encoders and LLM rerankers) and 'tasks:'."),
     "progress": typer.Option(True, "--progress/--no-progress", show_default=False, help="Progress of generation, encoding, indexing and reranking (default on): a bar when standard error is a terminal, else (a log file) a timestamped line every --progress-interval seconds, never a bar. --no-progress shows none."),
     "progress_interval": typer.Option(30.0, "--progress-interval", min=0.0, help="Seconds between the plain progress lines written when standard error is not a terminal."),
 }
@@ -155,6 +155,9 @@ def run_command(
     progress_display.configure(interval_s=progress_interval)
     if task == "list":
         tasks_command(config=None)  # the --config above is already in force
+        return
+    if reranker == "list":
+        rerankers_command(config=None)
         return
     if task is None:
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
@@ -341,6 +344,28 @@ def llms_command(
     rows = [[name, spec.backend, spec.model, spec.reasoning_format]
             for name, spec in sorted(load_registry("llms", LLMSpec).items())]
     print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)
+
+
+@app.command("rerankers")
+def rerankers_command(
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'rerankers:' entries."),
+) -> None:
+    """List the reranker registry: kind (cross-encoder, listwise, pointwise-reasoning, groupwise,
+    setwise), model (a cross-encoder's checkpoint, an LLM reranker's LLM) and input format."""
+    from r2med_agent.config import set_user_config
+    from r2med_agent.retrieval.rerank.spec import reranker_registry
+
+    if config is not None:
+        set_user_config(config)
+    rows = []
+    for name, spec in sorted(reranker_registry().items()):
+        if spec.kind == "cross-encoder":
+            model = spec.model + (f" (LoRA on {spec.base_model})" if spec.base_model else "")
+            fmt = "(query, document) pairs" + (f", logit {spec.score_index}" if spec.score_index else "")
+        else:
+            model, fmt = f"LLM {spec.llm}", spec.format
+        rows.append([name, spec.kind, model, fmt])
+    print_listing("rerankers", ["name", "kind", "model", "format"], rows)
 
 
 @app.command("encoders")

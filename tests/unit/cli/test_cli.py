@@ -174,12 +174,47 @@ def test_evaluation_takes_metric_names_in_any_spelling():
     [(["run", "--task", "Biolgy"], "did you mean 'Biology'?"),
      (["run", "--method", "hydee", "--llm", "smollm2"], "did you mean 'hyde'?"),
      (["run", "--retriever", "bm52"], "did you mean 'bm25'?"),
-     (["run", "--method", "hyde", "--llm", "smolm2"], "did you mean 'smollm2'?")],
+     (["run", "--method", "hyde", "--llm", "smolm2"], "did you mean 'smollm2'?"),
+     (["run", "--reranker", "bge-rernker"], "did you mean 'bge-reranker'?")],
 )
 def test_did_you_mean_for_misspelt_names(tmp_path, capsys, args, suggestion):
     assert _main(*args, "-o", str(tmp_path)) == 2
     err = capsys.readouterr().err
     assert suggestion in err and "Traceback" not in err
+
+
+def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
+    """Issue 30 item 7: `r2med-agent rerankers` and `run --reranker list` list the registry (kind,
+    model, format), a user config's entries included; the help names every kind and says where
+    entries of your own go."""
+    import typing
+
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.retrieval.rerank.spec import RerankerSpec, reranker_registry
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("rerankers:\n  my-ce: {model: /models/my-cross-encoder}\n")
+    assert _main("rerankers", "--config", str(config)) == 0
+    listed = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in listed.splitlines()[1:] if line.strip()}
+    assert set(lines) == set(reranker_registry()) | {"my-ce"}
+    assert lines["my-ce"][1:3] == ["cross-encoder", "/models/my-cross-encoder"]
+    assert lines["grouprank-32b"][1:4] == ["groupwise", "LLM", "grouprank-32b"]
+    assert lines["reasonrank-7b"][-1] == "reasonrank" and lines["rank1-7b"][-1] == "rank1"
+    assert _main("run", "--reranker", "list", "--config", str(config), "-o", str(tmp_path / "out")) == 0
+    assert capsys.readouterr().out == listed
+    assert not (tmp_path / "out").exists()
+    _register()
+    help_text = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output.split())
+    help_text = help_text.replace("│", "").replace("  ", " ")
+    kinds = typing.get_args(typing.get_type_hints(RerankerSpec)["kind"])
+    assert len(kinds) == 5
+    for kind in kinds:
+        assert f"{kind}" in help_text, kind
+    assert "'rerankers:'" in help_text and "--reranker list" in help_text
+    assert "'llms:', 'encoders:', 'rerankers:' (cross-encoders and LLM rerankers) and 'tasks:'" in help_text
 
 
 def test_flags_have_no_bool_tag_in_help():
