@@ -207,8 +207,8 @@ def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
     assert capsys.readouterr().out == listed
     assert not (tmp_path / "out").exists()
     _register()
-    help_text = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output.split())
-    help_text = help_text.replace("│", "").replace("  ", " ")
+    raw = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    help_text = " ".join(raw.replace("│", " ").split())
     kinds = typing.get_args(typing.get_type_hints(RerankerSpec)["kind"])
     assert len(kinds) == 5
     for kind in kinds:
