@@ -41,7 +41,7 @@ def _load_table(
 ):
     from r2med_agent.compare import build_table, load_results
 
-    rows = load_results(results or [Path("results")])
+    rows = load_results(results or [Path("results")], require_scored=True)
     found = sorted({name for row in rows for name in row.tasks})
     return build_table(
         rows,

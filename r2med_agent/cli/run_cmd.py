@@ -153,11 +153,8 @@ def run_command(
     if config is not None:
         set_user_config(config)
     progress_display.configure(interval_s=progress_interval)
-    if task == "list":
-        tasks_command(config=None)  # the --config above is already in force
-        return
-    if reranker == "list":
-        rerankers_command(config=None)
+    if task == "list" or reranker == "list":  # the --config above is already in force
+        (tasks_command if task == "list" else rerankers_command)(config=None)
         return
     if task is None:
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
@@ -244,7 +241,7 @@ def print_summary(result) -> None:
         cells = [
             o.task,
             *(_score(o.evaluation.mean, m) for m in _HEADLINE),
-            str(o.evaluation.num_queries),
+            str(o.queries_run if o.not_scored else o.evaluation.num_queries),
             str(len(o.evaluation.missing)),
         ]
         if uses_llm:
@@ -262,8 +259,8 @@ def print_summary(result) -> None:
                   + ("; empty gens = blank generated texts (--empty-generation)" if blanks else ""), style="dim")
     for o in result.outcomes:
         if o.not_scored:
-            console.print(f"{o.task}: not scored ({o.not_scored}); its run, generations and traces are written",
-                          markup=False, highlight=False)
+            console.print(f"{o.task}: not scored ({o.not_scored}); its {o.queries_run} queries ran and their run, "
+                          "generations and traces are written", markup=False, highlight=False)
     gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)

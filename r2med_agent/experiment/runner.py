@@ -222,6 +222,8 @@ class TaskOutcome:
     stats: dict[str, Any]
     not_scored: str = ""
     """Why the task's run was not scored ("" when it was): ``--no-eval``, or no qrels."""
+    queries_run: int = 0
+    """The queries that ran (scored or not; ``evaluation.num_queries`` counts the scored ones)."""
 
 
 @dataclass
@@ -603,7 +605,7 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun) -> TaskOutcome:
     if ev.missing and not unscored:
         log.warning("%s: %d of %d queries have no results and score 0", r.task.name,
                     len(ev.missing), ev.num_queries)
-    return TaskOutcome(r.task.name, ev, files, stats, unscored)
+    return TaskOutcome(r.task.name, ev, files, stats, unscored, len(r.task.queries))
 
 
 def _not_scored(cfg: RunConfig, task: Task) -> str:
@@ -672,6 +674,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         **({"not_scored": unscored} if unscored else {}),
         "depth": cfg.top_k,
         "num_queries": ev.num_queries,
+        "queries_run": len(task.queries),
         "missing_queries": len(ev.missing),
         "missing_query_ids": list(ev.missing),
         "per_query": ev.per_query,
