@@ -38,8 +38,9 @@ def _cut(text: str, full: bool, limit: int = CUT) -> str:
 
 @trace_app.command("show")
 def show(
-    file: Path = typer.Argument(..., help="a <Task>.traces.jsonl file written by `r2med-agent run`, or the result "
-                                          "folder holding it (every task's trajectories in it)"),
+    file: Path = typer.Argument(..., help="a <Task>.traces.jsonl (or <Task>.rerank.jsonl) file written by "
+                                          "`r2med-agent run`, or the result folder holding it (every task's "
+                                          "trajectories in it)"),
     query: list[str] = typer.Option(None, "--query", "-q", help="show only this query id (repeatable)"),
     task: list[str] = typer.Option(None, "--task", "-t", help="with a result folder: show only this task "
                                                                "(repeatable)"),
@@ -67,7 +68,7 @@ def show(
     shown = [t for traces in by_file.values() for t in traces]
     for f, traces in by_file.items():
         if len(by_file) > 1 and traces:
-            console.print(Text(f"{f.name.removesuffix(TRACES)} ({f})", style="bold underline"), soft_wrap=True)
+            console.print(Text(f"{_task_of(f)} ({f})", style="bold underline"), soft_wrap=True)
         for trace in traces:
             _print_trace(console, trace, full)
     if len(shown) > 1:
@@ -77,11 +78,17 @@ def show(
 
 
 TRACES = ".traces.jsonl"
+RERANK_TRACES = ".rerank.jsonl"
+
+
+def _task_of(path: Path) -> str:
+    return path.name.removesuffix(TRACES).removesuffix(RERANK_TRACES)
 
 
 def trace_files(path: Path, tasks: list[str] | None = None) -> list[Path]:
-    """The trace files ``trace show`` reads: ``path`` itself, or the ``<Task>.traces.jsonl`` files of
-    the result folder ``path`` (those of ``tasks`` only, when given).
+    """The trace files ``trace show`` reads: ``path`` itself, or the ``<Task>.traces.jsonl`` (an
+    agentic method's) and ``<Task>.rerank.jsonl`` (an LLM reranker's) files of the result folder
+    ``path``, of ``tasks`` only when given.
 
     Raises:
         ConfigError: no such file or folder; a folder without trace files (naming the folders
@@ -91,19 +98,20 @@ def trace_files(path: Path, tasks: list[str] | None = None) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise ConfigError(f"{path}: no such trace file or result folder")
-    files = sorted(path.glob(f"*{TRACES}"), key=lambda p: natural_key(p.name))
+    files = sorted((p for suffix in (TRACES, RERANK_TRACES) for p in path.glob(f"*{suffix}")),
+                   key=lambda p: (natural_key(_task_of(p)), p.name.endswith(RERANK_TRACES)))
     if not files:
-        below = sorted({str(p.parent) for p in path.rglob(f"*{TRACES}")})
+        below = sorted({str(p.parent) for suffix in (TRACES, RERANK_TRACES) for p in path.rglob(f"*{suffix}")})
         hint = (f"; folders below it that have them: {', '.join(below[:5])}" + (" ..." if len(below) > 5 else "")
-                if below else "; the agentic methods (search-r1, search-o1) write them")
-        raise ConfigError(f"{path}: no <Task>{TRACES} in this folder{hint}")
+                if below else "; the agentic methods (search-r1, search-o1) and the LLM rerankers write them")
+        raise ConfigError(f"{path}: no <Task>{TRACES} or <Task>{RERANK_TRACES} in this folder{hint}")
     if tasks:
-        named = {p.name.removesuffix(TRACES): p for p in files}
+        named = {_task_of(p) for p in files}
         unknown = [t for t in tasks if t not in named]
         if unknown:
             raise ConfigError(f"{path}: no trajectories of task(s) {', '.join(unknown)}; tasks here: "
-                              f"{', '.join(named)}")
-        files = [named[t] for t in tasks]
+                              f"{', '.join(sorted(named, key=natural_key))}")
+        files = [p for p in files if _task_of(p) in tasks]
     return files
 
 
