@@ -106,6 +106,9 @@ class GridEntry:
             over the grid's tasks); ``reproduce --candidates PATH`` gives the files, and other
             files are refused.
         candidates_from: where a user gets those files (shown by ``--dry-run``).
+        candidates_dir: the folder they are in once fetched so (``ReasonRank/runs`` after the
+            clone): the ``--candidates`` of the entry's command until ``reproduce --candidates``
+            names another.
     """
 
     method: str
@@ -119,6 +122,7 @@ class GridEntry:
     generations: str = "auto"
     candidates: str = ""
     candidates_from: str = ""
+    candidates_dir: str = ""
 
     @property
     def label(self) -> str:
@@ -157,7 +161,7 @@ class GridEntry:
                 raise ConfigError(
                     f"--candidates {candidates_path}: these run files (hash {cfg.candidates}) are not the ones "
                     f"the published row reranked (hash {self.candidates}, over the 8 tasks); "
-                    f"get them from {self.candidates_from or 'the source the entry names'}"
+                    f"get them from {self.candidates_where()}"
                 )
             return cfg
         return RunConfig(
@@ -172,6 +176,11 @@ class GridEntry:
             allow_count_mismatch=allow_count_mismatch,
             **self.args,
         )
+
+    def candidates_where(self) -> str:
+        """Where a ``candidates`` entry's run files come from and the folder to pass."""
+        where = self.candidates_from or "the source the entry names"
+        return where + (f", then --candidates {self.candidates_dir}" if self.candidates_dir else "")
 
     def row_keys(self) -> list[Any]:
         """What names this entry's result rows: the run spec key of each of its runs (fresh and
@@ -204,11 +213,12 @@ class GridEntry:
     ) -> str:
         """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value), built
         from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`); a
-        ``candidates`` entry names ``candidates_path`` (else ``<run files>``)."""
+        ``candidates`` entry names ``candidates_path`` (else the folder its files come in,
+        ``candidates_dir``; ``<run files>`` for an entry that names none)."""
         from r2med_agent.experiment.spec import cli_args
 
         spec = self.run_config((), Path(output_dir), data_dir, generations).spec()
-        where = str(candidates_path) if candidates_path is not None else "<run files>"
+        where = str(candidates_path) if candidates_path is not None else (self.candidates_dir or "<run files>")
         args = cli_args(spec, where if self.candidates else None)
         parts = ["r2med-agent", "run", *args, "--task", task, "--output-dir", str(output_dir)]
         if data_dir is not None:
