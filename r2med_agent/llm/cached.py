@@ -56,6 +56,7 @@ from r2med_agent.llm.cache import (
 from r2med_agent.llm.openai_compat import key_params, resolve_server
 from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.progress import current_part as progress_label
 from r2med_agent.progress import part as progress_part
 from r2med_agent.progress import tracking
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -488,10 +489,12 @@ class CachedLLM:
         if not generating:
             return
         calls = -(-generating // (self.chunk_size or generating))
+        label = progress_label()  # which pass over the same prompts this is, when there are several
         logger.info(
-            "%s: generating %d of %d texts (%d from the cache%s) in %d backend call%s",
+            "%s: generating %d of %d texts (%d from the cache%s) in %d backend call%s%s",
             self.model_id, generating, total, cached,
             f", {elsewhere} from another run" if elsewhere else "", calls, "" if calls == 1 else "s",
+            f" {label}" if label else "",
         )
 
     def _take_rows(
