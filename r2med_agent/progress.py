@@ -101,6 +101,11 @@ def part(label: str) -> Iterator[None]:
         _PART.reset(token)
 
 
+def current_part() -> str:
+    """The label of the enclosing :func:`part` ("" outside one)."""
+    return _PART.get()
+
+
 @contextlib.contextmanager
 def tracking(total: int, desc: str, **kwargs: Any) -> Iterator[GenerationProgress]:
     """One progress for ``total`` generations made over several backend calls; backends inside

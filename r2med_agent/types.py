@@ -121,6 +121,32 @@ def doc_ids_of(docs: Sequence[Doc]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class DataOrigin:
+    """Where a task's files were read from, as data: result files record it (``"data"``) and
+    ``report`` loads the task's texts from it again.
+
+    Attributes:
+        folder: the absolute path of a local folder (``--data-dir``, a config's ``path:``); None for
+            the hub and the package, which are loaded by the task's name.
+        layout: ``r2med``, ``beir`` or ``nano``.
+        name: the task's name before a BEIR split's suffix (``mine`` for ``mine@dev``).
+        split: the BEIR qrels split read (``qrels/<split>.tsv``) or the Nano split; None otherwise.
+        all_queries: a BEIR folder's queries its split does not judge were kept.
+    """
+
+    folder: str | None = None
+    layout: str = ""
+    name: str = ""
+    split: str | None = None
+    all_queries: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """The result file's ``"data"`` block."""
+        return {"folder": self.folder, "layout": self.layout, "name": self.name, "split": self.split,
+                "all_queries": self.all_queries}
+
+
+@dataclass(frozen=True)
 class Task:
     """A loaded task: its queries, corpus and qrels, plus what prompts need to know of it.
 
@@ -136,6 +162,7 @@ class Task:
         excluded: per query, the documents never ranked for it (BRIGHT's ``excluded_ids``, its
             ``"N/A"`` left out): the runner removes them from every ranking before the cut and the
             scoring. None for a task of another layout, which excludes nothing.
+        origin: where its files were read from, as data (None for a task built in memory).
     """
 
     name: str
@@ -147,6 +174,7 @@ class Task:
     source: str
     fingerprint: str
     excluded: Mapping[str, tuple[str, ...]] | None = None
+    origin: DataOrigin | None = None
 
     @property
     def doc_ids(self) -> list[str]:

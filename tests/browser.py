@@ -16,6 +16,7 @@ are listed, and the DOM is returned for the test's own checks.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -25,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
@@ -46,6 +48,8 @@ class PageReport:
 
     Attributes:
         dom: ``document.documentElement.outerHTML`` after loading.
+        values: what each of ``load_page``'s ``evaluate`` expressions returned (JSON values).
+        screenshot: a PNG of the whole page as laid out (``load_page(screenshot=True)``).
         exceptions: uncaught script exceptions.
         console_errors: ``console.error`` / ``console.assert`` messages.
         log_errors: browser log entries of level error.
@@ -54,6 +58,8 @@ class PageReport:
     """
 
     dom: str = ""
+    values: list[Any] = field(default_factory=list)
+    screenshot: bytes = b""
     exceptions: list[str] = field(default_factory=list)
     console_errors: list[str] = field(default_factory=list)
     log_errors: list[str] = field(default_factory=list)
@@ -126,8 +132,12 @@ def _text(args: list[dict[str, Any]]) -> str:
     return " ".join(str(a.get("value", a.get("description", a.get("type")))) for a in args)
 
 
-def load_page(url: str, *, settle_s: float = 1.0, timeout: float = 60.0) -> PageReport:
-    """Open ``url`` (``file://``, a fragment allowed) in headless Chromium and report on it."""
+def load_page(url: str, *, settle_s: float = 1.0, timeout: float = 60.0, evaluate: Sequence[str] = (),
+              screenshot: bool = False, width: int = 1300) -> PageReport:
+    """Open ``url`` (``file://``, a fragment allowed) in headless Chromium, laid out ``width``
+    CSS pixels wide, and report on it: ``evaluate`` expressions are run in the page after it
+    settled (their JSON values in ``values``), and with ``screenshot`` the whole page is
+    captured as a PNG at one device pixel per CSS pixel."""
     page_file = url.split("#", 1)[0]
     cmd_read, cmd_write = os.pipe()  # we write commands; Chromium reads them on fd 3
     out_read, out_write = os.pipe()  # Chromium writes answers on fd 4; we read them
@@ -152,6 +162,8 @@ def load_page(url: str, *, settle_s: float = 1.0, timeout: float = 60.0) -> Page
         session = pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Runtime", "Log", "Network", "Page"):
             pipe.call(f"{domain}.enable", session=session)
+        pipe.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session)
         pipe.events.clear()
         pipe.call("Page.navigate", {"url": url}, session=session)
         pipe.wait_for("Page.loadEventFired", timeout=timeout)
@@ -164,6 +176,15 @@ def load_page(url: str, *, settle_s: float = 1.0, timeout: float = 60.0) -> Page
             "Runtime.evaluate", {"expression": "document.documentElement.outerHTML", "returnByValue": True}, session
         )
         report.dom = dom["result"]["value"]
+        for expression in evaluate:
+            value = pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+            report.values.append(value["result"].get("value"))
+        if screenshot:
+            size = pipe.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
+            clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+            shot = pipe.call("Page.captureScreenshot", {"format": "png", "clip": clip,
+                                                        "captureBeyondViewport": True}, session, timeout=timeout)
+            report.screenshot = base64.b64decode(shot["data"])
         for m in pipe.events:
             method, params = m.get("method"), m.get("params", {})
             if method == "Runtime.exceptionThrown":

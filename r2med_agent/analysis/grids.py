@@ -112,6 +112,9 @@ class GridEntry:
         differences: what the entry's run still does otherwise than the published row's authors'
             code (docs/protocol.md); empty: as the authors ran it; None: not reviewed. Shown by
             ``--dry-run`` and beside the row's results (:func:`status_line`).
+        candidates_dir: the folder they are in once fetched so (``ReasonRank/runs`` after the
+            clone): the ``--candidates`` of the entry's command until ``reproduce --candidates``
+            names another.
     """
 
     method: str
@@ -126,6 +129,7 @@ class GridEntry:
     candidates: str = ""
     candidates_from: str = ""
     differences: tuple[str, ...] | None = None
+    candidates_dir: str = ""
 
     @property
     def status(self) -> str:
@@ -174,7 +178,7 @@ class GridEntry:
                 raise ConfigError(
                     f"--candidates {candidates_path}: these run files (hash {cfg.candidates}) are not the ones "
                     f"the published row reranked (hash {self.candidates}, over the 8 tasks); "
-                    f"get them from {self.candidates_from or 'the source the entry names'}"
+                    f"get them from {self.candidates_where()}"
                 )
             return cfg
         return RunConfig(
@@ -189,6 +193,11 @@ class GridEntry:
             allow_count_mismatch=allow_count_mismatch,
             **{"prompts_from": None, **self.args},  # the authors' prompts unless the entry says otherwise
         )
+
+    def candidates_where(self) -> str:
+        """Where a ``candidates`` entry's run files come from and the folder to pass."""
+        where = self.candidates_from or "the source the entry names"
+        return where + (f", then --candidates {self.candidates_dir}" if self.candidates_dir else "")
 
     def row_keys(self) -> list[Any]:
         """What names this entry's result rows: the run spec key of each of its runs (fresh and
@@ -207,10 +216,14 @@ class GridEntry:
 
     def generations_mode(self, wanted: str = "r2med") -> str:
         """``r2med`` when R2MED released this entry's generations and ``wanted`` is ``r2med``
-        (reproduce's default), else ``fresh``."""
+        (reproduce's default), else ``fresh``; ``bright`` for an entry that scores BRIGHT's released
+        reasoning queries. An entry with several samples per query is always ``fresh``: R2MED
+        released one text per query, and ``run`` refuses ``--samples`` above 1 with them."""
         if self.generations == "bright" and self.method != "none":
             return "bright"
         if wanted != "r2med" or self.generations == "fresh" or self.method == "none":
+            return "fresh"
+        if int(self.args.get("samples", 1)) > 1:
             return "fresh"
         return "r2med" if self.llm in released_llms().get(self.method, ()) else "fresh"
 
@@ -220,11 +233,12 @@ class GridEntry:
     ) -> str:
         """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value), built
         from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`); a
-        ``candidates`` entry names ``candidates_path`` (else ``<run files>``)."""
+        ``candidates`` entry names ``candidates_path`` (else the folder its files come in,
+        ``candidates_dir``; ``<run files>`` for an entry that names none)."""
         from r2med_agent.experiment.spec import cli_args
 
         spec = self.run_config((), Path(output_dir), data_dir, generations).spec()
-        where = str(candidates_path) if candidates_path is not None else "<run files>"
+        where = str(candidates_path) if candidates_path is not None else (self.candidates_dir or "<run files>")
         args = cli_args(spec, where if self.candidates else None)
         parts = ["r2med-agent", "run", *args, "--task", task, "--output-dir", str(output_dir)]
         if data_dir is not None:

@@ -77,8 +77,13 @@ class Needs:
     split: tuple[str, ...] = ()
     """The recipe, line by line, when the LLM and a retriever or reranker need transformers
     versions no single environment has (:func:`split_recipe`)."""
-    tokens: tuple[str, ...] = ()
+    estimates: tuple[TokenEstimate, ...] = ()
     """LLM calls and tokens of the LLM stages (:func:`token_estimate`), where an entry has them."""
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """Each of :attr:`estimates` as its ``--dry-run`` line."""
+        return tuple(e.line() for e in self.estimates)
 
     def lines(self) -> list[str]:
         out = list(self.setup)
@@ -248,9 +253,9 @@ def entry_needs(
     # Released generations: the method's LLM never runs, so nothing is served or split off.
     released = generations in ("r2med", "bright")
     split = found.split_environments(llm_spec if not released else None)
-    tokens = tuple(token_estimate(entry, n_queries, reg, released=released)) if n_queries else ()
+    estimates = tuple(token_estimate(entry, n_queries, reg, released=released)) if n_queries else ()
     return Needs(tuple(found.gpu), tuple(dict.fromkeys(found.keys)), tuple(found.hub), tuple(found.problems),
-                 tuple(found.setup), split, tokens)
+                 tuple(found.setup), split, estimates)
 
 
 class _NeedsFinder:
@@ -400,30 +405,126 @@ by characters, GroupRank's 3,000)."""
 EXPANSION_PROMPT_TOKENS = 300
 """A HyDE/Query2Doc/LameR prompt, roughly (LameR's ten documents: about 4,000 more)."""
 
+LOOP_PROMPT_TOKENS = 400
+"""A Search-R1/Search-o1 task prompt with its question, roughly."""
 
-def token_estimate(entry: GridEntry, n_queries: int, registries: Registries, released: bool = False) -> list[str]:
+
+@dataclass(frozen=True)
+class TokenEstimate:
+    """Upper-bound work of one LLM stage of an entry (:func:`token_estimate`).
+
+    Attributes:
+        label: the stage (``hyde qwen-7b x1``, a reranker and its calls per query).
+        calls: LLM calls.
+        prompt_tokens: prompt tokens (an estimate; for the loops an upper bound, as their
+            prompts grow with what the model wrote).
+        output_tokens: output tokens at the entries' ``max_tokens`` (an upper bound).
+        usd: the dollar cost at the LLM entry's prices (None: no price).
+        gpu_hours: GPU-hours of a self-hosted model (None: an API's, or no size known).
+        api: the LLM is a paid API (an API key): a missing price is said so.
+        grows: the prompts grow with the outputs (the loops): both are upper bounds.
+    """
+
+    label: str
+    calls: int
+    prompt_tokens: int
+    output_tokens: int
+    usd: float | None = None
+    gpu_hours: float | None = None
+    api: bool = False
+    grows: bool = False
+
+    def line(self) -> str:
+        prompt = "≤" if self.grows else "≈"
+        line = (f"{self.label}: {self.calls:,} calls, {prompt}{self.prompt_tokens / 1e6:.1f}M prompt tokens, "
+                f"≤{self.output_tokens / 1e6:.1f}M output tokens")
+        if self.usd is not None:
+            line += f", ≤${self.usd:,.0f}"
+        elif self.api:
+            line += ", cost unknown (its llms entry has no price_in_per_mtok/price_out_per_mtok)"
+        if self.gpu_hours is not None:
+            hours = format_hours(self.gpu_hours)
+            line += f", {'' if hours.startswith('<') else '≤'}{hours} GPU-hours"
+        return line
+
+
+def format_hours(hours: float) -> str:
+    """GPU-hours as ``--dry-run`` writes them: whole hours from 10 on, one decimal below, ``<0.1``
+    for less (never ``0``)."""
+    if hours >= 10:
+        return f"{hours:,.0f}"
+    return f"{hours:.1f}" if hours >= 0.05 else "<0.1"
+
+
+def token_estimate(entry: GridEntry, n_queries: int, registries: Registries,
+                   released: bool = False) -> list[TokenEstimate]:
     """Upper-bound LLM calls and tokens of an entry's LLM stages over ``n_queries`` queries:
     prompts from the reranker's document cut (``max_doc_tokens``, ``max_doc_chars`` /
-    CHARS_PER_TOKEN or ``max_doc_words`` x TOKENS_PER_WORD), outputs at
-    the entries' ``max_tokens`` (reasoning models often use far fewer). Dollars where the LLM
-    entry has prices."""
-    out: list[str] = []
+    CHARS_PER_TOKEN or ``max_doc_words`` x TOKENS_PER_WORD), outputs at the entries'
+    ``max_tokens`` (reasoning models often use far fewer); the reasoning loops at their turn and
+    search limits, every step at its ``max_tokens`` (:func:`_loop_work`). Dollars where the LLM
+    entry has prices, GPU-hours for a self-hosted model of known size."""
+    out: list[TokenEstimate] = []
     samples = int(entry.args.get("samples", 1))
     caps = _caps(entry)
-    if caps.uses_llm and not caps.agentic and entry.llm in registries.llms and not released:
+    if caps.uses_llm and entry.llm in registries.llms and not released:
         spec = registries.llms[entry.llm]
-        calls = n_queries * samples
-        p_in = calls * (EXPANSION_PROMPT_TOKENS + (4000 if caps.needs_first_pass else 0))
-        out.append(_token_line(f"{entry.method} {entry.llm} x{samples}", spec, calls, p_in, calls * spec.max_tokens,
-                               registries.models.get(entry.llm)))
+        if caps.agentic:
+            label, calls, p_in, p_out = _loop_work(entry, spec, n_queries)
+        else:
+            calls = n_queries * samples
+            p_in = calls * (EXPANSION_PROMPT_TOKENS + (4000 if caps.needs_first_pass else 0))
+            label, p_out = f"{entry.method} {entry.llm} x{samples}", calls * _max_tokens(entry, spec.max_tokens)
+        out.append(_estimate(label, spec, calls, p_in, p_out, registries.models.get(entry.llm), caps.agentic))
     rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
     if rr is not None and rr.kind != "cross-encoder" and rr.llm in registries.llms:
         spec = registries.llms[rr.llm]
         k = int(entry.args.get("rerank_k", 100))
         label, calls, p_in = _rerank_work(rr, k, n_queries)
-        out.append(_token_line(label, spec, calls, p_in, calls * (rr.max_tokens or spec.max_tokens),
-                               registries.models.get(rr.llm)))
+        out.append(_estimate(label, spec, calls, p_in, calls * (rr.max_tokens or spec.max_tokens),
+                             registries.models.get(rr.llm)))
     return out
+
+
+def _max_tokens(entry: GridEntry, default: int) -> int:
+    """Tokens per generation: the entry's ``--max-tokens`` where it sets one, else ``default``."""
+    sampling = entry.args.get("sampling") or {}
+    return int(sampling.get("max_tokens") or default)
+
+
+def _loop_work(entry: GridEntry, spec: Any, n_queries: int) -> tuple[str, int, int, int]:
+    """``(label, calls, prompt tokens, output tokens)`` of a reasoning loop over ``n_queries``, at its
+    limits: every turn taken (Search-R1: the searching turns and the final one; Search-o1: its turns,
+    each search condensed by Reason-in-Documents), every step writing its ``max_tokens``, each step's
+    prompt the task prompt plus everything written and inserted before it (at most the entry's
+    context length)."""
+    from r2med_agent.methods import get_method
+
+    method = get_method(entry.method)()
+    if hasattr(method, "for_model"):
+        method = method.for_model(spec.model)
+    step = _max_tokens(entry, int(method.model_sampling.get("max_tokens") or
+                                  min(method.params.max_tokens, spec.max_tokens)))
+    turns = method.max_turns + (1 if method.final_turn else 0)
+    searches = min(method.max_searches if method.max_searches is not None else method.max_turns, method.max_turns)
+    if method.condenses:  # the inserted text is Reason-in-Documents' answer
+        inserted = step
+    elif getattr(method, "max_obs_tokens", None):
+        inserted = int(method.max_obs_tokens)
+    else:
+        inserted = int(method.docs_per_search * (method.max_doc_words or 300) * TOKENS_PER_WORD)
+    context = spec.max_model_len or float("inf")
+    prompts = sum(min(LOOP_PROMPT_TOKENS + t * (step + inserted), context) for t in range(turns))
+    calls, outputs = turns, turns * step
+    label = f"{entry.method} {entry.llm} (≤{turns} steps"
+    if method.condenses:
+        chars = getattr(method, "max_doc_chars", None)
+        docs = method.docs_per_search * (chars / CHARS_PER_TOKEN if chars else 300 * TOKENS_PER_WORD)
+        prompts += sum(min(LOOP_PROMPT_TOKENS + docs + s * (step + inserted), context) for s in range(searches))
+        calls, outputs = calls + searches, outputs + searches * step
+        label += f" + ≤{searches} Reason-in-Documents calls"
+    label += " per query)"
+    return label, calls * n_queries, int(prompts * n_queries), outputs * n_queries
 
 
 def _rerank_work(rr: Any, k: int, n_queries: int) -> tuple[str, int, int]:
@@ -460,13 +561,14 @@ def _rerank_work(rr: Any, k: int, n_queries: int) -> tuple[str, int, int]:
     return f"{rr.name} ({k} pairs per query{extra})", calls, int(calls * (doc + 300))
 
 
-def _token_line(label: str, spec: Any, calls: int, p_in: int, p_out: int, model: Any = None) -> str:
-    line = f"{label}: {calls:,} calls, ≈{p_in / 1e6:.1f}M prompt tokens, ≤{p_out / 1e6:.1f}M output tokens"
-    if spec.price_in_per_mtok or spec.price_out_per_mtok:
-        line += f", ≤${spec.cost_usd(p_in, p_out):,.0f}"
+def _estimate(label: str, spec: Any, calls: int, p_in: int, p_out: int, model: Any = None,
+              grows: bool = False) -> TokenEstimate:
+    priced = bool(spec.price_in_per_mtok or spec.price_out_per_mtok)
+    hours = None
     if model is not None and spec.backend in ("vllm", "openai") and not spec.api_key_env:
-        line += f", ≤{gpu_hours(model.params_b, p_in, p_out):,.0f} GPU-hours"
-    return line
+        hours = gpu_hours(model.params_b, p_in, p_out)
+    return TokenEstimate(label, calls, int(p_in), int(p_out), spec.cost_usd(p_in, p_out) if priced else None, hours,
+                         api=bool(spec.api_key_env), grows=grows)
 
 
 GPU_TOKENS_PER_S = {"prompt": 8.0e5, "output": 8.0e4}

@@ -294,7 +294,7 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         lines += [f"    {line}" for line in first_stage_lines(RunSpec.from_key(p.spec_key))]
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.candidates:
-            lines.append(f"    first-stage run files: {p.entry.candidates_from} (hash {p.entry.candidates})")
+            lines.append(f"    first-stage run files: {p.entry.candidates_where()} (hash {p.entry.candidates})")
         lines += [f"    {line}" for line in _source_lines(p.entry, p.done + p.pending)]
         if p.entry.differences is not None:
             lines.append(f"    status: {p.entry.status}")
@@ -307,10 +307,40 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
         + (f" ({stale} with stale results)" if stale else "")
         + f", {len(planned) - todo} already done"
     )
+    total = _total_line([p for p in planned if p.pending])
+    if total:
+        lines.append(total)
     if stale:
         lines.append("A stale result made by another run spec is never replaced: `r2med-agent results migrate` "
                      "files it under its own folder before the re-run.")
     return "\n".join(lines) + "\n"
+
+
+def _total_line(planned: Sequence[PlannedRun]) -> str:
+    """The grand total of the LLM work of the configurations still to run ("" when they have none):
+    calls, tokens, GPU-hours of self-hosted models and dollars of priced APIs (the per-entry
+    estimates added up; upper bounds, as they are)."""
+    from r2med_agent.analysis.needs import format_hours
+
+    estimates = [e for p in planned for e in p.needs.estimates]
+    if not estimates:
+        return ""
+    calls = sum(e.calls for e in estimates)
+    p_in = sum(e.prompt_tokens for e in estimates)
+    p_out = sum(e.output_tokens for e in estimates)
+    hours = [e.gpu_hours for e in estimates if e.gpu_hours is not None]
+    usd = [e.usd for e in estimates if e.usd is not None]
+    unpriced = sorted({e.label.split(" ")[0] for e in estimates if e.api and e.usd is None})
+    parts = [f"{calls:,} LLM calls", f"≤{p_in / 1e6:,.1f}M prompt tokens", f"≤{p_out / 1e6:,.1f}M output tokens"]
+    if hours:
+        total = format_hours(sum(hours))
+        parts.append(f"{'' if total.startswith('<') else '≤'}{total} GPU-hours (self-hosted models)")
+    if usd:
+        parts.append(f"≤${sum(usd):,.0f} (priced APIs)")
+    line = f"total of the {len(planned)} configuration(s) to run: " + ", ".join(parts)
+    if unpriced:
+        line += f"; no price for: {', '.join(unpriced)}"
+    return line
 
 
 def unlisted_published(grid: Grid) -> str:
@@ -374,7 +404,7 @@ def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> 
     mode = entry.generations_mode(opts.generations)
     if entry.candidates and opts.candidates is None:
         raise ConfigError(f"{entry.label} reranks given run files: pass them with --candidates PATH "
-                          f"({entry.candidates_from or 'see the grid entry'})")
+                          f"({entry.candidates_where()})")
     run_experiment(entry.run_config(tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch,
                                     opts.candidates))
 

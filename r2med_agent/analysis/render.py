@@ -223,21 +223,24 @@ def render_rich(table: ComparisonTable):  # -> rich.table.Table
     from rich.table import Table
     from rich.text import Text
 
+    from r2med_agent.console import figure_column, label_column, stacked
+
     title = f"{table.metric}" + (f" (baseline: row {table.baseline})" if table.baseline is not None else "")
     out = Table(title=title, show_lines=table.with_published)
-    out.add_column("#", no_wrap=True)
-    out.add_column("configuration", overflow="fold", min_width=12)
+    figure_column(out, "#", justify="left")
+    label_column(out, "configuration", min_width=12)
     if table.show_source:
-        out.add_column("results", overflow="fold")
+        label_column(out, "results")
     sub = "\npaper (Δ)" if table.with_published else ""
     for t in [*table.tasks, "Avg"]:
-        out.add_column(t + sub, justify="right", min_width=8 if table.with_published else 7)
+        width = 9 if table.with_published else 7
+        figure_column(out, stacked(t, width) + sub, min_width=width)
     if table.baseline is not None:
-        out.add_column("W/T/L", justify="right")
-        out.add_column("p", justify="right", min_width=6)
+        figure_column(out, "W/T/L")
+        figure_column(out, "p", min_width=6)
     if table.with_cost:
         for k in STATS_KEYS:
-            out.add_column(STATS_HEADERS[k], justify="right")
+            figure_column(out, stacked(STATS_HEADERS[k], 6))
 
     def cell(ours: float | None, mark: str, paper: float | None, partial: bool = False) -> Text:
         text = Text(_fmt(ours) + (PARTIAL_MARK if partial else ""))
@@ -269,13 +272,16 @@ def print_rich(table: ComparisonTable, console=None) -> None:
     """Print the rich table and its footnotes; a table wider than the console gets a hint."""
     from rich.console import Console
 
+    from r2med_agent.console import print_table, table_width
+
     console = console or Console()
     rich_table = render_rich(table)
-    if console.measure(rich_table).minimum > console.width:
+    if table_width(console, rich_table) > console.width:
         logger.warning(
-            "the table is wider than the terminal (%d columns); use --format md or --out FILE", console.width
+            "the table is wider than the terminal (%d columns): printed wider, no figure cut; use --format md "
+            "or --out FILE", console.width
         )
-    console.print(rich_table)
+    print_table(console, rich_table)
     for note in table.footnotes():
         console.print(note, style="dim", highlight=False, markup=False)
 

@@ -6,7 +6,7 @@
   bar per result row;
 * ``quality_vs_cost.png``: average score against cost (dollars, tokens or model time);
 * ``report.html``: one static file with no network access: the comparison table, both plots
-  (embedded as base64), and a per-query drill-down: pick a row, a task and a query to see the
+  (the same figures, as inline SVG), and a per-query drill-down: pick a row, a task and a query to see the
   query text, the generated text or agent trace, and the top-10 documents of the run with the
   relevant ones marked. ``report.html#row=0&task=Biology&query=q1`` opens that drill-down.
 
@@ -17,10 +17,10 @@ to what the result files hold: the query text and positive ids the generations f
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,7 +39,8 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.io import atomic_write_text, iter_jsonl
 from r2med_agent.paths import resources_dir
-from r2med_agent.types import Task
+from r2med_agent.data.formats import DEFAULT_SPLIT
+from r2med_agent.types import DataOrigin, Task
 
 logger = logging.getLogger(__name__)
 
@@ -70,16 +71,60 @@ def _short(r: TableRow) -> str:
     return f"{r.index}: {r.row.label}"
 
 
-def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
-    """Grouped bars: one group per task plus the average (left out when there is one task), one
-    bar per row (hatched: partial average)."""
+LEGEND_FONT = 8
+"""Font size of the plots' legends (points)."""
+
+_WRAPS = (None, 90, 70, 55, 42, 32, 24, 16)
+"""Widths (characters) the legend's labels are wrapped to, tried in turn until they fit."""
+
+
+def _wrap(label: str, width: int | None) -> str:
+    """``label`` over lines of at most ``width`` characters (at spaces where it can, inside a
+    long word where it must), continuation lines indented."""
+    if width is None or len(label) <= width:
+        return label
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_long_words=True, break_on_hyphens=False,
+                                   subsequent_indent="   "))
+
+
+def _legend_below(fig: Any, handles: Sequence[Any], labels: Sequence[str], max_cols: int) -> Any:
+    """A figure legend under the axes whose labels all fit the figure's width: the most columns
+    (at most ``max_cols``) that fit with the labels whole, else one column of labels wrapped to
+    the widest width that fits; the figure then grows by the legend's height, so the axes keep
+    theirs (constrained layout places the legend outside them). No label is ever cut."""
+    renderer = fig.canvas.get_renderer()
+    room = fig.bbox.width - 2 * 0.08 * fig.dpi  # a margin of 0.08 in on each side
+    legend = None
+    for width in _WRAPS:
+        shown = [_wrap(label, width) for label in labels]
+        for ncol in range(min(max_cols, max(len(labels), 1)), 0, -1) if width is None else (1,):
+            if legend is not None:
+                legend.remove()
+            legend = fig.legend(handles, shown, loc="outside lower center", ncol=ncol, fontsize=LEGEND_FONT,
+                                frameon=False)
+            if legend.get_window_extent(renderer).width <= room:
+                break
+        else:
+            continue
+        break
+    height = legend.get_window_extent(renderer).height / fig.dpi
+    fig.set_figheight(fig.get_figheight() + height + 0.1)
+    return legend
+
+
+def per_task_figure(table: ComparisonTable) -> Any:
+    """The per-task bars (a matplotlib Figure, :func:`plot_per_task`)."""
     plt = _pyplot()
     with_avg = len(table.tasks) > 1  # with one task the average is that task's bar again
     groups = [*table.tasks, "Avg"] if with_avg else list(table.tasks)
     n = len(table.rows)
     width = 0.8 / max(n, 1)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(groups) + 0.25 * n), 4.8), dpi=110)
+    fig = plt.figure(figsize=(max(7.0, 1.1 * len(groups) + 0.25 * n), 4.2), dpi=110, layout="constrained")
+    ax = fig.subplots()
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    handles = []
     for i, r in enumerate(table.rows):
         xs, ys = [], []
         for g, task in enumerate(table.tasks):
@@ -88,7 +133,7 @@ def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
                 xs.append(g - 0.4 + width * (i + 0.5))
                 ys.append(v)
         color = cmap(i % cmap.N)
-        ax.bar(xs, ys, width=width, color=color, label=_short(r))
+        handles.append(ax.bar(xs, ys, width=width, color=color))
         if with_avg and r.average is not None:
             ax.bar(
                 [len(table.tasks) - 0.4 + width * (i + 0.5)],
@@ -105,13 +150,20 @@ def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
     ax.set_title(f"{table.metric} per task" + (" (hatched: average over fewer tasks)" if hatched else ""))
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(
-        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(3, max(n, 1)), frameon=False
-    )
-    fig.tight_layout()
+    _legend_below(fig, handles, [_short(r) for r in table.rows], max_cols=3)
+    return fig
+
+
+def plot_per_task(table: ComparisonTable, path: str | Path) -> Path:
+    """Grouped bars: one group per task plus the average (left out when there is one task), one
+    bar per row (hatched: partial average); the legend below names the rows, every label whole."""
+    return _save_png(per_task_figure(table), path)
+
+
+def _save_png(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     fig.savefig(path)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
@@ -160,25 +212,21 @@ def _clusters(points: Sequence[tuple[float, float]], dx: float, dy: float) -> li
     return groups
 
 
-def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "auto") -> Path:
-    """Average score (y) against cost (x), one point per row (hollow: partial average).
-
-    Points carry their row numbers (points that nearly coincide share one label, ``0, 1``) and
-    the legend below names the rows. On the dollar axis rows without a price are left out, and
-    the axis label says which.
-    """
+def quality_figure(table: ComparisonTable, axis: str = "auto") -> Any:
+    """The quality/cost scatter (a matplotlib Figure, :func:`plot_quality_vs_cost`)."""
     plt = _pyplot()
     xlabel, xs = _cost_values(table, axis)
     shown = [(r, x) for r, x in zip(table.rows, xs) if r.average is not None and x is not None]
     unpriced = [r.index for r, x in zip(table.rows, xs) if r.average is not None and x is None]
     if unpriced:
         xlabel += f"\nrows without a price left out: {', '.join(map(str, unpriced))}"
-    n = len(shown)
-    fig, ax = plt.subplots(figsize=(7.5, 4.6 + 0.2 * ((n + 1) // 2)), dpi=110)
+    fig = plt.figure(figsize=(7.5, 4.2), dpi=110, layout="constrained")
+    ax = fig.subplots()
     cmap = plt.get_cmap("tab10" if len(table.rows) <= 10 else "tab20")
+    handles, labels = [], []
     for r, x in shown:
         color = cmap(r.index % cmap.N)
-        ax.scatter(
+        handles.append(ax.scatter(
             [x],
             [r.average],
             s=60,
@@ -186,27 +234,10 @@ def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "
             edgecolors=color,
             linewidths=2,
             zorder=3,
-            label=f"{r.index}: {r.row.label}" + (PARTIAL_MARK if r.partial else ""),
-        )
+        ))
+        labels.append(f"{r.index}: {r.row.label}" + (PARTIAL_MARK if r.partial else ""))
     if shown:
-        px = [float(x) for _, x in shown]
-        py = [float(r.average) for r, _ in shown]  # type: ignore[arg-type]
-        dx = 0.03 * ((max(px) - min(px)) or 1.0)
-        dy = 0.04 * ((max(py) - min(py)) or 1.0)
-        for group in _clusters(list(zip(px, py)), dx, dy):
-            first = group[0]
-            ax.annotate(
-                ", ".join(str(shown[i][0].index) for i in group),
-                (px[first], py[first]),
-                textcoords="offset points",
-                xytext=(7, 5),
-                fontsize=9,
-                fontweight="bold",
-            )
-        ax.legend(
-            fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2 if unpriced else -0.15),
-            ncol=min(2, n), frameon=False,
-        )
+        _annotate_points(ax, shown)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"average {table.metric}")
     ax.set_title(f"average {table.metric} against cost")
@@ -214,11 +245,62 @@ def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "
     ax.margins(x=0.15, y=0.15)
     if shown and min(x for _, x in shown) >= 0:  # costs are never negative: no axis below 0
         ax.set_xlim(left=-0.04 * (max(x for _, x in shown) or 1.0))
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    if shown:
+        _legend_below(fig, handles, labels, max_cols=2)
+    return fig
+
+
+def _annotate_points(ax: Any, shown: Sequence[tuple[TableRow, float]]) -> None:
+    """Each point's row number beside it (points that nearly coincide share one label, ``0, 1``)."""
+    px = [float(x) for _, x in shown]
+    py = [float(r.average) for r, _ in shown]  # type: ignore[arg-type]
+    dx = 0.03 * ((max(px) - min(px)) or 1.0)
+    dy = 0.04 * ((max(py) - min(py)) or 1.0)
+    for group in _clusters(list(zip(px, py)), dx, dy):
+        first = group[0]
+        ax.annotate(
+            ", ".join(str(shown[i][0].index) for i in group),
+            (px[first], py[first]),
+            textcoords="offset points",
+            xytext=(7, 5),
+            fontsize=9,
+            fontweight="bold",
+        )
+
+
+def plot_quality_vs_cost(table: ComparisonTable, path: str | Path, axis: str = "auto") -> Path:
+    """Average score (y) against cost (x), one point per row (hollow: partial average).
+
+    Points carry their row numbers (points that nearly coincide share one label, ``0, 1``) and
+    the legend below names the rows, every label whole. On the dollar axis rows without a price
+    are left out, and the axis label says which.
+    """
+    return _save_png(quality_figure(table, axis), path)
+
+
+def inline_svg(fig: Any, prefix: str) -> str:
+    """``fig`` as an ``<svg>`` element for the HTML page, its text drawn as paths (so it looks the
+    same in every browser) and its legend's labels, ``legend-label-<n>`` groups, measurable in
+    the page. The XML prologue and comments (which repeat the labels' text) are left out, and
+    every id gets ``prefix`` so that two figures on one page never share one."""
+    import io
+    import re
+
+    import matplotlib
+
+    for n, text in enumerate(t for legend in fig.legends for t in legend.get_texts()):
+        text.set_gid(f"legend-label-{n}")
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": prefix}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    svg = re.sub(r"<!--.*?-->", "", svg, flags=re.S)
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}-{m.group(1)}"', svg)
+    svg = re.sub(r'\b(?:xlink:)?href="#([^"]+)"', lambda m: f'href="#{prefix}-{m.group(1)}"', svg)
+    return re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}-{m.group(1)})", svg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -433,10 +515,6 @@ def _default_orders(out_tasks: dict[str, dict[str, Any]], results: Mapping[str, 
 # HTML
 
 
-def _png_data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-
-
 def _json_for_script(obj: Any) -> str:
     """JSON safe inside ``<script type="application/json">`` (no ``</script>`` can close it)."""
     text = json.dumps(obj, ensure_ascii=False)
@@ -445,12 +523,13 @@ def _json_for_script(obj: Any) -> str:
 
 def render_html(
     table: ComparisonTable,
-    plots: Mapping[str, Path],
+    plots: Mapping[str, str],
     data: Mapping[str, Any],
     *,
     title: str = "r2med-agent report",
 ) -> str:
-    """The report page: inline CSS and JS, plots as data URIs, the drill-down data as JSON."""
+    """The report page: inline CSS and JS, plots as inline SVG (``plots``: caption -> the
+    ``<svg>`` element, :func:`inline_svg`), the drill-down data as JSON."""
     import jinja2
 
     env = jinja2.Environment(
@@ -458,6 +537,8 @@ def render_html(
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
+    import markupsafe
+
     template = env.get_template("report.html.j2")
     headers, body = text_grid(table)
     sig_headers, sig_body = significance_grid(table)
@@ -473,7 +554,7 @@ def render_html(
         sig_headers=sig_headers,
         sig_body=sig_body,
         footnotes=table.footnotes(),
-        plots=[(name, _png_data_uri(p)) for name, p in plots.items()],
+        plots=[(name, markupsafe.Markup(svg)) for name, svg in plots.items()],
         data_json=_json_for_script(data),
         missing=MISSING,
         markdown=render_markdown(table),
@@ -530,11 +611,13 @@ def write_report(
     except OSError as e:
         raise ConfigError(f"--out {out}: cannot create the report folder ({e.strerror}); "
                           "choose another path") from None
-    plots = {
-        f"{table.metric} per task": _write_plot(lambda p: plot_per_task(table, p), out / "per_task.png"),
-        "quality against cost": _write_plot(lambda p: plot_quality_vs_cost(table, p, cost_axis),
-                                            out / "quality_vs_cost.png"),
-    }
+    plots = {}
+    for n, (name, file, fig) in enumerate((
+        (f"{table.metric} per task", "per_task.png", per_task_figure(table)),
+        ("quality against cost", "quality_vs_cost.png", quality_figure(table, cost_axis)),
+    )):
+        plots[name] = inline_svg(fig, f"plot{n}")  # the same figure as the PNG beside the page
+        _write_plot(lambda path, fig=fig: _save_png(fig, path), out / file)
     data = drilldown_data(table, tasks, doc_chars=doc_chars)
     page = render_html(table, plots, data, title=title)
     path = atomic_write_text(out / "report.html", page)
@@ -555,26 +638,55 @@ class TaskData:
         allow_missing_qrels_docs: as the run that made the results (or ``report``'s option).
         allow_count_mismatch: likewise.
         origin: how it was chosen, for messages: ``--data-dir``, ``recorded`` or ``registry``.
+        name: the name to load it by (a BEIR split's task, ``mine@dev``, loads as ``mine``).
+        split: the BEIR qrels split its results were made on.
+        all_queries: its results kept the queries that split does not judge.
     """
 
     data_dir: Path | None
     allow_missing_qrels_docs: bool = False
     allow_count_mismatch: bool = False
     origin: str = "registry"
+    name: str | None = None
+    split: str = DEFAULT_SPLIT
+    all_queries: bool = False
 
 
-def _recorded_folder(result: TaskResult) -> Path | None:
-    """The local task folder a result file records as its data ``source`` (runs on ``--data-dir``
-    data record the folder's absolute path; hub and package data record a name, not a folder),
-    when that folder still exists."""
+_SOURCE_NOTES = re.compile(r"( \(split [^()]*\)| \(counts differ: .*\)| \(commit [0-9a-f]{40}\))+$")
+"""What a result's ``source`` adds after the folder (results of earlier versions, which record no
+``data`` block): a BEIR split, a count mismatch, a hub commit."""
+
+
+def _recorded_data(result: TaskResult) -> DataOrigin | None:
+    """Where a result file's task was read from, when that was a local folder that still exists:
+    its ``data`` block, or for results written before there was one, the folder its ``source``
+    names (with the split and options of its config). Hub and package data record no folder:
+    they are loaded by name."""
     try:
-        source = json.loads(result.path.read_text(encoding="utf-8")).get("source")
-    except (OSError, ValueError, AttributeError):
+        rec = json.loads(result.path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    if not isinstance(source, str) or not source:
+    if not isinstance(rec, dict):
         return None
-    folder = Path(source.split(" (counts differ")[0])
-    return folder if folder.is_absolute() and folder.is_dir() else None
+    data = rec.get("data")
+    if isinstance(data, dict):
+        try:
+            origin = DataOrigin(folder=data.get("folder"), layout=str(data.get("layout") or ""),
+                                name=str(data.get("name") or ""), split=data.get("split"),
+                                all_queries=bool(data.get("all_queries")))
+        except TypeError:
+            return None
+    else:
+        source = rec.get("source")
+        if not isinstance(source, str) or not source:
+            return None
+        cfg = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+        origin = DataOrigin(folder=_SOURCE_NOTES.sub("", source), split=cfg.get("split") or None,
+                            all_queries=bool(cfg.get("all_queries")))
+    if not isinstance(origin.folder, str) or not origin.folder:
+        return None
+    folder = Path(origin.folder)
+    return origin if folder.is_absolute() and folder.is_dir() else None
 
 
 def _holds(data_dir: Path, name: str) -> bool:
@@ -595,23 +707,27 @@ def task_data(
     """Where to load each task of ``table`` from: the first of ``data_dirs`` that holds it; else
     the folder its result files record (with the run's own ``allow_*`` settings); else the
     package or the hub. Several recorded folders for one task name: the first row's is used, with
-    a warning naming the others.
+    a warning naming the others. A BEIR task is loaded with the split its results record, by its
+    name before the split's suffix.
     """
     out: dict[str, TaskData] = {}
     for name in table.tasks:
-        given = next((d for d in data_dirs if _holds(d, name)), None)
+        results = [r for r in (t.row.tasks.get(name) for t in table.rows) if r is not None]
+        recorded = [(r, origin) for r in results for origin in [_recorded_data(r)] if origin is not None]
+        how = _split_of(name, results, recorded)
+        base = how["name"] or name
+        given = next((d for d in data_dirs if _holds(d, base)), None)
         if given is None and len(data_dirs) == 1:
             given = data_dirs[0]  # load_task says what the folder lacks
         if given is not None:
-            out[name] = TaskData(given, allow_missing_qrels_docs, allow_count_mismatch, "--data-dir")
+            out[name] = TaskData(given, allow_missing_qrels_docs, allow_count_mismatch, "--data-dir", **how)
             continue
-        recorded = [(r, folder) for r in (t.row.tasks.get(name) for t in table.rows) if r is not None
-                    for folder in [_recorded_folder(r)] if folder is not None]
         if not recorded:
-            out[name] = TaskData(None, allow_missing_qrels_docs, allow_count_mismatch)
+            out[name] = TaskData(None, allow_missing_qrels_docs, allow_count_mismatch, **how)
             continue
-        first, folder = recorded[0]
-        others = sorted({str(f) for _, f in recorded} - {str(folder)})
+        first, origin = recorded[0]
+        folder = Path(str(origin.folder))
+        others = sorted({str(o.folder) for _, o in recorded} - {str(folder)})
         if others:
             logger.warning("task %s: results record data in several folders; the report shows texts from "
                            "%s (not %s); pass --data-dir to choose", name, folder, ", ".join(others))
@@ -621,8 +737,29 @@ def task_data(
             allow_missing_qrels_docs or bool(cfg.get("allow_missing_qrels_docs")),
             allow_count_mismatch or bool(cfg.get("allow_count_mismatch")),
             "recorded",
+            **how,
         )
     return out
+
+
+def _split_of(name: str, results: Sequence[TaskResult], recorded: Sequence[tuple[TaskResult, DataOrigin]]
+              ) -> dict[str, Any]:
+    """The name, BEIR split and query choice to load task ``name`` with, as its results recorded
+    them (a ``data`` block, or an earlier version's config)."""
+    for _, origin in recorded:
+        if origin.layout == "beir":
+            return {"name": origin.name or None, "split": origin.split or DEFAULT_SPLIT,
+                    "all_queries": origin.all_queries}
+        if origin.layout:
+            return {"name": origin.name or None}
+    for r in results:
+        cfg = r.config
+        split, every = cfg.get("split"), bool(cfg.get("all_queries"))
+        if isinstance(split, str) and split:
+            suffix = "" if (split, every) == (DEFAULT_SPLIT, False) else f"@{split}" + ("-all" if every else "")
+            base = name[: -len(suffix)] if suffix and name.endswith(suffix) else name
+            return {"name": base if base != name else None, "split": split, "all_queries": every}
+    return {}
 
 
 def load_report_tasks(where: Mapping[str, TaskData]) -> dict[str, Task]:
@@ -637,8 +774,10 @@ def load_report_tasks(where: Mapping[str, TaskData]) -> dict[str, Task]:
     loaded: dict[str, Task] = {}
     for name, data in where.items():
         try:
-            loaded[name] = load_task(name, data.data_dir, allow_missing_qrels_docs=data.allow_missing_qrels_docs,
-                                     allow_count_mismatch=data.allow_count_mismatch)
+            loaded[name] = load_task(data.name or name, data.data_dir,
+                                     allow_missing_qrels_docs=data.allow_missing_qrels_docs,
+                                     allow_count_mismatch=data.allow_count_mismatch, qrels_split=data.split,
+                                     all_queries=data.all_queries)
         except R2MedError as e:
             where_from = {"recorded": f" from {data.data_dir}, the folder its results record",
                           "--data-dir": f" from --data-dir {data.data_dir}"}.get(data.origin, "")

@@ -270,7 +270,7 @@ def _sort_key(row: ResultRow, sources: Sequence[str]) -> tuple[Any, ...]:
     return (sources.index(row.source), m, row.method, row.llm, row.retriever, row.reranker, row.label)
 
 
-def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
+def load_results(paths: Sequence[str | Path], *, require_scored: bool = False) -> list[ResultRow]:
     """Find every task result under ``paths`` and group them into rows, one per run spec.
 
     A path may be the runner's output directory or any folder inside it (down to one result
@@ -281,8 +281,13 @@ def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
     result kept. Files that record no config are named by their folder
     (``<method>/<llm>/<retriever>[__<reranker>]``).
 
+    Results of unscored runs (``run --no-eval``, tasks without qrels) are left out, with a log
+    line naming them; with ``require_scored`` a tree that holds no scored result is an error
+    saying what it holds.
+
     Raises:
         DataError: a path does not exist, or a result file is malformed.
+        ConfigError: ``require_scored`` and no scored result.
     """
     from r2med_agent.experiment.store import ResultStore
 
@@ -309,9 +314,20 @@ def load_results(paths: Sequence[str | Path]) -> list[ResultRow]:
                 row.tasks[result.task] = result
                 if found.spec is not None and found.folder.name == found.spec.leaf:
                     row.directory = found.folder.resolve()
+    names = ", ".join(sorted(str(p.parent.name + "/" + p.name) for p in unscored)[:5])
+    if require_scored and not rows:
+        from r2med_agent.errors import ConfigError
+
+        if unscored:
+            raise ConfigError(
+                f"nothing to compare: the {len(unscored)} result file(s) under {', '.join(sources)} hold no scores "
+                f"(their runs were made with --no-eval or on tasks without qrels: {names}); their rankings are "
+                "in the <Task>.run beside each, which `r2med-agent evaluate --run FILE --qrels QRELS` scores"
+            )
+        raise ConfigError(f"nothing to compare: no result file (<Task>.json) under {', '.join(sources)}")
     if unscored:
         logger.info("left out %d result file(s) with no scores (run --no-eval, or tasks without qrels): %s",
-                 len(unscored), ", ".join(sorted(p.name for p in unscored)[:5]))
+                    len(unscored), names)
     return sorted(rows.values(), key=lambda r: _sort_key(r, sources))
 
 

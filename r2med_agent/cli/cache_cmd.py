@@ -78,20 +78,24 @@ def stats_command(
         }
         typer.echo(json.dumps(out, indent=2))
         return
+    from r2med_agent.console import figure_column, label_column, print_table
+
     table = Table(title=f"{cache.path} ({_human_bytes(cache.size_bytes())})")
-    for col in ("model", "rows", "prompt tokens", "completion tokens", "model s"):
-        table.add_column(col, justify="left" if col == "model" else "right", overflow="fold")
+    label_column(table, "model")
+    for col in ("rows", "prompt\ntokens", "completion\ntokens", "model s"):
+        figure_column(table, col)
     for s in per_model:
         table.add_row(s.model_id, str(s.rows), f"{s.prompt_tokens:,}", f"{s.completion_tokens:,}", f"{s.latency_s:.1f}")
-    console.print(table)
+    print_table(console, table)
     if per_use:
         uses = Table(title="queries served, by task and method")
-        for col in ("model", "task", "method", "queries", "generations"):
-            uses.add_column(col, justify="right" if col in ("queries", "generations") else "left",
-                            overflow="fold")
+        for col in ("model", "task", "method"):
+            label_column(uses, col)
+        for col in ("queries", "generations"):
+            figure_column(uses, col)
         for (m, t, me), (q, g) in sorted(per_use.items()):
             uses.add_row(m, t or "-", me or "-", str(len(q)), str(len(g)))
-        console.print(uses)
+        print_table(console, uses)
 
 
 def _model_ids(model: str) -> list[str]:

@@ -41,7 +41,7 @@ def _load_table(
 ):
     from r2med_agent.compare import build_table, load_results
 
-    rows = load_results(results or [Path("results")])
+    rows = load_results(results or [Path("results")], require_scored=True)
     found = sorted({name for row in rows for name in row.tasks})
     return build_table(
         rows,
@@ -130,7 +130,7 @@ def report_command(
     cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks, to the table."),
     cost_axis: str = typer.Option("auto", "--cost-axis", help="x axis of the quality/cost plot: auto, usd, tokens, llm-time, time."),
     title: str = typer.Option("r2med-agent report", "--title", help="Page title."),
-    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for tasks, LLMs and encoders defined there)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML (for the tasks, LLMs, encoders and rerankers defined there)."),
 ) -> None:
     """Plots and one self-contained HTML page: the table, the plots and a per-query drill-down."""
     from r2med_agent.analysis.report import load_report_tasks, task_data, write_report

@@ -84,13 +84,13 @@ _RUN_OPTIONS = {
     "no_cache": typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
     "refresh_cache": typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
     "cache_path": typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
-    "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call, each committed to the cache when it returns; 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call (each generation is committed to the cache as it finishes); 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
     "candidates": typer.Option(None, "--candidates", help="First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
     "split": typer.Option("test", "--split", help="The qrels split of a BEIR folder (qrels/<split>.tsv); only the queries it names run, as BEIR's loader keeps them. Recorded in each result's source."),
     "all_queries": typer.Option(False, "--all-queries", help="Also run a BEIR folder's queries that the split's qrels do not name (unscored)."),
     "no_eval": typer.Option(False, "--no-eval", help="Run every stage and write the run, generations and traces, but score nothing (what a folder without qrels gets)."),
     "allow_missing_candidates": typer.Option(False, "--allow-missing-candidates", help="Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
-    "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the llms/encoders registries."),
+    "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the registries: 'llms:', 'encoders:', 'rerankers:' (cross-encoders and LLM rerankers) and 'tasks:'."),
     "progress": typer.Option(True, "--progress/--no-progress", show_default=False, help="Progress of generation, encoding, indexing and reranking (default on): a bar when standard error is a terminal, else (a log file) a timestamped line every --progress-interval seconds, never a bar. --no-progress shows none."),
     "progress_interval": typer.Option(30.0, "--progress-interval", min=0.0, help="Seconds between the plain progress lines written when standard error is not a terminal."),
 }
@@ -155,8 +155,8 @@ def run_command(
     if config is not None:
         set_user_config(config)
     progress_display.configure(interval_s=progress_interval)
-    if task == "list":
-        tasks_command(config=None)  # the --config above is already in force
+    if task == "list" or reranker == "list":  # the --config above is already in force
+        (tasks_command if task == "list" else rerankers_command)(config=None)
         return
     if task is None:
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
@@ -222,41 +222,47 @@ def _parse_depths(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
+    from r2med_agent.console import figure_column, label_column, print_table
+
     table = Table(title=Text(result.config.label))
     uses_llm = result.config.method != "none"
-    table.add_column("task", no_wrap=True)
+    label_column(table, "task")
     for m in _HEADLINE:
-        table.add_column(_SHORT[m], justify="right")
-    table.add_column("queries", justify="right")
-    table.add_column("empty", justify="right")
+        figure_column(table, _SHORT[m])
+    figure_column(table, "queries")
+    figure_column(table, "empty")
+    # Blank generated texts get a column when a task had some (the common case, none, leaves
+    # room for the figures at 80 columns).
+    blanks = uses_llm and any(o.stats.get("empty_generations", 0) for o in result.outcomes)
     if uses_llm:
-        table.add_column("new gens", justify="right")
-        table.add_column("cached", justify="right")
-        table.add_column("empty gens", justify="right")
+        figure_column(table, "new\ngens")
+        figure_column(table, "cached")
+    if blanks:
+        figure_column(table, "empty\ngens")
     for o in result.outcomes:
         cells = [
             o.task,
             *(_score(o.evaluation.mean, m) for m in _HEADLINE),
-            str(o.evaluation.num_queries),
+            str(o.queries_run if o.not_scored else o.evaluation.num_queries),
             str(len(o.evaluation.missing)),
         ]
         if uses_llm:
-            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0)),
-                      str(o.stats.get("empty_generations", 0))]
+            cells += [str(o.stats.get("generations", 0)), str(o.stats.get("cache_hits", 0))]
+        if blanks:
+            cells.append(str(o.stats.get("empty_generations", 0)))
         table.add_row(*cells)
     if len(result.outcomes) > 1:
-        blanks = [""] * (5 if uses_llm else 2)
         table.add_row(
-            "average", *(_score(result.average, m) for m in _HEADLINE), *blanks,
+            "average", *(_score(result.average, m) for m in _HEADLINE), *[""] * (len(table.columns) - 4),
             style="bold",
         )
-    console.print(table)
+    print_table(console, table)
     console.print("empty = queries with no retrieved document (they score 0)"
-                  + ("; empty gens = blank generated texts (--empty-generation)" if uses_llm else ""), style="dim")
+                  + ("; empty gens = blank generated texts (--empty-generation)" if blanks else ""), style="dim")
     for o in result.outcomes:
         if o.not_scored:
-            console.print(f"{o.task}: not scored ({o.not_scored}); its run, generations and traces are written",
-                          markup=False, highlight=False)
+            console.print(f"{o.task}: not scored ({o.not_scored}); its {o.queries_run} queries ran and their run, "
+                          "generations and traces are written", markup=False, highlight=False)
     gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)
@@ -291,12 +297,14 @@ def evaluate_command(
             out["per_query"] = ev.per_query
         console.print_json(json.dumps(out))
         return
+    from r2med_agent.console import figure_column, label_column, print_table
+
     table = Table(title=f"{run.name} ({ev.num_queries} queries, {len(ev.missing)} with no results)")
-    table.add_column("metric")
-    table.add_column("mean", justify="right")
+    label_column(table, "metric")
+    figure_column(table, "mean")
     for m, v in ev.mean.items():
         table.add_row(m, f"{v:.4f}")
-    console.print(table)
+    print_table(console, table)
     if per_query:
         for qid, scores in ev.per_query.items():
             console.print(qid, " ".join(f"{m}={scores[m]:.4f}" for m in _HEADLINE if m in scores))
@@ -336,6 +344,28 @@ def llms_command(
     rows = [[name, spec.backend, spec.model, spec.reasoning_format]
             for name, spec in sorted(load_registry("llms", LLMSpec).items())]
     print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)
+
+
+@app.command("rerankers")
+def rerankers_command(
+    config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'rerankers:' entries."),
+) -> None:
+    """List the reranker registry: kind (cross-encoder, listwise, pointwise-reasoning, groupwise,
+    setwise), model (a cross-encoder's checkpoint, an LLM reranker's LLM) and input format."""
+    from r2med_agent.config import set_user_config
+    from r2med_agent.retrieval.rerank.spec import reranker_registry
+
+    if config is not None:
+        set_user_config(config)
+    rows = []
+    for name, spec in sorted(reranker_registry().items()):
+        if spec.kind == "cross-encoder":
+            model = spec.model + (f" (LoRA on {spec.base_model})" if spec.base_model else "")
+            fmt = "(query, document) pairs" + (f", logit {spec.score_index}" if spec.score_index else "")
+        else:
+            model, fmt = f"LLM {spec.llm}", spec.format
+        rows.append([name, spec.kind, model, fmt])
+    print_listing("rerankers", ["name", "kind", "model", "format"], rows)
 
 
 @app.command("encoders")

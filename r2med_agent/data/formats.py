@@ -50,7 +50,7 @@ from r2med_agent.data.records import _check_unique, _iter_records, _parse_docs, 
 from r2med_agent.data.snapshot import _TaskSnapshot
 from r2med_agent.errors import DataError
 from r2med_agent.io import iter_jsonl
-from r2med_agent.types import Corpus, Doc, Family, Qrels, Query, Task
+from r2med_agent.types import Corpus, DataOrigin, Doc, Family, Qrels, Query, Task
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,10 @@ def _load_task_dir(
         source=(source or str(folder.resolve())) + (beir.source_note if layout == "beir" else ""),
         fingerprint=contents.fingerprint,
         excluded=contents.excluded,
+        origin=DataOrigin(
+            folder=str(folder.resolve()), layout=layout, name=name,
+            split=beir.split if layout == "beir" else split, all_queries=layout == "beir" and beir.all_queries,
+        ),
     )
     _log_loaded(task, layout, contents.how, started)
     return task

@@ -81,6 +81,9 @@ def load_task(
                         folder)
     if data_dir is not None or spec.source == "local":
         task = _check_counts(task, spec, folder, allow_count_mismatch)
+    elif task.origin is not None:
+        # The hub's and the package's tasks load by name: no folder of this machine to record.
+        task = dataclasses.replace(task, origin=dataclasses.replace(task.origin, folder=None))
     return task
 
 

@@ -134,6 +134,28 @@ def read_rows(path: Path) -> dict[str, str]:
     return rows
 
 
+def check_samples(task_names: Sequence[str], method: str, llm: str, samples: int,
+                  data_dir: str | Path | None = None) -> None:
+    """Refuse ``--samples`` above 1 with released generations, before any other work: R2MED
+    released one text per query (a file's ids are unique), so a run that averaged "samples" would
+    score that one text under a label claiming more.
+
+    Raises:
+        ConfigError: ``samples`` > 1; the message names the first task's file and its counts.
+        DataError, HubUnavailableError: the file cannot be found or read (as :func:`locate`).
+    """
+    if samples <= 1 or not task_names:
+        return
+    path, source = locate(task_names[0], method, llm, data_dir)
+    texts = len(read_rows(path))
+    raise ConfigError(
+        f"--samples {samples} with --generations r2med: {source} holds {texts} released texts, one per "
+        f"query ({texts} queries), not the {samples} per query ({samples * texts} texts) that --samples "
+        f"{samples} would average; R2MED released one generation of each query. Use --samples 1 to score "
+        f"them, or --generations fresh to generate {samples} per query with --llm {llm}"
+    )
+
+
 def load_generations(
     task: Task, method: str, llm: str, reasoning_format: str, data_dir: str | Path | None = None
 ) -> tuple[list[Generation], str]:

@@ -248,6 +248,8 @@ class TaskOutcome:
     stats: dict[str, Any]
     not_scored: str = ""
     """Why the task's run was not scored ("" when it was): ``--no-eval``, or no qrels."""
+    queries_run: int = 0
+    """The queries that ran (scored or not; ``evaluation.num_queries`` counts the scored ones)."""
 
 
 @dataclass
@@ -423,6 +425,10 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
         from r2med_agent.llm.registry import get_llm_spec
 
         get_llm_spec(cfg.llm)  # type: ignore[arg-type]  # a misspelt name, before any fetch
+    if cfg.generations == "r2med":
+        from r2med_agent.data.released import check_samples
+
+        check_samples(cfg.tasks, cfg.method, cfg.llm or "", cfg.samples, cfg.data_dir)
     # The authors' prompts first: fetched, or refused with one message, before any other work.
     prompts = run_prompts(cfg, cfg.prompts_dir)
     tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
@@ -650,7 +656,7 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun, done: list[TaskOutco
     evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
     stats = _stats(ctx, r)
     ctx.store.note_replacement(ctx.spec, r.task.name)
-    outcome = TaskOutcome(r.task.name, ev, [], stats, unscored)
+    outcome = TaskOutcome(r.task.name, ev, [], stats, unscored, len(r.task.queries))
     outcome.files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s, unscored,
                                       summary=lambda: _summary(ctx, out_dir, [*done, outcome]))
     if ev.missing and not unscored:
@@ -736,6 +742,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         **({"not_scored": unscored} if unscored else {}),
         "depth": cfg.top_k,
         "num_queries": ev.num_queries,
+        "queries_run": len(task.queries),
         "missing_queries": len(ev.missing),
         "missing_query_ids": list(ev.missing),
         "per_query": ev.per_query,
@@ -744,6 +751,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         "spec_key": cfg.key(),
         "precision": model_precisions(cfg),
         "source": task.source,
+        "data": task.origin.record() if task.origin is not None else None,
         "corpus_fingerprint": task.fingerprint,
     }
     files[".json"] = json.dumps(record, indent=2, ensure_ascii=False) + "\n"

@@ -192,9 +192,10 @@ class RunSpec:
         "Documents kept per query and the depth they are scored at (R2MED: 100); metrics cut off beyond "
         "it are left out."))
     reranker: str | None = field(default=None, metadata=_help(
-        "Reranker registry name: a cross-encoder (bge-reranker, monobert, rankllama) or an LLM reranker "
-        "(kind listwise or pointwise-reasoning, e.g. qwen3-32b-listwise, r1-qwen-32b-pointwise, "
-        "smollm2-listwise); see configs/rerankers.yaml."))
+        "Reranker registry name (`r2med-agent rerankers` or --reranker list shows them): a cross-encoder "
+        "(kind cross-encoder: bge-reranker, monobert, rankllama) or an LLM reranker of kind listwise "
+        "(qwen3-32b-listwise, reasonrank-7b), pointwise-reasoning (r1-qwen-32b-pointwise, rank1-7b), "
+        "groupwise (grouprank-32b) or setwise (rank-r1-14b); add your own under 'rerankers:' in a --config file."))
     rerank_k: int = field(default=100, metadata=_help(
         "How many top documents the reranker re-scores (the paper uses 10 or 100)."))
     rerank_cut: bool = field(default=False, metadata=_help(

@@ -18,6 +18,37 @@ TemplateHashes = str | Sequence[str]
 """Version hash of the prompt template: one for every prompt of a call, or one per prompt."""
 
 
+Finished = Callable[[int, Any], None]
+"""``on_done(index, output)``: what a backend that reports each request (:func:`reports_each`) calls
+as each request of a batch finishes, before the batch returns: the prompt's place in the batch and
+its Generation (``generate``) or its list of samples (``generate_samples``). The caching wrapper
+commits each to the generation cache there, so an interrupt or a kill loses only what had not
+finished. It may be called from another thread than the caller's (an HTTP backend's event loop)."""
+
+
+def reports_each(backend: Any) -> bool:
+    """Whether ``backend``'s ``generate``/``generate_samples`` take ``on_done`` (:data:`Finished`):
+    the project's backends do (attribute ``reports_each``); an LLM of your own need not, and then
+    its outputs are committed when its call returns."""
+    return bool(getattr(backend, "reports_each", False))
+
+
+def generate_reporting(backend: Any, prompts: Sequence[list[Message]], params: SamplingParams,
+                       on_done: Finished | None) -> list[Generation]:
+    """``backend.generate(prompts, params)``, with ``on_done`` where the backend takes it."""
+    if on_done is not None and reports_each(backend):
+        return backend.generate(prompts, params, on_done=on_done)
+    return backend.generate(prompts, params)
+
+
+def samples_reporting(backend: Any, prompts: Sequence[list[Message]], params: SamplingParams, n: int,
+                      on_done: Finished | None) -> list[list[Generation]]:
+    """``backend.generate_samples(prompts, params, n)``, with ``on_done`` where the backend takes it."""
+    if on_done is not None and reports_each(backend):
+        return backend.generate_samples(prompts, params, n, on_done=on_done)
+    return backend.generate_samples(prompts, params, n)
+
+
 def choice_token_ids(encode: Callable[[str], Sequence[int]], choices: Sequence[str]) -> list[int]:
     """The token id of each of ``SamplingParams.token_choices``: the first token ``encode``
     (the model's tokenizer, no special tokens) gives it, as Rank1 takes ``" true"`` and

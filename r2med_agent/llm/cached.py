@@ -1,20 +1,24 @@
 """``CachedLLM``: the wrapper every backend runs behind.
 
 It looks every request up in the generation cache, sends only the misses to the backend (in
-chunks that are committed to the cache as each completes, so a killed run resumes where it
-stopped), applies reasoning-output parsing (``final``/``reasoning``) from the model's registry
-entry, and counts calls, hits, tokens and seconds in ``stats``.
+chunks), commits each generation to the cache as it finishes, so an interrupted or killed run
+resumes where it stopped, applies reasoning-output parsing (``final``/``reasoning``) from the
+model's registry entry, and counts calls, hits, tokens and seconds in ``stats``.
 
-Chunk size trade-off: each chunk is one ``backend.generate`` call, i.e. one engine batch, and
-is committed to the cache when it returns. One chunk for everything gives an engine the whole
-run at once (vLLM's continuous batching stays full to the end, with one drain tail instead of
-one per chunk) but commits nothing until the engine returns: a run killed after hours keeps
-nothing. Smaller chunks commit as they go (a kill loses at most one chunk) and show progress
-sooner, at the price of a drain tail per chunk. The registry's ``chunk_size`` (and ``run
---chunk-size``) decides; ``auto`` picks per backend (``DEFAULT_CHUNK_SIZES``): vLLM everything
-in ONE engine call (the reference's way, e.g. R2MED's 876 queries), HTTP APIs 256 (a kill loses
-at most that much spend; within a chunk requests run concurrently and every success is kept even
-when some fail), the in-process llama.cpp engine 4 (it decodes prompts one after another, so
+Every backend of the project reports each request as it finishes, inside its call
+(``on_done``, :data:`~r2med_agent.llm.base.Finished`): llama.cpp after each completion, the HTTP
+backend as each reply arrives, vLLM's offline engine as each request leaves the engine, while the
+others still run. A Ctrl-C or a kill then loses only the generations in progress. An LLM of your
+own without ``on_done`` is committed when each of its calls returns.
+
+Chunk size: each chunk is one ``backend.generate`` call, i.e. one engine batch. One chunk for
+everything gives an engine the whole run at once (vLLM's continuous batching stays full to the
+end, with one drain tail instead of one per chunk); smaller chunks show the plan's calls sooner and
+bound what one call holds in memory, at the price of a drain tail per chunk. The registry's
+``chunk_size`` (and ``run --chunk-size``) decides; ``auto`` picks per backend
+(``DEFAULT_CHUNK_SIZES``): vLLM everything in ONE engine call (the reference's way, e.g. R2MED's
+876 queries), HTTP APIs 256 (within a chunk requests run concurrently and every success is kept
+even when some fail), the in-process llama.cpp engine 4 (it decodes prompts one after another, so
 small chunks cost no throughput).
 """
 
@@ -30,7 +34,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from r2med_agent.errors import ConfigError, DiskFullError, LLMError
-from r2med_agent.llm.base import LLM, PartialBatchError, PromptMeta, TemplateHashes
+from r2med_agent.llm.base import (
+    LLM,
+    Finished,
+    PartialBatchError,
+    PromptMeta,
+    TemplateHashes,
+    generate_reporting,
+    samples_reporting,
+)
 from r2med_agent.llm.cache import (
     LEASE_TTL_S,
     CacheRecord,
@@ -44,6 +56,7 @@ from r2med_agent.llm.cache import (
 from r2med_agent.llm.openai_compat import key_params, resolve_server
 from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.progress import current_part as progress_label
 from r2med_agent.progress import part as progress_part
 from r2med_agent.progress import tracking
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -122,19 +135,24 @@ class LazyBackend:
             self._backend = self._factory()
         return self._backend
 
+    reports_each = True
+    """It passes ``on_done`` on to a backend that takes it (:func:`~r2med_agent.llm.base.reports_each`)."""
+
     # The request options are the cache's (see LLM): the backend's texts do not depend on them,
     # so they are not passed on.
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[Generation]:
-        return self.get().generate(prompts, params)
+        return generate_reporting(self.get(), prompts, params, on_done)
 
     def generate_samples(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[list[Generation]]:
-        return self.get().generate_samples(prompts, params, n)  # type: ignore[attr-defined]
+        return samples_reporting(self.get(), prompts, params, n, on_done)
 
     def close(self) -> None:
         """Close the real backend if it was built (a vLLM engine shuts down); a later
@@ -471,10 +489,12 @@ class CachedLLM:
         if not generating:
             return
         calls = -(-generating // (self.chunk_size or generating))
+        label = progress_label()  # which pass over the same prompts this is, when there are several
         logger.info(
-            "%s: generating %d of %d texts (%d from the cache%s) in %d backend call%s",
+            "%s: generating %d of %d texts (%d from the cache%s) in %d backend call%s%s",
             self.model_id, generating, total, cached,
             f", {elsewhere} from another run" if elsewhere else "", calls, "" if calls == 1 else "s",
+            f" {label}" if label else "",
         )
 
     def _take_rows(
@@ -553,9 +573,11 @@ class CachedLLM:
         self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
         uses_of: Mapping[str, Sequence[Use]], t_start: float, owner: LeaseOwner | None = None,
     ) -> tuple[dict[str, Generation], float]:
-        """Generate the ``misses`` in chunks of :attr:`chunk_size`, committing each chunk to the
-        cache (releasing ``owner``'s leases on what it stores); returns the new generations by
-        key and the seconds spent in the backend.
+        """Generate the ``misses`` in chunks of :attr:`chunk_size` (one backend call each),
+        committing each generation to the cache as it finishes where the backend reports each
+        (the project's backends do), else each chunk when its call returns (releasing ``owner``'s
+        leases on what it stores); returns the new generations by key and the seconds spent in
+        the backend.
 
         Raises:
             LLMError: as :meth:`generate` (a partly failed chunk is committed first).
@@ -570,9 +592,18 @@ class CachedLLM:
         with progress:
             for start in range(0, len(misses), step):
                 chunk = misses[start : start + step]
-                outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params)
+                empty, saved = self.stats.empty, [0]
+
+                def done(i: int, out: Any, chunk: Sequence[str] = chunk, saved: list[int] = saved) -> None:
+                    if out is not None and chunk[i] not in made:
+                        saved[0] += self._commit_chunk([chunk[i]], [out], requests, uses_of, made, owner)
+
+                outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params, done)
                 model_time += dt
-                saved = self._commit_chunk(chunk, outs, requests, uses_of, made, owner)
+                rest = [(k, o) for k, o in zip(chunk, outs) if k not in made]
+                saved[0] += self._commit_chunk([k for k, _ in rest], [o for _, o in rest], requests, uses_of,
+                                               made, owner)
+                self._warn_empty(self.stats.empty - empty, len(outs))
                 missing = start + len(chunk) - bar.n - bar.failed if bar is not None else 0
                 if bar is not None and missing > 0:  # a backend that reports nothing itself
                     lost = min(sum(o is None for o in outs), missing)
@@ -583,18 +614,19 @@ class CachedLLM:
                 )
                 if failure is not None:
                     self._count_time(model_time, t_start)
-                    raise self._partial_failure(failure, saved) from None
+                    raise self._partial_failure(failure, saved[0]) from None
         return made, model_time
 
     def _backend_chunk(
-        self, prompts: list[list[Message]], params: SamplingParams
+        self, prompts: list[list[Message]], params: SamplingParams, on_done: Finished | None = None,
     ) -> tuple[Sequence[Generation | None], PartialBatchError | None, float]:
-        """ONE ``backend.generate`` call: its outputs (None where a request failed), the
+        """ONE ``backend.generate`` call (``on_done`` called as each request finishes, where the
+        backend reports each): its outputs (None where a request failed), the
         :class:`PartialBatchError` when some failed, and its wall seconds."""
         t0 = time.perf_counter()
         failure: PartialBatchError | None = None
         try:
-            outs: Sequence[Generation | None] = self.backend.generate(prompts, params)
+            outs: Sequence[Generation | None] = generate_reporting(self.backend, prompts, params, on_done)
         except PartialBatchError as e:
             failure, outs = e, e.generations
         dt = time.perf_counter() - t0
@@ -610,10 +642,9 @@ class CachedLLM:
         requests: Mapping[str, dict[str, Any]], uses_of: Mapping[str, Sequence[Use]],
         made: dict[str, Generation], owner: LeaseOwner | None = None,
     ) -> int:
-        """Finish a chunk's outputs into ``made`` and store them (with their uses) in the cache;
-        returns how many were stored (not failed or empty items, which a later run retries)."""
+        """Finish outputs into ``made`` and store them (with their uses) in the cache; returns how
+        many were stored (not failed or empty items, which a later run retries)."""
         records, kept = [], []
-        empty = self.stats.empty
         for key, out in zip(chunk, outs):
             if out is None:
                 continue
@@ -621,8 +652,7 @@ class CachedLLM:
             if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
                 records.append(CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning or ""))
                 kept.append(key)
-        self._warn_empty(self.stats.empty - empty, len(outs))
-        if self.cache is not None:
+        if self.cache is not None and records:
             self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())], release=owner)
         return len(records)
 
@@ -738,7 +768,8 @@ class CachedLLM:
         wanted: Collection[str], params: SamplingParams, n: int, owner: LeaseOwner | None = None,
     ) -> tuple[dict[str, Generation], float]:
         """Every prompt with a sample in ``wanted``, once, through ``backend.generate_samples``
-        with ``n`` (in chunks, each committed to the cache, releasing ``owner``'s leases); returns
+        with ``n`` (in chunks; each prompt's samples committed to the cache as they finish, where the
+        backend reports each, else as its chunk returns; releasing ``owner``'s leases); returns
         the ``wanted`` samples, by key, and the seconds spent in the backend."""
         todo: dict[str, int] = {}  # first key of a prompt missing a sample -> its prompt index
         for i, row in enumerate(keys):
@@ -748,30 +779,46 @@ class CachedLLM:
         model_time = 0.0
         pending = list(todo.values())
         step = self.chunk_size or max(len(pending), 1)
+        committed: set[int] = set()  # prompts whose samples are stored
         for start in range(0, len(pending), step):
             chunk = pending[start : start + step]
+            empty = self.stats.empty
+
+            def done(j: int, samples: Any, chunk: list[int] = chunk) -> None:
+                if samples is not None and len(samples) == n and chunk[j] not in committed:
+                    self._commit_samples({chunk[j]: samples}, reqs, keys, wanted, made, owner)
+                    committed.add(chunk[j])
+
             t0 = time.perf_counter()
-            outs = self.backend.generate_samples(  # type: ignore[attr-defined]
-                [reqs[i][0]["messages"] for i in chunk], params, n
-            )
+            outs = samples_reporting(self.backend, [reqs[i][0]["messages"] for i in chunk], params, n, done)
             model_time += time.perf_counter() - t0
             self.stats.backend_calls += 1
             if len(outs) != len(chunk) or any(len(o) != n for o in outs):
                 raise LLMError(f"backend {self.model_id!r} did not return {n} samples for each of {len(chunk)} prompts")
-            records = []
-            empty = self.stats.empty
-            for i, samples in zip(chunk, outs):
-                for s, out in enumerate(samples):
-                    key = keys[i][s]
-                    if key not in wanted:  # cached, or another run's to write
-                        continue
-                    gen = made[key] = self._finished(out)
-                    if gen.finish_reason != "error":
-                        records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning or ""))
+            self._commit_samples({i: o for i, o in zip(chunk, outs) if i not in committed}, reqs, keys, wanted,
+                                 made, owner)
+            committed.update(chunk)
             self._warn_empty(self.stats.empty - empty, len(chunk) * n)
-            if self.cache is not None:
-                self.cache.put_many(records, release=owner)
         return made, model_time
+
+    def _commit_samples(
+        self, outs: Mapping[int, Sequence[Generation]], reqs: Sequence[Sequence[dict[str, Any]]],
+        keys: Sequence[Sequence[str]], wanted: Collection[str], made: dict[str, Generation],
+        owner: LeaseOwner | None,
+    ) -> None:
+        """Finish the ``wanted`` samples of the prompts in ``outs`` (prompt index -> its samples)
+        into ``made`` and store them in the cache."""
+        records = []
+        for i, samples in outs.items():
+            for s, out in enumerate(samples):
+                key = keys[i][s]
+                if key not in wanted:  # cached, or another run's to write
+                    continue
+                gen = made[key] = self._finished(out)
+                if gen.finish_reason != "error":
+                    records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning or ""))
+        if self.cache is not None and records:
+            self.cache.put_many(records, release=owner)
 
     def _samples_in_order(
         self, keys: Sequence[Sequence[str]], made: Mapping[str, Generation],

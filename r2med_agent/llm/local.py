@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
+from r2med_agent.llm.base import Finished, PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
 from r2med_agent.llm.continuation import continues_final_message
 from r2med_agent.llm.openai_compat import truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
@@ -275,13 +275,18 @@ class LlamaCppBackend:
             return continuation_prompt(formatter, conversation)
         return str(formatter(messages=conversation).prompt)
 
+    reports_each = True
+    """``generate`` takes ``on_done``, called as each completion ends (:data:`~r2med_agent.llm.base.Finished`)."""
+
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[Generation]:
         """One completion per prompt, sequentially (see the module docstring); a prompt ending
         in an assistant message continues that message. The request options are the cache's
-        (:class:`~r2med_agent.llm.base.LLM`).
+        (:class:`~r2med_agent.llm.base.LLM`); ``on_done(i, generation)`` is called as each one
+        ends, before the next starts (the caching wrapper commits it there, so a Ctrl-C keeps it).
 
         Raises:
             PartialBatchError: some prompts failed (one longer than ``n_ctx``), the others were
@@ -303,6 +308,8 @@ class LlamaCppBackend:
                     gen, failures[i] = None, LLMError(f"prompt {i + 1} of {len(prompts)} "
                                                       f"({_opening(messages)}): {e}")
                 out.append(gen)
+                if gen is not None and on_done is not None:
+                    on_done(i, gen)
                 interrupts.check()
                 if gen is None:
                     progress.fail(1)  # counted apart: the batch is not "done"

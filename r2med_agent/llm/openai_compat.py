@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import functools
 import ipaddress
 import itertools
 import logging
@@ -70,7 +71,7 @@ from urllib.parse import urlparse
 
 from r2med_agent.errors import ConfigError, LLMError, exception_chain
 from r2med_agent.llm.base import (
-    AuthError, PartialBatchError, PromptMeta, TemplateHashes, UnreachableError, choice_token_ids,
+    AuthError, Finished, PartialBatchError, PromptMeta, TemplateHashes, UnreachableError, choice_token_ids,
 )
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
@@ -297,6 +298,27 @@ def check_reply(response: Any) -> None:
                                       "not an object with a content")
 
 
+class _Reporter:
+    """A done-callback of a batch's request tasks that passes each success to ``on_done`` (its
+    index and output) and keeps the first error ``on_done`` raises (asyncio would only log it)."""
+
+    def __init__(self, on_done: Finished | None) -> None:
+        self.on_done = on_done
+        self.error: Exception | None = None
+
+    def __call__(self, index: int, task: asyncio.Future[Any]) -> None:
+        if self.on_done is None or self.error is not None or task.cancelled() or task.exception() is not None:
+            return
+        try:
+            self.on_done(index, task.result())
+        except Exception as e:  # noqa: BLE001 - raised again when the batch ends
+            self.error = e
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _is_retryable(exc: BaseException) -> bool:
     import openai
 
@@ -459,36 +481,48 @@ class OpenAICompatBackend:
         return self._server
 
     # ------------------------------------------------------------------ public API
+    reports_each = True
+    """``generate`` and ``generate_samples`` take ``on_done``, called as each reply arrives
+    (:data:`~r2med_agent.llm.base.Finished`)."""
+
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[Generation]:
         """One Generation per prompt, in input order. The request options are the cache's
-        (:class:`~r2med_agent.llm.base.LLM`).
+        (:class:`~r2med_agent.llm.base.LLM`); ``on_done(i, generation)`` is called as each reply
+        arrives (the caching wrapper commits it there).
 
         Safe to call from inside a running event loop (a notebook, an async app): the batch
         then runs on its own loop in a worker thread.
         """
         if not prompts:
             return []
-        return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params))
+        return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params, on_done=on_done))
 
     def generate_samples(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[list[Generation]]:
         """``n`` samples of each prompt, one request each with the API's ``n`` (OpenAI, vLLM
         servers). The response's prompt tokens are counted on sample 0 and its completion tokens
-        shared evenly over the samples; a request that fails fails the batch."""
+        shared evenly over the samples; a request that fails fails the batch. ``on_done(i,
+        samples)`` as each reply arrives."""
         if not prompts:
             return []
-        return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params, n=n))  # type: ignore[return-value]
+        return _run_coroutine(  # type: ignore[return-value]
+            lambda: self.agenerate([list(p) for p in prompts], params, n=n, on_done=on_done)
+        )
 
     async def agenerate(
-        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int = 1
+        self, prompts: Sequence[list[Message]], params: SamplingParams, n: int = 1,
+        on_done: Finished | None = None,
     ) -> list[Generation]:
         """Async form of :meth:`generate` (must run on one event loop from start to end); with
-        ``n`` > 1, a list of ``n`` samples per prompt."""
+        ``n`` > 1, a list of ``n`` samples per prompt. ``on_done(i, output)`` is called on the
+        loop as each request succeeds; an error it raises is raised once the batch ends."""
         import openai
 
         import httpx
@@ -520,6 +554,9 @@ class OpenAICompatBackend:
             ]
             for t in tasks:
                 t.add_done_callback(finished)
+            reported = _Reporter(on_done)
+            for i, t in enumerate(tasks):
+                t.add_done_callback(functools.partial(reported, i))
             pending: set[asyncio.Future[Generation]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -552,6 +589,7 @@ class OpenAICompatBackend:
             else:
                 raise exc
         self._warn_null_content(results)
+        reported.raise_error()
         if failures:
             if all(r is None for r in results):
                 raise failures[min(failures)]  # nothing to keep: the plain error

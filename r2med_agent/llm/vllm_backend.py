@@ -43,15 +43,16 @@ server takes in a request's extra body: ``{structured_outputs: {regex: ...}}`` b
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
-from r2med_agent.llm.base import PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
+from r2med_agent.llm.base import Finished, PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
 from r2med_agent.llm.continuation import continuation_prompt, continues_final_message
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
@@ -210,23 +211,33 @@ class VLLMBackend:
         if engine is not None:
             shutdown_engine(engine)
 
+    reports_each = True
+    """``generate`` and ``generate_samples`` take ``on_done``, called as each request finishes
+    inside the engine call (:data:`~r2med_agent.llm.base.Finished`)."""
+
     def generate(
         self, prompts: Sequence[list[Message]], params: SamplingParams, *, sample_index: int = 0,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[Generation]:
         """New turns in one ``LLM.chat`` call, continuations in one ``LLM.generate`` call (see
         the module docstring); outputs in input order. The request options are the cache's
-        (:class:`~r2med_agent.llm.base.LLM`).
+        (:class:`~r2med_agent.llm.base.LLM`); ``on_done(i, generation)`` is called as each
+        request finishes, while the engine still runs the others (:func:`_reporting`).
 
-        ``latency_s`` of each item is its call's wall time shared evenly over that call.
+        ``latency_s`` of each item is the engine call's wall time since the previous request
+        finished (so the items of a call add up to its wall time).
         """
-        return [samples[0] for samples in self.generate_samples(prompts, params, 1)]
+        each = (lambda i, samples: on_done(i, samples[0])) if on_done is not None else None
+        return [samples[0] for samples in self.generate_samples(prompts, params, 1, on_done=each)]
 
     def generate_samples(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
         template_hash: TemplateHashes = "", meta: Sequence[PromptMeta] | None = None,
+        on_done: Finished | None = None,
     ) -> list[list[Generation]]:
-        """``n`` samples of each prompt (vLLM's ``n``), in the engine calls of :meth:`generate`."""
+        """``n`` samples of each prompt (vLLM's ``n``), in the engine calls of :meth:`generate`;
+        ``on_done(i, samples)`` as each prompt's request finishes."""
         if not prompts:
             return []
         vllm = _import_vllm()
@@ -251,12 +262,19 @@ class VLLMBackend:
         for continuation, indices in groups.items():
             if not indices:
                 continue
-            start = time.perf_counter()
+            clock = _Clock()
+
+            def report(i: int, output: Any, clock: _Clock = clock) -> None:
+                out[i] = [from_request_output(output, clock.lap() / n, j) for j in range(n)]
+                if on_done is not None:
+                    on_done(i, out[i])
+
             made = self._group_outputs(engine, [conversations[i] for i in indices], continuation, sampling,
-                                       base_kwargs, len(conversations), indices, failures)
-            share = (time.perf_counter() - start) / (max(len(made), 1) * n)
+                                       base_kwargs, len(conversations), indices, failures, report)
+            share = clock.lap() / (max(sum(out[i] is None for i in made), 1) * n)
             for i, output in made.items():
-                out[i] = [from_request_output(output, share, j) for j in range(n)]
+                if out[i] is None:  # not reported while the engine ran
+                    out[i] = [from_request_output(output, share, j) for j in range(n)]
             # Output tokens are known per call (vLLM's own bar shows its running rate).
             progress.update(0, sum(g.completion_tokens for i in made for g in out[i]))  # type: ignore[union-attr]
         progress.close()
@@ -269,8 +287,10 @@ class VLLMBackend:
     def _group_outputs(
         self, engine: Any, batch: list[list[Message]], continuation: bool, sampling: Any,
         base_kwargs: dict[str, Any], total: int, indices: Sequence[int], failures: dict[int, Exception],
+        report: Callable[[int, Any], None] | None = None,
     ) -> dict[int, Any]:
-        """One engine call for ``batch`` (new turns or continuations): ``{prompt index: output}``.
+        """One engine call for ``batch`` (new turns or continuations): ``{prompt index: output}``,
+        and ``report(prompt index, output)`` as each finishes during the call (:func:`_reporting`).
         A prompt longer than the engine's context fails alone (``failures``, named by its place
         and opening words) and the others are generated: vLLM refuses the whole call otherwise."""
         prompts = self._engine_prompts(engine, batch, continuation)
@@ -288,10 +308,12 @@ class VLLMBackend:
         if not keep:
             return {}
         chosen = [prompts[k] for k in keep]
-        if prompts is batch:
-            outputs = engine.chat(chosen, sampling, **base_kwargs)
-        else:
-            outputs = engine.generate(chosen, sampling, use_tqdm=base_kwargs["use_tqdm"])
+        each = (lambda k, output: report(indices[keep[k]], output)) if report is not None else None
+        with _reporting(engine, each):
+            if prompts is batch:
+                outputs = engine.chat(chosen, sampling, **base_kwargs)
+            else:
+                outputs = engine.generate(chosen, sampling, use_tqdm=base_kwargs["use_tqdm"])
         if len(outputs) != len(chosen):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chosen)} prompts")
         return {indices[k]: output for k, output in zip(keep, outputs)}
@@ -324,6 +346,65 @@ class VLLMBackend:
         if isinstance(ids, Mapping):  # transformers 5 returns the encoding as a mapping
             ids = ids["input_ids"]
         return len(ids)
+
+
+class _Clock:
+    """Seconds since it was made or since the last :meth:`lap`."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self._last = now - self._last, now
+        return elapsed
+
+
+@contextlib.contextmanager
+def _reporting(engine: Any, report: Callable[[int, Any], None] | None) -> Iterator[None]:
+    """While the block makes ONE ``LLM.chat``/``LLM.generate`` call, ``report(k, output)`` is
+    called for the k-th prompt of that call as soon as its request finishes, not when the whole
+    call returns: the engine's ``add_request`` (which numbers the requests in prompt order) and
+    ``step`` (which ``LLM._run_engine`` calls until no request is left, returning the outputs of
+    each step) are wrapped on this engine instance for the call's duration. An engine without
+    them reports nothing here (its outputs are reported when the call returns). An error
+    ``report`` raises does not stop the engine halfway (which would leave its other requests
+    queued in it): it is raised when the call returns. Ctrl-C is not caught."""
+    llm_engine = getattr(engine, "llm_engine", None)
+    add, step = getattr(llm_engine, "add_request", None), getattr(llm_engine, "step", None)
+    if report is None or not callable(add) or not callable(step):
+        yield
+        return
+    numbers: dict[str, int] = {}
+    errors: list[Exception] = []
+
+    def add_request(request_id: Any, *args: Any, **kwargs: Any) -> Any:
+        numbers.setdefault(str(request_id), len(numbers))
+        return add(request_id, *args, **kwargs)
+
+    def stepped() -> Any:
+        outputs = step()
+        for output in outputs:
+            k = numbers.get(str(getattr(output, "request_id", "")))
+            if k is not None and getattr(output, "finished", False) and not errors:
+                try:
+                    report(k, output)
+                except Exception as e:  # noqa: BLE001 - raised once the engine call is over
+                    errors.append(e)
+        return outputs
+
+    own = {name: vars(llm_engine)[name] for name in ("add_request", "step") if name in vars(llm_engine)}
+    llm_engine.add_request, llm_engine.step = add_request, stepped
+    try:
+        yield
+    finally:
+        for name in ("add_request", "step"):
+            if name in own:
+                setattr(llm_engine, name, own[name])
+            else:
+                delattr(llm_engine, name)
+    if errors:
+        raise errors[0]
 
 
 def shutdown_engine(engine: Any, wait_s: float = 30.0) -> None:

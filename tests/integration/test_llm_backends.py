@@ -121,10 +121,16 @@ def test_every_llm_takes_the_protocols_request_options() -> None:
     samples = options(SamplingLLM.generate_samples)
     assert generate == {"sample_index": 0, "template_hash": "", "meta": None}
     assert samples == {"template_hash": "", "meta": None}
+    # The project's backends also take on_done (each request reported as it finishes), which the
+    # caching wrapper passes only to a backend that says so (reports_each).
+    reporting = {"on_done": None}
     for cls in (LlamaCppBackend, OpenAICompatBackend, VLLMBackend, LazyBackend, CachedLLM, ScriptedLLM):
-        assert options(cls.generate) == generate, cls.__name__
+        more = reporting if getattr(cls, "reports_each", False) else {}
+        assert options(cls.generate) == {**generate, **more}, cls.__name__
     for cls in (OpenAICompatBackend, VLLMBackend, LazyBackend, CachedLLM):
-        assert options(cls.generate_samples) == samples, cls.__name__
+        more = reporting if getattr(cls, "reports_each", False) else {}
+        assert options(cls.generate_samples) == {**samples, **more}, cls.__name__
+    assert all(c.reports_each for c in (LlamaCppBackend, OpenAICompatBackend, VLLMBackend, LazyBackend))
 
 
 def test_sampling_params_from_spec_with_overrides() -> None:
@@ -1014,6 +1020,52 @@ def test_one_rejected_prompt_keeps_the_batch_in_the_cache(fault_proxy: FaultProx
     assert (second.stats.generations, second.stats.cache_hits) == (1, 3)
     assert fault_proxy.outcomes() == ["forwarded"]
     assert "REJECT-ME" in fault_proxy.events_for()[0].json()["messages"][-1]["content"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_an_http_batch_keeps_every_reply_that_arrived(
+    fault_proxy: FaultProxy, tmp_path, python_sigint
+) -> None:
+    """Issue 30 item 3: each reply is committed to the cache as it arrives, inside the backend's
+    call (one chunk of 256 used to commit nothing before the whole batch was back). A real
+    SIGINT once two rows are in the cache: they stay there, and the re-run sends only the rest."""
+    import signal
+    import threading
+
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cached import CachedLLM
+
+    spec = openai_spec([fault_proxy.base_url], max_concurrency=1)
+    prompts = _prompts_of_growing_length(6)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    path = tmp_path / "g.sqlite"
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def interrupt_after_two_rows() -> None:
+        watcher = GenerationCache(path)
+        while not stop.wait(0.05):
+            seen.append(len(watcher))
+            if seen[-1] >= 2:
+                signal.raise_signal(signal.SIGINT)
+                return
+
+    first = CachedLLM(make_backend(spec), spec, cache=GenerationCache(path))  # auto chunk: all 6 at once
+    thread = threading.Thread(target=interrupt_after_two_rows, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            first.generate(prompts, params)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    kept = len(GenerationCache(path))
+    assert 2 <= kept < len(prompts), seen
+    fault_proxy.reset()
+    second = CachedLLM(make_backend(spec), spec, cache=GenerationCache(path))
+    gens = second.generate(prompts, params)
+    assert sum(g.cached for g in gens) == kept and second.stats.generations == len(prompts) - kept
+    assert len(fault_proxy.outcomes()) == len(prompts) - kept
 
 
 @pytest.mark.slow

@@ -165,7 +165,7 @@ def test_a_run_whose_server_sends_a_mistyped_reply_exits_with_one_message_and_re
                           f"    base_urls: [{url}]\n    max_retries: 1\n    backoff_initial_s: 0.01\n")
         return main(["run", "--config", str(config), "--task", "Biology", "--method", "hyde", "--llm", "canned",
                      "--retriever", "bm25", "--data-dir", str(data), "--allow-count-mismatch", "--output-dir", str(tmp_path / "out"),
-                     "--no-progress"])
+                     "--no-progress", "--prompts", "own"])
 
     nostril = "one nostril"
     with CannedChatServer(lambda p, a: MISTYPED["content-int"](p) if nostril in p else CannedChatServer.good(p)) as srv:

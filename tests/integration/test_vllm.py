@@ -189,6 +189,7 @@ def offline_results(model_dir: Path, task: Any) -> dict[str, Any]:
     try:
         texts = hyde(CachedLLM(backend, backend.spec, cache=None), task)
         hyde_calls = list(counting["e"].calls)
+        reported = each_as_it_finishes(backend, counting["e"])
 
         def llm_for(extra: dict[str, Any]) -> CachedLLM:
             b = make_backend(offline_spec(model_dir, extra_body=extra))
@@ -197,7 +198,31 @@ def offline_results(model_dir: Path, task: Any) -> dict[str, Any]:
         traj = loops(llm_for, task)
     finally:
         vllm_backend.close_engines()
-    return {"hyde": texts, "hyde_calls": hyde_calls, "loops": traj}
+    return {"hyde": texts, "hyde_calls": hyde_calls, "loops": traj, "reported": reported}
+
+
+def each_as_it_finishes(backend: Any, engine: Any) -> dict[str, Any]:
+    """One engine call over three prompts with ``on_done``: what was reported, and whether the
+    engine still had requests to run at each report (with ``max_num_seqs`` 1 it runs one at a
+    time, so the first two come back while the others wait)."""
+    prompts = [[{"role": "user", "content": f"Name a {w}."}] for w in ("fruit", "colour", "city")]
+    seen: list[tuple[int, str, bool]] = []
+
+    def on_done(i: int, gen: Any) -> None:
+        seen.append((i, gen.text, bool(engine.llm_engine.has_unfinished_requests())))
+
+    outs = backend.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8), on_done=on_done)
+    return {"seen": seen, "texts": [g.text for g in outs], "latency": sum(g.latency_s for g in outs)}
+
+
+def test_the_offline_engine_reports_each_request_as_it_finishes(offline_results: dict[str, Any]) -> None:
+    """Issue 30 item 3: vLLM's one engine call reports each request while the others still run
+    (the caching wrapper commits each there), not when the whole call returns."""
+    got = offline_results["reported"]
+    assert sorted(i for i, _, _ in got["seen"]) == [0, 1, 2]
+    assert {i: text for i, text, _ in got["seen"]} == dict(enumerate(got["texts"]))
+    assert [busy for _, _, busy in got["seen"]] == [True, True, False]
+    assert got["latency"] > 0
 
 
 def test_hyde_offline_is_one_chat_call_for_all_prompts(offline_results: dict[str, Any]) -> None:

@@ -177,14 +177,82 @@ def test_readme_links_every_docs_page():
     assert any(t.startswith("docs/") for t in _relative_links(ROOT / "README.md"))
 
 
+README_FIRST = (
+    'python3 -m venv .venv && . .venv/bin/activate && if nvidia-smi -L >/dev/null 2>&1; then E=local,gpu,hub,dev; '
+    'else E=all; pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; fi && '
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install -e ".[$E]" && '
+    "r2med-agent run --method hyde --llm smollm2 --task sample"
+)
+
+
 def test_readme_starts_with_the_two_first_commands():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert ("```bash\n"
-            "python3 -m venv .venv && . .venv/bin/activate && "
-            "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON\" pip install -e '.[all]' && "
-            "r2med-agent run --method hyde --llm smollm2 --task sample\n"
-            "python -m pytest -q\n```") in text
-    assert "https://download.pytorch.org/whl/cpu" in text
+    assert f"```bash\n{README_FIRST}\npython -m pytest -q\n```" in text
+
+
+def _readme_first_command() -> str:
+    """The first line of the README's first bash block, as a reader copies it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.split("```bash\n", 1)[1].splitlines()[0]
+
+
+def _stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/bash\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _run_first_command(tmp_path: Path, gpu: bool | None) -> list[str]:
+    """The README's first command run by bash with python3, pip and r2med-agent replaced by stubs
+    that log what they are asked (and CMAKE_ARGS); ``gpu``: a stub nvidia-smi that finds a GPU
+    (True), none on PATH (False), or this machine's own (None)."""
+    import shutil
+
+    stubs, work = tmp_path / f"stubs-{gpu}", tmp_path / f"work-{gpu}"
+    stubs.mkdir()
+    work.mkdir()
+    log = tmp_path / f"log-{gpu}"
+    mkdir = shutil.which("mkdir") or "/bin/mkdir"  # PATH holds the stubs alone
+    _stub(stubs, "python3", f'[ "$*" = "-m venv .venv" ] && {mkdir} -p .venv/bin && : > .venv/bin/activate; '
+                            f'echo "python3 $*" >> {log}')
+    _stub(stubs, "pip", f'echo "pip $* [CMAKE_ARGS=$CMAKE_ARGS]" >> {log}')
+    _stub(stubs, "r2med-agent", f'echo "r2med-agent $*" >> {log}')
+    path = str(stubs)
+    if gpu:
+        _stub(stubs, "nvidia-smi", 'echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"')
+    elif gpu is None and shutil.which("nvidia-smi"):
+        path += ":" + str(Path(shutil.which("nvidia-smi")).parent)
+    bash = shutil.which("bash") or "/bin/bash"
+    first = _readme_first_command()
+    subprocess.run([bash, "-c", first], cwd=work, env={"PATH": path}, check=True, timeout=60)
+    return log.read_text(encoding="utf-8").splitlines()
+
+
+def test_the_first_command_takes_the_torch_build_the_machine_can_use(tmp_path):
+    """Issue 30 item 11: on a CPU-only machine the one line installs the CPU build of torch from
+    PyTorch's CPU index before the extras (it used to let pip take PyPI's CUDA build, several GB);
+    on a GPU machine PyPI's CUDA build with [gpu]; the same CMAKE_ARGS and main job on both."""
+    import tomllib
+
+    flags = "[CMAKE_ARGS=-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON]"
+    main_job = "r2med-agent run --method hyde --llm smollm2 --task sample"
+    assert _run_first_command(tmp_path, gpu=False) == [
+        "python3 -m venv .venv",
+        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu [CMAKE_ARGS=]",
+        f"pip install -e .[all] {flags}",
+        main_job,
+    ]
+    assert _run_first_command(tmp_path, gpu=True) == [
+        "python3 -m venv .venv", f"pip install -e .[local,gpu,hub,dev] {flags}", main_job]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert extras["all"] == ["r2med-agent[local,cpu,hub,dev]"] and "faiss-gpu-cu12>=1.8" in extras["gpu"]
+    # This machine: a GPU that nvidia-smi finds takes the CUDA build, else the CPU one.
+    import shutil
+
+    here = _run_first_command(tmp_path, gpu=None)
+    smi = shutil.which("nvidia-smi")
+    found = smi is not None and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+    assert (here[1] == f"pip install -e .[local,gpu,hub,dev] {flags}") == found, here
 
 
 def test_link_checker_finds_links(tmp_path):

@@ -170,7 +170,11 @@ def check_model_files(spec: RerankerSpec) -> None:
     _load_tokenizer(spec)
     model = spec.base_model or spec.model
     kw = dict(kind="reranker", name=spec.name, trust_remote_code=spec.trust_remote_code)
-    load_pretrained(transformers.AutoConfig.from_pretrained, resolve_model_path(model), model=model, **kw)
+    config = load_pretrained(transformers.AutoConfig.from_pretrained, resolve_model_path(model), model=model, **kw)
+    architectures = list(getattr(config, "architectures", None) or [])
+    if spec.base_model is None and architectures and not any(_classifies(a) for a in architectures):
+        raise ConfigError(_no_head_message(spec, f"its config names the architecture {architectures[0]}, "
+                                                 "not a sequence classifier"))
     if spec.base_model is not None:
         peft = _import_peft()
         load_pretrained(peft.PeftConfig.from_pretrained, resolve_model_path(spec.model), kind="reranker",
@@ -183,7 +187,14 @@ def _load_classifier(spec: RerankerSpec, dtype: Any) -> Any:
     kw = dict(kind="reranker", name=spec.name, trust_remote_code=spec.trust_remote_code, **dtype_kwarg(dtype))
     auto = transformers.AutoModelForSequenceClassification
     if spec.base_model is None:
-        return load_pretrained(auto.from_pretrained, resolve_model_path(spec.model), model=spec.model, **kw)
+        with _quiet_load_report(transformers):
+            model, info = load_pretrained(auto.from_pretrained, resolve_model_path(spec.model), model=spec.model,
+                                          output_loading_info=True, **kw)
+        prefix = f"{getattr(model, 'base_model_prefix', '')}."
+        head = sorted(k for k in info.get("missing_keys", ()) if prefix == "." or not k.startswith(prefix))
+        if head:
+            raise ConfigError(_no_head_message(spec, f"its weights have no {', '.join(head[:4])}"))
+        return model
     peft = _import_peft()
     base = load_pretrained(
         auto.from_pretrained, resolve_model_path(spec.base_model), model=spec.base_model, num_labels=1, **kw
@@ -193,6 +204,37 @@ def _load_classifier(spec: RerankerSpec, dtype: Any) -> Any:
         model_id=resolve_model_path(spec.model),
     )
     return adapter.merge_and_unload()
+
+
+def _classifies(architecture: str) -> bool:
+    return architecture.endswith("ForSequenceClassification")
+
+
+def _no_head_message(spec: RerankerSpec, why: str) -> str:
+    """Why a checkpoint cannot be a cross-encoder: no trained classification head (a bi-encoder
+    such as a sentence embedder would be scored by a randomly initialised head)."""
+    return (
+        f"reranker '{spec.name}': {spec.model} has no trained classification head ({why}), so a "
+        "cross-encoder would score pairs with random weights. Point 'model' at a cross-encoder "
+        "checkpoint (a *ForSequenceClassification model trained for relevance, e.g. "
+        "BAAI/bge-reranker-v2-m3); a sentence embedder belongs under 'encoders:' as a --retriever"
+    )
+
+
+@contextlib.contextmanager
+def _quiet_load_report(transformers: Any) -> Any:
+    """transformers' own report of missing weights (in terminal colours) is left out: a missing
+    head is refused with the reranker's name instead."""
+    logging_ = getattr(transformers, "logging", None)
+    if logging_ is None or not hasattr(logging_, "get_verbosity"):
+        yield
+        return
+    before = logging_.get_verbosity()
+    logging_.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging_.set_verbosity(before)
 
 
 def merge_adapter(spec: RerankerSpec, out_dir: Path) -> Path:

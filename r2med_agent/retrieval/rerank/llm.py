@@ -46,6 +46,7 @@ from typing import Any
 
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.progress import part as progress_part
 from r2med_agent.retrieval.fusion import ranked
 from r2med_agent.retrieval.rerank import formats, tokens
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep
@@ -552,8 +553,9 @@ class LLMReranker:
         if pairs and self.returns_logprobs():
             judge = replace(params, temperature=0.0, max_tokens=1, stop=(), logprobs=TOP_LOGPROBS)
             follow = [p + [{"role": "assistant", "content": judgment_prefix(g.text)}] for p, g in zip(prompts_, first)]
-            second = self.llm.generate(follow, judge, template_hash=hashes,
-                                       meta=[self._meta(q, doc_id=d, step="judgment") for q, d in pairs])
+            with progress_part("(the one-token judgment of each answer)"):
+                second = self.llm.generate(follow, judge, template_hash=hashes,
+                                           meta=[self._meta(q, doc_id=d, step="judgment") for q, d in pairs])
             for (q, _), g in zip(pairs, second):
                 q.gens.append(g)
             probs = [yes_probability(g.logprobs[0] if g.logprobs else None) for g in second]
@@ -590,9 +592,11 @@ class LLMReranker:
                           token_choices=(formats.RANK1_TRUE, formats.RANK1_FALSE))
             follow = [[{"role": "assistant", "content": formats.judgment_point(
                 prompts_[i][0]["content"], first[i].text, force=i in forced)}] for i in later]
-            second = self.llm.generate(follow, end, template_hash=[hashes[i] for i in later], meta=[
-                self._meta(pairs[i][0], doc_id=pairs[i][1], step="forced end" if i in forced else "judgment")
-                for i in later])
+            # The same pairs again: said so in the log line and the progress of this second batch.
+            with progress_part(f"(the judgment token of each answer, {len(forced)} of them ended by force)"):
+                second = self.llm.generate(follow, end, template_hash=[hashes[i] for i in later], meta=[
+                    self._meta(pairs[i][0], doc_id=pairs[i][1], step="forced end" if i in forced else "judgment")
+                    for i in later])
             for i, g in zip(later, second):
                 pairs[i][0].gens.append(g)
                 probs[i] = formats.true_probability(g.logprobs[0] if g.logprobs else None)

@@ -181,9 +181,11 @@ def reranker_registry() -> dict[str, RerankerSpec]:
 def get_reranker_spec(name: str) -> RerankerSpec:
     reg = reranker_registry()
     if name not in reg:
+        from r2med_agent.errors import did_you_mean
+
         raise ConfigError(
-            f"unknown reranker '{name}'; known: {', '.join(sorted(reg))} "
-            "(add your own under 'rerankers:' in a user config file)"
+            f"unknown reranker '{name}'{did_you_mean(name, reg)}; known: {', '.join(sorted(reg))} "
+            "(`r2med-agent rerankers` lists them; add your own under 'rerankers:' in a user config file)"
         )
     return reg[name]
 

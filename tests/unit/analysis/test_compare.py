@@ -455,3 +455,53 @@ def test_cli_compare_tasks_takes_the_names_of_tasks_of_your_own(cli, tmp_path):
     res = runner.invoke(cli, ["compare", str(root), "--tasks", "OtherClinic", "--format", "csv"])
     assert isinstance(res.exception, ConfigError)
     assert "OtherClinic" in str(res.exception) and "the results hold: Biology, MyClinic, sample" in str(res.exception)
+
+
+def _cells(text: str) -> list[str]:
+    """Every cell of a rich table's body lines (``│``-separated), stripped."""
+    return [c.strip() for line in text.splitlines() if line.startswith("│") for c in line.split("│")[1:-1]]
+
+
+def test_tables_at_80_columns_never_cut_a_figure(tmp_path, monkeypatch):
+    """Issue 30 item 5: written to a file or a pipe (80 columns), the run table and ``compare
+    --cost`` used to show ``MRR 1.00…``, ``nDCG@…`` and ``5…``. Labels fold onto more lines; every
+    figure is printed whole, the table wider than 80 columns where it must be."""
+    from rich.console import Console
+
+    import r2med_agent.cli.run_cmd as run_cmd
+    from r2med_agent.analysis.render import print_rich
+    from r2med_agent.cli.app import main
+    from tests.unit.analysis.test_report import _beir_task
+
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    monkeypatch.setattr(run_cmd, "console", console)
+    data = tmp_path / "a-medical-task-of-our-own"
+    _beir_task(data, "insects fly towards light")
+    out = tmp_path / "results"
+    assert main(["run", "--data-dir", str(data), "--all-queries", "-o", str(out), "--no-progress"]) == 0
+    printed = console.file.getvalue()
+    assert "…" not in printed
+    record = read_json(out / "none" / "none" / "bm25" / f"{data.name}@test-all.json")
+    cells = _cells(printed)
+    for key in ("ndcg_at_10", "recall_at_100", "mrr"):
+        assert f"{record['test'][key]:.4f}" in cells
+    for header in ("nDCG@10", "R@100", "MRR", "queries"):
+        assert header in printed
+    table_lines = [line for line in printed.splitlines() if line[:1] in "┏┃┡│└"]
+    assert max(len(line) for line in table_lines) <= 80  # the folded task name leaves room
+
+    root = tmp_path / "r"
+    for i, task in enumerate(("Biology", "Medical-Sciences", "MedXpertQA-Exam", "PMC-Treatment")):
+        write_result(root, "query2doc", "gpt4", "bm25", task, GOOD, stats={
+            "generations": 1234, "cache_hits": 56, "prompt_tokens": 5_432_109 + i, "completion_tokens": 987_654,
+            "llm_time_s": 4321.5, "retrieval_time_s": 12.25, "cost_usd": 5.125})
+        write_result(root, "hyde", "qwen-7b", "bm25", task, MIXED)
+    table = build_table(load_results([root]), cost=True, baseline=1)
+    wide = Console(file=io.StringIO(), width=80, color_system=None)
+    print_rich(table, wide)
+    text = wide.file.getvalue()
+    assert "…" not in text
+    cells = _cells(text)
+    for want in ("21,728,442", "3,950,616", "20.5000", "17286.00", "4,936", "224", "0/0/16", "<0.0001"):
+        assert any(want in c for c in cells), want
+    assert "MedXpertQA-" in text  # a long task name is given on two lines, its figures stay whole

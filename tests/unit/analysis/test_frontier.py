@@ -107,7 +107,9 @@ def test_the_candidates_entry_names_its_files_and_refuses_others(tmp_path: Path)
     entry = next(e for e in grid.entries if e.candidates and e.reranker == "reasonrank-32b")
     opts = ReproduceOptions(output_dir=tmp_path / "results")
     listing = format_plan([p for p in plan(grid, opts) if p.entry == entry])
-    assert "--candidates <run files>" in listing and "8421BCD/ReasonRank" in listing
+    # The folder the clone gives, a command one can run (issue 30 item 9: not a literal <run files>).
+    assert "--candidates ReasonRank/runs" in listing and "8421BCD/ReasonRank" in listing
+    assert "<run files>" not in listing
     assert "published as: ReasonRank-32B" in listing and "published nDCG@10 avg 0.4285" in listing
     other = _reasonrank_shaped_runs(tmp_path / "runs", r2med_tasks())
     with pytest.raises(ConfigError, match="not the ones the published row reranked"):
@@ -165,7 +167,7 @@ def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
 
     reg = Registries.load()
     grid = load_grid("frontier")
-    lines = {e.reranker: token_estimate(e, 876, reg) for e in grid.entries if e.reranker}
+    lines = {e.reranker: [t.line() for t in token_estimate(e, 876, reg)] for e in grid.entries if e.reranker}
     assert "5 groups of 20 x 6 passes per query): 26,280 calls" in lines["grouprank-32b"][0]
     assert "9 windows of 20 per query): 7,884 calls" in lines["reasonrank-32b"][0]
     assert "100 pairs per query + forced ends): 87,600 calls" in lines["rank1-32b"][0]

@@ -75,11 +75,11 @@ def embedded_data(page: str) -> dict:
     return json.loads(m.group(1))
 
 
-def open_page(url: str) -> PageReport:
+def open_page(url: str, **options) -> PageReport:
     """The page loaded in headless Chromium over DevTools (tests/browser.py)."""
     if not CHROMIUM.exists():
         pytest.skip("needs headless Chromium: chromium on PATH or /usr/bin/chromium (apt-get install chromium)")
-    return load_page(url)
+    return load_page(url, **options)
 
 
 def clean_page(url: str) -> str:
@@ -109,10 +109,17 @@ def test_report_writes_plots_and_a_self_contained_page(report: Path):
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)
     assert "<link" not in page and "<script src" not in page
     code = re.sub(r'<script type="application/json" id="r2med-data">.*?</script>', "", page, flags=re.S)
-    code = re.sub(r'"data:image/png;base64,[A-Za-z0-9+/=]+"', '""', code)
+    # The plots are inline SVG: their references (clip paths, glyphs) point inside the page only.
+    svgs = re.findall(r"<svg\b.*?</svg>", code, flags=re.S)
+    assert len(svgs) == 2
+    for svg in svgs:
+        assert set(re.findall(r'(?:href="|url\()(.)', svg)) == {"#"}
+        assert "<script" not in svg and "<!--" not in svg
+    code = re.sub(r"<svg\b.*?</svg>", "", code, flags=re.S)
     for needle in ("url(", "@import", "fetch(", "XMLHttpRequest", "http://", "https://", "//cdn"):
         assert needle not in code, needle
-    assert page.count('src="data:image/png;base64,') == 2
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # two figures on one page share no id
     # The hostile generated text cannot close the data script early: every script tag pairs up,
     # and the data block parses whole (test_drilldown_data_matches_the_run_files reads it back).
     assert page.count("</script>") == page.count("<script")
@@ -265,6 +272,79 @@ def test_chromium_screenshot(report: Path, tmp_path: Path):
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000
 
 
+LEGEND_BOXES_JS = """JSON.stringify(Array.from(document.querySelectorAll('.plots figure svg')).map(function (svg) {
+  var box = function (e) { var r = e.getBoundingClientRect();
+    return [r.left + window.scrollX, r.top + window.scrollY, r.right + window.scrollX, r.bottom + window.scrollY]; };
+  return {svg: box(svg), labels: Array.from(svg.querySelectorAll('[id*="legend-label-"]')).map(box)};
+}))"""
+
+
+def sweep_tree(root: Path) -> Path:
+    """A temperature x max-tokens sweep of HyDE (six rows whose labels differ only at their end)
+    and one row with every setting a label can carry, so the legend's labels are long."""
+    runs = [MIXED, GOOD, WEAK, MIXED, GOOD, WEAK]
+    i = 0
+    for temperature in (0.0, 0.7, 1.0):
+        for max_tokens in (64, 512):
+            leaf = write_result(root, "hyde", "smollm2", "bm25", "sample", runs[i],
+                                config={"sampling": {"temperature": temperature, "max_tokens": max_tokens}})
+            leaf.rename(leaf.parent / f"bm25__v{i}")
+            i += 1
+    write_result(root, "query2doc", "qwen-72b", "bm25", "sample", LONG, config={
+        "sampling": {"temperature": 0.7, "max_tokens": 2048, "top_p": 0.95}, "top_k": 50, "bm25_k1": 1.2,
+        "bm25_b": 0.75, "empty_generation": "keep", "exclude_identical_ids": True})
+    return root
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data.startswith(PNG_MAGIC)
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_legends_fit_their_plots_in_chromium_and_in_the_pngs(tmp_path: Path):
+    """Issue 30 item 4: the legend of each plot lies inside its image, every label whole (long
+    ones wrapped). In the page, Chromium lays the report out and measures the bounding box of each
+    legend label (the plots are inline SVG) against its plot's and the page screenshot's; in the
+    PNG files beside it, nothing is drawn on the image's outermost pixels (a cut legend touched
+    both side edges of ``per_task.png``) and matplotlib's own text boxes lie inside the figure."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    from r2med_agent.analysis.report import per_task_figure, quality_figure
+
+    table = build_table(load_results([sweep_tree(tmp_path / "results")]), baseline=0)
+    assert max(len(r.row.label) for r in table.rows) > 110  # wider than a plot at the legend's font size
+    page = write_report(table, tmp_path / "report", tasks={"sample": make_task()})
+    shown = open_page(page.as_uri(), evaluate=[LEGEND_BOXES_JS], screenshot=True)
+    assert shown.problems() == []
+    width, height = _png_size(shown.screenshot)
+    plots = json.loads(shown.values[0])
+    assert len(plots) == 2
+    for plot in plots:
+        left, top, right, bottom = plot["svg"]
+        assert 0 <= left < right <= width and 0 <= top < bottom <= height
+        assert len(plot["labels"]) == len(table.rows)
+        for x0, y0, x1, y1 in plot["labels"]:
+            assert left <= x0 < x1 <= right and top <= y0 < y1 <= bottom, (plot["svg"], (x0, y0, x1, y1))
+    out = page.parent
+    for name in ("per_task.png", "quality_vs_cost.png"):
+        pixels = imread(out / name)[..., :3]
+        edges = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
+        assert (edges > 0.99).all(), f"{name}: something is drawn on the image's edge"
+    for make in (per_task_figure, quality_figure):
+        fig = make(table)
+        fig.canvas.draw()
+        bounds = fig.bbox
+        texts = [t for legend in fig.legends for t in legend.get_texts()]
+        assert len(texts) == len(table.rows)
+        for t in texts:
+            box = t.get_window_extent()
+            assert bounds.x0 <= box.x0 and box.x1 <= bounds.x1 and bounds.y0 <= box.y0 and box.y1 <= bounds.y1
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
 @pytest.fixture()
 def cli():
     from r2med_agent.cli.app import _register, app
@@ -402,3 +482,78 @@ def test_report_and_tasks_take_config(cli, tmp_path: Path):
     assert res.exit_code == 0, f"{res.output} {res.exception}"
     data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     assert data["tasks"]["Cardio"]["docs"].get("d1") == "insects fly towards light: cardio copy"
+
+
+def _beir_task(folder: Path, marker: str) -> None:
+    """A task of your own in BEIR layout with a test and a dev split; ``marker`` is d1's text."""
+    (folder / "qrels").mkdir(parents=True)
+    with (folder / "queries.jsonl").open("w") as f:
+        for qid, text in QUERIES.items():
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with (folder / "corpus.jsonl").open("w") as f:
+        for did, text in CORPUS.items():
+            f.write(json.dumps({"_id": did, "title": "", "text": marker if did == "d1" else text}) + "\n")
+    qids = sorted(QRELS)
+    for split, chosen in (("test", qids[:-1]), ("dev", qids[-1:])):
+        lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q in chosen for d, g in QRELS[q].items()]
+        (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_cli_report_finds_the_texts_of_every_layout(cli, tmp_path: Path):
+    """Issue 30 item 2: a result records its data folder as data (``"data"``: folder, layout,
+    name, split), and ``report`` without --data-dir finds the texts of BEIR folders (each split
+    its own task), R2MED-layout folders and Nano-layout copies; ``report`` used to stop with
+    ``unknown task 'mini-med'`` because the BEIR folder's source reads ``<folder> (split test)``."""
+    from r2med_agent.cli.app import main
+    from tests.unit.data.test_data import make_nano_snapshot
+
+    beir, own = tmp_path / "mini-med", tmp_path / "lab" / "Alpha"
+    _beir_task(beir, "insects fly towards light: beir copy")
+    _own_task(own, "insects fly towards light: r2med copy")
+    nano = make_nano_snapshot(tmp_path / "NanoR2MED", "NanoR2MEDBiology", "jsonl")
+    results = tmp_path / "results"
+    for args in (["--data-dir", str(beir)], ["--data-dir", str(beir), "--split", "dev"],
+                 ["--data-dir", str(beir), "--all-queries"], ["--data-dir", str(own)],
+                 ["--data-dir", str(nano), "--task", "nano-Biology", "--allow-count-mismatch"]):
+        assert main(["run", *args, "-o", str(results), "--no-progress"]) == 0, args
+    record = json.loads((results / "none" / "none" / "bm25" / "mini-med@dev.json").read_text())
+    assert record["data"] == {"folder": str(beir.resolve()), "layout": "beir", "name": "mini-med", "split": "dev",
+                              "all_queries": False}
+    record = json.loads((results / "none" / "none" / "bm25" / "nano-Biology.json").read_text())
+    assert record["data"]["folder"] == str(nano.resolve()) and record["data"]["layout"] == "nano"
+    res = CliRunner().invoke(cli, ["report", str(results), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert sorted(data["tasks"]) == ["Alpha", "mini-med", "mini-med@dev", "mini-med@test-all", "nano-Biology"]
+    qids = sorted(QRELS)
+    assert sorted(data["tasks"]["mini-med"]["queries"]) == qids[:-1]
+    assert sorted(data["tasks"]["mini-med@dev"]["queries"]) == qids[-1:]
+    assert sorted(data["tasks"]["mini-med@test-all"]["queries"]) == sorted(QUERIES)
+    assert data["tasks"]["mini-med@test-all"]["docs"].get("d1") == "insects fly towards light: beir copy"
+    assert data["tasks"]["mini-med@dev"]["qrels"] == {q: QRELS[q] for q in qids[-1:]}
+    assert data["tasks"]["Alpha"]["docs"].get("d1") == "insects fly towards light: r2med copy"
+    assert data["tasks"]["nano-Biology"]["queries"] == {"0": "first query", "1": "second query"}
+    # Results of the registry's own tasks record no folder: they load by name.
+    assert main(["run", "--task", "sample", "-o", str(results), "--no-progress"]) == 0
+    sample = json.loads((results / "none" / "none" / "bm25" / "sample.json").read_text())["data"]
+    assert sample["folder"] is None and sample["layout"] == "r2med"
+
+
+def test_cli_report_reads_results_that_record_no_data_block(cli, tmp_path: Path):
+    """Results written before the ``data`` block: the folder comes from the ``source`` prose
+    (``<folder> (split dev)``) and the split from the recorded config."""
+    from r2med_agent.cli.app import main
+
+    beir = tmp_path / "mini-med"
+    _beir_task(beir, "insects fly towards light: beir copy")
+    results = tmp_path / "results"
+    assert main(["run", "--data-dir", str(beir), "--split", "dev", "-o", str(results), "--no-progress"]) == 0
+    path = results / "none" / "none" / "bm25" / "mini-med@dev.json"
+    record = json.loads(path.read_text())
+    assert record["source"] == f"{beir.resolve()} (split dev)"
+    del record["data"]
+    path.write_text(json.dumps(record))
+    res = CliRunner().invoke(cli, ["report", str(results), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, f"{res.output} {res.exception}"
+    data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    assert sorted(data["tasks"]["mini-med@dev"]["queries"]) == sorted(QRELS)[-1:]

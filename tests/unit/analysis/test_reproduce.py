@@ -401,7 +401,7 @@ def test_grid_files_are_validated(tmp_path):
         path.write_text("title: t\nentries:\n" + body)
         return path
 
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, candidates, candidates_from, differences, generations, llm, method"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) rerank; allowed: args, candidates, candidates_dir, candidates_from, differences, generations, llm, method"):
         load_grid(grid("key", "  - {method: none, retriever: bm25, rerank: x}\n"))
     with pytest.raises(ConfigError, match="method hyde needs an llm"):
         load_grid(grid("llm", "  - {method: hyde, retriever: bm25}\n"))
@@ -570,6 +570,24 @@ def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path)
     assert "tokens: qwen3-32b-listwise (9 windows of 20 per query): 7,884 calls" in text  # 876 queries x 9
     assert "--samples 4" in text and "reranker LLM qwen3-32b" in text and "PROBLEM" not in text
     assert "--retriever bm25+reasonembed-qwen3-8b:query --reranker grouprank-32b --fusion-depth 1000,200" in text
+    # Issue 30 item 1: R2MED released one text per query, so no row scores released texts as samples.
+    for p in planned:
+        if p.entry.args.get("samples", 1) > 1:
+            assert p.generations == "fresh" and "--generations r2med" not in p.command, p.entry.label
+
+
+def test_no_grid_scores_released_generations_as_several_samples(tmp_path):
+    """Issue 30 item 1: an entry with several samples per query generates them, in every grid and
+    whatever its ``generations`` says: R2MED's released files hold one text per query."""
+    from r2med_agent.analysis.grids import GridEntry
+
+    entry = GridEntry(method="hyde", llm="qwen-7b", retriever="bm25", args={"samples": 4})
+    assert entry.generations_mode("r2med") == "fresh"
+    assert GridEntry(method="hyde", llm="qwen-7b", retriever="bm25").generations_mode("r2med") == "r2med"
+    for table, grid in load_grids().items():
+        for p in plan(grid, ReproduceOptions(output_dir=tmp_path)):
+            if p.entry.args.get("samples", 1) > 1:
+                assert p.generations == "fresh", (table, p.entry.label)
 
 
 @pytest.mark.parametrize("generations", ["r2med", "fresh"])
@@ -631,3 +649,51 @@ def test_dry_run_shows_each_rows_identical_id_and_empty_generation_policy(tmp_pa
     path.write_text("title: t\nargs: {exclude_ids: true}\nentries:\n  - {method: none, retriever: nv}\n")
     with pytest.raises(ConfigError, match="unknown args exclude_ids"):
         load_grid(path)
+
+
+@pytest.mark.parametrize("generations", ["r2med", "fresh"])
+def test_dry_runs_add_up_their_llm_work_and_never_print_zero_hours(tmp_path, generations):
+    """Issue 30 item 9: every grid's dry run ends with the grand total of the LLM work still to
+    run (calls, tokens, GPU-hours, dollars: the rows' estimates added up); no row reads "≤0
+    GPU-hours"; a fresh agentic row has its estimate; an API reranker (InsertRank over DeepSeek)
+    its cost; rows over given run files name the folder they come in."""
+    from r2med_agent.analysis.needs import format_hours
+
+    for table, grid in load_grids().items():
+        planned = plan(grid, ReproduceOptions(output_dir=tmp_path, generations=generations))
+        text = format_plan(planned)
+        assert "≤0 GPU-hours" not in text and "<run files>" not in text, table
+        estimates = [e for p in planned if p.pending for e in p.needs.estimates]
+        if not estimates:
+            assert "total of the" not in text, table
+            continue
+        total = next(line for line in text.splitlines() if line.startswith("total of the"))
+        assert f"{sum(e.calls for e in estimates):,} LLM calls" in total, table
+        assert f"≤{sum(e.output_tokens for e in estimates) / 1e6:,.1f}M output tokens" in total, table
+        hours = [e.gpu_hours for e in estimates if e.gpu_hours is not None]
+        if hours:
+            assert f"{format_hours(sum(hours))} GPU-hours" in total, table
+        for p in planned:
+            if p.generations == "fresh" and p.entry.llm and p.pending:
+                assert any(line.startswith(f"{p.entry.method} {p.entry.llm}") for line in p.needs.tokens), p.entry.label
+    assert format_hours(0.23) == "0.2" and format_hours(0.01) == "<0.1" and format_hours(12.4) == "12"
+
+
+def test_dry_run_estimates_of_a_loop_an_api_reranker_and_given_run_files(tmp_path):
+    registries = Registries.load()
+    agentic = plan(load_grid("agentic"), ReproduceOptions(output_dir=tmp_path, generations="fresh"))
+    r1 = next(p for p in agentic if p.entry.method == "search-r1" and p.entry.llm == "qwen-7b-ins")
+    [line] = r1.needs.tokens
+    # Search-R1 at its limits: 4 searching turns and a final one of 500 tokens each, each turn's
+    # prompt the task prompt (~400) plus every earlier turn's output and its 500-token observation.
+    per_query = sum(400 + t * (500 + 500) for t in range(5))
+    assert f"(≤5 steps per query): {5 * 876:,} calls, ≤{per_query * 876 / 1e6:.1f}M prompt tokens, " \
+           f"≤{5 * 500 * 876 / 1e6:.1f}M output tokens" in line
+    o1 = next(p for p in agentic if p.entry.method == "search-o1")
+    assert "Reason-in-Documents calls per query" in o1.needs.tokens[0]
+    frontier = format_plan(plan(load_grid("frontier"), ReproduceOptions(output_dir=tmp_path)))
+    insert = next(x for x in frontier.splitlines() if "tokens: insertrank-r1" in x)
+    deepseek = registries.llms["deepseek-r1"]
+    assert deepseek.price_in_per_mtok > 0 and ", ≤$" in insert and "cost unknown" not in insert
+    assert "--candidates ReasonRank/runs --reranker reasonrank-32b" in frontier
+    assert "git clone https://github.com/8421BCD/ReasonRank, then --candidates ReasonRank/runs" in frontier

@@ -49,6 +49,62 @@ def test_ctrl_c_prints_the_resume_message_and_exits_130(tmp_path, smollm2_gguf, 
     assert "Traceback" not in err and "Aborted" not in err
 
 
+def _small_task(folder) -> None:  # noqa: ANN001
+    """Five short queries over a six-document corpus (R2MED layout): a run that is cheap to resume."""
+    import json
+
+    folder.mkdir(parents=True)
+    words = ["fever", "cough", "rash", "headache", "nausea", "fatigue"]
+    with (folder / "query.jsonl").open("w") as f:
+        for i, w in enumerate(words[:5]):
+            f.write(json.dumps({"id": f"q{i}", "text": f"What causes {w}?"}) + "\n")
+    with (folder / "corpus.jsonl").open("w") as f:
+        for i, w in enumerate(words):
+            f.write(json.dumps({"id": f"d{i}", "text": f"{w} is a common symptom."}) + "\n")
+    with (folder / "qrels.jsonl").open("w") as f:
+        for i in range(5):
+            f.write(json.dumps({"q_id": f"q{i}", "p_id": f"d{i}", "score": 1}) + "\n")
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_every_generation_that_finished(tmp_path, smollm2_gguf):
+    """Issue 30 item 3: a real SIGINT to a real llama.cpp run after its second generation; the
+    re-run takes those from the cache and generates only the rest, as the interrupt line promises
+    (the local backend used to commit in chunks of 4, so the re-run made all 5 again)."""
+    import re
+
+    data = tmp_path / "mine"
+    _small_task(data)
+    env = {**os.environ, "R2MED_CACHE_DIR": str(tmp_path / "cache")}
+    args = [sys.executable, "-m", "r2med_agent", "run", "--data-dir", str(data), "--method", "hyde",
+            "--llm", "smollm2", "--max-tokens", "12", "--progress-interval", "0", "-o", str(tmp_path / "out")]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
+    seen = []
+    done = 0
+    deadline = time.monotonic() + 300
+    assert proc.stderr is not None
+    while time.monotonic() < deadline and done < 2:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(r"generating \(.*\): (\d+)/5 generations", line)
+        done = int(m.group(1)) if m else done
+    assert done >= 2 and proc.poll() is None, "".join(seen)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "interrupted; finished work is cached and a re-run resumes" in err
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    m = re.search(r"generating (\d+) of 5 texts \((\d+) from the cache\)", again.stderr)
+    assert m is not None, again.stderr
+    new, cached = int(m.group(1)), int(m.group(2))
+    assert cached >= done and new + cached == 5
+    assert f"LLM generations: {new} new, {cached} from cache" in again.stdout
+
+
 def _main(*args: str) -> int:
     from r2med_agent.cli import main
 
@@ -118,12 +174,47 @@ def test_evaluation_takes_metric_names_in_any_spelling():
     [(["run", "--task", "Biolgy"], "did you mean 'Biology'?"),
      (["run", "--method", "hydee", "--llm", "smollm2"], "did you mean 'hyde'?"),
      (["run", "--retriever", "bm52"], "did you mean 'bm25'?"),
-     (["run", "--method", "hyde", "--llm", "smolm2"], "did you mean 'smollm2'?")],
+     (["run", "--method", "hyde", "--llm", "smolm2"], "did you mean 'smollm2'?"),
+     (["run", "--reranker", "bge-rernker"], "did you mean 'bge-reranker'?")],
 )
 def test_did_you_mean_for_misspelt_names(tmp_path, capsys, args, suggestion):
     assert _main(*args, "-o", str(tmp_path)) == 2
     err = capsys.readouterr().err
     assert suggestion in err and "Traceback" not in err
+
+
+def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
+    """Issue 30 item 7: `r2med-agent rerankers` and `run --reranker list` list the registry (kind,
+    model, format), a user config's entries included; the help names every kind and says where
+    entries of your own go."""
+    import typing
+
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.retrieval.rerank.spec import RerankerSpec, reranker_registry
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("rerankers:\n  my-ce: {model: /models/my-cross-encoder}\n")
+    assert _main("rerankers", "--config", str(config)) == 0
+    listed = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in listed.splitlines()[1:] if line.strip()}
+    assert set(lines) == set(reranker_registry()) | {"my-ce"}
+    assert lines["my-ce"][1:3] == ["cross-encoder", "/models/my-cross-encoder"]
+    assert lines["grouprank-32b"][1:4] == ["groupwise", "LLM", "grouprank-32b"]
+    assert lines["reasonrank-7b"][-1] == "reasonrank" and lines["rank1-7b"][-1] == "rank1"
+    assert _main("run", "--reranker", "list", "--config", str(config), "-o", str(tmp_path / "out")) == 0
+    assert capsys.readouterr().out == listed
+    assert not (tmp_path / "out").exists()
+    _register()
+    raw = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    help_text = " ".join(raw.replace("│", " ").split())
+    kinds = typing.get_args(typing.get_type_hints(RerankerSpec)["kind"])
+    assert len(kinds) == 5
+    for kind in kinds:
+        assert f"{kind}" in help_text, kind
+    assert "'rerankers:'" in help_text and "--reranker list" in help_text
+    assert "'llms:', 'encoders:', 'rerankers:' (cross-encoders and LLM rerankers) and 'tasks:'" in help_text
 
 
 def test_flags_have_no_bool_tag_in_help():

@@ -32,3 +32,28 @@ def test_trace_show_header_is_not_cut_at_80_columns(tmp_path: Path) -> None:
     assert ("search-o1 · query PMC-Clinical-query-000123 (PMC-Clinical) · finish: max_turns · 3 steps · "
             "searches: 3 · tokens 370368 in / 23670 out") in text
     assert "…" not in res.output.split("step 1")[0]
+
+
+def test_trace_show_takes_the_result_folder(tmp_path: Path) -> None:
+    """Issue 30 item 8: `trace show <result folder>` shows the trajectories of every task in it
+    (``--task`` picks some); a folder above the result folders names those that have traces."""
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    folder = tmp_path / "results" / "search-o1" / "smollm2" / "bm25"
+    folder.mkdir(parents=True)
+    _trace_file(folder)
+    second = json.loads((folder / "PMC-Clinical.traces.jsonl").read_text())
+    second.update(query_id="bio-7", extra={"task": "Biology", "searches": []})
+    (folder / "Biology.traces.jsonl").write_text(json.dumps(second) + "\n", encoding="utf-8")
+    runner = CliRunner()
+    res = runner.invoke(app, ["trace", "show", str(folder)], env={"COLUMNS": "120"})
+    assert res.exit_code == 0, res.output
+    assert "query bio-7" in res.output and "query PMC-Clinical-query-000123" in res.output
+    assert res.output.index("Biology (") < res.output.index("PMC-Clinical (")
+    assert "2 trajectories; finish reasons: max_turns 2" in res.output
+    res = runner.invoke(app, ["trace", "show", str(folder), "--task", "Biology"], env={"COLUMNS": "120"})
+    assert res.exit_code == 0 and "bio-7" in res.output and "PMC-Clinical-query" not in res.output
+    res = runner.invoke(app, ["trace", "show", str(tmp_path / "results")], env={"COLUMNS": "200"})
+    assert res.exit_code != 0
+    assert f"folders below it that have them: {folder}" in " ".join(str(res.exception).split())

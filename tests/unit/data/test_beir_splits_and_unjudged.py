@@ -134,3 +134,22 @@ def test_a_hub_release_without_qrels_is_still_an_error(monkeypatch):
             load_task("Biology")
     finally:
         fake.close()
+
+
+def test_unscored_runs_say_how_many_queries_ran_and_compare_says_why_it_has_nothing(tmp_path, capsys):
+    """Issue 30 item 8: an unscored run's table showed ``queries 0`` when 4 ran, and ``compare`` on
+    unscored results said it left them out, then "no <Task>.json found"."""
+    data = _beir(tmp_path / "unjudged", None)
+    out = tmp_path / "results"
+    assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress") == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("│ unjudged"))
+    assert [c.strip() for c in row.split("│")[1:-1]] == ["unjudged", "-", "-", "-", "4", "0"]
+    assert "not scored (no relevance judgments (qrels) in its folder); its 4 queries ran" in " ".join(printed.split())
+    rec = json.loads((out / "none" / "none" / "bm25" / "unjudged.json").read_text())
+    assert rec["queries_run"] == 4 and rec["num_queries"] == 0
+    assert _main("compare", str(out)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nothing to compare: the 1 result file(s) under" in err and "hold no scores" in err
+    assert "bm25/unjudged.json" in err and "r2med-agent evaluate --run FILE --qrels QRELS" in err
+    assert "no <Task>.json found" not in err

@@ -139,3 +139,22 @@ def test_samples_end_to_end_with_the_local_model(tmp_path, smollm2_spec) -> None
     assert any(r["samples"][0] != r["samples"][1] for r in rows)  # seeds 42 and 43 draw differently
     again = run_experiment(cfg)
     assert again.outcomes[0].stats["cache_hits"] == 4 and again.average == first.average
+
+
+def test_samples_with_released_generations_are_refused_before_any_work(tmp_path, capsys) -> None:
+    """Issue 30 item 1: R2MED released one text per query; ``--samples 4`` over them used to
+    score that one text under a ``[samples=4]`` label. The run stops first, naming the file and
+    its counts, and writes nothing."""
+    from r2med_agent.cli.app import main
+
+    out = tmp_path / "results"
+    args = ["run", "--method", "hyde", "--llm", "qwen-7b", "--generations", "r2med", "--task", "r2med-demo",
+            "-o", str(out), "--no-progress"]
+    assert main([*args, "--samples", "4"]) == ConfigError.exit_code
+    message = " ".join(capsys.readouterr().err.split())
+    assert "r2med-demo/Biology/hyde/qwen-7b/query_with_hydoc.jsonl" in message
+    assert "holds 2 released texts, one per query" in message and "(8 texts)" in message
+    assert "--samples 1" in message and "--generations fresh" in message
+    assert not out.exists()
+    # One sample per query is what the file holds, and it runs.
+    assert main(args) == 0

