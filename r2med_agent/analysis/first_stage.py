@@ -4,6 +4,8 @@ what reads it (the reranker, the fusion), with the source the settings follow.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.retrieval.fusion import member_names
 
@@ -20,10 +22,12 @@ def _how_searched(spec: RunSpec, name: str, members: list[str]) -> str:
     return f"{queries}; {fusion}; {depth}"
 
 
-def first_stage_lines(spec: RunSpec) -> list[str]:
+def first_stage_lines(spec: RunSpec, tasks: Sequence[str] = ()) -> list[str]:
     """One line per dense encoder of the row's retriever (none for BM25 or given run files):
-    ``first stage`` when the row reranks, else ``retrieval``; then the entry's ``reference``."""
-    from r2med_agent.retrieval.dense.instructions import describe_inputs
+    ``first stage`` when the row reranks, else ``retrieval``; then the entry's ``reference``. An
+    entry with BRIGHT settings of its own is described as it runs on the row's ``tasks``: with
+    those on BRIGHT's tasks, its own on the others (both when the row has both)."""
+    from r2med_agent.retrieval.dense.instructions import describe_inputs, is_bright_task
     from r2med_agent.retrieval.dense.spec import encoder_registry
 
     if spec.candidates:
@@ -31,13 +35,20 @@ def first_stage_lines(spec: RunSpec) -> list[str]:
     encoders = encoder_registry()
     members = member_names(spec.retriever)
     label = "first stage" if spec.reranker else "retrieval"
+    on_bright = [is_bright_task(t) for t in tasks]
     out = []
     for name in members:
         enc = encoders.get(name)
         if enc is None:
             continue
         model = enc.model or f"{enc.query_model} / {enc.doc_model}"
-        out.append(f"{label}: {name} ({model}): {describe_inputs(enc)}; {_how_searched(spec, name, members)}")
-        if enc.reference:
-            out.append(f"  settings from {enc.reference}")
+        settings = [(enc, "")]
+        if enc.bright and any(on_bright):
+            settings = [(enc.on_bright(), " on BRIGHT's tasks")]
+            if not all(on_bright):
+                settings.append((enc, " on the other tasks"))
+        for entry, where in settings:
+            out.append(f"{label}: {name} ({model}){where}: {describe_inputs(entry)}; {_how_searched(spec, name, members)}")
+            if entry.reference:
+                out.append(f"  settings from {entry.reference}")
     return out

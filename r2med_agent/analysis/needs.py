@@ -220,6 +220,7 @@ def entry_needs(
     registries: Registries | None = None,
     generations: str = "fresh",
     n_queries: int = 0,
+    tasks: Sequence[str] = (),
 ) -> Needs:
     """How an entry runs and the GPU memory, API keys and hub access it needs. An entry scored
     from R2MED's released generations runs no LLM: no LLM weights, keys, tokens or
@@ -236,11 +237,13 @@ def entry_needs(
         registries: the registries (read here when not given).
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
         n_queries: queries of the planned tasks, for the token estimate (0: none).
+        tasks: the planned tasks: an encoder runs its BRIGHT settings (``EncoderSpec.bright``:
+            precision, tokenizer) when they are BRIGHT's.
     """
     if entry.generations == "bright" and entry.method != "none":
         generations = "bright"  # BRIGHT's released reasoning queries, always (GridEntry.generations_mode)
     reg = registries or Registries.load()
-    found = _NeedsFinder(entry, reg, gpu_gib)
+    found = _NeedsFinder(entry, reg, gpu_gib, tasks)
     found.generations(generations)
     found.retrievers()
     found.reranker()
@@ -261,8 +264,11 @@ def entry_needs(
 class _NeedsFinder:
     """Collects an entry's needs, one part of the entry at a time."""
 
-    def __init__(self, entry: GridEntry, reg: Registries, gpu_gib: float) -> None:
+    def __init__(self, entry: GridEntry, reg: Registries, gpu_gib: float, tasks: Sequence[str] = ()) -> None:
+        from r2med_agent.retrieval.dense.instructions import is_bright_task
+
         self.entry, self.reg, self.gpu_gib = entry, reg, gpu_gib
+        self.on_bright = any(is_bright_task(t) for t in tasks)
         self.gpu: list[str] = []
         self.keys: list[str] = []
         self.hub: list[str] = []
@@ -347,9 +353,14 @@ class _NeedsFinder:
                 if enc.api_key_env:
                     self.keys.append(enc.api_key_env)
             else:
+                if self.on_bright and enc.bright:
+                    enc = enc.on_bright()  # its settings on BRIGHT's tasks
                 repos = list(dict.fromkeys(m for m in (enc.model, enc.query_model, enc.doc_model) if m))
                 precision = model_precision(enc)
                 line = f"retriever {part}: {', '.join(repos)} in {precision[0]}"
+                if enc.hf_tokenizer:
+                    line += f", texts through {enc.hf_tokenizer}'s tokenizer"
+                    self.hub.append(f"{enc.hf_tokenizer} (tokenizer)")
                 if getattr(enc, "transformers", ""):
                     line += (f"; needs transformers{enc.transformers}, best in a separate environment "
                              "(the run stops with the pip command otherwise)")

@@ -225,7 +225,7 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 done=tuple(done),
                 pending=pending,
                 needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries, generations=mode,
-                                  n_queries=_queries(needed)),
+                                  n_queries=_queries(needed), tasks=needed),
                 stale=stale,
                 generations=mode,
                 spec_key=spec.key(),
@@ -291,7 +291,7 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
             lines.append(f"    stale {task} (runs again): {reason}")
         if p.prompts:
             lines.append(f"    prompts: {p.prompts}")
-        lines += [f"    {line}" for line in first_stage_lines(RunSpec.from_key(p.spec_key))]
+        lines += [f"    {line}" for line in first_stage_lines(RunSpec.from_key(p.spec_key), p.done + p.pending)]
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.candidates:
             lines.append(f"    first-stage run files: {p.entry.candidates_where()} (hash {p.entry.candidates})")

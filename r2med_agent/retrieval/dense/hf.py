@@ -240,7 +240,9 @@ class HFEncoder:
         if model_id not in self._meta:  # read once (by check() or the first load)
             transformers = _import_transformers()
             kw = dict(kind="encoder", name=self.name, model=model_id, trust_remote_code=self.spec.trust_remote_code)
-            tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained, path, **kw)
+            own = self.spec.hf_tokenizer  # another model's tokenizer (RaDeR's BRIGHT code)
+            tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained,
+                                        resolve_model_path(own) if own else path, **kw)
             config = load_pretrained(transformers.AutoConfig.from_pretrained, path, **kw)
             self._meta[model_id] = (tokenizer, config)
         return self._meta[model_id]

@@ -33,8 +33,8 @@ import numpy as np
 from r2med_agent.errors import ConfigError, MissingExtraError
 from r2med_agent.retrieval.dense.cache import encode_corpus, l2_normalize
 from r2med_agent.retrieval.dense.factory import make_encoder
-from r2med_agent.retrieval.dense.instructions import Prefixes, instruction_prefixes
-from r2med_agent.retrieval.dense.spec import Encoder, EncoderOptions, EncoderSpec
+from r2med_agent.retrieval.dense.instructions import Prefixes, instruction_prefixes, settings_for_task
+from r2med_agent.retrieval.dense.spec import Encoder, EncoderOptions, EncoderSpec, get_encoder_spec
 from r2med_agent.retrieval.dense.torch_utils import GPU_ALTERNATIVE
 from r2med_agent.types import Doc, Run, SearchRequest, Task, doc_ids_of
 
@@ -254,9 +254,10 @@ class DenseRetriever:
 
         Args:
             docs: the corpus.
-            encoder: registry name, spec (built by
+            encoder: registry name, spec (its settings for ``task_name``,
+                :func:`~r2med_agent.retrieval.dense.instructions.settings_for_task`, built by
                 :func:`~r2med_agent.retrieval.dense.factory.make_encoder` with ``options``), or a
-                ready encoder.
+                ready encoder (used as it is).
             options: device, precision, backend, progress bars, embedding cache and faiss GPU
                 settings (None: the defaults).
             task_name, family, domain: pick the encoder's instructions
@@ -264,7 +265,12 @@ class DenseRetriever:
             fingerprint: the corpus fingerprint for the cache key (default: hashed from ``docs``).
         """
         options = options or EncoderOptions()
-        enc = encoder if not isinstance(encoder, (str, EncoderSpec)) else make_encoder(encoder, options)
+        if isinstance(encoder, str):
+            encoder = get_encoder_spec(encoder)
+        if isinstance(encoder, EncoderSpec):  # the entry's settings on this task (its BRIGHT ones)
+            enc = make_encoder(settings_for_task(encoder, task_name), options)
+        else:
+            enc = encoder
         check = getattr(enc, "check", None)
         if check is not None:  # the model (or API key) must be there even when embeddings are cached
             check()

@@ -1,5 +1,6 @@
-"""Task instructions: the text an encoder's entry puts before queries and documents of one
-task (:func:`instruction_prefixes`)."""
+"""What an encoder's entry does on one task: its settings there (:func:`settings_for_task`, the
+entry's ``bright`` block on BRIGHT's tasks) and the text it puts before queries and documents
+(:func:`instruction_prefixes`)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,28 @@ def _registered(task_name: str) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def is_bright_task(task_name: str) -> bool:
+    """Whether ``task_name`` is one of BRIGHT's registered tasks (``bright-<task>`` and its
+    ``-long`` setting, an alias included). A task of your own in BRIGHT's layout is not: it runs
+    with the entry's own settings."""
+    from r2med_agent.data import get_task_spec
+
+    if not task_name:
+        return False
+    try:
+        return get_task_spec(task_name).source == "bright"
+    except ConfigError:
+        return False
+
+
+def settings_for_task(spec: EncoderSpec, task_name: str) -> EncoderSpec:
+    """The entry's settings on one task: its ``bright`` block applied on BRIGHT's tasks
+    (:meth:`~r2med_agent.retrieval.dense.spec.EncoderSpec.on_bright`), else the entry itself."""
+    if spec.bright and is_bright_task(task_name):
+        return spec.on_bright()
+    return spec
 
 
 def _prefix_from(fmt: str, instruction: str) -> str:
@@ -120,6 +143,8 @@ def describe_inputs(spec: EncoderSpec) -> str:
     cut = {"tokens": "cut by the tokenizer", "decoded-text": "cut by decoding the first tokens back to text"}[spec.truncation]
     if spec.append_eos:
         cut += " (one token fewer, EOS appended)"
+    if spec.hf_tokenizer:
+        cut += f", tokenized by {spec.hf_tokenizer}'s tokenizer"
     pooling = {"cls": "first-token pooling", "mean": "mean pooling", "last-token": "last-token pooling",
                "model": "the model's own pooling"}[spec.pooling]
     if spec.pooling == "mean":

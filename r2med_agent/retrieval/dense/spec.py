@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from r2med_agent.config import load_registry
+from r2med_agent.config import build, load_registry
 from r2med_agent.errors import ConfigError
 
 Side = Literal["query", "doc"]
@@ -40,6 +40,9 @@ BACKENDS = ("auto", "transformers", "vllm")
 
 DEFAULT_SHARD_SIZE = 8192
 """Documents per embedding-cache shard (:class:`EncoderOptions.shard_size`)."""
+
+BRIGHT_FIXED = frozenset({"name", "kind", "bright", "model", "query_model", "doc_model"})
+"""Fields an entry's ``bright`` block cannot set (:attr:`EncoderSpec.bright`)."""
 
 
 @dataclass(frozen=True)
@@ -153,16 +156,28 @@ class EncoderSpec:
     """tiktoken encoding of the API's tokenizer for ``max_tokens`` (OpenAI's v3 embeddings:
     ``cl100k_base``)."""
     hf_tokenizer: str = ""
-    """A transformers tokenizer (hub id or folder) that counts ``max_tokens`` when no
-    ``tiktoken_encoding`` is set (Voyage: ``voyageai/voyage-3``); an input longer than the limit
-    becomes the decoded first ``max_tokens`` token ids. When it cannot be loaded, inputs are cut to
-    ``max_tokens`` characters instead (with a warning)."""
+    """A transformers tokenizer (hub id or folder) other than the model's own. An ``api`` entry
+    counts ``max_tokens`` with it when no ``tiktoken_encoding`` is set (Voyage:
+    ``voyageai/voyage-3``): an input longer than the limit becomes the decoded first
+    ``max_tokens`` token ids, and when it cannot be loaded, inputs are cut to ``max_tokens``
+    characters instead (with a warning). A local (``hf``) entry's texts go through it instead of
+    the model's tokenizer, its special tokens and EOS included (RaDeR's BRIGHT code tokenizes with
+    ``Qwen/Qwen2.5-14B-Instruct``'s)."""
     json_inputs: bool = False
     """Send each input as R2MED's reference does (``utils.py``): after the ``max_tokens`` cut,
     newlines become spaces and the text is JSON-encoded (``json.dumps``: in double quotes,
     non-ASCII characters as ``\\uXXXX`` escapes), and that string is what the API embeds."""
 
+    bright: Mapping[str, Any] = field(default_factory=dict)
+    """Settings that replace the entry's own on BRIGHT's tasks (``bright-*``, both settings), where
+    the model's authors ran it on BRIGHT otherwise than on R2MED: any field but ``name``, ``kind``,
+    ``bright`` and the model ids, e.g. ``{max_length: 8192, query_instructions: {bright-biology:
+    ...}}``. A field it does not name keeps the entry's value. The model is the same, so the entry
+    keeps one name on both benchmarks (a task is of one benchmark, so a run's task and retriever
+    name still say which settings ran; :meth:`on_bright`)."""
+
     def __post_init__(self) -> None:
+        self._check_bright()
         for attr in ("instruction_format", "doc_instruction_format"):
             fmt = getattr(self, attr)
             if not fmt.endswith("{text}") or "{instruction}" not in fmt:
@@ -184,6 +199,29 @@ class EncoderSpec:
         if self.truncation == "decoded-text" and (self.append_eos or self.doc_title_pair or self.kind != "hf"):
             raise ValueError("truncation 'decoded-text' applies to a local model's single texts: not with "
                              "append_eos, doc_title_pair or an API entry")
+
+    def _check_bright(self) -> None:
+        """Validate the ``bright`` block as the registry validates an entry (its keys, their types,
+        the settings it makes): a bad one fails when the registry loads, not on a BRIGHT task."""
+        if not self.bright:
+            return
+        if not isinstance(self.bright, Mapping):
+            raise ValueError(f"bright must be a mapping of settings, got {self.bright!r}")
+        fixed = sorted(set(self.bright) & BRIGHT_FIXED)
+        if fixed:
+            raise ValueError(f"bright cannot change {', '.join(fixed)} (the entry is one model under one name)")
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "bright"}
+        try:
+            resolved = build(EncoderSpec, {**own, **self.bright}, "bright")
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        object.__setattr__(self, "bright", {k: getattr(resolved, k) for k in self.bright})
+
+    def on_bright(self) -> EncoderSpec:
+        """The entry as it runs on BRIGHT's tasks: its ``bright`` settings in place of its own."""
+        if not self.bright:
+            return self
+        return dataclasses.replace(self, **self.bright, bright={})
 
     @property
     def dtype(self) -> str:

