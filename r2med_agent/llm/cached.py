@@ -50,8 +50,8 @@ from r2med_agent.llm.keys import (
     wire_settings,
 )
 from r2med_agent.llm.leases import LEASE_TTL_S, LeaseOwner
-from r2med_agent.llm.openai_compat import resolve_server
 from r2med_agent.llm.records import CacheRecord, Use, request_key
+from r2med_agent.llm.servers import resolve_server
 from r2med_agent.llm.sharing import LeaseTiming, Produce, SharedMisses
 from r2med_agent.progress import current_part as progress_label
 from r2med_agent.progress import part as progress_part

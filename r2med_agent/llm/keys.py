@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from r2med_agent.llm.openai_compat import key_params, resolve_server
 from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.records import build_request, canonical_json, request_key
 from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.llm.servers import resolve_server
+from r2med_agent.llm.wire import key_params
 from r2med_agent.types import Message, SamplingParams
 
 
@@ -33,7 +34,7 @@ class RequestBuilder:
         options: other output-changing settings (part of the key), see ``generation_options``.
         wire: for ``openai`` entries, ``server`` (resolved), ``drop_params`` and
             ``max_tokens_param``: the key then holds the sampling fields as they are sent
-            (``openai_compat.key_params``), not the SamplingParams asked for. None: every
+            (``wire.key_params``), not the SamplingParams asked for. None: every
             SamplingParams field is sent, and keyed, as is.
     """
 

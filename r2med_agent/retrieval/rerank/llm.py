@@ -402,7 +402,7 @@ class LLMReranker:
         if spec.backend in backends:
             return True
         if spec.backend == "openai":
-            from r2med_agent.llm.openai_compat import resolve_server
+            from r2med_agent.llm.servers import resolve_server
 
             return resolve_server(spec) == "vllm"
         return False
