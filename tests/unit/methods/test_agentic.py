@@ -1296,7 +1296,7 @@ def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, spec
     def no_hub(spec):  # unit tests never download a tokenizer: Search-R1 counts words instead
         raise OSError("offline")
 
-    monkeypatch.setattr("r2med_agent.methods.loop._transformers_cut", no_hub)
+    monkeypatch.setattr("r2med_agent.methods.token_cut._transformers_cut", no_hub)
     cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",
                     cache_path=tmp_path / "cache.sqlite", show_progress=False)
     run_experiment(cfg)
