@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -57,12 +58,12 @@ from r2med_agent.methods.trajectory import (
     Trajectory,
 )
 from r2med_agent.retrieval.base import Retriever
-from r2med_agent.retrieval.fusion import rrf
+from r2med_agent.retrieval.fusion import DEFAULT_RRF_K, rrf
 from r2med_agent.types import Doc, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task, Trace
 
 __all__ = [
-    "FINAL_MODES", "FINISH_REASONS", "Action", "AgenticResult", "FinalMode", "FinishReason", "LoopJob",
-    "LoopOutcome", "Parser", "PendingSearch", "ReasoningLoop", "StepStats", "TokenCut", "Trajectory",
+    "FINAL_MODES", "FINISH_REASONS", "Action", "AgenticResult", "FinalMode", "FinalRanking", "FinishReason",
+    "LoopJob", "LoopLimits", "LoopOutcome", "Parser", "PendingSearch", "ReasoningLoop", "StepStats", "TokenCut", "Trajectory",
     "apply_sampling_overrides", "cut_whitespace_tokens", "cut_words", "final_text", "load_token_cut",
     "parse_output", "plain_parse", "ranked_doc_ids", "read_traces", "reasoning_parser", "trace_from_dict",
     "trace_to_dict", "traces_to_jsonl",
@@ -103,6 +104,59 @@ def apply_sampling_overrides(params: SamplingParams, overrides: Mapping[str, Any
     return dataclasses.replace(params, **dict(overrides))
 
 
+@dataclass(frozen=True)
+class LoopLimits:
+    """How far a trajectory may go.
+
+    Attributes:
+        max_turns: generation steps in which a trajectory may search.
+        max_searches: most searches a trajectory may run (None: bounded by ``max_turns`` only).
+            A query over the limit gets the method's notice (``blocked_search``); without one it
+            ends the trajectory (``max_searches``).
+        docs_per_search: documents retrieved per search.
+        final_turn: a trajectory still unfinished after ``max_turns`` steps gets one more
+            generation, its final answer turn, in which a search is not run (Search-R1's final
+            rollout).
+        max_doc_words: each inserted document is cut to this many whitespace tokens (None: not
+            cut).
+    """
+
+    max_turns: int
+    max_searches: int | None
+    docs_per_search: int
+    final_turn: bool = False
+    max_doc_words: int | None = None
+
+    def __post_init__(self) -> None:
+        for label, value in (("max_turns", self.max_turns), ("docs_per_search", self.docs_per_search)):
+            if value < 1:
+                raise ConfigError(f"{label} must be at least 1, got {value}")
+        if self.max_searches is not None and self.max_searches < 0:
+            raise ConfigError(f"max_searches must be >= 0 or None, got {self.max_searches}")
+
+
+@dataclass(frozen=True)
+class FinalRanking:
+    """How the final ranking of a trajectory is made.
+
+    Attributes:
+        final: ``default`` (the final response is the query) or ``fuse`` (RRF of every search
+            the loop ran for the trajectory plus the final query).
+        fuse_depth: documents per list searched for, and kept after, fusion.
+        rrf_k: the RRF constant.
+    """
+
+    final: str = "default"
+    fuse_depth: int = 100
+    rrf_k: int = DEFAULT_RRF_K
+
+    def __post_init__(self) -> None:
+        if self.final not in FINAL_MODES:
+            raise ConfigError(f"final must be one of {', '.join(FINAL_MODES)}, got {self.final!r}")
+        if self.fuse_depth < 1:
+            raise ConfigError(f"fuse_depth must be at least 1, got {self.fuse_depth}")
+
+
 class ReasoningLoop(LoopMethod):
     """Base class of the agentic methods: the batched loop plus the hooks a method fills in.
 
@@ -114,19 +168,10 @@ class ReasoningLoop(LoopMethod):
     Args:
         params: sampling settings of the reasoning generations (the stop strings are set from
             the tags).
-        max_turns: generation steps in which a trajectory may search.
-        max_searches: most searches a trajectory may run (None: bounded by ``max_turns`` only).
-            A query over the limit gets :meth:`blocked_search`'s notice; without one it ends
-            the trajectory (``max_searches``).
-        final_turn: a trajectory still unfinished after ``max_turns`` steps gets one more
-            generation, its final answer turn, in which a search is not run (Search-R1's final
-            rollout).
-        docs_per_search: documents retrieved per search.
-        max_doc_words: each inserted document is cut to this many whitespace tokens.
-        final: ``default`` (the final response is the query) or ``fuse`` (RRF of every search
-            the loop ran for the trajectory plus the final query).
-        fuse_depth: documents per list searched for, and kept after, fusion.
-        rrf_k: the RRF constant.
+        limits: how far a trajectory may go (:class:`LoopLimits`); each of its fields is also
+            an attribute of the loop (``max_turns``, ...).
+        ranking: how the final ranking is made (:class:`FinalRanking`); its fields too are
+            attributes of the loop (``final``, ``fuse_depth``, ``rrf_k``).
     """
 
     name: ClassVar[str] = ""
@@ -155,36 +200,16 @@ class ReasoningLoop(LoopMethod):
     prompts_dir: Path | None = None
     """The prompts folder the loop renders from (None: ``$R2MED_PROMPTS_DIR`` or the package's)."""
 
-    def __init__(
-        self,
-        *,
-        params: SamplingParams,
-        max_turns: int,
-        max_searches: int | None,
-        final_turn: bool,
-        docs_per_search: int,
-        max_doc_words: int | None,
-        final: str = "default",
-        fuse_depth: int = 100,
-        rrf_k: int = 60,
-    ) -> None:
-        if final not in FINAL_MODES:
-            raise ConfigError(f"final must be one of {', '.join(FINAL_MODES)}, got {final!r}")
-        for label, value in (("max_turns", max_turns), ("docs_per_search", docs_per_search),
-                             ("fuse_depth", fuse_depth)):
-            if value < 1:
-                raise ConfigError(f"{label} must be at least 1, got {value}")
-        if max_searches is not None and max_searches < 0:
-            raise ConfigError(f"max_searches must be >= 0 or None, got {max_searches}")
+    def __init__(self, *, params: SamplingParams, limits: LoopLimits, ranking: FinalRanking = FinalRanking()) -> None:
         self.params = dataclasses.replace(params, stop=self.stop_strings())
-        self.max_turns = max_turns
-        self.max_searches = max_searches
-        self.final_turn = final_turn
-        self.docs_per_search = docs_per_search
-        self.max_doc_words = max_doc_words
-        self.final = final
-        self.fuse_depth = fuse_depth
-        self.rrf_k = rrf_k
+        self.max_turns = limits.max_turns
+        self.max_searches = limits.max_searches
+        self.final_turn = limits.final_turn
+        self.docs_per_search = limits.docs_per_search
+        self.max_doc_words = limits.max_doc_words
+        self.final = ranking.final
+        self.fuse_depth = ranking.fuse_depth
+        self.rrf_k = ranking.rrf_k
 
     # ---- protocol description -------------------------------------------------------------
 
