@@ -399,7 +399,7 @@ def _source_lines(entry: GridEntry, tasks: Sequence[str] = ()) -> list[str]:
 
 def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> None:
     """Run one entry on ``tasks`` in-process through the runner (the one call to wire)."""
-    from r2med_agent.runner import run_experiment
+    from r2med_agent.experiment.runner import run_experiment
 
     mode = entry.generations_mode(opts.generations)
     if entry.candidates and opts.candidates is None:
