@@ -152,7 +152,7 @@ class CachedLLM:
 
     Runs sharing a cache file never send the same request twice: misses are leased in the cache
     before the backend call, and misses another live run holds are waited for (the class
-    attributes below tune it; see ``GenerationCache.claim``).
+    attributes below tune it; see :mod:`~r2med_agent.llm.sharing`).
     """
 
     lease_ttl_s: float = LEASE_TTL_S

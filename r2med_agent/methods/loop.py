@@ -63,8 +63,8 @@ from r2med_agent.types import Doc, Generation, Message, Query, Run, SamplingPara
 
 __all__ = [
     "FINAL_MODES", "FINISH_REASONS", "Action", "AgenticResult", "FinalMode", "FinalRanking", "FinishReason",
-    "LoopJob", "LoopLimits", "LoopOutcome", "Parser", "PendingSearch", "ReasoningLoop", "StepStats", "TokenCut", "Trajectory",
-    "apply_sampling_overrides", "cut_whitespace_tokens", "cut_words", "final_text", "load_token_cut",
+    "LoopJob", "LoopLimits", "LoopOutcome", "Parser", "PendingSearch", "ReasoningLoop", "StepStats", "TokenCut",
+    "Trajectory", "apply_sampling_overrides", "cut_whitespace_tokens", "cut_words", "final_text", "load_token_cut",
     "parse_output", "plain_parse", "ranked_doc_ids", "read_traces", "reasoning_parser", "trace_from_dict",
     "trace_to_dict", "traces_to_jsonl",
 ]
@@ -81,8 +81,6 @@ FINISH_REASONS: tuple[str, ...] = ("answer", "max_turns", "max_searches", "lengt
 
 FinalMode = Literal["default", "fuse"]
 FINAL_MODES: tuple[str, ...] = ("default", "fuse")
-
-
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
