@@ -148,7 +148,7 @@ def test_cli_run_on_vllm_exits_by_itself(vllm_model_dir: Path, tmp_path: Path) -
     env = {**os.environ, "R2MED_CONFIG": str(config), "R2MED_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "r2med_agent", "run", "--method", "hyde", "--llm", "smol-vllm",
            "--task", "sample", "--data-dir", str(tmp_path / "data"), "--allow-count-mismatch", "--no-progress",
-           "-o", str(tmp_path / "results")]
+           "--prompts", "own", "-o", str(tmp_path / "results")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     done_at = None
