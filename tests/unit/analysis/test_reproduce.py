@@ -650,7 +650,7 @@ def test_dry_runs_add_up_their_llm_work_and_never_print_zero_hours(tmp_path, gen
     run (calls, tokens, GPU-hours, dollars: the rows' estimates added up); no row reads "≤0
     GPU-hours"; a fresh agentic row has its estimate; an API reranker (InsertRank over DeepSeek)
     its cost; rows over given run files name the folder they come in."""
-    from r2med_agent.analysis.needs import format_hours
+    from r2med_agent.analysis.estimates import format_hours
 
     for table, grid in load_grids().items():
         planned = plan(grid, ReproduceOptions(output_dir=tmp_path, generations=generations))
