@@ -116,7 +116,8 @@ def run_config_record(
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``config`` block the runner writes for this configuration (its own record function)."""
-    from r2med_agent.runner import RunConfig, _config_record
+    from r2med_agent.experiment.runner import _config_record
+    from r2med_agent.runner import RunConfig
 
     cfg = RunConfig(
         tasks=(task,), method=method, llm=None if llm == "none" else llm, retriever=retriever,
