@@ -215,7 +215,7 @@ def test_readme_links_every_docs_page():
 
 README_FIRST = (
     'python3 -m venv .venv && . .venv/bin/activate && if nvidia-smi -L >/dev/null 2>&1; then E=local,gpu,hub,dev; '
-    'else E=all; pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; fi && '
+    'else E=all; pip install --retries 1 "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu; fi && '
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF" pip install -e ".[$E]" && '
     "r2med-agent run --method hyde --llm smollm2 --task sample"
 )
@@ -274,7 +274,7 @@ def test_the_first_command_takes_the_torch_build_the_machine_can_use(tmp_path):
     main_job = "r2med-agent run --method hyde --llm smollm2 --task sample"
     assert _run_first_command(tmp_path, gpu=False) == [
         "python3 -m venv .venv",
-        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu [CMAKE_ARGS=]",
+        "pip install --retries 1 torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu [CMAKE_ARGS=]",
         f"pip install -e .[all] {flags}",
         main_job,
     ]
