@@ -359,11 +359,14 @@ def rerankers_command(
         set_user_config(config)
     rows = []
     for name, spec in sorted(reranker_registry().items()):
-        if spec.kind == "cross-encoder":
+        kind = spec.kind_of
+        if kind.has_model:
             model = spec.model + (f" (LoRA on {spec.base_model})" if spec.base_model else "")
             fmt = "(query, document) pairs" + (f", logit {spec.score_index}" if spec.score_index else "")
-        else:
+        elif kind.uses_llm:
             model, fmt = f"LLM {spec.llm}", spec.format
+        else:
+            model, fmt = "-", spec.format
         rows.append([name, spec.kind, model, fmt])
     print_listing("rerankers", ["name", "kind", "model", "format"], rows)
 

@@ -575,8 +575,8 @@ def _normalise_reference_options(spec: RunSpec, caps: Capabilities) -> None:
 
 
 def _entry_max_length(reranker: str | None) -> int | None:
-    """A cross-encoder entry's ``max_length`` (None: no reranker, an LLM reranker, or an entry
-    that cannot be looked up)."""
+    """The ``max_length`` of a reranker entry whose kind has a model (None: no reranker, a kind
+    without a model, or an entry that cannot be looked up)."""
     if not reranker:
         return None
     from r2med_agent.retrieval.rerank.spec import get_reranker_spec
@@ -585,7 +585,7 @@ def _entry_max_length(reranker: str | None) -> int | None:
         entry = get_reranker_spec(reranker)
     except Exception:  # noqa: BLE001 - an unknown entry is reported where the reranker is built
         return None
-    return entry.max_length if entry.kind == "cross-encoder" else None
+    return entry.max_length if entry.kind_of.has_model else None
 
 
 def _published_llm_reranker(reranker: str | None) -> bool:
