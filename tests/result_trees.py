@@ -115,12 +115,13 @@ def run_config_record(
     method: str, llm: str, retriever: str, task: str, reranker: str = "",
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``config`` block the runner writes for this configuration (its own record function)."""
+    """The ``config`` block the runner writes for this configuration (its own record function),
+    in the project's own wording (the folders these trees write have no prompts token)."""
     from r2med_agent.runner import RunConfig, _config_record
 
     cfg = RunConfig(
         tasks=(task,), method=method, llm=None if llm == "none" else llm, retriever=retriever,
-        reranker=reranker or None,
+        reranker=reranker or None, prompts_from="own",
     )
     return {**_config_record(cfg), **(overrides or {})}
 

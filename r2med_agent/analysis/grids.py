@@ -235,7 +235,7 @@ class GridEntry:
         from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`); a
         ``candidates`` entry names ``candidates_path`` (else the folder its files come in,
         ``candidates_dir``; ``<run files>`` for an entry that names none)."""
-        from r2med_agent.experiment.spec import cli_args
+        from r2med_agent.experiment.resolve import cli_args
 
         spec = self.run_config((), Path(output_dir), data_dir, generations).spec()
         where = str(candidates_path) if candidates_path is not None else (self.candidates_dir or "<run files>")

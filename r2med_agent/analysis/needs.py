@@ -10,7 +10,7 @@ from typing import Any
 
 from r2med_agent.config import build, load_yaml
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.spec import capabilities
+from r2med_agent.methods.base import capabilities
 from r2med_agent.paths import configs_dir
 from r2med_agent.retrieval.fusion import member_names
 

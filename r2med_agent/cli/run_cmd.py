@@ -12,7 +12,14 @@ from rich.table import Table
 from rich.text import Text
 
 from r2med_agent.cli.app import app
-from r2med_agent.experiment.spec import field_help
+from r2med_agent.experiment.spec import field_help as _field_help
+
+
+def field_help(name: str) -> str:
+    """A spec field's help, with the registries' names where it names them."""
+    from r2med_agent.methods import METHODS
+
+    return _field_help(name).replace("{methods}", " | ".join(METHODS))
 
 console = Console(stderr=False)
 

@@ -49,6 +49,7 @@ from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.progress import part as progress_part
 from r2med_agent.retrieval.fusion import ranked
 from r2med_agent.retrieval.rerank import formats, tokens
+from r2med_agent.retrieval.rerank.base import RerankJob, RerankOutput  # noqa: F401 - the batch protocol's records
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep
 
 logger = logging.getLogger(__name__)
@@ -208,30 +209,6 @@ def reasonrank_permutation(answer: str, size: int) -> tuple[list[int], Repair, b
 
 
 # --------------------------------------------------------------------------- reranker
-
-
-@dataclass
-class RerankJob:
-    """One task's input to :meth:`LLMReranker.rerank_tasks`."""
-
-    task: Task
-    requests: Sequence[SearchRequest]
-    run: Run
-    corpus: Mapping[str, str]
-    ordered: bool = False
-    """True: each query's documents in ``run`` are already in their first-stage order (a run
-    file read as given, ``run --candidates``), which the reranker keeps, tied scores included, as
-    the published rerankers read their run files; False: they are ranked by score, ties by
-    document id."""
-
-
-@dataclass
-class RerankOutput:
-    """One task's output: the reranked run, a trace per query, and the stage's statistics."""
-
-    run: Run
-    traces: list[Trace]
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
