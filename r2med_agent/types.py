@@ -225,10 +225,11 @@ class SearchRequest:
 
 
 def _knob(default: Any, rule: str, *, flag: str | None = None, token: str | None = None,
-          check: Callable[[Any], bool] | None = None) -> Any:
+          check: Callable[[Any], bool] | None = None, help: str = "") -> Any:
     """A sampling knob's field: its default, its rule (what a value must be, for messages), the
-    ``run`` option that overrides it, its result-folder token and its check."""
-    return field(default=default, metadata={"knob": True, "rule": rule, "flag": flag, "token": token, "check": check})
+    ``run`` option that overrides it with that option's help, its result-folder token and its check."""
+    return field(default=default, metadata={"knob": True, "rule": rule, "flag": flag, "token": token, "check": check,
+                                            "help": help})
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,11 +262,15 @@ class SamplingParams:
     """
 
     temperature: float = _knob(0.7, ">= 0 (0 = greedy)", flag="--temperature", token="t",
-                               check=lambda v: v >= 0)
-    top_p: float = _knob(1.0, "in (0, 1]", flag="--top-p", token="p", check=lambda v: 0 < v <= 1)
+                               check=lambda v: v >= 0, help="Override the LLM's default sampling temperature.")
+    top_p: float = _knob(1.0, "in (0, 1]", flag="--top-p", token="p", check=lambda v: 0 < v <= 1,
+                         help="Override the LLM's default top_p (nucleus sampling mass).")
     top_k: int = _knob(-1, "-1 (off) or >= 1", check=lambda v: v == -1 or v >= 1)
-    max_tokens: int = _knob(10240, "at least 1", flag="--max-tokens", token="mt", check=lambda v: v >= 1)
-    seed: int | None = _knob(42, "an integer, or none to send no seed", flag="--seed", token="seed")
+    max_tokens: int = _knob(10240, "at least 1", flag="--max-tokens", token="mt", check=lambda v: v >= 1,
+                         help="Override the most tokens generated per call.")
+    seed: int | None = _knob(42, "an integer, or none to send no seed", flag="--seed", token="seed",
+                              help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; "
+                                   "the loops too).")
     stop: tuple[str, ...] = ()
     repetition_penalty: float = _knob(1.0, "> 0 (1 = off)", check=lambda v: v > 0)
     logprobs: int = 0
@@ -289,11 +294,13 @@ class SamplingParams:
 
 
 SAMPLING_KNOBS: dict[str, Mapping[str, Any]] = {
-    f.name: {**f.metadata, "default": f.default, "type": float if "float" in str(f.type) else int}
+    f.name: {**f.metadata, "default": f.default, "type": float if "float" in str(f.type) else int,
+             "optional": "None" in str(f.type)}
     for f in fields(SamplingParams) if f.metadata.get("knob")
 }
-"""Knob name -> its default, type (``float`` or ``int``), rule, ``run`` option (``flag``; None:
-set in the LLM's registry entry only), result-folder token and check; in field order."""
+"""Knob name -> its default, type (``float`` or ``int``), whether None is a value (``optional``:
+the seed), rule, ``run`` option (``flag``; None: set in the LLM's registry entry only) and its
+help, result-folder token and check; in field order."""
 
 
 def canonical_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any]:

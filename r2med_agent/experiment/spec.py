@@ -42,7 +42,7 @@ from r2med_agent.types import SAMPLING_KNOBS, canonical_sampling
 
 __all__ = ["DEFAULT_RERANK_K", "DEFAULT_TOP_K", "EMPTY_GENERATION", "FINAL_MODES", "GENERATION_SOURCES",
            "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES", "RunSpec", "SAMPLING_FLAGS",
-           "SPEC_FLAGS", "field_help"]
+           "SPEC_FLAGS", "OPTION_GROUPS", "field_help", "spec_options"]
 
 FINAL_MODES = ("default", "fuse")
 GENERATION_SOURCES = ("fresh", "r2med", "bright")
@@ -77,13 +77,21 @@ NAMED_FIELDS = ("method", "llm", "generations", "retriever", "fusion", "rrf_k", 
 SAMPLING_FLAGS = {name: knob["flag"] for name, knob in SAMPLING_KNOBS.items() if knob["flag"]}
 """The ``run`` options that set sampling overrides (the knobs' own, :data:`~r2med_agent.types.SAMPLING_KNOBS`)."""
 
-SPEC_FLAGS = {"top_k": "--top-k", "loop_retriever": "--loop-retriever", "bm25_k1": "--k1", "bm25_b": "--b",
-              "prompts_from": "--prompts"}
-"""Spec fields whose ``run`` option is not simply ``--<field-with-dashes>``."""
+OPTION_GROUPS = ("Method and LLM", "Sampling", "Retrieval", "Reranking", "Data", "Output, cache and progress")
+"""The panels of ``run --help``, in order; each spec field with a ``run`` option names its own."""
 
 
-def _help(text: str) -> dict[str, str]:
+def _help(text: str) -> dict[str, Any]:
+    """The metadata of a spec field that no ``run`` option sets (a hash or a version marker)."""
     return {"help": text}
+
+
+def _option(text: str, group: str, *flags: str) -> dict[str, Any]:
+    """The metadata of a spec field set by a ``run`` option: its help, its panel in ``run --help``
+    (:data:`OPTION_GROUPS`) and its option names (default: ``--<field-with-dashes>``; the CLI
+    generates the option from these, the field's type and the field's default)."""
+    assert group in OPTION_GROUPS, group
+    return {"help": text, "group": group, "flags": flags}
 
 
 @dataclass(frozen=True)
@@ -126,110 +134,110 @@ class RunSpec:
             (:data:`RERANK_RULES`); as ``loop_rules``.
     """
 
-    method: str = field(default="none", metadata=_help(
-        "{methods} (the method registry; any case: HyDE works)."))
-    llm: str | None = field(default=None, metadata=_help(
-        "LLM registry name (see `r2med-agent llms`), e.g. qwen-32b, gpt4, or the offline default smollm2."))
-    generations: str = field(default="fresh", metadata=_help(
+    method: str = field(default="none", metadata=_option(
+        "{methods} (the method registry; any case: HyDE works).", "Method and LLM", "--method", "-m"))
+    llm: str | None = field(default=None, metadata=_option(
+        "LLM registry name (see `r2med-agent llms`), e.g. qwen-32b, gpt4, or the offline default smollm2.", "Method and LLM", "--llm", "-l"))
+    generations: str = field(default="fresh", metadata=_option(
         "fresh: generate with --llm (through the cache). r2med: score R2MED's released generations of "
         "--method/--llm (<Task>/<method>/<llm>/query_with_hydoc.jsonl from the hub at the task's pinned "
         "revision, from --data-dir, or from a packaged task); no LLM is built. Results go to "
         "<method>/<llm>@r2med/. bright: score BRIGHT's released reasoning queries of --llm (gpt4, "
         "claude-3-opus, llama3-70b, Gemini-1.0, grit: its <llm>_reason configuration, from the hub at the "
         "task's pinned revision or from --data-dir) on a BRIGHT task, with --method reason; no LLM is built. "
-        "Results go to <method>/<llm>@bright/."))
+        "Results go to <method>/<llm>@bright/.", "Method and LLM"))
     sampling: Mapping[str, Any] = field(default_factory=dict, metadata=_help(
         "Overrides of the LLM's default sampling (temperature, top_p, max_tokens, seed, ...)."))
-    samples: int = field(default=1, metadata=_help(
+    samples: int = field(default=1, metadata=_option(
         "Generations per query for hyde, query2doc and lamer (vLLM/OpenAI n): dense retrieval searches "
-        "with the mean of the query's and the samples' embeddings, BM25 with the samples joined."))
+        "with the mean of the query's and the samples' embeddings, BM25 with the samples joined.", "Method and LLM"))
     prompts: str | None = field(default=None, metadata=_help(
         "Hash of the prompt templates in use when they are not the shipped ones ($R2MED_PROMPTS_DIR)."))
-    prompts_from: str | None = field(default="own", metadata=_help(
+    prompts_from: str | None = field(default="own", metadata=_option(
         "Whose prompt wording the run renders: authors (the authors' own prompts, fetched once from their "
         "repository at the commit configs/pinned/prompt_sources.yaml pins: R2MED's HyDE/Query2Doc/LameR, Search-R1, "
         "Search-o1, ReasonRank, Rank1, GroupRank, Rank-R1) or own (the project's wording, with "
         "$R2MED_PROMPTS_DIR over it). Default: authors, unless the LLM that reads the prompt is the local smoke "
-        "model (smollm2). Recorded as the repositories and commits used, e.g. R2MED/R2MED@62b707460040."))
-    first_pass: str = field(default="bm25", metadata=_help(
+        "model (smollm2). Recorded as the repositories and commits used, e.g. R2MED/R2MED@62b707460040.", "Method and LLM", "--prompts"))
+    first_pass: str = field(default="bm25", metadata=_option(
         "LameR's first-pass retriever, whose top 10 the prompt shows: bm25 (default), bm25-compat (the "
-        "reference's gensim BM25, what the paper's LameR rows read) or an encoder name."))
-    retriever: str = field(default="bm25", metadata=_help(
+        "reference's gensim BM25, what the paper's LameR rows read) or an encoder name.", "Method and LLM"))
+    retriever: str = field(default="bm25", metadata=_option(
         "bm25 | bm25-compat (R2MED's gensim scoring) | an encoder name (minilm, bge, nv, harrier, ...) | a "
         "'+'-joined fusion such as bm25+minilm | on NanoR2MED splits, the candidate lists they ship: "
         "nano-bm25, nano-dense, nano-hybrid[-safeguard], or hakari-hybrid[-safeguard] (the hybrid list "
-        "rebuilt from nano-bm25 and harrier)."))
+        "rebuilt from nano-bm25 and harrier).", "Retrieval", "--retriever", "-r"))
     candidates: str | None = field(default=None, metadata=_help(
         "Hash of the first-stage run files the run reranks as given (--candidates), which replace "
         "--retriever; None: the retriever searches."))
-    fusion: str = field(default="rrf", metadata=_help(
+    fusion: str = field(default="rrf", metadata=_option(
         "How a '+'-joined --retriever fuses its members: rrf (reciprocal rank fusion) or weighted "
-        "(weighted sum of per-query min-max normalised scores)."))
-    rrf_k: int = field(default=DEFAULT_RRF_K, metadata=_help(
-        "The RRF constant k for --fusion rrf (score = sum of 1/(k + rank))."))
-    fusion_weights: tuple[float, ...] | None = field(default=None, metadata=_help(
+        "(weighted sum of per-query min-max normalised scores).", "Retrieval"))
+    rrf_k: int = field(default=DEFAULT_RRF_K, metadata=_option(
+        "The RRF constant k for --fusion rrf (score = sum of 1/(k + rank)).", "Retrieval"))
+    fusion_weights: tuple[float, ...] | None = field(default=None, metadata=_option(
         "Comma-separated weights, one per '+'-joined retriever, for --fusion weighted (default: all 1), "
-        "e.g. 0.3,0.7."))
-    bm25_k1: float | None = field(default=None, metadata=_help(
+        "e.g. 0.3,0.7.", "Retrieval"))
+    bm25_k1: float | None = field(default=None, metadata=_option(
         "BM25's k1 (term-frequency saturation) for every BM25 retriever of the run, bm25 and "
-        "bm25-compat alike. Default: 0.9, as R2MED (and pyserini) run BM25."))
-    bm25_b: float | None = field(default=None, metadata=_help(
+        "bm25-compat alike. Default: 0.9, as R2MED (and pyserini) run BM25.", "Retrieval", "--k1"))
+    bm25_b: float | None = field(default=None, metadata=_option(
         "BM25's b (document-length normalisation, 0 to 1) for every BM25 retriever of the run. "
-        "Default: 0.4, as R2MED (and pyserini) run BM25."))
-    loop_retriever: str | None = field(default=None, metadata=_help(
+        "Default: 0.4, as R2MED (and pyserini) run BM25.", "Retrieval", "--b"))
+    loop_retriever: str | None = field(default=None, metadata=_option(
         "Retriever that Search-R1/Search-o1 query while they reason (default: --retriever; the final "
-        "ranking uses --retriever)."))
-    final: str = field(default="default", metadata=_help(
+        "ranking uses --retriever).", "Method and LLM"))
+    final: str = field(default="default", metadata=_option(
         "Agentic final ranking: 'default' (final response as the query, as R2MED) or 'fuse' (RRF of the "
         "searches the loop ran for the trajectory, each distinct query once, plus the final query; "
         "queries answered with a notice or issued in Search-R1's final turn were not run and are left "
-        "out). Both rank with --retriever."))
-    precision: str | None = field(default=None, metadata=_help(
+        "out). Both rank with --retriever.", "Method and LLM"))
+    precision: str | None = field(default=None, metadata=_option(
         "Numeric precision of the run's encoders and reranker on a GPU: float32, float16, bfloat16, "
         "autocast-float16 (float32 weights, fp16 autocast) or auto (bf16 where supported, else fp16; the "
         "fastest). Default: each model's registry precision, the one R2MED's reference ran it at. On a "
-        "CPU everything runs in float32."))
-    encoder_backend: str | None = field(default=None, metadata=_help(
+        "CPU everything runs in float32.", "Retrieval"))
+    encoder_backend: str | None = field(default=None, metadata=_option(
         "Engine of the local dense encoders: transformers | vllm (vLLM's pooling engine, same vectors) | "
         "auto (vLLM when installed with a GPU and the encoder's pooling is supported, else "
-        "transformers). Default: each encoder entry's 'backend'."))
-    top_k: int = field(default=DEFAULT_TOP_K, metadata=_help(
+        "transformers). Default: each encoder entry's 'backend'.", "Retrieval"))
+    top_k: int = field(default=DEFAULT_TOP_K, metadata=_option(
         "Documents kept per query and the depth they are scored at (R2MED: 100); metrics cut off beyond "
-        "it are left out."))
-    reranker: str | None = field(default=None, metadata=_help(
+        "it are left out.", "Retrieval", "--top-k", "-k"))
+    reranker: str | None = field(default=None, metadata=_option(
         "Reranker registry name (`r2med-agent rerankers` or --reranker list shows them): a cross-encoder "
         "(kind cross-encoder: bge-reranker, monobert, rankllama) or an LLM reranker of kind listwise "
         "(qwen3-32b-listwise, reasonrank-7b), pointwise-reasoning (r1-qwen-32b-pointwise, rank1-7b), "
-        "groupwise (grouprank-32b) or setwise (rank-r1-14b); add your own under 'rerankers:' in a --config file."))
-    rerank_k: int = field(default=DEFAULT_RERANK_K, metadata=_help(
-        "How many top documents the reranker re-scores (the paper uses 10 or 100)."))
-    rerank_cut: bool = field(default=False, metadata=_help(
+        "groupwise (grouprank-32b) or setwise (rank-r1-14b); add your own under 'rerankers:' in a --config file.", "Reranking"))
+    rerank_k: int = field(default=DEFAULT_RERANK_K, metadata=_option(
+        "How many top documents the reranker re-scores (the paper uses 10 or 100).", "Reranking"))
+    rerank_cut: bool = field(default=False, metadata=_option(
         "Keep only the --rerank-k reranked documents per query, as R2MED's reranker runs did "
-        "(NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same."))
-    fusion_depth: tuple[int, ...] | None = field(default=None, metadata=_help(
+        "(NV-Embed-v2's top 10 reranked and kept); scored at --top-k all the same.", "Reranking"))
+    fusion_depth: tuple[int, ...] | None = field(default=None, metadata=_option(
         "How deep each member of a '+'-joined --retriever searches before the fusion: one number for "
         "all or one per member, e.g. 1000,200, each at least --top-k (default: --top-k). Deeper member "
-        "lists let the fusion lift a document one member ranks low."))
+        "lists let the fusion lift a document one member ranks low.", "Retrieval"))
     entries: str | None = field(default=None, metadata=_help(
         "Hash of the registry entries the run uses that come from a user config (LLMs, encoders, "
         "rerankers of the same name as a shipped one, or your own); None: every entry it uses is shipped."))
-    exclude_identical_ids: bool = field(default=False, metadata=_help(
+    exclude_identical_ids: bool = field(default=False, metadata=_option(
         "Drop a document whose id equals the query's id from the final ranking (the next one moves up), as "
         "BEIR's exact search does in R2MED's dense evaluation; each task's result counts the hits removed. "
-        "Applies to runs with a dense retriever."))
-    empty_generation: str = field(default="query", metadata=_help(
+        "Applies to runs with a dense retriever.", "Retrieval"))
+    empty_generation: str = field(default="query", metadata=_option(
         "What an empty generated text becomes: query (search with the plain query instead) or keep (use it as "
         "it is, as R2MED's scripts did: BM25 ranks with an empty query, dense retrieval averages in the "
-        "embedding of ''). Each task's result counts its empty generations either way."))
-    llm_prompt: str = field(default="chat", metadata=_help(
+        "embedding of ''). Each task's result counts its empty generations either way.", "Method and LLM"))
+    llm_prompt: str = field(default="chat", metadata=_option(
         "How a prompt reaches a vLLM engine: chat (LLM.chat) or rendered (the chat template rendered to a "
         "string and given to LLM.generate, as R2MED's generation script did; tokenizers that add a BOS, such "
         "as Llama-3.1's and the DeepSeek-R1 distills', then send it twice). Applies to fresh generations of "
-        "vllm entries."))
-    rerank_max_length: int | None = field(default=None, metadata=_help(
+        "vllm entries.", "Method and LLM"))
+    rerank_max_length: int | None = field(default=None, metadata=_option(
         "Tokens of a cross-encoder reranker's (query, document) input, longest part cut first (default: the "
         "entry's max_length; rankllama 1024, the value of the script that produced R2MED's RankLLaMA rows, "
-        "while the released eval_reranker.py would give it 512)."))
+        "while the released eval_reranker.py would give it 512).", "Reranking"))
     loop_rules: int = field(default=LOOP_RULES, metadata=_help(
         "Version of the Search-R1/Search-o1 loop behaviour: 2 follows the originals' code (this version "
         "runs only it); 1 names fresh agentic results of earlier versions, made before that change."))
@@ -382,6 +390,14 @@ class RunSpec:
         return ", ".join(f"{k}={_fmt(v)}" for k, v in self.settings().items())
 
 
+def spec_options() -> dict[str, tuple[str, ...]]:
+    """The spec fields that ``run`` options set, each with its option names (the long one first),
+    in field order; the CLI generates the options from these fields' types, defaults, help and
+    panels (:data:`OPTION_GROUPS`)."""
+    return {f.name: f.metadata["flags"] or ("--" + f.name.replace("_", "-"),)
+            for f in fields(RunSpec) if "group" in f.metadata}
+
+
 def field_help(name: str) -> str:
     """The documented help of a spec field: the CLI option's ``--help`` and the API's keyword
     docs. Placeholders in braces (``{methods}``) name registry contents that the caller fills in."""
@@ -389,6 +405,10 @@ def field_help(name: str) -> str:
         if f.name == name:
             return str(f.metadata["help"])
     raise KeyError(name)
+
+
+SPEC_FLAGS = {name: flags[0] for name, flags in spec_options().items()}
+"""Spec field -> the long name of the ``run`` option that sets it (``bm25_k1`` -> ``--k1``)."""
 
 
 def _canonical(spec: RunSpec) -> None:

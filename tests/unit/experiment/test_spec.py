@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.resolve import applicable, cli_args, resolve, spec_of_config
-from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, SPEC_FLAGS, RunSpec
+from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, RunSpec
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.runner import RunConfig
 
@@ -141,39 +141,17 @@ def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
 
 
 def _parse_run_args(args: list[str]) -> dict:
-    """The spec fields a `run` command line gives (the CLI's own parsing, without running)."""
-    from r2med_agent.cli.run_cmd import _parse_weights, parse_seed
+    """The spec fields a `run` command line gives: click parses it as `run` does (the options the
+    command generates from the spec's fields), without running."""
+    import typer
 
-    out: dict = {"prompts_from": None}  # without --prompts, the run's default wording
-    sampling: dict = {}
-    i = 0
-    while i < len(args):
-        flag = args[i]
-        if flag in ("--rerank-cut", "--exclude-identical-ids"):
-            out[flag[2:].replace("-", "_")] = True
-            i += 1
-            continue
-        value = args[i + 1]
-        i += 2
-        name = {v: k for k, v in SPEC_FLAGS.items()}.get(flag, flag[2:].replace("-", "_"))
-        if flag == "--prompts":
-            name = "prompts_from"
-        if flag == "--temperature" or flag == "--top-p":
-            sampling[name] = float(value)
-        elif flag == "--max-tokens":
-            sampling[name] = int(value)
-        elif flag == "--seed":
-            sampling["seed"] = parse_seed(value)
-        elif flag == "--fusion-weights":
-            out[name] = _parse_weights(value)
-        elif name in ("top_k", "rerank_k", "rrf_k", "samples", "rerank_max_length"):
-            out[name] = int(value)
-        elif name in ("bm25_k1", "bm25_b"):
-            out[name] = float(value)
-        else:
-            out[name] = value
-    out["sampling"] = sampling
-    return out
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.run_cmd import spec_values
+
+    _register()
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    ctx = command.make_context("run", list(args))
+    return spec_values(ctx.params)
 
 
 def test_precision_never_reads_as_a_reranker() -> None:
