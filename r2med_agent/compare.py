@@ -1,52 +1,19 @@
-"""Comparison tables of results (the code lives in :mod:`r2med_agent.analysis`: ``results``,
-``published``, ``tables`` and ``render``); this module keeps their names importable from one place."""
+"""Comparing results from Python: the public names of :mod:`r2med_agent.analysis` behind
+``r2med-agent compare``.
+
+:func:`load_results` reads result trees into rows (one per run spec), :func:`build_table` lays
+them out against the tasks beside the published scores, and :func:`render` writes the table as
+Markdown, CSV or plain text. See docs/python-api.md.
+"""
 
 from __future__ import annotations
 
-from r2med_agent.analysis.published import (  # noqa: F401
-    PUBLISHED_METRICS,
-    PUBLISHED_RETRIEVERS,
-    PublishedKey,
-    PublishedResults,
-    published_results,
-)
-from r2med_agent.analysis.render import (  # noqa: F401
-    FORMATS,
-    key_cells,
-    key_headers,
-    print_rich,
-    render,
-    render_csv,
-    render_markdown,
-    render_rich,
-    significance_grid,
-    text_grid,
-)
-from r2med_agent.analysis.results import (  # noqa: F401
-    NO_LLM,
-    STATS_HEADERS,
-    STATS_KEYS,
-    VARIANTS,
-    ResultRow,
-    TaskResult,
-    load_results,
-    method_order,
-    r2med_tasks,
-    split_leaf,
-    task_order,
-)
-from r2med_agent.analysis.tables import (  # noqa: F401
-    BETTER_MARK,
-    MISSING,
-    PARTIAL_MARK,
-    WORSE_MARK,
-    ComparisonTable,
-    RowAliases,
-    TableRow,
-    build_table,
-    find_row,
-    grid_aliases,
-    published_key,
-)
+from r2med_agent.analysis.published import PublishedKey, PublishedResults, published_results
+from r2med_agent.analysis.render import FORMATS, print_rich, render
+from r2med_agent.analysis.results import ResultRow, TaskResult, load_results
+from r2med_agent.analysis.tables import ComparisonTable, TableOptions, TableRow, build_table, find_row
 
-__all__ = ['BETTER_MARK', 'ComparisonTable', 'FORMATS', 'MISSING', 'NO_LLM', 'PARTIAL_MARK', 'PUBLISHED_METRICS', 'PUBLISHED_RETRIEVERS', 'PublishedKey', 'PublishedResults', 'ResultRow', 'RowAliases', 'STATS_HEADERS', 'STATS_KEYS', 'TableRow', 'TaskResult', 'VARIANTS', 'WORSE_MARK', 'build_table', 'find_row', 'grid_aliases', 'key_cells', 'key_headers', 'load_results', 'method_order', 'print_rich', 'published_key', 'published_results', 'r2med_tasks', 'render', 'render_csv', 'render_markdown', 'render_rich', 'significance_grid', 'split_leaf', 'task_order', 'text_grid']
+__all__ = [
+    "FORMATS", "ComparisonTable", "PublishedKey", "PublishedResults", "ResultRow", "TableOptions", "TableRow",
+    "TaskResult", "build_table", "find_row", "load_results", "print_rich", "published_results", "render",
+]

@@ -128,7 +128,7 @@ def prompt_sources() -> dict[str, PromptSource]:
     """
     from r2med_agent.config import read_yaml
     from r2med_agent.paths import configs_dir
-    from r2med_agent.prompt_import import READERS
+    from r2med_agent.prompt_readers import READERS
 
     path = configs_dir() / SOURCES_FILE
     doc = read_yaml(path)
@@ -394,7 +394,7 @@ def install_clone(clone: str | os.PathLike[str]) -> PromptSource:
         ConfigError: the folder holds no pinned source's files.
         PromptSourceError: its git HEAD is another commit, or a file differs from the pinned one.
     """
-    from r2med_agent.prompt_import import _commit
+    from r2med_agent.prompt_ast import clone_commit
 
     root = Path(clone).expanduser()
     if not root.is_dir():
@@ -404,7 +404,7 @@ def install_clone(clone: str | os.PathLike[str]) -> PromptSource:
         known = "; ".join(f"{s.repo}: {', '.join(s.files)}" for s in prompt_sources().values())
         raise ConfigError(f"'{root}' holds none of the pinned prompt files ({known})")
     source = found[0]
-    head = _commit(root)
+    head = clone_commit(root)
     if head is not None and head != source.commit:
         raise PromptSourceError(
             f"{root} is a clone of {source.repo} at commit {head}, but the prompts are pinned at {source.commit}: "

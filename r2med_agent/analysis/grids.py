@@ -160,10 +160,10 @@ class GridEntry:
         self, tasks: Sequence[str], output_dir: Path, data_dir: Path | None = None, generations: str = "fresh",
         allow_count_mismatch: bool = False, candidates_path: Path | None = None,
     ):
-        """The runner's RunConfig for this entry (``r2med_agent.runner.RunConfig``); ``generations``
+        """The runner's RunConfig for this entry (:class:`~r2med_agent.experiment.runner.RunConfig`); ``generations``
         is the entry's resolved mode (:meth:`generations_mode`); ``candidates_path``: the run files
         of a ``candidates`` entry (without them the spec carries the entry's hash, for planning)."""
-        from r2med_agent.runner import RunConfig
+        from r2med_agent.experiment.runner import RunConfig
 
         if self.candidates:
             args = {"prompts_from": None, **self.args}

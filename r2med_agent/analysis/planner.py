@@ -323,7 +323,7 @@ def _total_line(planned: Sequence[PlannedRun]) -> str:
     """The grand total of the LLM work of the configurations still to run ("" when they have none):
     calls, tokens, GPU-hours of self-hosted models and dollars of priced APIs (the per-entry
     estimates added up; upper bounds, as they are)."""
-    from r2med_agent.analysis.needs import format_hours
+    from r2med_agent.analysis.estimates import format_hours
 
     estimates = [e for p in planned for e in p.needs.estimates]
     if not estimates:
@@ -402,7 +402,7 @@ def _source_lines(entry: GridEntry, tasks: Sequence[str] = ()) -> list[str]:
 
 def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> None:
     """Run one entry on ``tasks`` in-process through the runner (the one call to wire)."""
-    from r2med_agent.runner import run_experiment
+    from r2med_agent.experiment.runner import run_experiment
 
     mode = entry.generations_mode(opts.generations)
     if entry.candidates and opts.candidates is None:

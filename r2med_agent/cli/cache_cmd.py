@@ -240,7 +240,7 @@ def import_for_method(cache, file: Path, target: ImportTarget):
     from r2med_agent.data import load_task
     from r2med_agent.llm import default_sampling, get_llm_spec
     from r2med_agent.llm.cache_io import import_r2med
-    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.keys import RequestBuilder
     from r2med_agent.methods import METHODS, get_method
     from r2med_agent.types import SearchRequest
 

@@ -29,28 +29,37 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
-import socket
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import DataError, DiskFullError
 from r2med_agent.io import free_bytes
-from r2med_agent.types import Generation, Message
+from r2med_agent.llm.leases import LEASE_TTL_S, LeaseClaim, LeaseOwner, lease_live
+from r2med_agent.llm.records import (
+    KEY_VERSION,
+    CacheRecord,
+    ModelStats,
+    Use,
+    build_request,
+    canonical_json,
+    request_key,
+)
+
+__all__ = [
+    "KEY_VERSION", "LEASE_TTL_S", "SCHEMA_VERSION", "CacheRecord", "GenerationCache", "LeaseClaim", "LeaseOwner",
+    "ModelStats", "Use", "build_request", "canonical_json", "request_key",
+]
+"""The cache's names; the records and leases it stores live in :mod:`~r2med_agent.llm.records`
+and :mod:`~r2med_agent.llm.leases`."""
 
 logger = logging.getLogger(__name__)
-
-KEY_VERSION = 1
-"""Bumped when the key's layout changes (old rows then simply stop matching)."""
 
 SCHEMA_VERSION = 3
 """2 added ``api_reasoning``, 3 ``logprobs``; older files are upgraded in place when opened (their
@@ -103,252 +112,6 @@ _COLUMNS = (
     "prompt_tokens, completion_tokens, latency_s, created, request, api_reasoning, logprobs"
 )
 
-
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace: equal objects give byte-equal strings."""
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def build_request(
-    model_id: str,
-    messages: Sequence[Message],
-    params: Mapping[str, Any],
-    *,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    sample_index: int = 0,
-    template_hash: str = "",
-    options: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The request record that is hashed into the key and stored with the row (no secrets).
-
-    Args:
-        model_id: the model's identity (checkpoint or API model name), never a URL.
-        messages: the chat messages exactly as sent, system prompt included.
-        params: every sampling parameter (``SamplingParams.to_dict()``).
-        chat_template_kwargs: chat template options (e.g. ``{"enable_thinking": True}``).
-        sample_index: which of several samples of the same request this is.
-        template_hash: version hash of the prompt template that rendered ``messages``.
-        options: other settings that change the output (e.g. ``reasoning_effort``); added to
-            the record only when non-empty.
-    """
-    req: dict[str, Any] = {
-        "v": KEY_VERSION,
-        "model_id": model_id,
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-        "params": dict(params),
-        "chat_template_kwargs": dict(chat_template_kwargs or {}),
-        "sample_index": int(sample_index),
-        "template_hash": template_hash,
-    }
-    if options:
-        req["options"] = dict(options)
-    return req
-
-
-def request_key(request: Mapping[str, Any]) -> str:
-    """sha256 hex digest of the canonical JSON of a ``build_request`` record."""
-    return hashlib.sha256(canonical_json(request).encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True)
-class CacheRecord:
-    """One stored generation.
-
-    Attributes:
-        key: the request hash.
-        model_id: the model that produced it.
-        sample_index: the request's sample index.
-        text: the raw generated text (for reasoning APIs, the content without the reasoning).
-        reasoning: the reasoning (as parsed when stored, with ``api_reasoning`` first).
-        final: the final response (as parsed when stored).
-        finish_reason: ``stop`` or ``length``.
-        stop_reason: the stop string that ended generation, if any.
-        prompt_tokens: input tokens of the original generation.
-        completion_tokens: output tokens of the original generation.
-        latency_s: backend seconds of the original generation.
-        created: unix time the row was written.
-        request: the ``build_request`` record (messages, params, ...), for export and inspection.
-        api_reasoning: reasoning the API returned apart from the text (``reasoning_content``);
-            kept on its own because no reasoning format can find it in ``text``.
-        logprobs: ``Generation.logprobs`` (None when not asked for or not returned).
-    """
-
-    key: str
-    model_id: str
-    sample_index: int
-    text: str
-    reasoning: str
-    final: str
-    finish_reason: str
-    stop_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-    created: float
-    request: dict[str, Any] = field(repr=False)
-    api_reasoning: str = ""
-    logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_generation(
-        cls,
-        key: str,
-        request: Mapping[str, Any],
-        gen: Generation,
-        created: float | None = None,
-        api_reasoning: str = "",
-    ) -> CacheRecord:
-        return cls(
-            key=key,
-            model_id=str(request["model_id"]),
-            sample_index=int(request.get("sample_index", 0)),
-            text=gen.text,
-            reasoning=gen.reasoning,
-            final=gen.final,
-            finish_reason=gen.finish_reason,
-            stop_reason=gen.stop_reason,
-            prompt_tokens=int(gen.prompt_tokens),
-            completion_tokens=int(gen.completion_tokens),
-            latency_s=float(gen.latency_s),
-            created=time.time() if created is None else created,
-            request=dict(request),
-            api_reasoning=api_reasoning,
-            logprobs=gen.logprobs,
-        )
-
-    def to_generation(self) -> Generation:
-        """The record as a Generation marked ``cached=True`` (token counts of the original run)."""
-        return Generation(
-            text=self.text,
-            final=self.final,
-            reasoning=self.reasoning,
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            latency_s=self.latency_s,
-            cached=True,
-            logprobs=self.logprobs,
-        )
-
-
-@dataclass(frozen=True)
-class Use:
-    """Which query of which task a generation served (not part of the key).
-
-    Built from the ``meta`` dicts callers pass to ``CachedLLM.generate``: the keys ``task``,
-    ``query_id`` and ``method`` become columns; any other keys are kept as JSON in ``extra``.
-    """
-
-    key: str
-    task: str = ""
-    query_id: str = ""
-    method: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_meta(cls, key: str, meta: Mapping[str, Any]) -> Use:
-        rest = {k: v for k, v in meta.items() if k not in ("task", "query_id", "method")}
-        return cls(
-            key=key,
-            task=str(meta.get("task", "")),
-            query_id=str(meta.get("query_id", "")),
-            method=str(meta.get("method", "")),
-            extra=rest,
-        )
-
-
-@dataclass(frozen=True)
-class ModelStats:
-    """Per-model totals reported by ``GenerationCache.stats``."""
-
-    model_id: str
-    rows: int
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-    first_created: float
-    last_created: float
-
-
-LEASE_TTL_S = 600.0
-"""Default lease time to live: a lease whose heartbeat is older counts as dead when its owner
-runs on another host (on the same host the owner's pid decides at once)."""
-
-
-def _proc_stat(pid: int) -> tuple[str, str]:
-    """Process ``pid``'s state letter and start time (clock ticks since boot) from ``/proc``, or
-    ``("", "")`` where they cannot be read; the pid with its start time names one process even
-    after the pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "", ""
-    # The command name (field 2) may hold spaces and parentheses; the fields after its last ")"
-    # start with field 3 (the state), so field 22 (starttime) is the 20th of them.
-    rest = stat[stat.rfind(")") + 2 :].split()
-    return (rest[0], rest[19]) if len(rest) > 19 else ("", "")
-
-
-def _pid_start(pid: int) -> str:
-    return _proc_stat(pid)[1]
-
-
-def _pid_alive(pid: int, start: str) -> bool:
-    """Whether process ``pid`` runs on this host and is the one that started at ``start`` (a
-    killed process its parent has not reaped yet, a zombie, is dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    state, now = _proc_stat(pid)
-    if state in ("Z", "X"):
-        return False
-    return not start or now == "" or now == start
-
-
-@dataclass(frozen=True)
-class LeaseOwner:
-    """Who holds a lease: this host and process, and a token that tells one claim from another
-    (two threads of one process never take each other's keys for their own).
-
-    Attributes:
-        host: the host name.
-        pid: the owner's process id.
-        pid_start: when that process started (see ``_pid_start``), "" where unknown.
-        token: unique per claim.
-    """
-
-    host: str
-    pid: int
-    pid_start: str
-    token: str
-
-    @classmethod
-    def new(cls) -> LeaseOwner:
-        """A fresh owner for this process."""
-        pid = os.getpid()
-        return cls(socket.gethostname(), pid, _pid_start(pid), uuid.uuid4().hex)
-
-    def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}"
-
-
-@dataclass(frozen=True)
-class LeaseClaim:
-    """What ``GenerationCache.claim`` found for each key asked for.
-
-    Attributes:
-        claimed: keys now leased to the caller (none had a row or a live lease), in input order.
-        done: keys that already have a row (written since the caller last looked).
-        held: keys leased by another live owner -> that owner.
-    """
-
-    claimed: list[str]
-    done: list[str]
-    held: dict[str, LeaseOwner]
 
 
 LOW_SPACE_BYTES = 1 << 20
@@ -664,7 +427,7 @@ class GenerationCache:
                 other = leases.get(key)
                 if key in rows:
                     done.append(key)
-                elif other is not None and not force and other[0].token != owner.token and _lease_live(other, now, ttl_s):
+                elif other is not None and not force and other[0].token != owner.token and lease_live(other, now, ttl_s):
                     held[key] = other[0]
                 else:
                     claimed.append(key)
@@ -685,7 +448,7 @@ class GenerationCache:
         return {
             k: lease[0]
             for k, lease in leases.items()
-            if k not in rows and lease[0].token != owner.token and _lease_live(lease, now, ttl_s)
+            if k not in rows and lease[0].token != owner.token and lease_live(lease, now, ttl_s)
         }
 
     def heartbeat(self, owner: LeaseOwner) -> None:
@@ -718,14 +481,6 @@ class GenerationCache:
         """Record uses only (for cache hits), in one transaction."""
         self.put_many((), uses)
 
-
-def _lease_live(lease: tuple[LeaseOwner, float], now: float, ttl_s: float) -> bool:
-    """Whether a lease's owner still works on it: on this host, whether its process still runs;
-    on another, whether its heartbeat is younger than ``ttl_s``."""
-    owner, beat = lease
-    if owner.host == socket.gethostname():
-        return _pid_alive(owner.pid, owner.pid_start)
-    return now - beat < ttl_s
 
 
 def _row_bytes(rows: Sequence[Sequence[Any]]) -> int:

@@ -24,42 +24,46 @@ small chunks cost no throughput).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from r2med_agent.errors import ConfigError, DiskFullError, LLMError
+from r2med_agent.errors import ConfigError
 from r2med_agent.llm.base import (
     LLM,
     Finished,
-    PartialBatchError,
     PromptMeta,
     TemplateHashes,
     generate_reporting,
     samples_reporting,
 )
-from r2med_agent.llm.cache import (
-    LEASE_TTL_S,
-    CacheRecord,
-    GenerationCache,
-    LeaseOwner,
-    Use,
-    build_request,
-    canonical_json,
-    request_key,
+from r2med_agent.llm.cache import GenerationCache
+from r2med_agent.llm.dispatch import Dispatch, LLMStats
+from r2med_agent.llm.keys import (
+    RequestBuilder,
+    engine_options,
+    generation_options,
+    join_reasoning,
+    json_safe,
+    wire_settings,
 )
-from r2med_agent.llm.openai_compat import key_params, resolve_server
-from r2med_agent.llm.parsing import check_format, split_reasoning
-from r2med_agent.llm.registry import with_system_prompt
+from r2med_agent.llm.leases import LEASE_TTL_S, LeaseOwner
+from r2med_agent.llm.records import CacheRecord, Use, request_key
+from r2med_agent.llm.servers import resolve_server
+from r2med_agent.llm.sharing import LeaseTiming, Produce, SharedMisses
 from r2med_agent.progress import current_part as progress_label
 from r2med_agent.progress import part as progress_part
-from r2med_agent.progress import tracking
 from r2med_agent.types import Generation, Message, SamplingParams
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE", "DEFAULT_CHUNK_SIZES", "CachedLLM", "LLMStats", "LazyBackend", "RequestBuilder",
+    "close_backend", "engine_options", "generation_options", "join_reasoning", "json_safe", "wire_settings",
+]
+"""The wrapper's names; its parts live beside it: key building in :mod:`~r2med_agent.llm.keys`,
+backend dispatch and the write queue in :mod:`~r2med_agent.llm.dispatch`, waiting for other runs
+in :mod:`~r2med_agent.llm.sharing`."""
 
 logger = logging.getLogger(__name__)
 
@@ -68,46 +72,6 @@ DEFAULT_CHUNK_SIZE = 256
 
 DEFAULT_CHUNK_SIZES: dict[str, int | None] = {"vllm": None, "openai": 256, "local": 4}
 """Backend name -> the chunk size of ``chunk_size: auto`` (None: all misses in one call)."""
-
-
-@dataclass
-class LLMStats:
-    """Counters of one CachedLLM, updated on each ``generate`` call (the runner reads them).
-
-    Attributes:
-        calls: ``generate`` calls on the wrapper.
-        backend_calls: ``generate`` calls that reached the backend (one per chunk of misses).
-        generations: outputs the backend produced (each unique miss once).
-        cache_hits: outputs served from the cache (counted per input prompt).
-        deduplicated: input prompts answered by an identical prompt earlier in the same call.
-        empty: replies that came back without any text (an OpenAI-compatible ``content: null``)
-            while the model reported a normal stop: returned as failed items, never cached.
-        prompt_tokens: input tokens of the generations made (cache hits cost nothing).
-        completion_tokens: output tokens of the generations made.
-        model_time_s: wall seconds spent inside ``backend.generate``.
-        overhead_time_s: the rest of ``generate``'s wall time (keys, cache reads/writes, parsing).
-    """
-
-    calls: int = 0
-    backend_calls: int = 0
-    generations: int = 0
-    cache_hits: int = 0
-    deduplicated: int = 0
-    empty: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    model_time_s: float = 0.0
-    overhead_time_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def copy(self) -> LLMStats:
-        return replace(self)
-
-    def __sub__(self, other: LLMStats) -> LLMStats:
-        """Counters accumulated since the snapshot ``other`` (``stats - before``)."""
-        return LLMStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
 
 class LazyBackend:
@@ -168,89 +132,6 @@ def close_backend(backend: Any) -> None:
         close()
 
 
-@dataclass(frozen=True)
-class RequestBuilder:
-    """Turns a prompt into the cache request record and key exactly as a CachedLLM would, without
-    a backend (the importer of published caches uses it to key rows it did not generate).
-
-    Attributes:
-        model_id: the model's identity (``spec.model``, which every backend reports as its id).
-        reasoning_format: how outputs are split into reasoning and final response.
-        chat_template_kwargs: chat template options (part of the key).
-        system_prompt: prepended as a system message when a prompt has none ("" = never).
-        options: other output-changing settings (part of the key), see ``generation_options``.
-        wire: for ``openai`` entries, ``server`` (resolved), ``drop_params`` and
-            ``max_tokens_param``: the key then holds the sampling fields as they are sent
-            (``openai_compat.key_params``), not the SamplingParams asked for. None: every
-            SamplingParams field is sent, and keyed, as is.
-    """
-
-    model_id: str
-    reasoning_format: str = "plain"
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    system_prompt: str = ""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    wire: Mapping[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        check_format(self.reasoning_format)
-
-    @classmethod
-    def from_spec(cls, spec: Any, model_id: str | None = None) -> RequestBuilder:
-        """From a registry entry (``LLMSpec`` or anything with its attribute names)."""
-        return cls(
-            model_id=model_id if model_id is not None else spec.model,
-            reasoning_format=getattr(spec, "reasoning_format", None) or "plain",
-            chat_template_kwargs=dict(getattr(spec, "chat_template_kwargs", None) or {}),
-            system_prompt=getattr(spec, "system_prompt", "") or "",
-            options=generation_options(spec),
-            wire=wire_settings(spec),
-        )
-
-    def as_sent(self, messages: Sequence[Message]) -> list[Message]:
-        """``messages`` as the backend receives them: the system prompt is prepended when the
-        prompt has no system message (backends do the same, so this is idempotent)."""
-        return with_system_prompt(list(messages), self.system_prompt)
-
-    def request(
-        self,
-        messages: Sequence[Message],
-        params: SamplingParams,
-        *,
-        sample_index: int = 0,
-        template_hash: str = "",
-    ) -> dict[str, Any]:
-        """The request record hashed into the key (system prompt already prepended)."""
-        sampling = key_params(params, **self.wire) if self.wire is not None else params.to_dict()
-        return build_request(
-            self.model_id,
-            self.as_sent(messages),
-            sampling,
-            chat_template_kwargs=self.chat_template_kwargs,
-            sample_index=sample_index,
-            template_hash=template_hash,
-            options=_request_options(self.options, messages),
-        )
-
-    def key(self, messages: Sequence[Message], params: SamplingParams, **kw: Any) -> str:
-        return request_key(self.request(messages, params, **kw))
-
-    def parse(self, text: str) -> tuple[str, str]:
-        """``(reasoning, final)`` of a raw text under this model's reasoning format."""
-        return split_reasoning(text, self.reasoning_format)
-
-    def finish(self, text: str, api_reasoning: str = "") -> tuple[str, str]:
-        """``(reasoning, final)`` of an output: the text parsed under this model's format, with
-        reasoning the API returned apart from the text (``api_reasoning``) put first."""
-        reasoning, final = self.parse(text)
-        return join_reasoning(api_reasoning, reasoning), final
-
-
-def join_reasoning(api_reasoning: str, parsed: str) -> str:
-    """Reasoning returned apart from the text, then any reasoning found inside the text."""
-    return "\n\n".join(r for r in (api_reasoning.strip(), parsed) if r)
-
-
 class CachedLLM:
     """A backend behind the generation cache and reasoning-output parsing.
 
@@ -271,7 +152,7 @@ class CachedLLM:
 
     Runs sharing a cache file never send the same request twice: misses are leased in the cache
     before the backend call, and misses another live run holds are waited for (the class
-    attributes below tune it; see ``GenerationCache.claim``).
+    attributes below tune it; see :mod:`~r2med_agent.llm.sharing`).
     """
 
     lease_ttl_s: float = LEASE_TTL_S
@@ -347,20 +228,6 @@ class CachedLLM:
     def parse(self, text: str) -> tuple[str, str]:
         """``(reasoning, final)`` of a raw text under this model's reasoning format."""
         return self.builder.parse(text)
-
-    def _finished(self, out: Generation) -> Generation:
-        """A backend's new generation with its reasoning and final answer parsed, counted in
-        :attr:`stats`."""
-        text, api_reasoning = out.text or "", out.reasoning or ""
-        reasoning, final = self.builder.finish(text, api_reasoning)
-        gen = replace(out, text=text, final=final, reasoning=reasoning, cached=False)
-        if _empty_reply(gen, api_reasoning):
-            self.stats.empty += 1
-            gen = replace(gen, finish_reason="error")
-        self.stats.generations += 1
-        self.stats.prompt_tokens += gen.prompt_tokens
-        self.stats.completion_tokens += gen.completion_tokens
-        return gen
 
     def generate(
         self,
@@ -439,51 +306,35 @@ class CachedLLM:
             return {}
         return self.cache.get_many(keys)
 
+    def _dispatch(self, t_start: float) -> Dispatch:
+        """The backend dispatch and write queue of one call (started at ``t_start``)."""
+        return Dispatch(self.backend, self.builder, self.cache, self.stats, self.chunk_size,
+                        count_time=lambda model_time: self._count_time(model_time, t_start))
+
     def _generate_shared(
         self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
         uses_of: Mapping[str, Sequence[Use]], t_start: float, hits: dict[str, CacheRecord],
     ) -> tuple[dict[str, Generation], float]:
         """Generate the ``misses`` that no other run is generating (see :meth:`_shared`)."""
+        dispatch = self._dispatch(t_start)
 
         def produce(keys: list[str], owner: LeaseOwner | None) -> tuple[dict[str, Generation], float]:
             self._log_plan(len(keys), len(requests), len(hits), len(misses) - len(keys))
-            return self._generate_misses(keys, requests, params, uses_of, t_start, owner)
+            return dispatch.generate(keys, requests, params, uses_of, owner)
 
         return self._shared(misses, produce, hits, uses_of)
 
     def _shared(
-        self, misses: Sequence[str],
-        produce: Callable[[list[str], LeaseOwner | None], tuple[dict[str, Generation], float]],
-        hits: dict[str, CacheRecord], uses_of: Mapping[str, Sequence[Use]],
+        self, misses: Sequence[str], produce: Produce, hits: dict[str, CacheRecord],
+        uses_of: Mapping[str, Sequence[Use]],
     ) -> tuple[dict[str, Generation], float]:
         """``produce`` (one backend call per chunk) the ``misses`` no other run is generating;
-        wait for the rest.
-
-        The misses are leased in the cache first (see ``GenerationCache.claim``): those this call
-        claims are produced together; those another live run holds are waited for, and their
-        rows are added to ``hits`` (with their uses) when that run writes them. A key whose
-        owner died or gave up (no row, no live lease) is claimed again and produced here.
-        Without a cache, or on ``refresh``, every miss is produced here.
-        """
+        wait for the rest (:class:`~r2med_agent.llm.sharing.SharedMisses`; rows others write are
+        added to ``hits``). Without a cache, or on ``refresh``, every miss is produced here."""
         if self.cache is None or self.refresh or not misses:
             return produce(list(misses), None) if misses else ({}, 0.0)
-        made: dict[str, Generation] = {}
-        model_time = 0.0
-        pending, force = list(misses), False
-        while pending:
-            owner = LeaseOwner.new()
-            claim = self.cache.claim(pending, owner, ttl_s=self.lease_ttl_s, force=force)
-            self._take_rows(claim.done, hits, uses_of)
-            if claim.held:
-                logger.info("%s: %d texts are being generated by another run; waiting for them",
-                            self.model_id, len(claim.held))
-            if claim.claimed:
-                with self._holding(owner):
-                    new, dt = produce(claim.claimed, owner)
-                made.update(new)
-                model_time += dt
-            pending, force = self._wait_for_others(list(claim.held), hits, uses_of)
-        return made, model_time
+        timing = LeaseTiming(self.lease_ttl_s, self.lease_wait_s, self.lease_poll_s, self.lease_note_s)
+        return SharedMisses(self.cache, self.model_id, timing, hits, uses_of).produce(misses, produce)
 
     def _log_plan(self, generating: int, total: int, cached: int, elsewhere: int) -> None:
         if not generating:
@@ -496,184 +347,6 @@ class CachedLLM:
             f", {elsewhere} from another run" if elsewhere else "", calls, "" if calls == 1 else "s",
             f" {label}" if label else "",
         )
-
-    def _take_rows(
-        self, keys: Sequence[str], hits: dict[str, CacheRecord], uses_of: Mapping[str, Sequence[Use]]
-    ) -> list[str]:
-        """Add the rows of ``keys`` that are in the cache to ``hits``, recording their uses;
-        returns the keys still without a row."""
-        assert self.cache is not None
-        rows = self.cache.get_many(keys) if keys else {}
-        hits.update(rows)
-        uses = [u for k in rows for u in uses_of.get(k, ())]
-        if uses:
-            self.cache.add_uses(uses)
-        return [k for k in keys if k not in rows]
-
-    def _wait_for_others(
-        self, keys: list[str], hits: dict[str, CacheRecord], uses_of: Mapping[str, Sequence[Use]],
-    ) -> tuple[list[str], bool]:
-        """Poll the cache until another run has written every row of ``keys``, or some key has
-        no live owner any more (it died, or its item failed); returns the keys still missing, to
-        claim again, and whether to take them by force (after :attr:`lease_wait_s`)."""
-        assert self.cache is not None
-        started = last_note = time.monotonic()
-        while True:
-            keys = self._take_rows(keys, hits, uses_of)
-            if not keys:
-                return [], False
-            held = self.cache.held_by_others(keys, LeaseOwner.new(), ttl_s=self.lease_ttl_s)
-            if len(held) < len(keys):
-                return keys, False
-            waited = time.monotonic() - started
-            if waited >= self.lease_wait_s:
-                logger.warning(
-                    "%s: waited %.0fs for %d texts another run is generating; generating them here",
-                    self.model_id, waited, len(keys),
-                )
-                return keys, True
-            if time.monotonic() - last_note >= self.lease_note_s:
-                last_note = time.monotonic()
-                who = ", ".join(sorted({o.describe() for o in held.values()}))
-                logger.info("%s: waiting for %d texts being generated by %s (%.0fs so far)",
-                            self.model_id, len(keys), who, waited)
-            time.sleep(self.lease_poll_s)
-
-    @contextlib.contextmanager
-    def _holding(self, owner: LeaseOwner) -> Any:
-        """While the block runs, refresh ``owner``'s heartbeat every third of the lease's time to
-        live (from a thread); afterwards, by success or error, release its remaining leases."""
-        assert self.cache is not None
-        cache = self.cache
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(self.lease_ttl_s / 3):
-                try:
-                    cache.heartbeat(owner)
-                except Exception as e:  # a missed heartbeat only lets others take over sooner
-                    logger.warning("generation cache heartbeat failed: %s", e)
-
-        thread = threading.Thread(target=beat, name="cache-lease-heartbeat", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
-            try:
-                cache.release(owner)
-            except Exception as e:  # never hides the error that ended the block
-                # (a full disk is the run's own error, said once by whoever meets it)
-                log = logger.debug if isinstance(e, DiskFullError) else logger.warning
-                log("%s: could not release its cache leases (%s); they lapse when this process ends",
-                    self.model_id, e)
-
-    def _generate_misses(
-        self, misses: Sequence[str], requests: Mapping[str, dict[str, Any]], params: SamplingParams,
-        uses_of: Mapping[str, Sequence[Use]], t_start: float, owner: LeaseOwner | None = None,
-    ) -> tuple[dict[str, Generation], float]:
-        """Generate the ``misses`` in chunks of :attr:`chunk_size` (one backend call each),
-        committing each generation to the cache as it finishes where the backend reports each
-        (the project's backends do), else each chunk when its call returns (releasing ``owner``'s
-        leases on what it stores); returns the new generations by key and the seconds spent in
-        the backend.
-
-        Raises:
-            LLMError: as :meth:`generate` (a partly failed chunk is committed first).
-        """
-        made: dict[str, Generation] = {}
-        model_time = 0.0
-        step = self.chunk_size or max(len(misses), 1)
-        progress = contextlib.ExitStack()
-        bar = None
-        if misses:
-            bar = progress.enter_context(tracking(len(misses), f"generating ({self.model_id})"))
-        with progress:
-            for start in range(0, len(misses), step):
-                chunk = misses[start : start + step]
-                empty, saved = self.stats.empty, [0]
-
-                def done(i: int, out: Any, chunk: Sequence[str] = chunk, saved: list[int] = saved) -> None:
-                    if out is not None and chunk[i] not in made:
-                        saved[0] += self._commit_chunk([chunk[i]], [out], requests, uses_of, made, owner)
-
-                outs, failure, dt = self._backend_chunk([requests[k]["messages"] for k in chunk], params, done)
-                model_time += dt
-                rest = [(k, o) for k, o in zip(chunk, outs) if k not in made]
-                saved[0] += self._commit_chunk([k for k, _ in rest], [o for _, o in rest], requests, uses_of,
-                                               made, owner)
-                self._warn_empty(self.stats.empty - empty, len(outs))
-                missing = start + len(chunk) - bar.n - bar.failed if bar is not None else 0
-                if bar is not None and missing > 0:  # a backend that reports nothing itself
-                    lost = min(sum(o is None for o in outs), missing)
-                    bar.fail(lost)
-                    bar.update(missing - lost)
-                logger.debug(
-                    "%s: generated %d/%d missing outputs (%.1fs)", self.model_id, start + len(chunk), len(misses), dt
-                )
-                if failure is not None:
-                    self._count_time(model_time, t_start)
-                    raise self._partial_failure(failure, saved[0]) from None
-        return made, model_time
-
-    def _backend_chunk(
-        self, prompts: list[list[Message]], params: SamplingParams, on_done: Finished | None = None,
-    ) -> tuple[Sequence[Generation | None], PartialBatchError | None, float]:
-        """ONE ``backend.generate`` call (``on_done`` called as each request finishes, where the
-        backend reports each): its outputs (None where a request failed), the
-        :class:`PartialBatchError` when some failed, and its wall seconds."""
-        t0 = time.perf_counter()
-        failure: PartialBatchError | None = None
-        try:
-            outs: Sequence[Generation | None] = generate_reporting(self.backend, prompts, params, on_done)
-        except PartialBatchError as e:
-            failure, outs = e, e.generations
-        dt = time.perf_counter() - t0
-        self.stats.backend_calls += 1
-        if len(outs) != len(prompts):
-            raise LLMError(
-                f"backend {self.model_id!r} returned {len(outs)} generations for {len(prompts)} prompts"
-            )
-        return outs, failure, dt
-
-    def _commit_chunk(
-        self, chunk: Sequence[str], outs: Sequence[Generation | None],
-        requests: Mapping[str, dict[str, Any]], uses_of: Mapping[str, Sequence[Use]],
-        made: dict[str, Generation], owner: LeaseOwner | None = None,
-    ) -> int:
-        """Finish outputs into ``made`` and store them (with their uses) in the cache; returns how
-        many were stored (not failed or empty items, which a later run retries)."""
-        records, kept = [], []
-        for key, out in zip(chunk, outs):
-            if out is None:
-                continue
-            gen = made[key] = self._finished(out)
-            if gen.finish_reason != "error":  # a failed item is retried next run, not frozen
-                records.append(CacheRecord.from_generation(key, requests[key], gen, api_reasoning=out.reasoning or ""))
-                kept.append(key)
-        if self.cache is not None and records:
-            self.cache.put_many(records, [u for k in kept for u in uses_of.get(k, ())], release=owner)
-        return len(records)
-
-    def _warn_empty(self, count: int, of: int) -> None:
-        if count:
-            logger.warning(
-                "%s: %d of %d replies came back without any text (content null); they count as "
-                "failed, are not cached, and a re-run asks for them again",
-                self.model_id, count, of,
-            )
-
-    def _partial_failure(self, failure: PartialBatchError, saved: int) -> LLMError:
-        """The error a partly failed chunk raises: its first failure's kind, saying what was kept."""
-        if self.cache is not None:
-            note = (
-                f"{saved} generations of that batch were saved to the generation "
-                "cache, so a re-run generates only the failed ones"
-            )
-        else:
-            note = "the generations that succeeded are not kept (the cache is off)"
-        return type(failure.first)(f"{failure}; {note}")
 
     def _in_prompt_order(
         self, keys: Sequence[str], made: Mapping[str, Generation], hits: Mapping[str, CacheRecord]
@@ -736,8 +409,10 @@ class CachedLLM:
         hits = self._cached([k for row in keys for k in row])
         missing = list(dict.fromkeys(k for row in keys for k in row if k not in hits))
 
+        dispatch = self._dispatch(t_start)
+
         def produce(wanted: list[str], owner: LeaseOwner | None) -> tuple[dict[str, Generation], float]:
-            return self._draw_missing_samples(reqs, keys, set(wanted), params, n, owner)
+            return dispatch.draw_samples(reqs, keys, set(wanted), params, n, owner)
 
         made, model_time = self._shared(missing, produce, hits, {})
         out = self._samples_in_order(keys, made, hits, meta)
@@ -762,63 +437,6 @@ class CachedLLM:
                 per.append(self.generate(prompts, _sample_seed(params, s), sample_index=s,
                                          template_hash=hashes, meta=meta_of(s)))
         return [[per[s][i] for s in range(n)] for i in range(len(prompts))]
-
-    def _draw_missing_samples(
-        self, reqs: Sequence[Sequence[dict[str, Any]]], keys: Sequence[Sequence[str]],
-        wanted: Collection[str], params: SamplingParams, n: int, owner: LeaseOwner | None = None,
-    ) -> tuple[dict[str, Generation], float]:
-        """Every prompt with a sample in ``wanted``, once, through ``backend.generate_samples``
-        with ``n`` (in chunks; each prompt's samples committed to the cache as they finish, where the
-        backend reports each, else as its chunk returns; releasing ``owner``'s leases); returns
-        the ``wanted`` samples, by key, and the seconds spent in the backend."""
-        todo: dict[str, int] = {}  # first key of a prompt missing a sample -> its prompt index
-        for i, row in enumerate(keys):
-            if any(k in wanted for k in row):
-                todo.setdefault(row[0], i)
-        made: dict[str, Generation] = {}
-        model_time = 0.0
-        pending = list(todo.values())
-        step = self.chunk_size or max(len(pending), 1)
-        committed: set[int] = set()  # prompts whose samples are stored
-        for start in range(0, len(pending), step):
-            chunk = pending[start : start + step]
-            empty = self.stats.empty
-
-            def done(j: int, samples: Any, chunk: list[int] = chunk) -> None:
-                if samples is not None and len(samples) == n and chunk[j] not in committed:
-                    self._commit_samples({chunk[j]: samples}, reqs, keys, wanted, made, owner)
-                    committed.add(chunk[j])
-
-            t0 = time.perf_counter()
-            outs = samples_reporting(self.backend, [reqs[i][0]["messages"] for i in chunk], params, n, done)
-            model_time += time.perf_counter() - t0
-            self.stats.backend_calls += 1
-            if len(outs) != len(chunk) or any(len(o) != n for o in outs):
-                raise LLMError(f"backend {self.model_id!r} did not return {n} samples for each of {len(chunk)} prompts")
-            self._commit_samples({i: o for i, o in zip(chunk, outs) if i not in committed}, reqs, keys, wanted,
-                                 made, owner)
-            committed.update(chunk)
-            self._warn_empty(self.stats.empty - empty, len(chunk) * n)
-        return made, model_time
-
-    def _commit_samples(
-        self, outs: Mapping[int, Sequence[Generation]], reqs: Sequence[Sequence[dict[str, Any]]],
-        keys: Sequence[Sequence[str]], wanted: Collection[str], made: dict[str, Generation],
-        owner: LeaseOwner | None,
-    ) -> None:
-        """Finish the ``wanted`` samples of the prompts in ``outs`` (prompt index -> its samples)
-        into ``made`` and store them in the cache."""
-        records = []
-        for i, samples in outs.items():
-            for s, out in enumerate(samples):
-                key = keys[i][s]
-                if key not in wanted:  # cached, or another run's to write
-                    continue
-                gen = made[key] = self._finished(out)
-                if gen.finish_reason != "error":
-                    records.append(CacheRecord.from_generation(key, reqs[i][s], gen, api_reasoning=out.reasoning or ""))
-        if self.cache is not None and records:
-            self.cache.put_many(records, release=owner)
 
     def _samples_in_order(
         self, keys: Sequence[Sequence[str]], made: Mapping[str, Generation],
@@ -852,14 +470,6 @@ class CachedLLM:
         return callable(getattr(self.backend, "generate_samples", None))
 
 
-def _empty_reply(gen: Generation, api_reasoning: str) -> bool:
-    """Whether a reply holds nothing although the model reported a normal end: no text (an
-    OpenAI-compatible ``content: null``, or only whitespace) and no reasoning returned apart.
-    Not a success: caching it would serve an empty text to every later run. A reply cut at the
-    token limit (``length``) or already failed (``error``) is judged as such, not here."""
-    return gen.finish_reason not in ("length", "error") and not gen.text.strip() and not api_reasoning.strip()
-
-
 def _template_hashes(template_hash: TemplateHashes, count: int) -> list[str]:
     """``template_hash`` as one hash per prompt (a single string stands for every prompt)."""
     hashes = [template_hash] * count if isinstance(template_hash, str) else list(template_hash)
@@ -875,89 +485,3 @@ def _sample_seed(params: SamplingParams, index: int) -> SamplingParams:
         return params
     return replace(params, seed=params.seed + index)
 
-
-def generation_options(spec: Any) -> dict[str, Any]:
-    """Spec settings outside SamplingParams that change what a model generates (part of the key).
-
-    ``reasoning_effort`` goes in as is; ``extra_body`` only as a hash, so whatever a user put
-    there is never stored in the cache file.
-    """
-    options: dict[str, Any] = {}
-    effort = getattr(spec, "reasoning_effort", None)
-    if effort is not None:
-        options["reasoning_effort"] = effort
-    extra = getattr(spec, "extra_body", None)
-    if extra:
-        options["extra_body_sha256"] = hashlib.sha256(canonical_json(extra).encode("utf-8")).hexdigest()
-    backend = getattr(spec, "backend", None)
-    if backend == "vllm" and getattr(spec, "prompt_path", "chat") != "chat":
-        options["prompt_path"] = spec.prompt_path
-    if backend == "vllm":
-        engine = engine_options(spec)
-        if engine:
-            options["engine"] = engine
-        # The generation prompt is rendered once and the running text appended (never
-        # continue_final_message, whose prompts differ under reasoning templates): such
-        # continuations never share keys with ones made the other way.
-        options[_CONTINUES] = "append"
-    elif backend == "openai" and resolve_server(spec) == "vllm":
-        # Rendered on the client the same way and sent to the completions endpoint; the
-        # tokenizer whose template renders it is part of the key.
-        tokenizer = getattr(spec, "tokenizer", None)
-        options[_CONTINUES] = f"append (tokenizer {tokenizer})" if tokenizer else "append"
-    elif backend == "local":
-        options[_CONTINUES] = "continue"
-    return options
-
-
-def engine_options(spec: Any) -> dict[str, Any]:
-    """The vLLM engine settings that change outputs, for the key: every ``engine_kwargs`` entry
-    (``enforce_eager``: compiled and eager engines decode differently; ``dtype``,
-    ``quantization``, ...) and ``max_model_len``. Empty when none is set, so entries without
-    them keep their keys. Memory and parallelism settings are left out."""
-    out: dict[str, Any] = {}
-    kwargs = getattr(spec, "engine_kwargs", None) or {}
-    if kwargs:
-        out["engine_kwargs"] = json_safe(dict(kwargs))
-    max_len = getattr(spec, "max_model_len", None)
-    if max_len is not None:
-        out["max_model_len"] = max_len
-    return out
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with anything JSON cannot hold as its ``repr`` (keys stay comparable)."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
-
-
-def wire_settings(spec: Any) -> dict[str, Any] | None:
-    """For an ``openai`` entry, what decides how sampling parameters are sent (resolved server
-    kind, dropped parameters, the token-limit field); None for other backends, which send every
-    SamplingParams field. The URLs themselves never enter: only the server kind they resolve to."""
-    if getattr(spec, "backend", None) != "openai":
-        return None
-    return {
-        "server": resolve_server(spec),
-        "drop_params": tuple(getattr(spec, "drop_params", ()) or ()),
-        "max_tokens_param": getattr(spec, "max_tokens_param", "max_tokens"),
-    }
-
-
-_CONTINUES = "continues_final_message"
-"""Option marking backends that continue a trailing assistant message instead of answering it
-in a new turn, valued by how they build the continued prompt; it enters a key only for prompts
-that end with an assistant message."""
-
-
-def _request_options(options: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
-    opts = dict(options)
-    continues = opts.pop(_CONTINUES, None)
-    if messages and messages[-1].get("role") == "assistant":
-        opts["final_assistant"] = continues or "new_turn"
-    return opts

@@ -40,7 +40,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError, LLMError, MissingExtraError
 from r2med_agent.llm.base import Finished, PartialBatchError, PromptMeta, TemplateHashes, choice_token_ids
 from r2med_agent.llm.continuation import continues_final_message
-from r2med_agent.llm.openai_compat import truncate_at_stop
+from r2med_agent.llm.wire import truncate_at_stop
 from r2med_agent.llm.registry import LLMSpec, with_system_prompt
 from r2med_agent.progress import for_backend
 from r2med_agent.types import Generation, Message, SamplingParams

@@ -49,24 +49,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.methods.loop import (
-    FINAL_MODES,
-    AgenticResult,
-    LoopOutcome,
-    Parser,
-    ReasoningLoop,
-    Trajectory,
-    cut_words,
-    read_traces,
-    trace_from_dict,
-    trace_to_dict,
-    traces_to_jsonl,
-)
+from r2med_agent.methods.loop import FINAL_MODES, FinalRanking, LoopLimits, ReasoningLoop
+from r2med_agent.methods.loop_parsing import Parser
+from r2med_agent.methods.token_cut import cut_words
+from r2med_agent.traces import read_traces, trace_from_dict, trace_to_dict, traces_to_jsonl
+from r2med_agent.methods.trajectory import AgenticResult, LoopOutcome, Trajectory
 from r2med_agent.types import Doc, Generation, Message, Query, SamplingParams, Task
 
 __all__ = [
     "FINAL_MODES",
     "AgenticResult",
+    "FinalRanking",
+    "LoopLimits",
     "LoopOutcome",
     "SearchO1",
     "SearchR1",
@@ -99,20 +93,18 @@ class SearchR1(ReasoningLoop):
     no cut of the documents).
 
     Args:
-        final: ``default`` or ``fuse`` (see :class:`~r2med_agent.methods.loop.ReasoningLoop`).
-        max_turns: turns in which the model may search (4 at evaluation); a final turn follows.
-        docs_per_search: documents inserted per search (3).
-        max_tokens: tokens per generation step (500, the evaluation's ``max_response_length``).
-            A step cut there without a search or an answer gets the corrective message, as the
-            evaluation reads it.
-        temperature: 0 (greedy, the evaluation's ``do_sample=False``) by default.
+        limits: :attr:`LIMITS` by default: 4 turns in which the model may search (as at
+            evaluation), then a final turn; 3 documents inserted per search; documents not cut
+            to words first (``max_doc_words`` None, as the original).
+        params: :attr:`SAMPLING` by default: greedy (the evaluation's ``do_sample=False``), 500
+            tokens per generation step (the evaluation's ``max_response_length``; a step cut
+            there without a search or an answer gets the corrective message, as the evaluation
+            reads it), seed 42 (matters only with a temperature above 0).
+        ranking: ``final`` ``default`` or ``fuse`` (see
+            :class:`~r2med_agent.methods.loop.FinalRanking`).
         max_obs_tokens: the inserted ``<information>`` block, tags and blank lines included, is
             cut to this many tokens of the model's tokenizer (500, the evaluation's
             ``max_obs_length``; None: not cut).
-        max_doc_words: each inserted document is cut to this many words first (None, as the
-            original).
-        seed: sampling seed (matters only with a temperature above 0).
-        fuse_depth: documents per list for ``final="fuse"``.
     """
 
     name = "search-r1"
@@ -122,27 +114,14 @@ class SearchR1(ReasoningLoop):
     result_tags = ("<information>", "</information>")
     length_ends = False
     empty_actions = True
+    LIMITS: ClassVar[LoopLimits] = LoopLimits(max_turns=4, max_searches=None, docs_per_search=3, final_turn=True)
+    SAMPLING: ClassVar[SamplingParams] = SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=500, seed=42)
 
     def __init__(
-        self,
-        *,
-        final: str = "default",
-        max_turns: int = 4,
-        docs_per_search: int = 3,
-        max_tokens: int = 500,
-        temperature: float = 0.0,
-        max_obs_tokens: int | None = 500,
-        max_doc_words: int | None = None,
-        seed: int | None = 42,
-        fuse_depth: int = 100,
-        rrf_k: int = 60,
+        self, *, limits: LoopLimits = LIMITS, params: SamplingParams = SAMPLING,
+        ranking: FinalRanking = FinalRanking(), max_obs_tokens: int | None = 500,
     ) -> None:
-        params = SamplingParams(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=seed)
-        super().__init__(
-            params=params, max_turns=max_turns, max_searches=None, final_turn=True,
-            docs_per_search=docs_per_search, max_doc_words=max_doc_words, final=final,
-            fuse_depth=fuse_depth, rrf_k=rrf_k,
-        )
+        super().__init__(params=params, limits=limits, ranking=ranking)
         if max_obs_tokens is not None and max_obs_tokens < 1:
             raise ConfigError(f"max_obs_tokens must be at least 1 or None, got {max_obs_tokens}")
         self.max_obs_tokens = max_obs_tokens
@@ -250,20 +229,18 @@ class SearchO1(ReasoningLoop):
     """Search-o1's loop with Reason-in-Documents (sunnynexus/Search-o1).
 
     Args:
-        final: ``default`` or ``fuse``.
-        max_turns: turns that may search (15); a query issued in the last of them is run and
-            condensed, and the trajectory stops there.
-        max_searches: searches a trajectory may run (10); later ones get the limit notice.
-        docs_per_search: documents given to Reason-in-Documents per search (10).
-        max_tokens: tokens per generation (8192, the original's value for non-QwQ models;
-            :meth:`for_model` gives QwQ 20,480).
-        temperature, top_p, top_k: sampling (0.7, 0.8, 20).
-        repetition_penalty: 1.0 (:meth:`for_model` gives QwQ 1.05, as the original).
-        qwq: use the original's QwQ task prompt (without "think step by step").
+        limits: :attr:`LIMITS` by default: 15 turns that may search (a query issued in the last
+            of them is run and condensed, and the trajectory stops there), 10 searches a
+            trajectory may run (later ones get the limit notice), 10 documents given to
+            Reason-in-Documents per search.
+        params: :attr:`SAMPLING` by default: temperature 0.7, top_p 0.8, top_k 20, 8,192 tokens
+            per generation (the original's value for non-QwQ models), repetition penalty 1.0
+            (:meth:`for_model` gives QwQ 20,480 tokens and 1.05, as the original), seed 42.
+        ranking: ``final`` ``default`` or ``fuse`` (see
+            :class:`~r2med_agent.methods.loop.FinalRanking`).
         max_doc_chars: characters of each document Reason-in-Documents reads (6,000, see
             :data:`O1_CONTEXT_CHARS`; None: whole documents).
-        seed: sampling seed.
-        fuse_depth: documents per list for ``final="fuse"``.
+        qwq: use the original's QwQ task prompt (without "think step by step").
     """
 
     name = "search-o1"
@@ -276,36 +253,17 @@ class SearchO1(ReasoningLoop):
     llm_overrides: ClassVar[Mapping[str, Any]] = {"system_prompt": "", "max_model_len": None}
     CONDENSE_REPETITION_PENALTY: ClassVar[float] = 1.05
     QWQ_SAMPLING: ClassVar[Mapping[str, Any]] = {"repetition_penalty": 1.05, "max_tokens": 20480}
+    LIMITS: ClassVar[LoopLimits] = LoopLimits(max_turns=15, max_searches=10, docs_per_search=10)
+    SAMPLING: ClassVar[SamplingParams] = SamplingParams(
+        temperature=0.7, top_p=0.8, top_k=20, max_tokens=8192, seed=42, repetition_penalty=1.0)
 
     def __init__(
-        self,
-        *,
-        final: str = "default",
-        max_turns: int = 15,
-        max_searches: int = 10,
-        docs_per_search: int = 10,
-        max_tokens: int = 8192,
-        temperature: float = 0.7,
-        top_p: float = 0.8,
-        top_k: int = 20,
-        repetition_penalty: float = 1.0,
-        max_doc_chars: int | None = O1_CONTEXT_CHARS,
-        seed: int | None = 42,
-        fuse_depth: int = 100,
-        rrf_k: int = 60,
-        qwq: bool = False,
+        self, *, limits: LoopLimits = LIMITS, params: SamplingParams = SAMPLING,
+        ranking: FinalRanking = FinalRanking(), max_doc_chars: int | None = O1_CONTEXT_CHARS, qwq: bool = False,
     ) -> None:
-        params = SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed,
-            repetition_penalty=repetition_penalty,
-        )
         self.qwq = qwq
         self.max_doc_chars = max_doc_chars
-        super().__init__(
-            params=params, max_turns=max_turns, max_searches=max_searches, final_turn=False,
-            docs_per_search=docs_per_search, max_doc_words=None, final=final,
-            fuse_depth=fuse_depth, rrf_k=rrf_k,
-        )
+        super().__init__(params=params, limits=limits, ranking=ranking)
         self._hash: str | None = None
 
     @property

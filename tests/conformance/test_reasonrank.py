@@ -25,7 +25,7 @@ import pytest
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.prompt_import import import_clone, write_prompts
 from r2med_agent.retrieval.rerank import formats
-from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, ranked_requests
+from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, ranked_requests, read_window
 from r2med_agent.retrieval.rerank.spec import RerankerSpec, get_reranker_spec
 from r2med_agent.retrieval.run_files import CandidateRunRetriever, read_ranked_run
 from r2med_agent.types import Doc, Query, SearchRequest, Task
@@ -204,7 +204,7 @@ def test_reasonrank_reads_answers_as_the_authors(reasonrank) -> None:
                              candidates=[data.Candidate(docid=f"d{i}", score=0.0, doc={}) for i in range(5)])
         expected = [c.docid for c in ranker.receive_permutation(result, text, 0, 5).candidates]
         spec = RerankerSpec(name="rr", kind="listwise", format="reasonrank", llm="x", window=5, step=1)
-        order, _, _ = LLMReranker(spec, llm=object())._read_window(_gen(text), 5)
+        order, _, _ = read_window(_gen(text), 5, spec.format, spec.parse == "strict")
         assert [f"d{i}" for i in order] == expected, text
 
 

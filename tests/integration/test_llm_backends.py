@@ -883,14 +883,14 @@ def test_url_pool_cools_failing_urls_down_and_sends_retries_elsewhere() -> None:
     import httpx
     import openai
 
-    from r2med_agent.llm.openai_compat import _UrlPool
+    from r2med_agent.llm.retry import UrlPool
 
     request = httpx.Request("POST", "http://x/v1/chat/completions")
     refused = openai.APIConnectionError(request=request)
     server_error = openai.InternalServerError("boom", response=httpx.Response(500, request=request), body=None)
     bad_request = openai.BadRequestError("bad", response=httpx.Response(400, request=request), body=None)
     now = [100.0]
-    pool = _UrlPool(["a", "b", "c"], initial_s=1.0, max_s=4.0, clock=lambda: now[0])
+    pool = UrlPool(["a", "b", "c"], initial_s=1.0, max_s=4.0, clock=lambda: now[0])
 
     # Least loaded first, ties round-robin.
     assert [pool.acquire() for _ in range(3)] == ["a", "b", "c"]
@@ -920,7 +920,7 @@ def test_url_pool_cools_failing_urls_down_and_sends_retries_elsewhere() -> None:
     assert (pool.failures[url], pool.cool_until[url]) == (0, 0.0)  # one success ends it
 
     # Every URL cooling: the one whose cooldown ends first.
-    single = _UrlPool(["p", "q"], initial_s=1.0, max_s=60.0, clock=lambda: now[0])
+    single = UrlPool(["p", "q"], initial_s=1.0, max_s=60.0, clock=lambda: now[0])
     for u, n in (("p", 3), ("q", 1)):
         for _ in range(n):
             single.in_flight[u] += 1
@@ -1185,7 +1185,7 @@ def test_http_continues_a_final_assistant_message_as_raw_text_on_vllm_servers(
 def test_reasoning_returned_separately_goes_to_reasoning_not_text() -> None:
     from openai.types.chat import ChatCompletion
 
-    from r2med_agent.llm.openai_compat import OpenAICompatBackend
+    from r2med_agent.llm.replies import to_generation
 
     response = ChatCompletion.model_validate(
         {
@@ -1198,7 +1198,7 @@ def test_reasoning_returned_separately_goes_to_reasoning_not_text() -> None:
             "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
         }
     )  # fmt: skip
-    gen = OpenAICompatBackend._to_generation(response, SamplingParams(), 0.5)
+    gen = to_generation(response, SamplingParams(), 0.5)
     assert (gen.text, gen.reasoning) == ("Answer.", "Because.")  # the text as returned
     assert (gen.finish_reason, gen.stop_reason) == ("stop", "</search>")
     assert (gen.prompt_tokens, gen.completion_tokens, gen.latency_s) == (5, 7, 0.5)

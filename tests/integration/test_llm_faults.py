@@ -335,19 +335,19 @@ CONTINUE = [
 @pytest.fixture
 def fresh_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forget what earlier tests found behind their URLs (ports are reused)."""
-    from r2med_agent.llm import openai_compat
+    from r2med_agent.llm import servers
 
-    monkeypatch.setattr(openai_compat, "_DETECTED", {}, raising=False)
+    monkeypatch.setattr(servers, "_DETECTED", {})
 
 
 @pytest.mark.slow
 def test_auto_finds_llama_cpp_python_behind_the_url(
     llama_server, fresh_detection: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from r2med_agent.llm.openai_compat import detect_server, resolve_server
+    from r2med_agent.llm.servers import detect_server, resolve_server
 
     spec = openai_spec([llama_server.base_url], server="auto")
-    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.openai_compat"):
+    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.servers"):
         assert resolve_server(spec) == "llamacpp"
     assert detect_server(llama_server.base_url) == (
         "llamacpp", f"llama-cpp-python's server (GET {llama_server.base_url.removesuffix('/v1')}/openapi.json)"
@@ -368,7 +368,7 @@ def test_auto_on_a_server_that_does_not_say_uses_the_chat_api_with_one_notice(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a tokenizer lookup would fail at once
     fault_proxy.opaque = True
     spec = openai_spec([fault_proxy.base_url], server="auto", model="smollm2")
-    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.openai_compat"):
+    with caplog.at_level(logging.INFO, logger="r2med_agent.llm.servers"):
         first = make_backend(spec).generate([CONTINUE], GREEDY)[0]
         again = make_backend(spec).generate([CONTINUE, COUNT], GREEDY)
     assert first.completion_tokens > 0 and all(g.completion_tokens > 0 for g in again)
@@ -388,7 +388,7 @@ def test_auto_on_a_server_that_does_not_say_uses_the_chat_api_with_one_notice(
 def test_auto_finds_vllm_behind_the_url(
     vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fresh_detection: None
 ) -> None:
-    from r2med_agent.llm.openai_compat import detect_server, resolve_server
+    from r2med_agent.llm.servers import detect_server, resolve_server
     from r2med_agent.llm.registry import LLMSpec
     from tests.vllm_server import VLLMServer
 

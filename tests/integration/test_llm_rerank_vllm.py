@@ -68,7 +68,7 @@ def test_pointwise_yes_probability_on_vllm_matches_transformers(vllm_spec, sampl
     model = AutoModelForCausalLM.from_pretrained(vllm_spec.model, torch_dtype=torch.float32).eval()
     trace = out.traces[0]
     for step, rec in list(zip(trace.steps, trace.extra["judgments"]))[:2]:
-        prompt = reranker._prompt(task, query=requests[0].query,
+        prompt = reranker.prompt(task, query=requests[0].query,
                                   document=" ".join(corpus[rec["doc_id"]].split()[:40]))
         conv = [{"role": "system", "content": vllm_spec.system_prompt}, *prompt,
                 {"role": "assistant", "content": judgment_prefix(step.generated)}]

@@ -91,9 +91,11 @@ def loops(llm_for: Any, task: Any) -> dict[str, list[Any]]:
 
     retriever = make_retriever("bm25", task, show_progress=False)
     out = {}
-    for method, regex in ((SearchR1(max_turns=1, max_tokens=MAX_TOKENS), R1_REGEX),
-                          (SearchO1(max_turns=2, max_searches=1, max_tokens=48,
-                                    temperature=0.0, seed=None), O1_REGEX)):
+    r1 = SearchR1(limits=dataclasses.replace(SearchR1.LIMITS, max_turns=1),
+                  params=dataclasses.replace(SearchR1.SAMPLING, max_tokens=MAX_TOKENS))
+    o1 = SearchO1(limits=dataclasses.replace(SearchO1.LIMITS, max_turns=2, max_searches=1),
+                  params=dataclasses.replace(SearchO1.SAMPLING, max_tokens=48, temperature=0.0, seed=None))
+    for method, regex in ((r1, R1_REGEX), (o1, O1_REGEX)):
         llm = llm_for({"structured_outputs": {"regex": regex}})
         result = method.run([(task, retriever)], llm)[task.name]
         out[method.name] = list(result.traces)
@@ -146,7 +148,7 @@ def test_cli_run_on_vllm_exits_by_itself(vllm_model_dir: Path, tmp_path: Path) -
     env = {**os.environ, "R2MED_CONFIG": str(config), "R2MED_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "r2med_agent", "run", "--method", "hyde", "--llm", "smol-vllm",
            "--task", "sample", "--data-dir", str(tmp_path / "data"), "--allow-count-mismatch", "--no-progress",
-           "-o", str(tmp_path / "results")]
+           "--prompts", "own", "-o", str(tmp_path / "results")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     done_at = None

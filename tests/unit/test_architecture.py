@@ -1,13 +1,16 @@
 """The rules docs/architecture.md states, checked on the package's own source: no import cycle
 outside cli/, no function over 80 lines, no public function with more than 8 parameters outside
-the typer commands, and no method name spelt in the runner or the analysis code."""
+the typer commands, no method name spelt in the runner or the analysis code, no class over 400
+lines, no module over 600 lines outside tests/, and the public modules (``runner``, ``compare``,
+``reproduce``) read by users, the CLI and the Python API only."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "r2med_agent"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "r2med_agent"
 
 
 def _modules() -> dict[str, Path]:
@@ -121,6 +124,40 @@ def test_no_method_name_in_the_runner_or_the_analysis() -> None:
                 if isinstance(node, ast.Constant) and node.value in set(METHODS) - {"none"}:
                     spelt.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}")
     assert spelt == []
+
+
+def test_no_class_over_400_lines() -> None:
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
+
+
+def test_no_module_over_600_lines_outside_tests() -> None:
+    long = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] == "tests" or rel.parts[0].startswith("."):
+            continue
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > 600:
+            long.append(f"{rel} ({lines} lines)")
+    assert long == []
+
+
+PUBLIC_MODULES = {"r2med_agent.runner", "r2med_agent.compare", "r2med_agent.reproduce"}
+
+
+def test_the_public_modules_are_read_by_users_the_cli_and_the_python_api_only() -> None:
+    """``runner``, ``compare`` and ``reproduce`` gather names for users (docs/python-api.md); the
+    package's own layers import each name from the module that defines it."""
+    modules = _modules()
+    users = {m for m in modules if m.startswith("r2med_agent.cli") or m == "r2med_agent.api"} | PUBLIC_MODULES
+    through = sorted(f"{m} imports {', '.join(sorted(_imports(m, p, modules) & PUBLIC_MODULES))}"
+                     for m, p in modules.items() if m not in users and _imports(m, p, modules) & PUBLIC_MODULES)
+    assert through == []
 
 
 # -- issue 28: the seams --------------------------------------------------------------------

@@ -71,6 +71,42 @@ def test_python_api_page_example_runs(tmp_path, monkeypatch, capsys):
     assert "bow-512" in table and "word-overlap" in table and "echo" in table
 
 
+def test_python_api_runs_tables_and_grids_example_runs(tmp_path, monkeypatch, capsys):
+    """The page's example of the runner, compare and reproduce modules, executed as written: a BM25
+    run of the sample task, its table, and the NanoR2MED grid's plan (nothing of it runs)."""
+    monkeypatch.chdir(tmp_path)
+    page = "docs/python-api.md"
+    exec(compile(_doc_block(page, "Runs, tables and grids: `runner`, `compare`, `reproduce`"), page, "exec"),
+         {"__name__": "docs"})
+    out = capsys.readouterr().out
+    folder, score = out.split("\n", 1)[0].split()
+    assert folder == "results/none/none/bm25" and 0.0 < float(score) <= 1.0
+    assert "| 0 | none | none | bm25 |" in out and "r2med-agent run --method none --retriever nano-bm25" in out
+    assert not (tmp_path / "results/none/none/nano-bm25").exists()
+
+
+def test_python_api_lists_each_public_name_of_the_runner_compare_and_reproduce_modules():
+    """The three modules' ``__all__`` is their API: every name is public, importable, and in the
+    page's table under its module, and the table names nothing else."""
+    import importlib
+
+    text = (ROOT / "docs/python-api.md").read_text(encoding="utf-8")
+    table = text.split("| module | name | what it is |", 1)[1].split("\n\n", 1)[0]
+    documented: dict[str, set[str]] = {}
+    module = ""
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        module = cells[0].strip("`") or module
+        names = {re.sub(r"\(.*", "", n) for n in re.findall(r"`([^`]+)`", cells[1])}
+        documented.setdefault(module, set()).update(names)
+    assert set(documented) == {"r2med_agent.runner", "r2med_agent.compare", "r2med_agent.reproduce"}
+    for name, names in documented.items():
+        mod = importlib.import_module(name)
+        assert set(mod.__all__) == names, name
+        assert not [n for n in mod.__all__ if n.startswith("_")]
+        assert all(hasattr(mod, n) for n in mod.__all__)
+
+
 def test_python_api_scores_equal_an_independent_computation(tmp_path):
     """The encoder path's nDCG@10 equals pytrec_eval run by hand on the same cosine ranking."""
     import numpy as np

@@ -372,7 +372,11 @@ class HFEncoder:
         n_prefix: int,
     ) -> np.ndarray:
         torch = _import_torch()
-        width = max(len(x) for x in ids)
+        # A text of no tokens at all (an empty document under a tokenizer that adds no special
+        # tokens) has nothing to pool: it embeds as the zero vector, whatever else is in the batch
+        # (one padding position keeps the model's input non-empty when the whole batch is such).
+        width = max(1, max(len(x) for x in ids))
+        empty = [r for r, x in enumerate(ids) if not x]
         arr = np.full((len(ids), width), lo.pad_id, dtype=np.int64)
         mask = np.zeros((len(ids), width), dtype=np.int64)
         tt = np.zeros((len(ids), width), dtype=np.int64)
@@ -399,7 +403,11 @@ class HFEncoder:
             vec = _apply_dense(lo.dense, vec)
         if self.spec.normalize:
             vec = torch.nn.functional.normalize(vec, dim=-1)
-        return vec.cpu().numpy().astype(np.float32, copy=False)
+        out = vec.cpu().numpy().astype(np.float32, copy=False)
+        if empty:
+            out = out.copy()
+            out[empty] = 0.0
+        return out
 
     def _encode_with_model_method(
         self, lo: _Loaded, texts: list[str], prefix: str, max_length: int

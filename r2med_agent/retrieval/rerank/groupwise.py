@@ -49,13 +49,21 @@ import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, RerankOutput, cut_words, ranked_requests
-from r2med_agent.types import Generation, Message, SearchRequest, Task, Trace, TraceStep
+from r2med_agent.retrieval.rerank.answers import cut_words
+from r2med_agent.retrieval.rerank.llm import LLMReranker
+from r2med_agent.retrieval.rerank.llm_jobs import (
+    RerankJob,
+    RerankOutput,
+    RerankQuery,
+    generation_stats,
+    ranked_requests,
+)
+from r2med_agent.types import Generation, Message, Task, TraceStep
 
 logger = logging.getLogger(__name__)
 
@@ -246,24 +254,6 @@ def grouprank_text(text: str, max_chars: int) -> str:
 # --------------------------------------------------------------------------- shared reranker parts
 
 
-@dataclass
-class _Query:
-    job: int
-    task: Task
-    request: SearchRequest
-    head: list[str]
-    tail: list[str]
-    corpus: Mapping[str, str]
-    gens: list[Generation] = field(default_factory=list)
-    steps: list[TraceStep] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
-    texts: dict[str, str] = field(default_factory=dict)
-    """Each candidate's text as the prompt shows it (cut once)."""
-    unscored: list[str] = field(default_factory=list)
-    """Groupwise: candidates no answer scored (left out of the run or kept at 0, ``unscored``)."""
-
-
 class JobReranker(LLMReranker):
     """The setup of :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker` (its LLM built on first
     use, shared with the run, its sampling) for kinds with their own prompt folder and loop;
@@ -303,47 +293,36 @@ class JobReranker(LLMReranker):
     def template_hash(self, task: Task) -> str:
         return prompts.template_hash(self.PROMPT_FOLDER, task.family, prompts_dir=self.prompts_dir)
 
-    def meta(self, q: _Query, **extra: Any) -> dict[str, Any]:
+    def meta(self, q: RerankQuery, **extra: Any) -> dict[str, Any]:
         return {"task": q.task.name, "query_id": q.request.query_id, "method": f"rerank-{self.kind}",
                 "reranker": self.name, **extra}
 
     def rerank_tasks(self, jobs: Sequence[RerankJob], k: int) -> list[RerankOutput]:
         """Rerank the top ``k`` of every query of every job, batched over all of them."""
-        queries = [_Query(j, job.task, req, items[:k], items[k:], job.corpus)
+        queries = [RerankQuery(j, job.task, req, items[:k], items[k:], job.corpus)
                    for j, job, req, items in ranked_requests(jobs, k)]
         self._rerank(queries)
         return self._outputs(jobs, queries)
 
-    def _rerank(self, queries: list[_Query]) -> None:  # pragma: no cover - abstract
+    def _rerank(self, queries: list[RerankQuery]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _stats(self, queries: list[_Query]) -> dict[str, Any]:  # pragma: no cover - abstract
+    def _stats(self, queries: list[RerankQuery]) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _outputs(self, jobs: Sequence[RerankJob], queries: list[_Query]) -> list[RerankOutput]:
+    def _outputs(self, jobs: Sequence[RerankJob], queries: list[RerankQuery]) -> list[RerankOutput]:
         outputs = [RerankOutput({}, []) for _ in jobs]
         for q in queries:
-            new = dict(zip(q.head, q.scores))
-            floor = min(q.scores) if q.scores else 0.0
-            for j, d in enumerate(q.tail, start=1):
-                new[d] = floor - j
             out = outputs[q.job]
-            out.run[q.request.query_id] = new
+            out.run[q.request.query_id] = q.reranked_run()
             extra = {"task": q.task.name, "query": q.request.query, "reranker": self.name, "kind": self.kind,
                      "seed": self.spec.seed, self.RECORDS: q.records, **({"unscored": q.unscored} if q.unscored else {})}
-            out.traces.append(Trace(query_id=q.request.query_id, method=f"rerank-{self.kind}", steps=tuple(q.steps),
-                                    final="reranked: " + ", ".join(q.head), finish_reason="stop", extra=extra))
+            out.traces.append(q.trace(f"rerank-{self.kind}", extra))
         for j, out in enumerate(outputs):
             mine = [q for q in queries if q.job == j]
-            gens = [g for q in mine for g in q.gens]
-            made = [g for g in gens if not g.cached]
             out.stats = {
                 "reranker": self.name, "kind": self.kind, "llm": self.spec.llm,
-                "generations": len(made), "cache_hits": len(gens) - len(made),
-                "prompt_tokens": sum(g.prompt_tokens for g in gens),
-                "completion_tokens": sum(g.completion_tokens for g in gens),
-                "llm_time_s": round(sum(g.latency_s for g in gens), 4),
-                "llm_time_new_s": round(sum(g.latency_s for g in made), 4),
+                **generation_stats([g for q in mine for g in q.gens]),
                 "seed": self.spec.seed,
                 **self.cut_stats(),
                 **self._stats(mine),
@@ -364,17 +343,17 @@ class GroupwiseReranker(JobReranker):
     PROMPT_FOLDER = "rerank-groupwise"
     RECORDS = "groups"
 
-    def _doc_text(self, q: _Query, doc_id: str) -> str:
+    def _doc_text(self, q: RerankQuery, doc_id: str) -> str:
         text = q.corpus[doc_id]
         if self.spec.max_doc_chars:
             return grouprank_text(text, self.spec.max_doc_chars)
         return cut_words(text, self.spec.max_doc_words)
 
-    def _groups(self, queries: list[_Query]) -> list[tuple[_Query, int, int, list[str]]]:
+    def _groups(self, queries: list[RerankQuery]) -> list[tuple[RerankQuery, int, int, list[str]]]:
         """Every group of every pass, pass after pass, each pass query after query (GroupRank's
         batch order): ``(query, pass, group index, doc ids)``."""
         spec = self.spec
-        batch: list[tuple[_Query, int, int, list[str]]] = []
+        batch: list[tuple[RerankQuery, int, int, list[str]]] = []
         if spec.shuffle == "sequential":  # one generator per task, as GroupRank's random.seed per run
             rngs = {job: random.Random(spec.seed) for job in {q.job for q in queries}}
             orders = {id(q): list(q.head) for q in queries}
@@ -392,7 +371,7 @@ class GroupwiseReranker(JobReranker):
                     batch.append((q, p, g, group))
         return batch
 
-    def _generate(self, batch: list[tuple[_Query, int, int, list[str]]]) -> list[Generation]:
+    def _generate(self, batch: list[tuple[RerankQuery, int, int, list[str]]]) -> list[Generation]:
         """The answers to every group: one generate call per pass, holding that pass's groups of
         every query of every task. Pass ``p`` is sample ``p`` of its prompts (its own cache key and
         seed), so a group that recurs in another pass is answered anew, as GroupRank samples it
@@ -411,7 +390,7 @@ class GroupwiseReranker(JobReranker):
                 meta=[self.meta(q, **{"pass": p, "group": g}) for q, _, g, _ in part])
         return outs
 
-    def _rerank(self, queries: list[_Query]) -> None:
+    def _rerank(self, queries: list[RerankQuery]) -> None:
         spec = self.spec
         batch = self._groups(queries)
         outs = self._generate(batch)
@@ -433,7 +412,7 @@ class GroupwiseReranker(JobReranker):
         for q in queries:
             q.head, q.scores, q.unscored = final_order(q.head, got[id(q)], spec.unscored, strict=spec.parse == "strict")
 
-    def _stats(self, queries: list[_Query]) -> dict[str, Any]:
+    def _stats(self, queries: list[RerankQuery]) -> dict[str, Any]:
         groups = [r for q in queries for r in q.records]
         return {"passes": self.spec.passes, "group_size": self.spec.group_size, "groups": len(groups),
                 "parse": self.spec.parse, "shuffle": self.spec.shuffle,

@@ -35,7 +35,8 @@ import re
 from collections.abc import Generator
 from typing import Any
 
-from r2med_agent.retrieval.rerank.groupwise import JobReranker, _Query
+from r2med_agent.retrieval.rerank.groupwise import JobReranker
+from r2med_agent.retrieval.rerank.llm_jobs import RerankQuery
 from r2med_agent.types import TraceStep
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class SetwiseReranker(JobReranker):
     PROMPT_FOLDER = "rerank-setwise"
     RECORDS = "comparisons"
 
-    def _rerank(self, queries: list[_Query]) -> None:
+    def _rerank(self, queries: list[RerankQuery]) -> None:
         spec = self.spec
         sorts: dict[int, Comparisons] = {}
         pending: dict[int, list[int]] = {}
@@ -171,20 +172,20 @@ class SetwiseReranker(JobReranker):
         for q in queries:
             q.scores = [float(len(q.head) - i) for i in range(len(q.head))]
 
-    def _doc_text(self, q: _Query, doc_id: str) -> str:
+    def _doc_text(self, q: RerankQuery, doc_id: str) -> str:
         """A document as the sets show it (:meth:`prepared`: Rank-R1 cuts it to ``max_doc_tokens``
         tokens of the model's tokenizer), made once per query."""
         if doc_id not in q.texts:
             q.texts[doc_id] = self.prepared(q.corpus[doc_id])
         return q.texts[doc_id]
 
-    def _query_text(self, q: _Query) -> str:
+    def _query_text(self, q: RerankQuery) -> str:
         """The query, cut to ``max_query_tokens`` tokens when set (Rank-R1 cuts it as its documents)."""
         n = self.spec.max_query_tokens
         return self.passage_cut().cut(q.request.query, n) if n else q.request.query
 
     @staticmethod
-    def _advance(n: int, q: _Query, sorts: dict[int, Comparisons], pending: dict[int, list[int]],
+    def _advance(n: int, q: RerankQuery, sorts: dict[int, Comparisons], pending: dict[int, list[int]],
                  answer: int | None) -> None:
         """Send query ``n``'s heap sort its answer (None: start it); keep its next set pending, or
         put its documents in their new order when it is done."""
@@ -194,7 +195,7 @@ class SetwiseReranker(JobReranker):
             pending.pop(n, None)
             q.head = [q.head[i] for i in done.value]
 
-    def _stats(self, queries: list[_Query]) -> dict[str, Any]:
+    def _stats(self, queries: list[RerankQuery]) -> dict[str, Any]:
         records = [r for q in queries for r in q.records]
         return {"parse": self.spec.parse, "num_child": self.spec.num_child, "select_k": self.spec.select_k, "comparisons": len(records),
                 "rounds": max((r["round"] for r in records), default=0),

@@ -164,7 +164,8 @@ def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
     """The calls of the frontier rerankers as their algorithms make them (876 R2MED queries, top
     100): GroupRank 5 groups x 6 passes, ReasonRank 9 windows, Rank1 100 pairs, Rank-R1's heap
     sort about 25 comparisons of 20; GPU-hours from the stated throughput assumption."""
-    from r2med_agent.analysis.needs import GPU_TOKENS_PER_S, Registries, gpu_hours, token_estimate
+    from r2med_agent.analysis.estimates import GPU_TOKENS_PER_S, gpu_hours, token_estimate
+    from r2med_agent.analysis.needs import Registries
 
     reg = Registries.load()
     grid = load_grid("frontier")

@@ -171,7 +171,7 @@ def test_drilldown_data_matches_the_run_files(report: Path, tree: Path):
 
 
 def test_coinciding_points_share_one_label():
-    from r2med_agent.analysis.report import _clusters
+    from r2med_agent.analysis.plots import _clusters
 
     # Rows 0 and 1 both at x=0 (no LLM cost) with nearly the same score; row 2 far away; row 3
     # at x=0 with another score.

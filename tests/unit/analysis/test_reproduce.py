@@ -12,23 +12,16 @@ from typer.testing import CliRunner
 
 from r2med_agent import reproduce as rep
 from r2med_agent.analysis import planner
+from r2med_agent.analysis.grids import RUN_ARGS
+from r2med_agent.analysis.needs import Registries, entry_needs, weights_gib
+from r2med_agent.analysis.planner import task_option
+from r2med_agent.analysis.results import r2med_tasks
+from r2med_agent.compare import PublishedKey, published_results
 from r2med_agent.experiment.resolve import resolve
-from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec
-from r2med_agent.compare import PublishedKey, published_results, r2med_tasks
 from r2med_agent.errors import ConfigError
+from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec
 from r2med_agent.paths import resources_dir
-from r2med_agent.reproduce import (
-    TABLES,
-    Registries,
-    ReproduceOptions,
-    entry_needs,
-    format_plan,
-    load_grid,
-    load_grids,
-    plan,
-    reproduce,
-    weights_gib,
-)
+from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, load_grids, plan, reproduce
 from tests.result_trees import QRELS, ranking, write_r2med_task, write_result
 
 RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
@@ -131,7 +124,7 @@ def test_dry_run_lists_every_entry(cli, tmp_path):
         res = runner.invoke(cli, ["reproduce", "--table", table, "--dry-run", "--output-dir", str(out)])
         assert res.exit_code == 0, res.output
         for i, entry in enumerate(grid.entries):
-            cmd = entry.command(rep.task_option(grid.tasks), out, generations=entry.generations_mode())
+            cmd = entry.command(task_option(grid.tasks), out, generations=entry.generations_mode())
             assert f"    {cmd}\n" in res.output
             who = "published" if grid.averages[i] is not None else "paper"
             assert f"[{i}] {entry.label}  (to run; {who} nDCG@10 avg " in res.output
@@ -514,7 +507,7 @@ def test_run_args_are_runner_fields_and_run_flags(cli):
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     run = typer.main.get_command(cli).commands["run"]
     flags = {opt for p in run.params for opt in p.opts}
-    for arg in rep.RUN_ARGS:
+    for arg in RUN_ARGS:
         assert arg in fields
         if arg == "sampling":  # a mapping: one flag per override
             assert set(SAMPLING_FLAGS.values()) <= flags
@@ -662,7 +655,7 @@ def test_dry_runs_add_up_their_llm_work_and_never_print_zero_hours(tmp_path, gen
     run (calls, tokens, GPU-hours, dollars: the rows' estimates added up); no row reads "≤0
     GPU-hours"; a fresh agentic row has its estimate; an API reranker (InsertRank over DeepSeek)
     its cost; rows over given run files name the folder they come in."""
-    from r2med_agent.analysis.needs import format_hours
+    from r2med_agent.analysis.estimates import format_hours
 
     for table, grid in load_grids().items():
         planned = plan(grid, ReproduceOptions(output_dir=tmp_path, generations=generations))

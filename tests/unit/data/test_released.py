@@ -229,7 +229,8 @@ def test_hub_file_at_the_pinned_revision_from_a_loopback_hub(tmp_path, monkeypat
 
 
 def test_compare_labels_released_rows_and_matches_the_published_row(tmp_path, capsys) -> None:
-    from r2med_agent.compare import load_results, published_key
+    from r2med_agent.analysis.tables import published_key
+    from r2med_agent.compare import load_results
 
     for generations in ("r2med", "fresh"):
         leaf = tmp_path / "hyde" / ("qwen-7b@r2med" if generations == "r2med" else "qwen-7b") / "bm25-compat"

@@ -121,7 +121,8 @@ def test_empty_generation_keep_searches_bm25_with_nothing_as_r2med(tmp_path: Pat
     assert run["p2"] == {"p1": 0.0, "p2": 0.0, "p3": 0.0, "c1": 0.0}
     assert run["p1"] == default_run["p1"] and run["p3"] == default_run["p3"]
     # compare --cost shows the count beside the scores of both rows
-    from r2med_agent.compare import build_table, load_results, render_markdown
+    from r2med_agent.analysis.render import render_markdown
+    from r2med_agent.compare import build_table, load_results
 
     md = render_markdown(build_table(load_results([tmp_path / "out"]), metric="ndcg_at_1", cost=True)).splitlines()
     header = [c.strip() for c in next(line for line in md if line.startswith("| #")).split("|")]

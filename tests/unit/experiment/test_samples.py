@@ -94,7 +94,7 @@ def test_dense_mean_of_query_and_samples_and_bm25_joins_them() -> None:
 
 
 def test_run_with_samples_records_n_and_writes_every_sample(tmp_path, monkeypatch) -> None:
-    from r2med_agent.compare import split_leaf
+    from r2med_agent.analysis.results import split_leaf
     from r2med_agent.llm.registry import LLMSpec
     from r2med_agent.runner import RunConfig, run_experiment
 

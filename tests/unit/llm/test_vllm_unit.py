@@ -108,10 +108,10 @@ def test_cached_llm_shows_one_progress_over_all_chunks_and_says_what_is_cached(c
 
 
 def test_progress_counts_chunks_of_backends_that_report_nothing(monkeypatch) -> None:
-    from r2med_agent.llm import cached
+    from r2med_agent.llm import cached, dispatch
 
     opened: list[GenerationProgress] = []
-    real = cached.tracking
+    real = dispatch.tracking
 
     def spy(total, desc, **kw):  # noqa: ANN001, ANN202
         kw.update(stream=io.StringIO(), show=True, interval_s=0.0)
@@ -128,7 +128,7 @@ def test_progress_counts_chunks_of_backends_that_report_nothing(monkeypatch) -> 
 
         return _Ctx()
 
-    monkeypatch.setattr(cached, "tracking", spy)
+    monkeypatch.setattr(dispatch, "tracking", spy)
     llm = cached.CachedLLM(ScriptedLLM(lambda m, q: "t"), "scripted", cache=None, chunk_size=3)
     llm.generate([[{"role": "user", "content": str(i)}] for i in range(4)], SamplingParams())
     (p,) = opened

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from r2med_agent.methods.agentic import (
 )
 from r2med_agent.methods.loop import (
     AgenticResult,
+    FinalRanking,
     LoopJob,
     parse_output,
     read_traces,
@@ -292,7 +294,8 @@ def test_search_r1_answer_in_final_turn_counts_as_answer():
         return "<answer>fever</answer>" if n == 2 else f"<search>q{n}</search>"
 
     task = make_task(n=1)
-    trace = SearchR1(max_turns=2).run([(task, InlineRetriever(task))], ScriptedLLM(script))["Biology"].traces[0]
+    loop = SearchR1(limits=replace(SearchR1.LIMITS, max_turns=2))
+    trace = loop.run([(task, InlineRetriever(task))], ScriptedLLM(script))["Biology"].traces[0]
     assert trace.finish_reason == "answer" and trace.final == "fever" and len(trace.steps) == 3
 
 
@@ -362,7 +365,7 @@ def test_search_o1_search_limit():
     task = make_task(n=1)
     retr = InlineRetriever(task)
     llm = ScriptedLLM(o1_script(["fever", "anemia", "iron"]))
-    trace = SearchO1(max_searches=2).run([(task, retr)], llm)["Biology"].traces[0]
+    trace = SearchO1(limits=replace(SearchO1.LIMITS, max_searches=2)).run([(task, retr)], llm)["Biology"].traces[0]
     assert trace.extra["searches"] == ["fever", "anemia"]
     assert trace.steps[2].search_query == "iron" and trace.steps[2].doc_ids == ()
     assert trace.steps[2].inserted == f"\n<|begin_search_result|>\n{SEARCH_LIMIT}\n<|end_search_result|>\n"
@@ -416,7 +419,8 @@ def test_search_o1_protocol_defaults():
     # With the search limit out of the way, the turn limit shows: 15 searches run, the 15th
     # turn's query included, and the trajectory stops there.
     retr2 = InlineRetriever(task)
-    trace2 = SearchO1(max_searches=100).run([(task, retr2)], ScriptedLLM(o1_endless))["Biology"].traces[0]
+    loop = SearchO1(limits=replace(SearchO1.LIMITS, max_searches=100))
+    trace2 = loop.run([(task, retr2)], ScriptedLLM(o1_endless))["Biology"].traces[0]
     assert len(retr2.calls) == 15 and len(trace2.steps) == 15 and trace2.finish_reason == "max_turns"
     assert len(trace2.steps[14].doc_ids) == 10 and trace2.steps[14].inserted.startswith("\n\n<|begin_search_result|>")
 
@@ -427,7 +431,7 @@ def test_search_o1_query_in_the_last_turn_is_run_and_then_the_loop_stops():
     task = make_task(n=1)
     retr = InlineRetriever(task)
     llm = ScriptedLLM(o1_endless)
-    trace = SearchO1(max_turns=3).run([(task, retr)], llm)["Biology"].traces[0]
+    trace = SearchO1(limits=replace(SearchO1.LIMITS, max_turns=3)).run([(task, retr)], llm)["Biology"].traces[0]
     assert [is_condense(c[0]) for c in llm.calls] == [False, True, False, True, False, True]
     assert len(retr.calls) == 3 and trace.extra["searches"] == [f"fever query {i}" for i in range(3)]
     assert [s.search_query for s in trace.steps] == [f"fever query {i}" for i in range(3)]
@@ -437,12 +441,14 @@ def test_search_o1_query_in_the_last_turn_is_run_and_then_the_loop_stops():
 
     # A model that answers in the last turn: its answer.
     llm2 = ScriptedLLM(o1_script(["fever", "anemia"], final="So it is anemia."))
-    trace2 = SearchO1(max_turns=3).run([(task, InlineRetriever(task))], llm2)["Biology"].traces[0]
+    loop = SearchO1(limits=replace(SearchO1.LIMITS, max_turns=3))
+    trace2 = loop.run([(task, InlineRetriever(task))], llm2)["Biology"].traces[0]
     assert trace2.finish_reason == "answer" and len(trace2.steps) == 3
     assert trace2.extra["searches"] == ["fever", "anemia"] and trace2.final.endswith("So it is anemia.")
 
     # Out of searches: the limit notice, then the turns run out.
-    t3 = SearchO1(max_turns=3, max_searches=1).run([(task, InlineRetriever(task))], ScriptedLLM(o1_endless))
+    loop = SearchO1(limits=replace(SearchO1.LIMITS, max_turns=3, max_searches=1))
+    t3 = loop.run([(task, InlineRetriever(task))], ScriptedLLM(o1_endless))
     trace3 = t3["Biology"].traces[0]
     assert trace3.extra["searches"] == ["fever query 0"] and len(trace3.steps) == 3
     assert [s.inserted == LIMIT_NOTICE for s in trace3.steps] == [False, True, True]
@@ -526,7 +532,8 @@ def test_search_r1_final_response_without_an_answer_parses_the_whole_output(fmt,
 
     llm = CachedLLM(ScriptedLLM(script), reasoning_format=fmt, cache=None)
     task = make_task(n=1)
-    trace = SearchR1(max_turns=1).run([(task, InlineRetriever(task))], llm)["Biology"].traces[0]
+    loop = SearchR1(limits=replace(SearchR1.LIMITS, max_turns=1))
+    trace = loop.run([(task, InlineRetriever(task))], llm)["Biology"].traces[0]
     assert trace.finish_reason == "max_turns" and len(trace.steps) == 2
     assert trace.final == expected
 
@@ -837,8 +844,8 @@ def test_fuse_ranks_with_the_final_retriever_and_only_searches_that_ran():
 
     task = make_task(n=1)
     loop_retr, final_retr = InlineRetriever(task), InlineRetriever(task)
-    res = SearchO1(max_turns=3).run([(task, loop_retr)], ScriptedLLM(script), final="fuse",
-                                    final_retrievers=[final_retr])["Biology"]
+    loop = SearchO1(limits=replace(SearchO1.LIMITS, max_turns=3))
+    res = loop.run([(task, loop_retr)], ScriptedLLM(script), final="fuse", final_retrievers=[final_retr])["Biology"]
     trace = res.traces[0]
     # "fever" ran; its repeat got the notice; "anemia", in the last turn, ran.
     assert trace.extra["issued"] == ["fever", "fever", "anemia"] and trace.extra["searches"] == ["fever", "anemia"]
@@ -867,7 +874,7 @@ def test_sampling_overrides_and_bad_options():
     with pytest.raises(ConfigError, match="allowed: temperature"):
         SearchR1().run([(task, InlineRetriever(task))], ScriptedLLM(script), sampling={"stop": ["x"]})
     with pytest.raises(ConfigError, match="default, fuse"):
-        SearchR1(final="best")
+        SearchR1(ranking=FinalRanking(final="best"))
     with pytest.raises(ConfigError, match="given twice"):
         SearchR1().run([(task, InlineRetriever(task)), (task, InlineRetriever(task))], ScriptedLLM(script))
 
@@ -989,7 +996,7 @@ def test_search_r1_end_to_end_with_the_local_model_and_bm25(tmp_path, monkeypatc
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     task = make_task(n=2)
     bm25 = BM25Retriever.for_task(task, show_progress=False)
-    method = SearchR1(max_turns=1, final="fuse")
+    method = SearchR1(limits=replace(SearchR1.LIMITS, max_turns=1), ranking=FinalRanking(final="fuse"))
     sampling = {"max_tokens": 8}
 
     llm = make_llm("smollm2", cache_path=tmp_path / "gen.sqlite", chunk_size=None)
@@ -1059,7 +1066,8 @@ def test_search_r1_real_model_continues_after_the_documents_of_a_search(tmp_path
     task = make_task(n=2)
     bm25 = BM25Retriever.for_task(task, show_progress=False)
     llm = _real_llm(tmp_path, "<think>I should look this up.</think>\n<search> fever hypothalamus ", "</search>")
-    res = SearchR1(max_turns=1).run([(task, bm25)], llm, sampling={"max_tokens": 16})["Biology"]
+    loop = SearchR1(limits=replace(SearchR1.LIMITS, max_turns=1))
+    res = loop.run([(task, bm25)], llm, sampling={"max_tokens": 16})["Biology"]
     # Step 1 (scripted) searched with the real BM25; step 2, the final turn, is the real model
     # continuing after the inserted documents: one generate call for both trajectories.
     assert len(llm.real) == 1 and len(llm.real[0]) == 2
@@ -1085,7 +1093,8 @@ def test_search_o1_real_model_condenses_the_documents_of_a_search(tmp_path):
     task = make_task(n=2)
     bm25 = BM25Retriever.for_task(task, show_progress=False)
     llm = _real_llm(tmp_path, "I need facts.\n<|begin_search_query|>iron deficiency anemia", "<|end_search_query|>")
-    res = SearchO1(max_turns=2).run([(task, bm25)], llm, sampling={"max_tokens": 24})["Biology"]
+    loop = SearchO1(limits=replace(SearchO1.LIMITS, max_turns=2))
+    res = loop.run([(task, bm25)], llm, sampling={"max_tokens": 24})["Biology"]
     # The first real call is Reason-in-Documents over both searches, with the BM25 documents.
     condense = llm.real[0]
     assert len(condense) == 2 and all(is_condense(p) for p in condense)
@@ -1296,7 +1305,7 @@ def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, spec
     def no_hub(spec):  # unit tests never download a tokenizer: Search-R1 counts words instead
         raise OSError("offline")
 
-    monkeypatch.setattr("r2med_agent.methods.loop._transformers_cut", no_hub)
+    monkeypatch.setattr("r2med_agent.methods.token_cut._transformers_cut", no_hub)
     cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",
                     cache_path=tmp_path / "cache.sqlite", show_progress=False)
     run_experiment(cfg)

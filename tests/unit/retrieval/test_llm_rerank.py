@@ -258,7 +258,8 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
 def test_openai_wire_asks_for_top_logprobs_only_when_set_and_reads_them() -> None:
     from types import SimpleNamespace as NS
 
-    from r2med_agent.llm.openai_compat import OpenAICompatBackend, key_params
+    from r2med_agent.llm.replies import to_generation
+    from r2med_agent.llm.wire import key_params
 
     assert "logprobs" not in key_params(SamplingParams(), server="vllm")
     sent = key_params(SamplingParams(logprobs=20), server="vllm")
@@ -266,10 +267,10 @@ def test_openai_wire_asks_for_top_logprobs_only_when_set_and_reads_them() -> Non
     pos = NS(token=" yes", logprob=-0.1, top_logprobs=[NS(token=" no", logprob=-2.5), NS(token=" yes", logprob=-0.1)])
     choice = NS(message=NS(content=" yes"), finish_reason="length", logprobs=NS(content=[pos]))
     response = NS(choices=[choice], usage=NS(prompt_tokens=5, completion_tokens=1))
-    gen = OpenAICompatBackend._to_generation(response, SamplingParams(logprobs=20, max_tokens=1), 0.0)
+    gen = to_generation(response, SamplingParams(logprobs=20, max_tokens=1), 0.0)
     assert gen.logprobs == (((" yes", -0.1), (" no", -2.5)),)
     assert yes_probability(gen.logprobs[0]) == pytest.approx(math.exp(-0.1) / (math.exp(-0.1) + math.exp(-2.5)))
-    assert OpenAICompatBackend._to_generation(response, SamplingParams(), 0.0).logprobs is None
+    assert to_generation(response, SamplingParams(), 0.0).logprobs is None
 
 
 def test_token_choices_travel_as_vllm_ids_and_only_to_vllm_servers(tmp_path) -> None:
@@ -281,8 +282,10 @@ def test_token_choices_travel_as_vllm_ids_and_only_to_vllm_servers(tmp_path) -> 
     from r2med_agent.config import build
     from r2med_agent.errors import ConfigError, LLMError
     from r2med_agent.llm.base import choice_token_ids
-    from r2med_agent.llm.openai_compat import OpenAICompatBackend, key_params
+    from r2med_agent.llm.openai_compat import OpenAICompatBackend
     from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.llm.replies import to_generation
+    from r2med_agent.llm.wire import key_params
 
     params = SamplingParams(temperature=0.0, max_tokens=1, token_choices=(" true", " false"))
     assert params.to_dict()["token_choices"] == [" true", " false"]
@@ -310,5 +313,5 @@ def test_token_choices_travel_as_vllm_ids_and_only_to_vllm_servers(tmp_path) -> 
         choice_token_ids(lambda s: Tok().encode(s, add_special_tokens=False), (" true", " t"))
     top = {" false": -11.6, " true": -14.0}
     choice = NS(text=" false", message=None, finish_reason="length", logprobs=NS(top_logprobs=[top]))
-    gen = OpenAICompatBackend._to_generation(NS(choices=[choice], usage=None), params, 0.0)
+    gen = to_generation(NS(choices=[choice], usage=None), params, 0.0)
     assert gen.logprobs == (((" false", -11.6), (" true", -14.0)),)

@@ -444,3 +444,22 @@ def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
         finally:
             set_user_config(None)
     assert None not in hashes and hashes[0] != hashes[1]
+
+
+def test_a_text_of_no_tokens_embeds_as_zero_whatever_its_batch(tmp_path: Path) -> None:
+    """RaDeR's R2MED setting appends nothing and its Qwen2 tokenizer adds no special token, so an
+    empty document is zero tokens: it used to crash the batch that held it alone ("cannot reshape
+    tensor of 0 elements") and, beside other texts, to pool a padding position whose vector
+    depended on the batch. It is the zero vector now (no similarity to anything), and the other
+    texts of its batch embed as they do alone."""
+    tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen2"])
+    folder = tmp_path / "tiny-rader"
+    _, tok = _tiny_model("qwen2", folder, tok)
+    assert tok("")["input_ids"] == []
+    spec = dataclasses.replace(get_encoder_spec("rader-7b"), model=str(folder), max_length=MAX_LENGTH, batch_size=2)
+    enc = HFEncoder(spec, device="cpu")
+    alone = enc.encode([""], side="doc")
+    assert alone.shape[0] == 1 and not np.any(alone)
+    mixed = enc.encode(["", DOCS[0], "", DOCS[1]], side="doc")
+    assert not np.any(mixed[[0, 2]]) and np.isfinite(mixed).all()
+    np.testing.assert_allclose(mixed[[1, 3]], enc.encode([DOCS[0], DOCS[1]], side="doc"), atol=1e-6)
