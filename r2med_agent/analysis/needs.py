@@ -234,7 +234,7 @@ def entry_needs(
         tasks: the planned tasks: an encoder runs its BRIGHT settings (``EncoderSpec.bright``:
             precision, tokenizer) when they are BRIGHT's.
     """
-    if entry.generations == "bright" and entry.method != "none":
+    if entry.generations == "bright" and entry.uses_llm:
         generations = "bright"  # BRIGHT's released reasoning queries, always (GridEntry.generations_mode)
     reg = registries or Registries.load()
     found = _NeedsFinder(entry, reg, gpu_gib, tasks)

@@ -279,3 +279,18 @@ def test_each_default_is_stated_once() -> None:
                         ("rrf_k", 60), ("rerank_k", 100), ("temperature", 0.7), ("max_tokens", 10240)}:
                     spelt.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}={default.value}")
     assert spelt == []
+
+
+def test_no_code_asks_whether_the_method_is_none() -> None:
+    """``method == "none"`` stood for "no LLM" in four places: the method's declared ``uses_llm``
+    (or a resolved spec's ``llm``) says it now, so a method of one's own without an LLM works too."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr == "method"
+                       or isinstance(s, ast.Subscript) and isinstance(s.slice, ast.Constant) and s.slice.value == "method"
+                       for s in sides) and any(isinstance(s, ast.Constant) and s.value == "none" for s in sides):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
