@@ -239,7 +239,8 @@ def evaluate_llm(
         reasoning_format: how the final response is cut from the output (``plain``, ``r1``, ...).
         temperature, max_tokens: the sampling settings recorded with each generation (your
             function decides what it does with them).
-        **options: :func:`run_options`.
+        **options: :func:`run_options`. ``prompts_from`` is ``own`` unless given (the project's
+            wording, offline: your function is no paper's model; ``authors`` fetches the authors').
     """
     from r2med_agent.config import register_entry
 
@@ -249,6 +250,7 @@ def evaluate_llm(
         "temperature": temperature, "max_tokens": max_tokens, "system_prompt": "",
         "chunk_size": 0,
     })
+    options.setdefault("prompts_from", "own")
     return _run(tasks, retriever=retriever, method=method, llm=name, **options)
 
 
