@@ -259,8 +259,8 @@ def test_the_run_command_takes_at_most_8_named_parameters() -> None:
 
 
 def test_each_default_is_stated_once() -> None:
-    """The sampling knobs' defaults, rerank_k's 100, RRF's 60 and LameR's 10 have one definition
-    each; everything else names it."""
+    """The sampling knobs' defaults (on SamplingParams), rerank_k's 100 and RRF's 60 (in names.py)
+    have one definition each: no parameter or field spells them as its default."""
     spelt = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
