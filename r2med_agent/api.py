@@ -126,7 +126,9 @@ def evaluate_encoder(
     def build(task: Task) -> DenseRetriever:
         return DenseRetriever.for_task(task, encoder, EncoderOptions(use_cache=False, show_progress=False))
 
-    register_retriever(name, build)
+    # A dense retriever combines an expansion with the query by its embeddings; the user's model
+    # is no registry entry, so --precision and --encoder-backend play no part.
+    register_retriever(name, build, combine="own")
     return _run(tasks, retriever=name, **options)
 
 
@@ -146,6 +148,8 @@ class UserRetriever:
     def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
         from r2med_agent.retrieval.query import bm25_query_text
 
+        # A ``text`` kind: the registry gives each request as its query text; built outside the
+        # registry, the rule is applied here (to a plain request it gives the query itself).
         queries = {r.query_id: bm25_query_text(r) for r in requests}
         got = self.search_fn(self.corpus, queries, k)
         if not isinstance(got, Mapping):
@@ -179,7 +183,7 @@ def evaluate_retriever(
     """
     from r2med_agent.retrieval import register_retriever
 
-    register_retriever(name, lambda task: UserRetriever(search, name, task))
+    register_retriever(name, lambda task: UserRetriever(search, name, task), combine="text")
     return _run(tasks, retriever=name, **options)
 
 
@@ -235,7 +239,8 @@ def evaluate_llm(
         reasoning_format: how the final response is cut from the output (``plain``, ``r1``, ...).
         temperature, max_tokens: the sampling settings recorded with each generation (your
             function decides what it does with them).
-        **options: :func:`run_options`.
+        **options: :func:`run_options`. ``prompts_from`` is ``own`` unless given (the project's
+            wording, offline: your function is no paper's model; ``authors`` fetches the authors').
     """
     from r2med_agent.config import register_entry
 
@@ -245,6 +250,7 @@ def evaluate_llm(
         "temperature": temperature, "max_tokens": max_tokens, "system_prompt": "",
         "chunk_size": 0,
     })
+    options.setdefault("prompts_from", "own")
     return _run(tasks, retriever=retriever, method=method, llm=name, **options)
 
 

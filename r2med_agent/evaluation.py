@@ -230,3 +230,23 @@ def read_trec_run(path) -> Run:
             raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
         run[qid][doc] = value
     return run
+
+
+def drop_identical_ids(run: Run, k: int) -> tuple[Run, int]:
+    """``run`` without any document whose id is its query's id, each ranking cut to ``k``; and
+    how many such hits there were.
+
+    BEIR's exact dense search, which R2MED's dense evaluation runs, skips a corpus id equal to the
+    query id while it collects the top ``k`` (and its evaluation drops such hits again,
+    ``ignore_identical_ids``): searched ``k + 1`` deep, this gives the same ``k`` documents. It
+    matters where queries and documents share an id scheme (the case-retrieval tasks). Each
+    ranking keeps its order (score descending, ties as the retriever gave them).
+    """
+    out: Run = {}
+    removed = 0
+    for query_id, ranking in run.items():
+        if query_id in ranking:
+            removed += 1
+        kept = sorted(((d, s) for d, s in ranking.items() if d != query_id), key=lambda ds: -ds[1])
+        out[query_id] = dict(kept[:k])
+    return out, removed

@@ -121,23 +121,28 @@ def imported_prompts(folders: Iterable[str], prompts_dir: Any = None) -> list[di
 
 
 def run_prompt_folders(method: str, generations: str, reranker: str) -> list[str]:
-    """The prompt folders a run renders: its method's when it generates fresh, its LLM
-    reranker's (``rerank-listwise-reasonrank`` ...); an unknown reranker adds none."""
-    folders = [method] if method != "none" and generations == "fresh" else []
+    """The prompt folders a run renders: its method's when it generates fresh, its reranker's
+    (the prompt folder its kind declares: ``rerank-listwise-reasonrank`` ...); an unknown reranker
+    adds none."""
+    folders = [method] if generations == "fresh" and _generates(method) else []
     if reranker:
         from r2med_agent.retrieval.rerank.spec import get_reranker_spec
 
         try:
-            spec = get_reranker_spec(reranker)
+            folder = get_reranker_spec(reranker).prompt_folder
         except ConfigError:
             return folders
-        if spec.kind in ("groupwise", "setwise"):
-            folders.append(f"rerank-{spec.kind}")
-        elif spec.kind != "cross-encoder":
-            from r2med_agent.retrieval.rerank.llm import prompt_folder
-
-            folders.append(prompt_folder(spec.kind, getattr(spec, "format", "default")))
+        if folder is not None:
+            folders.append(folder)
     return folders
+
+
+def _generates(method: str) -> bool:
+    """Whether ``method`` renders prompts: a registered method that declares ``uses_llm``; its
+    registry name is its prompt folder (an unknown name renders none)."""
+    from r2med_agent.methods import METHODS
+
+    return bool(getattr(METHODS.get(method), "uses_llm", False))
 
 
 def describe(folders: Sequence[str], prompts_dir: Any = None) -> str:

@@ -164,19 +164,19 @@ def source_of_folder(folder: str) -> PromptSource | None:
 
 def renderers(method: str, llm: str | None, generations: str, reranker: str | None) -> list[tuple[str, str | None]]:
     """``(prompt folder, LLM that reads it)`` for each prompt folder a run renders: its method's
-    when it generates fresh, its LLM reranker's."""
+    when it generates fresh, its reranker's (read by the entry's ``llm``)."""
     from r2med_agent.prompt_import import run_prompt_folders
 
     out: list[tuple[str, str | None]] = [(f, llm) for f in run_prompt_folders(method, generations, "")]
     if reranker:
-        rerank_llm = None
-        try:
-            from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+        from r2med_agent.retrieval.rerank.spec import get_reranker_spec
 
-            rerank_llm = getattr(get_reranker_spec(reranker), "llm", None)
+        try:
+            entry = get_reranker_spec(reranker)
         except ConfigError:
-            pass
-        out += [(f, rerank_llm) for f in run_prompt_folders("none", generations, reranker)]
+            return out
+        if entry.prompt_folder is not None:
+            out.append((entry.prompt_folder, entry.llm or None))
     return out
 
 

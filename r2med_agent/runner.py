@@ -7,7 +7,8 @@ and how to run it; :func:`run_experiment` runs it over its tasks and writes the 
 
 from __future__ import annotations
 
-from r2med_agent.experiment.runner import ExperimentResult, RunConfig, TaskOutcome, run_experiment
+from r2med_agent.experiment.run_config import RunConfig
+from r2med_agent.experiment.runner import ExperimentResult, TaskOutcome, run_experiment
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, RunSpec
 
 __all__ = ["DEFAULT_TOP_K", "ExperimentResult", "RunConfig", "RunSpec", "TaskOutcome", "run_experiment"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, overload
 
 Run = dict[str, dict[str, float]]
@@ -224,16 +224,29 @@ class SearchRequest:
         return sum(1 for x in (self.expansion, *self.more_expansions) if not x.strip())
 
 
+def _knob(default: Any, rule: str, *, flag: str | None = None, token: str | None = None,
+          check: Callable[[Any], bool] | None = None, help: str = "") -> Any:
+    """A sampling knob's field: its default, its rule (what a value must be, for messages), the
+    ``run`` option that overrides it with that option's help, its result-folder token and its check."""
+    return field(default=default, metadata={"knob": True, "rule": rule, "flag": flag, "token": token, "check": check,
+                                            "help": help})
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling settings, named as in the OpenAI API. Every field is part of the cache key.
+
+    The knobs (every field but ``stop``, ``logprobs`` and ``token_choices``) are stated here once:
+    their defaults, which an LLM registry entry starts from; their rules, checked for an entry and
+    for a run's overrides (:func:`sampling_problems`); the ``run`` options that override them and
+    their result-folder tokens (:data:`SAMPLING_KNOBS`).
 
     Attributes:
         temperature: sampling temperature; 0 means greedy.
         top_p: nucleus sampling mass.
         top_k: top-k sampling (-1 disables it); ignored by APIs that do not support it.
         max_tokens: most tokens to generate.
-        seed: random seed, passed to backends that honour it.
+        seed: random seed, passed to backends that honour it (None: none sent).
         stop: strings that end generation; the matched stop string is not part of the output text.
         repetition_penalty: multiplicative penalty (1.0 disables it), vLLM/llama.cpp only.
         logprobs: how many most likely tokens to return, with their log-probabilities, at each
@@ -248,13 +261,18 @@ class SamplingParams:
             the key only when set.
     """
 
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 10240
-    seed: int | None = 42
+    temperature: float = _knob(0.7, ">= 0 (0 = greedy)", flag="--temperature", token="t",
+                               check=lambda v: v >= 0, help="Override the LLM's default sampling temperature.")
+    top_p: float = _knob(1.0, "in (0, 1]", flag="--top-p", token="p", check=lambda v: 0 < v <= 1,
+                         help="Override the LLM's default top_p (nucleus sampling mass).")
+    top_k: int = _knob(-1, "-1 (off) or >= 1", check=lambda v: v == -1 or v >= 1)
+    max_tokens: int = _knob(10240, "at least 1", flag="--max-tokens", token="mt", check=lambda v: v >= 1,
+                         help="Override the most tokens generated per call.")
+    seed: int | None = _knob(42, "an integer, or none to send no seed", flag="--seed", token="seed",
+                              help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; "
+                                   "the loops too).")
     stop: tuple[str, ...] = ()
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = _knob(1.0, "> 0 (1 = off)", check=lambda v: v > 0)
     logprobs: int = 0
     token_choices: tuple[str, ...] = ()
 
@@ -273,6 +291,41 @@ class SamplingParams:
         if self.token_choices:
             out["token_choices"] = list(self.token_choices)
         return out
+
+
+SAMPLING_KNOBS: dict[str, Mapping[str, Any]] = {
+    f.name: {**f.metadata, "default": f.default, "type": float if "float" in str(f.type) else int,
+             "optional": "None" in str(f.type)}
+    for f in fields(SamplingParams) if f.metadata.get("knob")
+}
+"""Knob name -> its default, type (``float`` or ``int``), whether None is a value (``optional``:
+the seed), rule, ``run`` option (``flag``; None: set in the LLM's registry entry only) and its
+help, result-folder token and check; in field order."""
+
+
+def canonical_sampling(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Sampling overrides in canonical form: names sorted, each knob's value as its type (1 and
+    1.0 are the same temperature); None and names that are not knobs are kept as given."""
+    out: dict[str, Any] = {}
+    for name, value in sorted((sampling or {}).items()):
+        knob = SAMPLING_KNOBS.get(str(name))
+        if value is not None and knob is not None and not isinstance(value, bool):
+            value = knob["type"](value)
+        out[str(name)] = value
+    return out
+
+
+def sampling_problems(values: Mapping[str, Any], *, options: bool = False) -> list[str]:
+    """What is wrong with sampling ``values`` (knob -> value), each as ``<name> must be <rule>,
+    got <value>``; ``options`` names each knob by its ``run`` option (``--top-p``)."""
+    problems = []
+    for name, value in values.items():
+        knob = SAMPLING_KNOBS.get(name)
+        if knob is None or value is None or knob["check"] is None or knob["check"](value):
+            continue
+        label = (knob["flag"] or name) if options else name
+        problems.append(f"{label} must be {knob['rule']}, got {value}")
+    return problems
 
 
 Message = dict[str, str]

@@ -98,7 +98,7 @@ def write_result(
             or {"generations": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
                 "llm_time_s": 0.0, "retrieval_time_s": 0.01, "cost_usd": None}
         ),
-        "config": run_config_record(method, llm, retriever, task, reranker, config),
+        "config": runconfig_record(method, llm, retriever, task, reranker, config),
         **data_record(task, source, fingerprint),
     }
     (leaf / f"{task}.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
@@ -111,19 +111,20 @@ def write_result(
     return leaf
 
 
-def run_config_record(
+def runconfig_record(
     method: str, llm: str, retriever: str, task: str, reranker: str = "",
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``config`` block the runner writes for this configuration (its own record function)."""
-    from r2med_agent.experiment.runner import _config_record
+    """The ``config`` block the runner writes for this configuration (its own record function),
+    in the project's own wording (the folders these trees write have no prompts token)."""
+    from r2med_agent.experiment.run_config import config_record
     from r2med_agent.runner import RunConfig
 
     cfg = RunConfig(
         tasks=(task,), method=method, llm=None if llm == "none" else llm, retriever=retriever,
-        reranker=reranker or None,
+        reranker=reranker or None, prompts_from="own",
     )
-    return {**_config_record(cfg), **(overrides or {})}
+    return {**config_record(cfg), **(overrides or {})}
 
 
 def data_record(task: str, source: str | None = None, fingerprint: str | None = None) -> dict[str, str]:

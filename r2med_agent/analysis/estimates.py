@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from r2med_agent.analysis.grids import GridEntry
-from r2med_agent.experiment.spec import capabilities
+from r2med_agent.methods.base import capabilities
 
 
 class Registries(Protocol):
@@ -108,7 +108,7 @@ def token_estimate(entry: GridEntry, n_queries: int, registries: Registries,
             label, p_out = f"{entry.method} {entry.llm} x{samples}", calls * _max_tokens(entry, spec.max_tokens)
         out.append(_estimate(label, spec, calls, p_in, p_out, registries.models.get(entry.llm), caps.agentic))
     rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
-    if rr is not None and rr.kind != "cross-encoder" and rr.llm in registries.llms:
+    if rr is not None and rr.kind_of.work is not None and rr.llm in registries.llms:
         spec = registries.llms[rr.llm]
         k = int(entry.args.get("rerank_k", 100))
         label, calls, p_in = _rerank_work(rr, k, n_queries)
@@ -159,37 +159,15 @@ def _loop_work(entry: GridEntry, spec: Any, n_queries: int) -> tuple[str, int, i
 
 
 def _rerank_work(rr: Any, k: int, n_queries: int) -> tuple[str, int, int]:
-    """``(label, calls, prompt tokens)`` of an LLM reranker over the top ``k`` of ``n_queries``."""
-    import math
-
+    """``(label, calls, prompt tokens)`` of an LLM reranker over the top ``k`` of ``n_queries``
+    (its kind's declared ``work``, with each candidate at its cut)."""
     if getattr(rr, "max_doc_tokens", 0):
         doc = float(rr.max_doc_tokens)  # an upper bound: shorter documents stay shorter (Rank1's guard too)
     elif getattr(rr, "max_doc_chars", 0):
         doc = rr.max_doc_chars / CHARS_PER_TOKEN
     else:
         doc = rr.max_doc_words * TOKENS_PER_WORD
-    if rr.kind == "listwise":
-        from r2med_agent.retrieval.rerank.llm import window_positions
-
-        windows = window_positions(k, rr.window, rr.step)
-        calls = n_queries * len(windows)
-        p_in = int(sum(end - start for start, end in windows) * doc * n_queries + calls * 200)
-        return f"{rr.name} ({len(windows)} windows of {rr.window} per query)", calls, p_in
-    if rr.kind == "groupwise":
-        groups = math.ceil(k / rr.group_size)
-        calls = n_queries * groups * rr.passes
-        return (f"{rr.name} ({groups} groups of {rr.group_size} x {rr.passes} passes per query)", calls,
-                int(calls * (min(rr.group_size, k) * doc + 400)))
-    if rr.kind == "setwise":
-        size = rr.num_child + 1
-        # llm-rankers' heap sort: about k/size comparisons to build the heap, then about
-        # log_size(k) per document taken from its top.
-        per_query = math.ceil(k / size) + rr.select_k * max(1, math.ceil(math.log(max(k, 2)) / math.log(size)))
-        calls = n_queries * per_query
-        return f"{rr.name} (≈{per_query} comparisons of {size} per query)", calls, int(calls * (size * doc + 300))
-    calls = n_queries * k
-    extra = " + forced ends" if getattr(rr, "format", "default") == "rank1" else ", + 1-token judgments"
-    return f"{rr.name} ({k} pairs per query{extra})", calls, int(calls * (doc + 300))
+    return rr.kind_of.work(rr, k, doc, n_queries)
 
 
 def _estimate(label: str, spec: Any, calls: int, p_in: int, p_out: int, model: Any = None,

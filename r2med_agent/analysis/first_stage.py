@@ -11,7 +11,7 @@ from r2med_agent.retrieval.fusion import member_names
 
 
 def _how_searched(spec: RunSpec, name: str, members: list[str]) -> str:
-    queries = "original queries, no expansion" if spec.method == "none" else f"queries of the {spec.method} method"
+    queries = "original queries, no expansion" if not spec.llm else f"queries of the {spec.method} method"
     others = [m for m in members if m != name]
     fusion = (f"fused ({spec.fusion}) with {', '.join(others)}" if others
               else "no fusion (no BM25 or other retriever merged)")

@@ -199,13 +199,21 @@ class GridEntry:
         where = self.candidates_from or "the source the entry names"
         return where + (f", then --candidates {self.candidates_dir}" if self.candidates_dir else "")
 
+    @property
+    def uses_llm(self) -> bool:
+        """The entry's method generates text (what it declares; the plain query does not)."""
+        from r2med_agent.methods import get_method
+        from r2med_agent.methods.base import capabilities
+
+        return capabilities(get_method(self.method)).uses_llm
+
     def row_keys(self) -> list[Any]:
         """What names this entry's result rows: the run spec key of each of its runs (fresh and
         released generations), and ``(method, llm, retriever, reranker)`` when its other settings
         are all defaults."""
         keys: list[Any] = []
         modes = ("bright",) if self.generations == "bright" else ("fresh", "r2med")
-        for mode in modes if self.method != "none" else ("fresh",):
+        for mode in modes if self.uses_llm else ("fresh",):
             spec = self.run_config((), Path("."), generations=mode).spec()
             keys.append(spec.key())
             if not spec.settings():
@@ -219,9 +227,9 @@ class GridEntry:
         (reproduce's default), else ``fresh``; ``bright`` for an entry that scores BRIGHT's released
         reasoning queries. An entry with several samples per query is always ``fresh``: R2MED
         released one text per query, and ``run`` refuses ``--samples`` above 1 with them."""
-        if self.generations == "bright" and self.method != "none":
+        if self.generations == "bright" and self.uses_llm:
             return "bright"
-        if wanted != "r2med" or self.generations == "fresh" or self.method == "none":
+        if wanted != "r2med" or self.generations == "fresh" or not self.uses_llm:
             return "fresh"
         if int(self.args.get("samples", 1)) > 1:
             return "fresh"
@@ -235,7 +243,7 @@ class GridEntry:
         from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`); a
         ``candidates`` entry names ``candidates_path`` (else the folder its files come in,
         ``candidates_dir``; ``<run files>`` for an entry that names none)."""
-        from r2med_agent.experiment.spec import cli_args
+        from r2med_agent.experiment.resolve import cli_args
 
         spec = self.run_config((), Path(output_dir), data_dir, generations).spec()
         where = str(candidates_path) if candidates_path is not None else (self.candidates_dir or "<run files>")
@@ -322,7 +330,7 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
     benchmark = benchmark_of(grid_tasks[0]) if grid_tasks else ""
     for i, entry in enumerate(spec.entries):
         where = f"{path}: entries[{i}] ({entry.label})"
-        if entry.method != "none" and not entry.llm:
+        if entry.uses_llm and not entry.llm:
             raise ConfigError(f"{where}: method {entry.method} needs an llm")
         unknown = sorted(set(entry.args) - set(RUN_ARGS))
         if unknown:
@@ -405,7 +413,7 @@ def reference_line(spec: RunSpec) -> str:
     query's (BEIR's exact search excludes them), empty generations (R2MED uses them as they are),
     and the prompt's way into a vLLM engine (R2MED renders it for ``LLM.generate``)."""
     parts = ["identical ids " + ("excluded" if spec.exclude_identical_ids else "kept")]
-    if spec.method == "none":
+    if not spec.llm:  # a resolved spec has an LLM only where its method generates
         parts.append("no generations")
     else:
         parts.append("empty generations " + ("kept" if spec.empty_generation == "keep" else "-> the query"))

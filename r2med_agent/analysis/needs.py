@@ -234,7 +234,7 @@ def entry_needs(
         tasks: the planned tasks: an encoder runs its BRIGHT settings (``EncoderSpec.bright``:
             precision, tokenizer) when they are BRIGHT's.
     """
-    if entry.generations == "bright" and entry.method != "none":
+    if entry.generations == "bright" and entry.uses_llm:
         generations = "bright"  # BRIGHT's released reasoning queries, always (GridEntry.generations_mode)
     reg = registries or Registries.load()
     found = _NeedsFinder(entry, reg, gpu_gib, tasks)
@@ -368,7 +368,7 @@ class _NeedsFinder:
         rr = self.reg.rerankers.get(entry.reranker)
         if rr is None:
             self.problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
-        elif rr.kind != "cross-encoder":
+        elif rr.kind_of.uses_llm:
             rspec = self.reg.llms.get(rr.llm)
             if rspec is None:
                 self.problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
@@ -376,7 +376,7 @@ class _NeedsFinder:
                 # A vLLM reranker LLM loads after the method's LLM is done with (the same engine
                 # when it is the same model).
                 self.llm_needs("reranker LLM", rr.llm, rspec)
-        else:
+        elif rr.kind_of.has_model:
             precision = model_precision(rr)
             k = entry.args.get("rerank_k", 100)
             kept = f"keeps only those {k}" if entry.args.get("rerank_cut") else "keeps the rest below them"

@@ -11,7 +11,8 @@ from typing import Any
 
 from r2med_agent.analysis.results import load_results, r2med_tasks
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.experiment.spec import RunSpec, capabilities
+from r2med_agent.experiment.spec import RunSpec
+from r2med_agent.methods.base import capabilities
 from r2med_agent.experiment.store import (
     ResultStore,
     read_task_record,
@@ -159,8 +160,10 @@ def stale_reason(path: Path, expected: RunSpec, data: tuple[str, str | None]) ->
 
 def spec_differences(have: RunSpec, want: RunSpec) -> list[str]:
     """``"<setting> <recorded>, the entry <wanted>"`` for every setting that differs."""
+    from r2med_agent.experiment.resolve import applicable
+
     a, b = _shown(have), _shown(want)
-    return [f"{k} {a[k]!r}, the entry {b[k]!r}" for k in want.applicable() if a[k] != b[k]]
+    return [f"{k} {a[k]!r}, the entry {b[k]!r}" for k in applicable(want) if a[k] != b[k]]
 
 
 def _shown(spec: RunSpec) -> dict[str, Any]:

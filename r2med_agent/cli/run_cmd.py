@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Optional
+from types import UnionType
+from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 import typer
 from rich.console import Console
@@ -12,7 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 from r2med_agent.cli.app import app
-from r2med_agent.experiment.spec import field_help
+from r2med_agent.experiment.spec import field_help as _field_help
+
+
+def field_help(name: str) -> str:
+    """A spec field's help, with the registries' names where it names them."""
+    from r2med_agent.methods import METHODS
+
+    return _field_help(name).replace("{methods}", " | ".join(METHODS))
 
 console = Console(stderr=False)
 
@@ -38,155 +49,151 @@ def print_listing(title: str, columns: list[str], rows: list[list[str]]) -> None
 _SHORT = {"ndcg_at_10": "nDCG@10", "recall_at_100": "R@100", "mrr": "MRR"}
 
 
-# The run's options. Every run spec field's option takes its help from the spec
-# (r2med_agent.experiment.spec.field_help); the others are where and how the run happens.
-_SPEC_OPTIONS = {
-    "method": typer.Option("none", "--method", "-m", help=field_help("method")),
-    "llm": typer.Option(None, "--llm", "-l", help=field_help("llm")),
-    "retriever": typer.Option("bm25", "--retriever", "-r", help=field_help("retriever")),
-    "loop_retriever": typer.Option(None, "--loop-retriever", help=field_help("loop_retriever")),
-    "final": typer.Option("default", "--final", help=field_help("final")),
-    "fusion": typer.Option("rrf", "--fusion", help=field_help("fusion")),
-    "fusion_weights": typer.Option(None, "--fusion-weights", help=field_help("fusion_weights")),
-    "fusion_depth": typer.Option(None, "--fusion-depth", help=field_help("fusion_depth")),
-    "rrf_k": typer.Option(60, "--rrf-k", help=field_help("rrf_k")),
-    "precision": typer.Option(None, "--precision", help=field_help("precision")),
-    "reranker": typer.Option(None, "--reranker", help=field_help("reranker")),
-    "rerank_k": typer.Option(100, "--rerank-k", help=field_help("rerank_k")),
-    "rerank_cut": typer.Option(False, "--rerank-cut", help=field_help("rerank_cut")),
-    "first_pass": typer.Option("bm25", "--first-pass", help=field_help("first_pass")),
-    "generations": typer.Option("fresh", "--generations", help=field_help("generations")),
-    "top_k": typer.Option(100, "--top-k", "-k", help=field_help("top_k")),
-    "samples": typer.Option(1, "--samples", help=field_help("samples")),
-    "encoder_backend": typer.Option(None, "--encoder-backend", help=field_help("encoder_backend")),
-    "bm25_k1": typer.Option(None, "--k1", help=field_help("bm25_k1")),
-    "bm25_b": typer.Option(None, "--b", help=field_help("bm25_b")),
-    "exclude_identical_ids": typer.Option(False, "--exclude-identical-ids", help=field_help("exclude_identical_ids")),
-    "empty_generation": typer.Option("query", "--empty-generation", help=field_help("empty_generation")),
-    "llm_prompt": typer.Option("chat", "--llm-prompt", help=field_help("llm_prompt")),
-    "rerank_max_length": typer.Option(None, "--rerank-max-length", help=field_help("rerank_max_length")),
-    "prompts_from": typer.Option(None, "--prompts", show_default=False, help=field_help("prompts_from")),
-    # sampling overrides: the spec's ``sampling`` mapping
-    "temperature": typer.Option(None, "--temperature", help="Override the LLM's default sampling temperature."),
-    "top_p": typer.Option(None, "--top-p", help="Override top_p."),
-    "max_tokens": typer.Option(None, "--max-tokens", help="Override the most tokens generated per call."),
-    "seed": typer.Option(None, "--seed", help="Override the sampling seed: an integer, or 'none' to send no seed (unseeded sampling; the loops too)."),
+# The run's options. Every run spec field that a `run` option sets, and every sampling knob with
+# an option, is generated from its declaration (name, type, default, help and panel stated once, on
+# RunSpec and SamplingParams); the options below are where and how the run happens, and each takes
+# its default from the RunConfig field it sets.
+_RUN_OPTIONS: dict[str, tuple[Any, tuple[str, ...], str, str]] = {
+    # parameter: (type, option names, panel, help)
+    "task": (Optional[str], ("--task", "-t"), "Data",
+             "Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), 'bright-all' (BRIGHT's 12 tasks, bright-<task>), 'bright-long-all' (its 8 long-document tasks), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own)."),
+    "data_dir": (Optional[Path], ("--data-dir", "-d"), "Data",
+                 "Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt), BEIR layout or BRIGHT's layout (examples/, documents/, long_documents/, <llm>_reason/). Default: the Hugging Face hub."),
+    "allow_missing_qrels_docs": (bool, ("--allow-missing-qrels-docs",), "Data",
+                                 "Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1."),
+    "allow_count_mismatch": (bool, ("--allow-count-mismatch",), "Data",
+                             "Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results."),
+    "split": (str, ("--split",), "Data",
+              "The qrels split of a BEIR folder (qrels/<split>.tsv); only the queries it names run, as BEIR's loader keeps them. Recorded in each result's source."),
+    "all_queries": (bool, ("--all-queries",), "Data",
+                    "Also run a BEIR folder's queries that the split's qrels do not name (unscored)."),
+    "no_eval": (bool, ("--no-eval",), "Data",
+                "Run every stage and write the run, generations and traces, but score nothing (what a folder without qrels gets)."),
+    "candidates_path": (Optional[Path], ("--candidates",), "Retrieval",
+                        "First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
+    "allow_missing_candidates": (bool, ("--allow-missing-candidates",), "Retrieval",
+                                 "Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
+    "output_dir": (Path, ("--output-dir", "-o"), "Output, cache and progress",
+                   "Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
+    "use_cache": (bool, ("--cache/--no-cache",), "Output, cache and progress",
+                  "Read and write the generation cache (default on); --no-cache does neither."),
+    "refresh_cache": (bool, ("--refresh-cache",), "Output, cache and progress",
+                      "Regenerate every text and overwrite the cached one."),
+    "cache_path": (Optional[Path], ("--cache-path",), "Output, cache and progress",
+                   "Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
+    "chunk_size": (Optional[int], ("--chunk-size",), "Output, cache and progress",
+                   "LLM cache misses per backend call (each generation is committed to the cache as it finishes); 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
+    "config": (Optional[Path], ("--config",), "Output, cache and progress",
+               "User config YAML adding or replacing entries of the registries: 'llms:', 'encoders:', 'rerankers:' (cross-encoders and LLM rerankers) and 'tasks:'."),
+    "show_progress": (bool, ("--progress/--no-progress",), "Output, cache and progress",
+                      "Progress of generation, encoding, indexing and reranking (default on): a bar when standard error is a terminal, else (a log file) a timestamped line every --progress-interval seconds, never a bar. --no-progress shows none."),
+    "progress_interval": (float, ("--progress-interval",), "Output, cache and progress",
+                          "Seconds between the plain progress lines written when standard error is not a terminal."),
 }
-_RUN_OPTIONS = {
-    "task": typer.Option(
-        None, "--task", "-t", show_default=False,
-        help="Task name, a comma list, 'all' (the 8 R2MED tasks), 'nano-all' (NanoR2MED), 'bright-all' (BRIGHT's 12 tasks, bright-<task>), 'bright-long-all' (its 8 long-document tasks), or 'list' to print the registry. Old reference-code names (PMC-Treat, PMCPatients, ...) are accepted. Default: sample; with --data-dir, the task(s) in that folder, named after their folders (a name the registry does not know is a task of your own).",
-    ),
-    "data_dir": typer.Option(None, "--data-dir", "-d", help="Local data: a task folder or a folder of task folders, in R2MED layout (query.jsonl, corpus.jsonl, qrels.jsonl|qrels.txt), BEIR layout or BRIGHT's layout (examples/, documents/, long_documents/, <llm>_reason/). Default: the Hugging Face hub."),
-    "allow_missing_qrels_docs": typer.Option(False, "--allow-missing-qrels-docs", help="Keep qrels that name documents missing from the corpus (R2MED's demo files have them) with a warning, instead of stopping; they still count as relevant, so scores cannot reach 1."),
-    "allow_count_mismatch": typer.Option(False, "--allow-count-mismatch", help="Use a --data-dir copy of a registered task (e.g. Biology) whose numbers of queries or documents differ from the registry's (refused otherwise); recorded in the results."),
-    "output_dir": typer.Option(Path("results"), "--output-dir", "-o", help="Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
-    "no_cache": typer.Option(False, "--no-cache", help="Neither read nor write the generation cache."),
-    "refresh_cache": typer.Option(False, "--refresh-cache", help="Regenerate every text and overwrite the cached one."),
-    "cache_path": typer.Option(None, "--cache-path", help="Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
-    "chunk_size": typer.Option(None, "--chunk-size", help="LLM cache misses per backend call (each generation is committed to the cache as it finishes); 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
-    "candidates": typer.Option(None, "--candidates", help="First-stage TREC run files to rerank exactly as given, in place of --retriever: a run file (one task), or a folder with <Task>.run|.trec|.txt, <Task>/<file> or ReasonRank's r2med_<Task>/<file> per task. Results record the files' hash."),
-    "split": typer.Option("test", "--split", help="The qrels split of a BEIR folder (qrels/<split>.tsv); only the queries it names run, as BEIR's loader keeps them. Recorded in each result's source."),
-    "all_queries": typer.Option(False, "--all-queries", help="Also run a BEIR folder's queries that the split's qrels do not name (unscored)."),
-    "no_eval": typer.Option(False, "--no-eval", help="Run every stage and write the run, generations and traces, but score nothing (what a folder without qrels gets)."),
-    "allow_missing_candidates": typer.Option(False, "--allow-missing-candidates", help="Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
-    "config": typer.Option(None, "--config", help="User config YAML adding or replacing entries of the registries: 'llms:', 'encoders:', 'rerankers:' (cross-encoders and LLM rerankers) and 'tasks:'."),
-    "progress": typer.Option(True, "--progress/--no-progress", show_default=False, help="Progress of generation, encoding, indexing and reranking (default on): a bar when standard error is a terminal, else (a log file) a timestamped line every --progress-interval seconds, never a bar. --no-progress shows none."),
-    "progress_interval": typer.Option(30.0, "--progress-interval", min=0.0, help="Seconds between the plain progress lines written when standard error is not a terminal."),
-}
-_O = {**_SPEC_OPTIONS, **_RUN_OPTIONS}
+_CLI_DEFAULTS = {"task": None, "config": None, "progress_interval": 30.0}
+"""The defaults of the options that set no RunConfig field."""
 
 
-@app.command("run")
-def run_command(
-    task: Optional[str] = _O["task"],
-    method: str = _O["method"],
-    llm: Optional[str] = _O["llm"],
-    retriever: str = _O["retriever"],
-    loop_retriever: Optional[str] = _O["loop_retriever"],
-    final: str = _O["final"],
-    fusion: str = _O["fusion"],
-    fusion_weights: Optional[str] = _O["fusion_weights"],
-    fusion_depth: Optional[str] = _O["fusion_depth"],
-    rrf_k: int = _O["rrf_k"],
-    precision: Optional[str] = _O["precision"],
-    reranker: Optional[str] = _O["reranker"],
-    rerank_k: int = _O["rerank_k"],
-    rerank_cut: bool = _O["rerank_cut"],
-    first_pass: str = _O["first_pass"],
-    generations: str = _O["generations"],
-    top_k: int = _O["top_k"],
-    data_dir: Optional[Path] = _O["data_dir"],
-    allow_missing_qrels_docs: bool = _O["allow_missing_qrels_docs"],
-    allow_count_mismatch: bool = _O["allow_count_mismatch"],
-    split: str = _O["split"],
-    all_queries: bool = _O["all_queries"],
-    no_eval: bool = _O["no_eval"],
-    output_dir: Path = _O["output_dir"],
-    no_cache: bool = _O["no_cache"],
-    refresh_cache: bool = _O["refresh_cache"],
-    cache_path: Optional[Path] = _O["cache_path"],
-    chunk_size: Optional[int] = _O["chunk_size"],
-    samples: int = _O["samples"],
-    temperature: Optional[float] = _O["temperature"],
-    top_p: Optional[float] = _O["top_p"],
-    max_tokens: Optional[int] = _O["max_tokens"],
-    seed: Optional[str] = _O["seed"],
-    encoder_backend: Optional[str] = _O["encoder_backend"],
-    bm25_k1: Optional[float] = _O["bm25_k1"],
-    bm25_b: Optional[float] = _O["bm25_b"],
-    exclude_identical_ids: bool = _O["exclude_identical_ids"],
-    empty_generation: str = _O["empty_generation"],
-    llm_prompt: str = _O["llm_prompt"],
-    rerank_max_length: Optional[int] = _O["rerank_max_length"],
-    prompts_from: Optional[str] = _O["prompts_from"],
-    candidates: Optional[Path] = _O["candidates"],
-    allow_missing_candidates: bool = _O["allow_missing_candidates"],
-    config: Optional[Path] = _O["config"],
-    progress: bool = _O["progress"],
-    progress_interval: float = _O["progress_interval"],
-) -> None:
+def _option_type(hint: Any) -> tuple[Any, Any]:
+    """The option type of a spec field's type, and the item type of a comma-separated list
+    (None for a single value): ``str | None`` -> ``Optional[str]``, ``tuple[int, ...] | None``
+    -> ``Optional[str]`` of ints."""
+    args = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) in (Union, UnionType) else [hint]
+    base = args[0]
+    optional = base is not hint
+    if get_origin(base) is tuple:
+        return Optional[str], get_args(base)[0]
+    return (Optional[base] if optional else base), None
+
+
+_LIMITS = {"progress_interval": {"min": 0.0}}
+"""Bounds that click checks on an option (a usage error, exit code 2)."""
+
+
+def _parameter(name: str, annotation: Any, default: Any, flags: Sequence[str], panel: str, text: str) -> inspect.Parameter:
+    shown = default is not None and not isinstance(default, bool)  # an on/off flag's help says its default
+    option = typer.Option(default, *flags, help=text, rich_help_panel=panel, show_default=shown, **_LIMITS.get(name, {}))
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+
+def run_parameters() -> list[inspect.Parameter]:
+    """The ``run`` command's parameters, in the panels' order: the spec's options (from its
+    fields), the sampling knobs' (from :data:`~r2med_agent.types.SAMPLING_KNOBS`) and the run options."""
+    from r2med_agent.experiment.run_config import RunConfig
+    from r2med_agent.experiment.spec import OPTION_GROUPS, RunSpec, spec_options
+    from r2med_agent.types import SAMPLING_KNOBS
+
+    hints, defaults = get_type_hints(RunSpec), {f.name: f.default for f in fields(RunConfig)}
+    meta = {f.name: f.metadata for f in fields(RunSpec)}
+    params = [_parameter(name, _option_type(hints[name])[0], defaults[name], flags, meta[name]["group"], field_help(name))
+              for name, flags in spec_options().items()]
+    params += [_parameter(name, Optional[str] if knob["optional"] else Optional[knob["type"]], None, (knob["flag"],),
+                          "Sampling", knob["help"]) for name, knob in SAMPLING_KNOBS.items() if knob["flag"]]
+    params += [_parameter(name, annotation, _CLI_DEFAULTS[name] if name in _CLI_DEFAULTS else defaults[name], flags,
+                          panel, text) for name, (annotation, flags, panel, text) in _RUN_OPTIONS.items()]
+    first = {p.name: i for i, p in enumerate(params)}
+    return sorted(params, key=lambda p: (OPTION_GROUPS.index(p.default.rich_help_panel), p.name != "task", first[p.name]))
+
+
+def spec_values(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec settings that the ``run`` options give (``sampling`` with the knobs that are set);
+    a malformed comma-separated list or seed is a ConfigError naming its option."""
+    from r2med_agent.experiment.spec import RunSpec, spec_options
+    from r2med_agent.types import SAMPLING_KNOBS
+
+    hints = get_type_hints(RunSpec)
+    out: dict[str, Any] = {}
+    for name, flags in spec_options().items():
+        item = _option_type(hints[name])[1]
+        out[name] = options[name] if item is None else _parse_list(options[name], item, flags[0])
+    out["sampling"] = {name: _knob_value(knob, options[name]) for name, knob in SAMPLING_KNOBS.items()
+                       if knob["flag"] and options.get(name) is not None}
+    return out
+
+
+def _knob_value(knob: Mapping[str, Any], value: Any) -> Any:
+    return parse_seed(value, knob["flag"]) if knob["optional"] else value
+
+
+def run_command(**options: Any) -> None:
     """Run a method over one or more tasks, write TREC runs and R2MED-style JSON, print scores."""
     from r2med_agent import progress as progress_display
     from r2med_agent.config import set_user_config
     from r2med_agent.data import local_task_names, task_names
     from r2med_agent.runner import RunConfig, run_experiment
 
+    task, data_dir, config = options["task"], options["data_dir"], options["config"]
     if config is not None:
         set_user_config(config)
-    progress_display.configure(interval_s=progress_interval)
-    if task == "list" or reranker == "list":  # the --config above is already in force
+    progress_display.configure(interval_s=options["progress_interval"])
+    if task == "list" or options["reranker"] == "list":  # the --config above is already in force
         (tasks_command if task == "list" else rerankers_command)(config=None)
         return
     if task is None:
         names = local_task_names(data_dir) if data_dir is not None else ["sample"]
     else:
         names = task_names(task, data_dir)
-    cfg = RunConfig(
-        method=method, llm=llm, retriever=retriever, loop_retriever=loop_retriever, final=final, fusion=fusion,
-        fusion_weights=_parse_weights(fusion_weights), fusion_depth=_parse_depths(fusion_depth), rrf_k=rrf_k,
-        precision=precision, reranker=reranker, sampling=_sampling(temperature, top_p, max_tokens, seed),
-        rerank_k=rerank_k, rerank_cut=rerank_cut, first_pass=first_pass, generations=generations, top_k=top_k,
-        samples=samples, encoder_backend=encoder_backend, bm25_k1=bm25_k1, bm25_b=bm25_b,
-        exclude_identical_ids=exclude_identical_ids, empty_generation=empty_generation, llm_prompt=llm_prompt,
-        rerank_max_length=rerank_max_length, prompts_from=prompts_from, tasks=tuple(names), data_dir=data_dir,
-        allow_missing_qrels_docs=allow_missing_qrels_docs, allow_count_mismatch=allow_count_mismatch,
-        split=split, all_queries=all_queries, no_eval=no_eval,
-        output_dir=output_dir, use_cache=not no_cache, refresh_cache=refresh_cache, cache_path=cache_path,
-        chunk_size=chunk_size, show_progress=progress,
-        candidates_path=candidates, allow_missing_candidates=allow_missing_candidates,
-    )
+    run_options = {name: options[name] for name in _RUN_OPTIONS if name not in _CLI_DEFAULTS}
+    cfg = RunConfig(**spec_values(options), **run_options, tasks=tuple(names))
     print_summary(run_experiment(cfg))
 
 
-def _sampling(temperature: Optional[float], top_p: Optional[float], max_tokens: Optional[int],
-              seed: Optional[str]) -> dict:
-    """The sampling overrides the options give (those left unset are not overrides)."""
-    sampling = {k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
-                if v is not None}
-    if seed is not None:
-        sampling["seed"] = parse_seed(seed)
-    return sampling
+run_command.__signature__ = inspect.Signature(run_parameters())  # type: ignore[attr-defined]
+app.command("run")(run_command)
+
+
+def _parse_list(text: Optional[str], item: type, flag: str) -> Optional[tuple[Any, ...]]:
+    """``"0.3,0.7"`` -> ``(0.3, 0.7)`` (``"1000,200"`` -> ``(1000, 200)`` for whole numbers);
+    anything else is a ConfigError naming the option."""
+    from r2med_agent.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return tuple(item(w) for w in text.split(","))
+    except ValueError:
+        what, example = ("numbers", "0.3,0.7") if item is float else ("whole numbers", "1000,200")
+        raise ConfigError(f"{flag}: '{text}' is not a comma-separated list of {what} (e.g. {example})") from None
 
 
 def _score(means: dict[str, float], metric: str) -> str:
@@ -194,38 +201,12 @@ def _score(means: dict[str, float], metric: str) -> str:
     return f"{means[metric]:.4f}" if metric in means else "-"
 
 
-def _parse_weights(text: Optional[str]) -> Optional[tuple[float, ...]]:
-    """``"0.3,0.7"`` -> ``(0.3, 0.7)``; anything else is a ConfigError naming the option."""
-    from r2med_agent.errors import ConfigError
-
-    if text is None:
-        return None
-    try:
-        return tuple(float(w) for w in text.split(","))
-    except ValueError:
-        raise ConfigError(
-            f"--fusion-weights: '{text}' is not a comma-separated list of numbers (e.g. 0.3,0.7)"
-        ) from None
-
-
-def _parse_depths(text: Optional[str]) -> Optional[tuple[int, ...]]:
-    """``"1000,200"`` -> ``(1000, 200)``; anything else is a ConfigError naming the option."""
-    from r2med_agent.errors import ConfigError
-
-    if text is None:
-        return None
-    try:
-        return tuple(int(d) for d in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--fusion-depth: '{text}' is not a comma-separated list of whole numbers (e.g. 1000,200)") from None
-
-
 def print_summary(result) -> None:
     """The closing table: headline metrics per task and their average, plus LLM work done."""
     from r2med_agent.console import figure_column, label_column, print_table
 
     table = Table(title=Text(result.config.label))
-    uses_llm = result.config.method != "none"
+    uses_llm = bool(result.config.llm)  # a spec has an LLM only where its method uses one
     label_column(table, "task")
     for m in _HEADLINE:
         figure_column(table, _SHORT[m])
@@ -266,7 +247,7 @@ def print_summary(result) -> None:
     gens = sum(o.stats.get("generations", 0) for o in result.outcomes)
     hits = sum(o.stats.get("cache_hits", 0) for o in result.outcomes)
     released = sum(o.stats.get("released_generations", 0) for o in result.outcomes)
-    if result.config.method != "none":
+    if uses_llm:
         console.print(f"LLM generations: {gens} new, {hits} from cache"
                       + (f", {released} released by {result.config.generations.upper()} (no LLM built)"
                          if result.config.generations in ("r2med", "bright") else ""))
@@ -335,15 +316,24 @@ def tasks_command(
 def llms_command(
     config: Optional[Path] = typer.Option(None, "--config", help="User config YAML with extra 'llms:' entries."),
 ) -> None:
-    """List the LLM registry (short name, backend, model, reasoning format)."""
+    """List the LLM registry (short name, backend, model, reasoning format) and each entry's
+    default sampling: what a run gets without --temperature, --top-p, --max-tokens or --seed (giving
+    one of these values is the same run, in the same folder)."""
     from r2med_agent.config import load_registry, set_user_config
     from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.types import SAMPLING_KNOBS
 
     if config is not None:
         set_user_config(config)
-    rows = [[name, spec.backend, spec.model, spec.reasoning_format]
+    knobs = [name for name, knob in SAMPLING_KNOBS.items() if knob["flag"]]
+    rows = [[name, spec.backend, spec.model, spec.reasoning_format,
+             *(_default_text(spec.default_sampling()[k]) for k in knobs)]
             for name, spec in sorted(load_registry("llms", LLMSpec).items())]
-    print_listing("LLMs", ["name", "backend", "model", "reasoning format"], rows)
+    print_listing("LLMs", ["name", "backend", "model", "reasoning format", *knobs], rows)
+
+
+def _default_text(value: Any) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 @app.command("rerankers")
@@ -359,11 +349,14 @@ def rerankers_command(
         set_user_config(config)
     rows = []
     for name, spec in sorted(reranker_registry().items()):
-        if spec.kind == "cross-encoder":
+        kind = spec.kind_of
+        if kind.has_model:
             model = spec.model + (f" (LoRA on {spec.base_model})" if spec.base_model else "")
             fmt = "(query, document) pairs" + (f", logit {spec.score_index}" if spec.score_index else "")
-        else:
+        elif kind.uses_llm:
             model, fmt = f"LLM {spec.llm}", spec.format
+        else:
+            model, fmt = "-", spec.format
         rows.append([name, spec.kind, model, fmt])
     print_listing("rerankers", ["name", "kind", "model", "format"], rows)
 
@@ -390,7 +383,7 @@ def encoders_command(
     print_listing("encoders", ["name", "backend", "model", "pooling", "vLLM", "why not"], rows)
 
 
-def parse_seed(value: str) -> int | None:
+def parse_seed(value: str, flag: str = "--seed") -> int | None:
     """``--seed``: an integer, or ``none``/``null`` for no seed; anything else exits with code 2."""
     from r2med_agent.errors import ConfigError
 
@@ -400,4 +393,4 @@ def parse_seed(value: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"--seed must be an integer or 'none', got {value!r}") from None
+        raise ConfigError(f"{flag} must be an integer or 'none', got {value!r}") from None

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.names import released_label  # noqa: F401 - the folder name of released generations, named here too
 from r2med_agent.types import Generation, SearchRequest, Task
 
 GENERATIONS = ("fresh", "r2med", "bright")
@@ -47,11 +48,6 @@ def check_generations(value: str) -> str:
 def released_path(method: str, llm: str) -> str:
     """The file's path inside a task folder or hub repo: ``<method>/<llm>/query_with_hydoc.jsonl``."""
     return f"{method}/{llm}/{RELEASED_FILE}"
-
-
-def released_label(llm: str, source: str = "r2med") -> str:
-    """The result folder's LLM part for released generations (``qwen-7b@r2med``, ``gpt4@bright``)."""
-    return f"{llm}@{source}"
 
 
 def base_llm(label: str) -> str:

@@ -19,226 +19,17 @@ from typing import Any
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.data.bright import excluded_depth, remove_excluded, task_metrics
-from r2med_agent.evaluation import DEFAULT_METRICS, Evaluation, average_over_tasks, evaluate, metrics_within_depth
-from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, LOOP_RULES, RERANK_RULES, RunSpec
+from r2med_agent.evaluation import Evaluation, average_over_tasks, drop_identical_ids, evaluate, metrics_within_depth
+from r2med_agent.experiment.run_config import RunConfig, entries_in_use, folder_fingerprint, model_precisions, prompts_in_use
+from r2med_agent.experiment.run_config import config_record as _config_record
+from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, RunSpec
 from r2med_agent.experiment.store import ResultStore, folder_scores, summary_text, write_task_set
 from r2med_agent.types import Generation, Run, SamplingParams, SearchRequest, Task
 
 __all__ = ["DEFAULT_TOP_K", "FINAL_MODES", "ExperimentResult", "RunConfig", "RunSpec", "TaskOutcome", "cut_run",
-           "model_precisions", "run_experiment"]
+           "entries_in_use", "folder_fingerprint", "model_precisions", "prompts_in_use", "run_experiment"]
 
 log = logging.getLogger(__name__)
-
-RUN_OPTIONS = ("tasks", "data_dir", "allow_missing_qrels_docs", "allow_count_mismatch", "output_dir", "use_cache",
-               "refresh_cache", "cache_path", "chunk_size", "metrics", "show_progress", "prompts_dir", "split",
-               "all_queries", "no_eval")
-"""RunConfig's fields that are not part of the run's identity (they cannot change a result)."""
-
-
-@dataclass(frozen=True)
-class RunConfig(RunSpec):
-    """A run: its spec (every result-changing setting, see :class:`RunSpec`) plus where and how
-    it runs. Only the spec part names the result folder and is compared by ``reproduce``.
-
-    Attributes (besides the spec's):
-        tasks: task names (already resolved from specs such as ``all``).
-        data_dir: local copy of the data (R2MED or BEIR layout); None loads from the hub.
-        allow_missing_qrels_docs: keep qrels naming documents absent from the corpus (warned)
-            instead of failing (see :func:`r2med_agent.data.load_task`).
-        allow_count_mismatch: use a ``data_dir`` copy of a registered task whose query or
-            document count differs from the registry's (recorded in each task's ``source``).
-        output_dir: root of the result tree.
-        use_cache: read and write the generation cache.
-        refresh_cache: regenerate and overwrite cached generations.
-        cache_path: the generation cache file (None: the default under the cache directory).
-        chunk_size: cache misses per backend call, each committed when it returns (0: all in
-            one call; None: the LLM entry's ``chunk_size``).
-        metrics: metric keys to compute.
-        show_progress: progress bars.
-        prompts_dir: a folder of prompts overriding the shipped ones (None: ``$R2MED_PROMPTS_DIR``
-            if set); its templates' hash becomes the spec's ``prompts``.
-        candidates_path: first-stage TREC run files to rerank as given, in place of ``retriever``
-            (:mod:`r2med_agent.retrieval.run_files`); their hash becomes the spec's ``candidates``.
-        allow_missing_candidates: leave out (warned, counted) candidate documents the corpus
-            lacks instead of stopping.
-        split: the qrels split of a BEIR folder (``qrels/<split>.tsv``). A fact of the data, as
-            ``data_dir`` is: recorded in each result's ``source``, not in the spec.
-        all_queries: also run a BEIR folder's queries that the split's qrels do not name.
-        no_eval: run every stage and write the run, generations and traces, but score nothing
-            (as for a task without qrels).
-    """
-
-    tasks: tuple[str, ...] = ()
-    data_dir: Path | None = None
-    allow_missing_qrels_docs: bool = False
-    allow_count_mismatch: bool = False
-    output_dir: Path = Path("results")
-    use_cache: bool = True
-    refresh_cache: bool = False
-    cache_path: Path | None = None
-    chunk_size: int | None = None
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    show_progress: bool = True
-    prompts_dir: Path | None = None
-    candidates_path: Path | None = None
-    allow_missing_candidates: bool = False
-    split: str = "test"
-    all_queries: bool = False
-    no_eval: bool = False
-
-    def __post_init__(self) -> None:
-        if self.candidates_path is not None:
-            from r2med_agent.retrieval.run_files import candidates_fingerprint
-
-            object.__setattr__(self, "candidates", candidates_fingerprint(self.candidate_files()))
-        super().__post_init__()
-        if self.loop_rules != LOOP_RULES:
-            raise ConfigError(f"loop_rules {self.loop_rules} names results of an earlier version's loops; this "
-                              f"version runs only loop_rules {LOOP_RULES}")
-        if self.rerank_rules != RERANK_RULES:
-            raise ConfigError(f"rerank_rules {self.rerank_rules} names results of an earlier version's rerankers; "
-                              f"this version runs only rerank_rules {RERANK_RULES}")
-        object.__setattr__(self, "tasks", tuple(self.tasks))
-        if self.chunk_size is not None and self.chunk_size < 0:
-            raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
-        _check_prompt_sources(self)
-        if self.prompts is None:
-            object.__setattr__(self, "prompts", prompts_in_use(self))
-        if self.entries is None:
-            object.__setattr__(self, "entries", entries_in_use(self))
-
-    def retriever_options(self, fused: bool = True) -> Any:
-        """The typed options every retriever of the run is built with
-        (:class:`~r2med_agent.retrieval.registry.RetrieverOptions`): the encoders' precision and
-        backend, BM25's k1 and b, progress, and the fusion of a '+'-joined ``retriever`` (left out
-        with ``fused=False``: a loop retriever or first pass is one retriever)."""
-        from r2med_agent.retrieval.bm25.retriever import DEFAULT_B, DEFAULT_K1, BM25Options
-        from r2med_agent.retrieval.dense.spec import EncoderOptions
-        from r2med_agent.retrieval.fusion import FusionOptions
-        from r2med_agent.retrieval.registry import RetrieverOptions
-
-        fusion = None
-        if fused and "+" in self.retriever:
-            fusion = FusionOptions(method=self.fusion, rrf_k=self.rrf_k, weights=self.fusion_weights,  # type: ignore[arg-type]
-                                   member_depths=self.fusion_depth)
-        return RetrieverOptions(
-            encoder=EncoderOptions(precision=self.precision, backend=self.encoder_backend,
-                                   show_progress=self.show_progress),
-            bm25=BM25Options(k1=DEFAULT_K1 if self.bm25_k1 is None else self.bm25_k1,
-                             b=DEFAULT_B if self.bm25_b is None else self.bm25_b, show_progress=self.show_progress),
-            fusion=fusion,
-        )
-
-    def candidate_files(self) -> dict[str, Path]:
-        """Each task's first-stage run file (``candidates_path``); empty without one."""
-        if self.candidates_path is None:
-            return {}
-        from r2med_agent.retrieval.run_files import find_candidate_files
-
-        return find_candidate_files(self.candidates_path, self.tasks)
-
-    @property
-    def retriever_label(self) -> str:
-        """The result folder's last part (:attr:`RunSpec.leaf`)."""
-        return self.leaf
-
-    @property
-    def scored_metrics(self) -> tuple[str, ...]:
-        """``metrics`` whose cut-off the depth ``top_k`` reaches (all of them at 100)."""
-        return metrics_within_depth(self.metrics, self.top_k)
-
-    @property
-    def store(self) -> ResultStore:
-        return ResultStore(self.output_dir)
-
-    def result_dir(self) -> Path:
-        """``<output>/<method>/<llm>/<leaf>``: the spec's own folder (:meth:`RunSpec.folder`)."""
-        return self.store.folder(self)
-
-
-def _check_prompt_sources(cfg: RunConfig) -> None:
-    """A spec that names the authors' prompts at commits this version does not pin names results
-    of an earlier version; it cannot run."""
-    from r2med_agent.prompt_sources import AUTHORS, OWN, resolve
-
-    if cfg.prompts_from == OWN:
-        return
-    current = resolve(AUTHORS, cfg.method, cfg.llm, cfg.generations, cfg.reranker)
-    if cfg.prompts_from != current:
-        raise ConfigError(f"prompts_from {cfg.prompts_from} names results made with the authors' prompts at other "
-                          f"commits; this version fetches {current} (--prompts authors)")
-
-
-def prompts_in_use(cfg: RunConfig) -> str | None:
-    """Hash of the overriding prompt folder's templates when the run renders prompts in the
-    project's wording (an LLM method with fresh generations, or a reranker, whose folders are not
-    all rendered in the authors' wording), else None (the shipped templates). Its templates are
-    checked for what the template sandbox refuses first, before any work."""
-    renders = (cfg.method != "none" and cfg.generations == "fresh") or bool(cfg.reranker)
-    if not renders:
-        return None
-    from r2med_agent.prompt_sources import split_folders
-
-    folders = split_folders(cfg)
-    if folders and all(src is not None for _, _, src in folders):
-        return None  # every prompt is the authors'
-    from r2med_agent import prompt_templates as prompts
-
-    folders = prompts.search_path(cfg.prompts_dir)
-    if len(folders) < 2:
-        return None
-    prompts.check_folder(folders[0])
-    return folder_fingerprint(folders[0])
-
-
-def entries_in_use(cfg: RunConfig) -> str | None:
-    """Hash of the registry entries the run uses that come from a user config file rather than
-    the package's: an LLM, encoder or reranker of the same name but other settings is another run.
-    None when every entry it uses is shipped, registered from Python (its behaviour is code, which
-    no hash of its fields can see) or unknown (the run's own checks name an unknown one)."""
-    import hashlib
-    import json
-
-    from r2med_agent.config import PYTHON_SOURCE, registry_entries
-    from r2med_agent.paths import configs_dir
-    from r2med_agent.retrieval.fusion import member_names
-
-    used: dict[str, set[str]] = {"llms": set(), "encoders": set(), "rerankers": set()}
-    if cfg.method != "none" and cfg.generations == "fresh" and cfg.llm:
-        used["llms"].add(cfg.llm)
-    for spec in (cfg.retriever, cfg.loop_retriever or "", cfg.first_pass):
-        used["encoders"].update(member_names(spec))
-    entries = {section: registry_entries(section) for section in used}
-    if cfg.reranker:
-        used["rerankers"].add(cfg.reranker)
-        llm = entries["rerankers"].get(cfg.reranker, ({}, None))[0].get("llm")
-        if llm:
-            used["llms"].add(str(llm))
-    own = []
-    for section, names in used.items():
-        shipped = configs_dir() / f"{section}.yaml"
-        for name in sorted(names):
-            fields, path = entries[section].get(name, (None, shipped))
-            if path not in (shipped, PYTHON_SOURCE):
-                own.append([section, name, fields])
-    if not own:
-        return None
-    return hashlib.sha256(json.dumps(own, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def folder_fingerprint(folder: Path) -> str:
-    """SHA-256 (16 hex digits) of a prompt folder's templates and example files: relative names
-    and contents, so the same files anywhere give the same hash."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".j2", ".yaml", ".yml")):
-        rel = path.relative_to(folder).as_posix()
-        h.update(f"{rel}\0".encode())
-        h.update(path.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
-
 
 @dataclass
 class TaskOutcome:
@@ -288,6 +79,7 @@ class _Context:
     store: ResultStore
     llm_spec: Any = None
     reranker: Any = None
+    reranker_entry: Any = None  # the reranker's registry entry (rerank.spec.RerankerSpec)
     llm: Any = None
     loop_steps: list[dict[str, int]] | None = None
     prompts: Any = None  # prompt_sources.RunPrompts: where the method and the reranker read their templates
@@ -371,23 +163,6 @@ def _task_stats(gens, traces, spec: Any) -> dict[str, Any]:
             "llm_time_s": 0.0, "llm_time_new_s": 0.0, "cost_usd": None}
 
 
-def model_precisions(cfg: RunConfig) -> dict[str, str]:
-    """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
-    or its registry entry's; on a CPU everything runs in float32), by registry name."""
-    from r2med_agent.retrieval.dense.spec import encoder_registry
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
-
-    encoders = encoder_registry()
-    from r2med_agent.retrieval.fusion import member_names
-
-    names = {p for spec in (cfg.retriever, cfg.loop_retriever or "") for p in member_names(spec)}
-    out = {n: cfg.precision or encoders[n].precision
-           for n in sorted(names) if n in encoders and encoders[n].kind == "hf"}
-    if cfg.reranker:
-        out[cfg.reranker] = cfg.precision or get_reranker_spec(cfg.reranker).precision
-    return out
-
-
 def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
     """Run one configuration over its tasks and write every result file; see module docstring.
 
@@ -468,8 +243,10 @@ def _check_models(ctx: _Context) -> None:
 
         ctx.llm_spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
     if cfg.reranker:
+        from r2med_agent.experiment.resolve import Registries
         from r2med_agent.retrieval import make_reranker
 
+        ctx.reranker_entry = Registries().reranker(cfg.reranker)
         ctx.reranker = make_reranker(
             cfg.reranker, precision=cfg.precision, max_length=cfg.rerank_max_length,
             cache_path=cfg.cache_path, use_cache=cfg.use_cache,
@@ -505,17 +282,11 @@ def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list
 def _build_retrievers(ctx: _Context, tasks: Sequence[Task]) -> dict[str, _TaskRun]:
     from r2med_agent.retrieval import make_retriever
 
-    from r2med_agent.retrieval.run_files import CandidateRunRetriever
-
-    files = ctx.cfg.candidate_files()
+    options = ctx.cfg.retriever_options()
     out = {}
     for task in tasks:
         t0 = time.perf_counter()
-        given = files.get(task.name) or files.get(task.name.split("@")[0])  # a BEIR split's task: name@split
-        if given is not None:
-            retriever = CandidateRunRetriever.for_task(task, given, ctx.cfg.allow_missing_candidates)
-        else:
-            retriever = make_retriever(ctx.cfg.retriever, task, options=ctx.cfg.retriever_options())
+        retriever = make_retriever(ctx.cfg.retriever, task, options=options)
         out[task.name] = _TaskRun(task, retriever, index_time=time.perf_counter() - t0)
     return out
 
@@ -556,7 +327,8 @@ def _run_method(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
     jobs = []
     for r in runs.values():
         searched = r.retriever if loop_spec == cfg.retriever else _other_retriever(cfg, loop_spec, r.task)
-        first_pass = (lambda r=r: _first_pass(cfg, r)) if ctx.method.needs_first_pass else None
+        depth = ctx.method.first_pass_depth
+        first_pass = (lambda r=r: _first_pass(cfg, r, depth)) if ctx.method.needs_first_pass else None
         jobs.append(MethodJob(r.task, searched, r.retriever, first_pass))
     params = None
     if ctx.llm_spec is not None:
@@ -578,18 +350,19 @@ def _other_retriever(cfg: RunConfig, spec: str, task: Task) -> Any:
     return make_retriever(spec, task, options=cfg.retriever_options(fused=False))
 
 
-def _first_pass(cfg: RunConfig, r: _TaskRun) -> Run:
-    """The top 10 of ``cfg.first_pass`` for every query (LameR's prompt shows it; the run's own
-    index is reused when it is the same retriever)."""
+def _first_pass(cfg: RunConfig, r: _TaskRun, depth: int) -> Run:
+    """The top ``depth`` of ``cfg.first_pass`` for every query (the method's declared
+    ``first_pass_depth``: LameR's prompt shows its top 10; the run's own index is reused when it
+    is the same retriever)."""
     first = r.retriever if cfg.retriever == cfg.first_pass else _other_retriever(cfg, cfg.first_pass, r.task)
-    return first.search([SearchRequest(q.query_id, q.text) for q in r.task.queries], 10)
+    return first.search([SearchRequest(q.query_id, q.text) for q in r.task.queries], depth)
 
 
 def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
     """Search every task with all its queries at once, then rerank: a reranker that takes every
     task at once (an LLM reranker: one generate call per window position) gets them together."""
     cfg, reranker = ctx.cfg, ctx.reranker
-    per_task = reranker is not None and not getattr(reranker, "batches_tasks", False)
+    per_task = reranker is not None and not reranker.batches_tasks
     depth = max(cfg.top_k, cfg.rerank_k if reranker else 0)
     for r in runs.values():
         t0 = time.perf_counter()
@@ -605,8 +378,6 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
             r.run, r.excluded_removed = remove_excluded(r.run, r.task.excluded,
                                                         depth + (1 if cfg.exclude_identical_ids else 0))
         if cfg.exclude_identical_ids:
-            from r2med_agent.retrieval.dense.index import drop_identical_ids
-
             r.run, r.identical_ids_removed = drop_identical_ids(r.run, depth)
         if per_task:
             corpus = {d.doc_id: d.full_text for d in r.task.corpus}
@@ -617,12 +388,12 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
 
 
 def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
-    """An LLM reranker over every task at once; the run's own LLM is reused when it is the
-    reranker's."""
-    from r2med_agent.retrieval.rerank.llm import RerankJob
+    """A reranker that batches tasks (the LLM rerankers) over every task at once; the run's own
+    LLM is shared when the reranker's kind uses an LLM and its entry names the run's."""
+    from r2med_agent.retrieval.rerank.base import RerankJob
 
-    cfg, reranker = ctx.cfg, ctx.reranker
-    if ctx.llm is not None and cfg.llm == reranker.spec.llm:
+    cfg, reranker, entry = ctx.cfg, ctx.reranker, ctx.reranker_entry
+    if ctx.llm is not None and entry is not None and entry.kind_of.uses_llm and cfg.llm == entry.llm:
         reranker.share_llm(ctx.llm)
     jobs = [RerankJob(r.task, r.output.requests, r.run, {d.doc_id: d.full_text for d in r.task.corpus},
                       ordered=bool(getattr(r.retriever, "keeps_order", False)) and r.output.fused_run is None)
@@ -757,15 +528,9 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
     files[".json"] = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
     if out.generations is not None:
         files[".generations.jsonl"] = _generations_jsonl(task, out.generations, out.requests, out.samples)
-    if out.traces is not None:
-        from r2med_agent.methods.agentic import trace_to_dict
-
-        files[".traces.jsonl"] = "".join(json.dumps(trace_to_dict(t), ensure_ascii=False) + "\n"
-                                         for t in out.traces)
+    files.update(out.artifacts())  # the method's own files (a loop's traces)
     if r.rerank is not None:
-        from r2med_agent.methods.loop import traces_to_jsonl
-
-        files[".rerank.jsonl"] = traces_to_jsonl(r.rerank.traces)
+        files.update(r.rerank.artifacts())  # the reranker's own (its logs)
     # one set (with the folder's summary): a reader never mixes two runs' files
     return write_task_set(out_dir, task.name, files, summary=summary)
 
@@ -788,39 +553,6 @@ def _generations_jsonl(task: Task, gens: Sequence[Generation], requests: Sequenc
             **more,
         }, ensure_ascii=False))
     return "\n".join(lines) + "\n"
-
-
-def _config_record(cfg: RunConfig) -> dict[str, Any]:
-    """The configuration as written into result files (no secrets: names and settings only):
-    the spec's record plus the run options that say where the data came from."""
-    rec = cfg.record()
-    rec["tasks"] = list(cfg.tasks)
-    rec["metrics"] = list(cfg.scored_metrics)
-    for key in ("data_dir", "output_dir", "cache_path", "prompts_dir", "candidates_path"):
-        value = getattr(cfg, key)
-        rec[key] = str(value) if value is not None else None
-    for key in ("allow_missing_qrels_docs", "allow_count_mismatch", "use_cache", "refresh_cache", "chunk_size",
-                "allow_missing_candidates", "split", "all_queries", "no_eval"):
-        rec[key] = getattr(cfg, key)
-    rec["prompts_import"] = _prompts_import(cfg)
-    return rec
-
-
-def _prompts_import(cfg: RunConfig) -> list[dict[str, Any]]:
-    """The reference prompts the run renders: each authors' source (reference, full commit, its
-    folders and pinned files, ``pinned: true``), then the imports of ``prompts import --out``
-    behind its own-wording folders (reference, commit, folders); [] when every prompt is the
-    project's or the user's own."""
-    from r2med_agent.prompt_import import imported_prompts
-    from r2med_agent.prompt_sources import RunPrompts, split_folders
-
-    folders = split_folders(cfg)
-    sources = tuple(dict.fromkeys(s for _, _, s in folders if s is not None))
-    out = RunPrompts(sources=sources).record()
-    own = [f for f, _, s in folders if s is None]
-    if cfg.prompts is not None and own:
-        out += imported_prompts(own, cfg.prompts_dir)
-    return out
 
 
 def _now() -> str:

@@ -233,8 +233,10 @@ def spec_of_record(record: Mapping[str, Any]) -> RunSpec | None:
     config = record.get("config")
     if not isinstance(config, Mapping):
         return None
+    from r2med_agent.experiment.resolve import spec_of_config
+
     try:
-        return RunSpec.from_record(config)
+        return spec_of_config(config)
     except (ConfigError, TypeError, ValueError) as e:
         log.debug("config of a result record not understood: %s", e)
         return None
@@ -446,8 +448,10 @@ def _owner_spec(have: Any) -> RunSpec | None:
     record = have.get("spec") if isinstance(have, dict) else None
     if not isinstance(record, Mapping):
         return None
+    from r2med_agent.experiment.resolve import spec_of_config
+
     try:
-        return RunSpec.from_record(record)
+        return spec_of_config(record)
     except (ConfigError, TypeError, ValueError):
         return None
 

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from r2med_agent.config import load_registry, lookup
 from r2med_agent.llm.base import LLM
 from r2med_agent.llm.parsing import ReasoningFormat
-from r2med_agent.types import SamplingParams
+from r2med_agent.types import SAMPLING_KNOBS, SamplingParams, sampling_problems
 
 Backend = Literal["vllm", "openai", "local", "python"]
 
@@ -27,6 +27,10 @@ BACKENDS: dict[str, str] = {
     "python": "r2med_agent.api:PythonLLM",  # a function registered with r2med_agent.api
 }
 """Backend name -> ``module:class``; the class takes the spec as its only argument."""
+
+PROMPT_PATH_BACKENDS = ("vllm",)
+"""The backends that read an entry's ``prompt_path`` (``run --llm-prompt``); for the others the
+setting plays no part."""
 
 DROPPABLE_PARAMS = (
     "temperature",
@@ -81,22 +85,25 @@ class LLMSpec:
     """Prepended as a system message when a prompt has none; empty = prepend nothing (the
     chat template's own default then applies)."""
 
-    temperature: float = 0.7
+    # The default sampling of this model; each knob's own default, rule and run option are
+    # stated once, on :class:`~r2med_agent.types.SamplingParams`.
+
+    temperature: float = SAMPLING_KNOBS["temperature"]["default"]
     """Default sampling temperature (0 = greedy)."""
 
-    top_p: float = 1.0
+    top_p: float = SAMPLING_KNOBS["top_p"]["default"]
     """Default nucleus sampling mass."""
 
-    top_k: int = -1
+    top_k: int = SAMPLING_KNOBS["top_k"]["default"]
     """Default top-k (-1 disables it)."""
 
-    max_tokens: int = 10240
+    max_tokens: int = SAMPLING_KNOBS["max_tokens"]["default"]
     """Default most tokens to generate."""
 
-    seed: int | None = 42
+    seed: int | None = SAMPLING_KNOBS["seed"]["default"]
     """Default random seed (null: none sent)."""
 
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = SAMPLING_KNOBS["repetition_penalty"]["default"]
     """Default repetition penalty (1.0 disables it; vLLM and llama.cpp only)."""
 
     chunk_size: int | Literal["auto"] | None = "auto"
@@ -200,16 +207,7 @@ class LLMSpec:
         problems: list[str] = []
         if not self.model:
             problems.append("model must not be empty")
-        if self.temperature < 0:
-            problems.append(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            problems.append(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.repetition_penalty <= 0:
-            problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        problems += sampling_problems(self.default_sampling())
         if isinstance(self.chunk_size, int) and self.chunk_size < 0:
             problems.append(
                 f"chunk_size must be a positive integer, 0 or null (one call), or auto; "
@@ -259,19 +257,16 @@ class LLMSpec:
         if problems:
             raise ValueError("; ".join(problems))
 
+    def default_sampling(self) -> dict[str, Any]:
+        """This model's default value of every sampling knob (:data:`~r2med_agent.types.SAMPLING_KNOBS`)."""
+        return {name: getattr(self, name) for name in SAMPLING_KNOBS}
+
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         """This model's default sampling settings, with ``overrides`` applied.
 
         Example: ``spec.sampling_params(stop=("</search>",), temperature=0.0)``.
         """
-        fields: dict[str, Any] = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "max_tokens": self.max_tokens,
-            "seed": self.seed,
-            "repetition_penalty": self.repetition_penalty,
-        }
+        fields: dict[str, Any] = self.default_sampling()
         fields.update(overrides)
         if "stop" in fields:
             fields["stop"] = tuple(fields["stop"])

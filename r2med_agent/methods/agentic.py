@@ -52,7 +52,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.methods.loop import FINAL_MODES, FinalRanking, LoopLimits, ReasoningLoop
 from r2med_agent.methods.loop_parsing import Parser
 from r2med_agent.methods.token_cut import cut_words
-from r2med_agent.methods.traces import read_traces, trace_from_dict, trace_to_dict, traces_to_jsonl
+from r2med_agent.traces import read_traces, trace_from_dict, trace_to_dict, traces_to_jsonl
 from r2med_agent.methods.trajectory import AgenticResult, LoopOutcome, Trajectory
 from r2med_agent.types import Doc, Generation, Message, Query, SamplingParams, Task
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.types import Combine, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
@@ -76,13 +76,30 @@ class MethodSettings:
 @dataclass
 class TaskOutput:
     """What a method made for one task: the final search requests (one per query, in query
-    order) and whatever the result files keep beside them."""
+    order) and whatever the result files keep beside them.
+
+    Attributes:
+        requests: one search request per query.
+        generations: the generated texts (one per query), written to ``<Task>.generations.jsonl``.
+        samples: every sample per query (``--samples``).
+        traces: a loop's trajectories (their token counts join the task's stats).
+        fused_run: the final ranking when the method made it itself (``--final fuse``).
+        trace_file: how the method writes ``traces`` as its file's text; the runner writes
+            what :meth:`artifacts` gives and never reads a trace's format.
+    """
 
     requests: list[SearchRequest]
     generations: list[Generation] | None = None
     samples: list[list[Generation]] | None = None
     traces: list[Any] | None = None
     fused_run: Run | None = None
+    trace_file: Callable[[Sequence[Any]], str] | None = None
+
+    def artifacts(self) -> dict[str, str]:
+        """The files the method writes beside the task's run, by suffix (``.traces.jsonl``)."""
+        if self.traces is None or self.trace_file is None:
+            return {}
+        return {".traces.jsonl": self.trace_file(self.traces)}
 
 
 @dataclass
@@ -91,6 +108,31 @@ class MethodOutput:
 
     tasks: dict[str, TaskOutput]
     loop_steps: list[dict[str, int]] | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method declares about itself; validation, ``reproduce``, ``compare`` and the CLI
+    read these instead of the method's name.
+
+    Attributes:
+        uses_llm: it generates text (False only for the plain query).
+        agentic: it searches while it reasons (a loop over turns).
+        supports_samples: several generations per query can be averaged (``--samples``).
+        needs_first_pass: its prompt shows a first-pass ranking (``--first-pass``).
+        final_fuse: it can rank with every search of its trajectory (``--final fuse``).
+    """
+
+    uses_llm: bool = True
+    agentic: bool = False
+    supports_samples: bool = False
+    needs_first_pass: bool = False
+    final_fuse: bool = False
+
+
+def capabilities(method_cls: Any) -> Capabilities:
+    """A method class's declared capabilities (attributes of the same names)."""
+    return Capabilities(**{f.name: bool(getattr(method_cls, f.name, f.default)) for f in fields(Capabilities)})
 
 
 class Method:
@@ -110,6 +152,7 @@ class Method:
         agentic: it searches while it reasons.
         supports_samples: several generations per query can be averaged (``--samples``).
         needs_first_pass: its prompt shows a first-pass ranking (``--first-pass``).
+        first_pass_depth: how many documents of the first pass its prompt shows.
         final_fuse: it can rank with every search of its trajectory (``--final fuse``).
         llm_overrides: LLM entry fields this method changes (Search-o1 sends no system prompt).
         output_format: the reasoning-output format of this method's texts whatever the LLM's
@@ -122,6 +165,7 @@ class Method:
     agentic: ClassVar[bool] = False
     supports_samples: ClassVar[bool] = False
     needs_first_pass: ClassVar[bool] = False
+    first_pass_depth: ClassVar[int] = 0
     final_fuse: ClassVar[bool] = False
     llm_overrides: ClassVar[Mapping[str, Any]] = {}
 
@@ -131,27 +175,71 @@ class Method:
     def from_generations(self, task: Task, generations: Sequence[Generation]) -> TaskOutput:
         raise NotImplementedError
 
+    def sampling(self, llm_spec: Any, overrides: Mapping[str, Any]) -> SamplingParams:
+        """The sampling this method's generations use with the run's ``overrides``: the LLM
+        entry's defaults with them applied. Two runs whose overrides give the same sampling are
+        the same run (the run spec keeps only the overrides that change it)."""
+        return replace(llm_spec.sampling_params(), **overrides)
+
 
 class LoopMethod(Method):
-    """The protocol for the agentic loops (their ``run`` batches every query of every task)."""
+    """The protocol for the agentic loops (their ``run`` batches every query of every task).
+
+    A loop declares what :meth:`run_tasks` reads of it: its own sampling (``params``, and
+    ``model_sampling`` for the model it runs), how it adapts to a model (:meth:`for_model`) and to
+    a prompts folder (:meth:`with_prompts`), the batched :meth:`run`, and how its traces are
+    written (:meth:`trace_file`).
+    """
 
     agentic = True
     final_fuse = True
+    params: SamplingParams
+    """Sampling of the loop's reasoning steps before the run's overrides."""
+    model_sampling: Mapping[str, Any] = {}
+    """The original method's sampling for the model it runs (``for_model``), below the run's overrides."""
+
+    def for_model(self, model: str) -> LoopMethod:
+        """This loop as the original method runs ``model`` (the registry entry's model id)."""
+        return self
+
+    def with_prompts(self, prompts_dir: Path) -> LoopMethod:
+        """This loop rendering its prompts from ``prompts_dir``."""
+        raise NotImplementedError
+
+    def run(self, tasks_and_retrievers: Sequence[tuple[Task, Any]], llm: Any, *, final: str | None = None,
+            top_k: int | None = None, sampling: Mapping[str, Any] | None = None,
+            final_retrievers: Sequence[Any] | None = None) -> Mapping[str, Any]:
+        """Every query of every task in one batched loop: ``{task name: result}``, each result
+        with ``requests``, ``traces``, ``fused_run`` and ``steps``."""
+        raise NotImplementedError
+
+    def trace_file(self, traces: Sequence[Any]) -> str:
+        """The text of the task's traces file (``<Task>.traces.jsonl``): one JSON line per trace."""
+        from r2med_agent.traces import traces_to_jsonl
+
+        return traces_to_jsonl(traces)
 
     def run_tasks(self, jobs: Sequence[MethodJob], llm: Any, settings: MethodSettings) -> MethodOutput:
-        method = self.for_model(settings.llm_spec.model) if settings.llm_spec is not None else self  # type: ignore[attr-defined]
+        method = self.for_model(settings.llm_spec.model) if settings.llm_spec is not None else self
         if settings.prompts_dir is not None:
-            method = method.with_prompts(settings.prompts_dir)  # type: ignore[attr-defined]
-        results = method.run(  # type: ignore[attr-defined]
+            method = method.with_prompts(settings.prompts_dir)
+        results = method.run(
             [(j.task, j.retriever) for j in jobs], llm, final=settings.final, top_k=settings.top_k,
             sampling=loop_sampling(method, settings), final_retrievers=[j.final_retriever for j in jobs],
         )
         tasks = {
-            name: TaskOutput(list(res.requests), traces=list(res.traces), fused_run=res.fused_run)
+            name: TaskOutput(list(res.requests), traces=list(res.traces), fused_run=res.fused_run,
+                             trace_file=method.trace_file)
             for name, res in results.items()
         }
         steps = next((r.steps for r in results.values()), ())
         return MethodOutput(tasks, [s.to_dict() for s in steps])
+
+    def sampling(self, llm_spec: Any, overrides: Mapping[str, Any]) -> SamplingParams:
+        """The sampling of the loop's reasoning steps with the run's ``overrides``
+        (:func:`loop_sampling` over the loop for the entry's model)."""
+        method = self.for_model(llm_spec.model)
+        return replace(method.params, **loop_sampling(method, MethodSettings(sampling=overrides, llm_spec=llm_spec)))
 
     def from_generations(self, task: Task, generations: Sequence[Generation]) -> TaskOutput:
         """Released final responses, combined with the query as the loop combines them."""

@@ -108,6 +108,7 @@ class LameR(ExpansionMethod):
     name = "lamer"
     combine = "lamer"
     needs_first_pass = True
+    first_pass_depth = LAMER_TOP_K
 
     def template_variables(self, task: Task, first_pass: Run | None) -> list[dict[str, Any]]:
         if first_pass is None:

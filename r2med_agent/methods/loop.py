@@ -48,7 +48,7 @@ from r2med_agent.methods.base import LoopMethod
 from r2med_agent.methods.loop_engine import LoopSteps, ranked_doc_ids
 from r2med_agent.methods.loop_parsing import Action, Parser, final_text, parse_output, plain_parse, reasoning_parser
 from r2med_agent.methods.token_cut import TokenCut, cut_whitespace_tokens, cut_words, load_token_cut
-from r2med_agent.methods.traces import read_traces, trace_from_dict, trace_to_dict, traces_to_jsonl
+from r2med_agent.traces import read_traces, trace_from_dict, trace_to_dict, traces_to_jsonl
 from r2med_agent.methods.trajectory import (
     AgenticResult,
     LoopJob,
@@ -72,7 +72,7 @@ __all__ = [
 reading a step (:mod:`~r2med_agent.methods.loop_parsing`), trajectory state and results
 (:mod:`~r2med_agent.methods.trajectory`), cutting inserted text
 (:mod:`~r2med_agent.methods.token_cut`) and traces as JSON lines
-(:mod:`~r2med_agent.methods.traces`)."""
+(:mod:`~r2med_agent.traces`)."""
 
 logger = logging.getLogger(__name__)
 

@@ -14,20 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from r2med_agent.errors import ConfigError
+from r2med_agent.names import DEFAULT_RRF_K, ORIGINAL_QUERY, fusion_label, member_names
 from r2med_agent.retrieval.base import Retriever
 from r2med_agent.types import Run, SearchRequest
 
 logger = logging.getLogger(__name__)
-
-ORIGINAL_QUERY = ":query"
-"""Suffix of a fused member that searches with the original query, whatever the method generated
-(``bm25+reasonembed-qwen3-8b:query``: BM25 on the HyDE text, the embedder on the question)."""
-
-
-def member_names(spec: str) -> list[str]:
-    """The retriever names of a '+'-joined spec, each without its ``:query`` suffix."""
-    return [p.strip().removesuffix(ORIGINAL_QUERY) for p in spec.split("+") if p.strip()]
-
 
 class OriginalQueryRetriever:
     """A member that searches with each request's original query (``combine`` none)."""
@@ -43,23 +34,6 @@ class OriginalQueryRetriever:
 
 FusionMethod = Literal["rrf", "weighted"]
 FUSION_METHODS: tuple[str, ...] = ("rrf", "weighted")
-DEFAULT_RRF_K = 60
-
-
-def fusion_label(
-    members: str, method: str = "rrf", rrf_k: int = DEFAULT_RRF_K, weights: Sequence[float] | None = None
-) -> str:
-    """The name of a fused retriever, as result folders and run tags show it: the members
-    (``bm25+minilm``) alone for RRF with k=60, else with the settings appended, so runs with
-    other settings never share a folder: ``bm25+minilm-rrf20``, ``bm25+minilm-weighted``
-    (equal weights), ``bm25+minilm-weighted-0.3-0.7``."""
-    if method == "rrf":
-        return members if rrf_k == DEFAULT_RRF_K else f"{members}-rrf{rrf_k}"
-    label = f"{members}-{method}"
-    if weights is not None:
-        label += "".join(f"-{float(w):g}" for w in weights)
-    return label
-
 
 def check_fusion_options(
     n_members: int, method: str = "rrf", rrf_k: int = DEFAULT_RRF_K, weights: Sequence[float] | None = None
@@ -103,7 +77,7 @@ def _query_ids(runs: Sequence[Run]) -> list[str]:
     return list(seen)
 
 
-def rrf(runs: Sequence[Run], k: int = 60, depth: int | None = None) -> Run:
+def rrf(runs: Sequence[Run], k: int = DEFAULT_RRF_K, depth: int | None = None) -> Run:
     """Reciprocal rank fusion (Cormack et al., 2009): ``score(d) = sum_r 1 / (k + rank_r(d))``,
     ranks starting at 1; documents missing from a run get nothing from it.
 

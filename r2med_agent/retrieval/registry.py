@@ -1,57 +1,85 @@
-"""The retriever registry: what each word of a retriever spec (``--retriever``) builds.
+"""The retriever registry: what each word of a retriever spec (``--retriever``) builds, and what
+each kind of retriever declares.
 
 ``make_retriever(spec, task)`` splits ``spec`` at ``+``; one word is one retriever, several are
 fused (:class:`~r2med_agent.retrieval.fusion.FusionRetriever`). Each word is built by the kind of
 :data:`RETRIEVER_KINDS` whose ``names()`` list it (the kinds' names never overlap):
 
-============ ============================================== =========================================
-kind         names                                          builds
-============ ============================================== =========================================
-bm25         ``bm25``, ``bm25-compat`` (:data:`BM25_SPECS`)  :class:`~r2med_agent.retrieval.bm25.retriever.BM25Retriever`
-dense        the encoder registry (``configs/encoders.yaml``  :class:`~r2med_agent.retrieval.dense.index.DenseRetriever`
-             and a user config's ``encoders:``)
-candidates   NanoR2MED's lists (``nano-bm25``, ...,          :mod:`~r2med_agent.retrieval.candidates`
-             ``hakari-hybrid``)
-python       :func:`register_retriever` (this process)      the registered factory
-============ ============================================== =========================================
+============ ============================================ ======= ========= ==========================
+kind         names                                        combine has_model settings that apply
+============ ============================================ ======= ========= ==========================
+bm25         ``bm25``, ``bm25-compat`` (:data:`BM25_SPECS`) own     no        ``bm25_k1``, ``bm25_b``
+dense        the encoder registry (``configs/encoders``    own     yes       ``exclude_identical_ids``
+             ``.yaml`` and a user config's ``encoders:``)
+candidates   NanoR2MED's shipped lists (``nano-bm25``, ...) fixed   no
+hybrid       ``hakari-hybrid[-safeguard]``, rebuilt with    fixed   yes
+             the ``harrier`` encoder
+run-files    ``candidates``: TREC run files (``run         fixed   no
+             --candidates``), reranked as given
+python:NAME  :func:`register_retriever` (this process)      as registered
+============ ============================================ ======= ========= ==========================
+
+Every kind declares how it combines a request's query with an LLM's expansion (``combine``):
+
+- ``text``: the registry turns each request into its query text by the BM25 column of the query
+  table (:func:`~r2med_agent.retrieval.query.bm25_query_text`) and the retriever searches that text
+  (so a retriever of this kind cannot ignore an expansion);
+- ``own``: the retriever applies the combine rules itself (BM25's reference variant, the dense
+  retrievers' embedding mean; docs/protocol.md);
+- ``fixed``: it holds one ranking per task query and answers nothing else; a method that writes
+  queries cannot use it (refused before any work).
+
+``has_model`` says whether it loads a neural model (``--precision`` and ``--encoder-backend``
+apply); ``settings`` names the other run settings that apply to it. The run spec reads these
+declarations to set settings that do not apply back to their defaults, never a retriever's name.
 
 A new kind of retriever is one module (a class with ``name`` and ``search(requests, k)``, the
 :class:`~r2med_agent.retrieval.base.Retriever` protocol) plus one line in :data:`RETRIEVER_KINDS`:
-``"mine": RetrieverKind(names, build)``, where ``names()`` lists its words and
+``"mine": RetrieverKind(names, build, combine="text")``, where ``names()`` lists its words and
 ``build(word, task, options)`` makes the retriever of one word over a task's corpus, reading what
 it needs from the :class:`RetrieverOptions`. Modules are imported inside ``build``, so listing
 the names stays cheap.
 
 Options travel typed: :class:`RetrieverOptions` holds the dense encoders'
 :class:`~r2med_agent.retrieval.dense.spec.EncoderOptions`, the
-:class:`~r2med_agent.retrieval.bm25.retriever.BM25Options` and the
-:class:`~r2med_agent.retrieval.fusion.FusionOptions` of '+'-joined specs. ``make_retriever``
-also takes them as keywords (``show_progress``, ``precision``, ``encoder_backend``, ``fusion``,
+:class:`~r2med_agent.retrieval.bm25.retriever.BM25Options`, the
+:class:`~r2med_agent.retrieval.fusion.FusionOptions` of '+'-joined specs and the
+:class:`~r2med_agent.retrieval.run_files.RunFiles` of ``--candidates``. ``make_retriever`` also
+takes them as keywords (``show_progress``, ``precision``, ``encoder_backend``, ``fusion``,
 ``rrf_k``, ``weights``, ...: :meth:`RetrieverOptions.from_keywords`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.retrieval.base import Retriever
 from r2med_agent.retrieval.bm25.retriever import BM25Options
 from r2med_agent.retrieval.dense.spec import EncoderOptions
 from r2med_agent.retrieval.fusion import ORIGINAL_QUERY, FusionOptions, OriginalQueryRetriever
+from r2med_agent.retrieval.run_files import RunFiles
+from r2med_agent.types import Run, SearchRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from r2med_agent.types import Task
 
 __all__ = [
-    "BM25_SPECS", "RETRIEVER_KINDS", "RetrieverKind", "RetrieverOptions", "make_retriever",
-    "register_retriever", "retriever_names", "unregister_retriever",
+    "BM25_SPECS", "COMBINES", "RETRIEVER_KINDS", "RUN_FILES", "RetrieverKind", "RetrieverOptions", "make_retriever",
+    "register_retriever", "retriever_kind", "retriever_names", "unregister_retriever",
 ]
 
 BM25_SPECS = {"bm25": "lucene", "bm25-compat": "r2med-compat"}
 """Spec word -> BM25Retriever mode."""
+
+RUN_FILES = "candidates"
+"""The retriever word of first-stage TREC run files reranked as given (``run --candidates``)."""
+
+Combine = Literal["text", "own", "fixed"]
+COMBINES: tuple[str, ...] = ("text", "own", "fixed")
+"""How a kind combines a request's query and expansion (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +92,8 @@ class RetrieverOptions:
     """BM25 retrievers."""
     fusion: FusionOptions | None = None
     """How a '+'-joined spec fuses (None: the defaults; set only for such a spec)."""
+    run_files: RunFiles | None = None
+    """The first-stage run files of the ``candidates`` word (``run --candidates``)."""
 
     @classmethod
     def from_keywords(cls, **keywords: Any) -> RetrieverOptions:
@@ -104,12 +134,25 @@ _FUSION_KEYWORDS = {"fusion": "method", "rrf_k": "rrf_k", "weights": "weights", 
 
 @dataclass(frozen=True)
 class RetrieverKind:
-    """One kind of retriever: the spec words it answers to and how it builds one."""
+    """One kind of retriever: the spec words it answers to, how it builds one, and what it declares."""
 
     names: Callable[[], Iterable[str]]
     """The words of this kind, read on every call (registries can change within a process)."""
     build: Callable[[str, Task, RetrieverOptions], Retriever]
     """``build(word, task, options)``: the retriever ``word`` over ``task``'s corpus."""
+    combine: Combine
+    """How a request's query and expansion become what it searches: ``text``, ``own`` or ``fixed``
+    (the module docstring). Required: a kind must say what it does with an LLM's expansion."""
+    has_model: bool = False
+    """It loads a neural model: ``--precision`` and ``--encoder-backend`` apply to it."""
+    settings: tuple[str, ...] = ()
+    """Other run-spec settings that apply to it (``bm25_k1``, ``bm25_b``, ``exclude_identical_ids``)."""
+    encoders: Callable[[str], Sequence[str]] = lambda word: ()
+    """The encoder registry entries a word loads (what ``reproduce --dry-run`` sizes)."""
+
+    def __post_init__(self) -> None:
+        if self.combine not in COMBINES:
+            raise ConfigError(f"a retriever kind's combine must be one of {', '.join(COMBINES)}, got {self.combine!r}")
 
 
 def _build_bm25(word: str, task: Task, options: RetrieverOptions) -> Retriever:
@@ -134,10 +177,16 @@ def _build_dense(word: str, task: Task, options: RetrieverOptions) -> Retriever:
     return DenseRetriever.for_task(task, word, options.encoder)
 
 
-def _candidate_names() -> list[str]:
-    from r2med_agent.retrieval.candidates import candidate_names
+def _shipped_names() -> list[str]:
+    from r2med_agent.retrieval.candidates import SHIPPED
 
-    return candidate_names()
+    return list(SHIPPED)
+
+
+def _rebuilt_names() -> list[str]:
+    from r2med_agent.retrieval.candidates import REBUILT
+
+    return list(REBUILT)
 
 
 def _build_candidates(word: str, task: Task, options: RetrieverOptions) -> Retriever:
@@ -146,16 +195,37 @@ def _build_candidates(word: str, task: Task, options: RetrieverOptions) -> Retri
     return make_candidate_retriever(word, task, options.encoder)
 
 
-_REGISTERED: dict[str, Callable[[Task], Retriever]] = {}
-"""Retrievers registered from Python (:func:`register_retriever`): name -> factory over a task."""
+def _hybrid_encoders(word: str) -> list[str]:
+    from r2med_agent.retrieval.candidates import DENSE_ENCODER
+
+    return [DENSE_ENCODER]
+
+
+def _build_run_files(word: str, task: Task, options: RetrieverOptions) -> Retriever:
+    from r2med_agent.retrieval.run_files import CandidateRunRetriever
+
+    files = options.run_files
+    given = files.for_task(task.name) if files is not None else None
+    if given is None:
+        raise ConfigError(f"--retriever {RUN_FILES} is what --candidates PATH sets; give the run files"
+                          + (f" (none for task {task.name})" if files is not None else ""))
+    return CandidateRunRetriever.for_task(task, given, files.allow_missing)  # type: ignore[union-attr]
+
 
 RETRIEVER_KINDS: dict[str, RetrieverKind] = {
-    "bm25": RetrieverKind(lambda: list(BM25_SPECS), _build_bm25),
-    "dense": RetrieverKind(_encoder_names, _build_dense),
-    "candidates": RetrieverKind(_candidate_names, _build_candidates),
-    "python": RetrieverKind(lambda: sorted(_REGISTERED), lambda word, task, options: _REGISTERED[word](task)),
+    "bm25": RetrieverKind(lambda: list(BM25_SPECS), _build_bm25, combine="own", settings=("bm25_k1", "bm25_b")),
+    "dense": RetrieverKind(_encoder_names, _build_dense, combine="own", has_model=True,
+                           settings=("exclude_identical_ids",), encoders=lambda word: [word]),
+    "candidates": RetrieverKind(_shipped_names, _build_candidates, combine="fixed"),
+    "hybrid": RetrieverKind(_rebuilt_names, _build_candidates, combine="fixed", has_model=True,
+                            encoders=_hybrid_encoders),
+    "run-files": RetrieverKind(lambda: [RUN_FILES], _build_run_files, combine="fixed"),
 }
-"""Kind -> its names and builder, in the order :func:`retriever_names` lists them."""
+"""Kind -> its names, builder and declarations, in the order :func:`retriever_names` lists them;
+:func:`register_retriever` adds a ``python:<name>`` kind per name."""
+
+PYTHON_KIND = "python:"
+"""Prefix of the kinds :func:`register_retriever` adds."""
 
 
 def retriever_names() -> list[str]:
@@ -164,20 +234,39 @@ def retriever_names() -> list[str]:
     return [name for kind in RETRIEVER_KINDS.values() for name in kind.names()]
 
 
-def register_retriever(name: str, factory: Callable[[Task], Retriever]) -> None:
+def retriever_kind(word: str) -> RetrieverKind | None:
+    """The kind whose names list ``word`` (a ``:query`` suffix is ignored); None: unknown."""
+    name = word.strip().removesuffix(ORIGINAL_QUERY)
+    return next((k for k in RETRIEVER_KINDS.values() if name in k.names()), None)
+
+
+def register_retriever(name: str, factory: Callable[[Task], Retriever], *, combine: Combine = "text",
+                       has_model: bool = False, settings: Sequence[str] = ("exclude_identical_ids",)) -> None:
     """Make ``name`` a retriever spec word in this process: ``factory(task)`` builds it for a
     task (the Python API's own encoders and retrievers go through this). A name of another kind
-    (bm25, an encoder, a candidate list) cannot be taken."""
+    (bm25, an encoder, a candidate list) cannot be taken.
+
+    Args:
+        name: the spec word.
+        factory: builds the retriever over a task.
+        combine: how it takes an LLM's expansion (the module docstring): ``text`` (default: it
+            searches the query text the BM25 column of the query table gives), ``own`` (it
+            reads each request's ``combine`` rule itself) or ``fixed``.
+        has_model: ``--precision`` and ``--encoder-backend`` change what it does.
+        settings: other run settings that apply to it.
+    """
     if not name or "+" in name or "/" in name:
         raise ConfigError(f"retriever name {name!r} must be non-empty, without '+' or '/'")
-    if any(name in kind.names() for key, kind in RETRIEVER_KINDS.items() if key != "python"):
+    if any(name in kind.names() for key, kind in RETRIEVER_KINDS.items() if key != PYTHON_KIND + name):
         raise ConfigError(f"retriever name '{name}' is taken by the registry; choose another")
-    _REGISTERED[name] = factory
+    RETRIEVER_KINDS[PYTHON_KIND + name] = RetrieverKind(
+        lambda: [name], lambda word, task, options: factory(task), combine=combine, has_model=has_model,
+        settings=tuple(settings))
 
 
 def unregister_retriever(name: str) -> None:
     """Forget a name of :func:`register_retriever` (nothing happens for an unknown name)."""
-    _REGISTERED.pop(name, None)
+    RETRIEVER_KINDS.pop(PYTHON_KIND + name, None)
 
 
 def make_retriever(spec: str, task: Task, *, options: RetrieverOptions | None = None, **keywords: Any) -> Retriever:
@@ -235,7 +324,22 @@ def _spec_words(spec: str) -> list[str]:
 
 def _single(word: str, task: Task, options: RetrieverOptions) -> Retriever:
     name = word.removesuffix(ORIGINAL_QUERY)
-    kind = next(k for k in RETRIEVER_KINDS.values() if name in k.names())  # _spec_words checked it
-    built = kind.build(name, task, options)
+    kind = retriever_kind(name)  # _spec_words checked it is known
+    built = kind.build(name, task, options)  # type: ignore[union-attr]
+    if kind.combine == "text":  # type: ignore[union-attr]
+        built = TextQueryRetriever(built)
     return OriginalQueryRetriever(built) if name != word else built
 
+
+class TextQueryRetriever:
+    """A retriever of a ``text`` kind, given each request as its query text (the BM25 column of
+    the query table): what it searches always holds the expansion its rule asks for."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
+        from r2med_agent.retrieval.query import bm25_query_text
+
+        return self.inner.search([SearchRequest(r.query_id, bm25_query_text(r)) for r in requests], k)

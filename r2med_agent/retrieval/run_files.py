@@ -20,6 +20,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from r2med_agent.errors import ConfigError, DataError
@@ -28,6 +29,25 @@ from r2med_agent.types import Run, SearchRequest, Task
 log = logging.getLogger(__name__)
 
 RUN_SUFFIXES = (".run", ".trec", ".txt")
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The first-stage run files of a run (``run --candidates``), one per task, as the
+    ``candidates`` retriever reads them.
+
+    Attributes:
+        files: task name -> its run file (:func:`find_candidate_files`).
+        allow_missing: leave out (warned, counted) documents the task's corpus lacks instead of
+            stopping.
+    """
+
+    files: Mapping[str, Path]
+    allow_missing: bool = False
+
+    def for_task(self, task: str) -> Path | None:
+        """The run file of ``task``; a BEIR split's task (``name@split``) takes its folder's."""
+        return self.files.get(task) or self.files.get(task.split("@")[0])
 
 
 def find_candidate_files(path: str | Path, tasks: Sequence[str]) -> dict[str, Path]:

@@ -158,3 +158,139 @@ def test_the_public_modules_are_read_by_users_the_cli_and_the_python_api_only() 
     through = sorted(f"{m} imports {', '.join(sorted(_imports(m, p, modules) & PUBLIC_MODULES))}"
                      for m, p in modules.items() if m not in users and _imports(m, p, modules) & PUBLIC_MODULES)
     assert through == []
+
+
+# -- issue 28: the seams --------------------------------------------------------------------
+
+COMPONENT_FIELDS = {"method", "llm", "retriever", "reranker", "first_pass", "loop_retriever"}
+"""Spec settings that name a component (a registry entry or kind)."""
+
+
+def _component_names() -> set[str]:
+    """Every name a registry knows: methods, retriever kinds and their words, reranker kinds and
+    entries, LLM entries, and ``none``."""
+    from r2med_agent.config import load_registry
+    from r2med_agent.llm.registry import LLMSpec
+    from r2med_agent.methods import METHODS
+    from r2med_agent.retrieval import retriever_names
+    from r2med_agent.retrieval.registry import RETRIEVER_KINDS
+    from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS
+    from r2med_agent.retrieval.rerank.spec import reranker_registry
+
+    return ({"none"} | set(METHODS) | set(RETRIEVER_KINDS) | set(retriever_names()) | set(RERANKER_KINDS)
+            | set(reranker_registry()) | set(load_registry("llms", LLMSpec)))
+
+
+def _names_a_component(node: ast.AST) -> bool:
+    """``x.method``, ``spec.reranker``, ``v["retriever"]`` and the like."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in COMPONENT_FIELDS
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.slice.value in COMPONENT_FIELDS
+    return False
+
+
+def _literal_names(node: ast.AST, names: set[str]) -> bool:
+    """A literal string, or a literal collection holding one, that a registry knows as a name, or
+    a module constant (``NO_MODEL``)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in names
+    if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+        return any(_literal_names(e, names) for e in node.elts)
+    return isinstance(node, ast.Name) and node.id.isupper()
+
+
+def _name_tests(path: Path, names: set[str]) -> list[str]:
+    """Comparisons of a component-naming setting with a literal name or a constant set of names
+    (``spec.method == "none"``, ``retriever in NO_MODEL``, ``reranker.kind == "listwise"``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_names_a_component(s) or (isinstance(s, ast.Attribute) and s.attr == "kind") for s in sides) \
+                    and any(_literal_names(s, names) for s in sides):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_run_spec_imports_no_registry_and_tests_no_name() -> None:
+    """RunSpec, from_key, from_record and the label are pure data: a result reads back and labels
+    the same in any process, whatever is registered there (resolution is experiment/resolve.py's)."""
+    modules = _modules()
+    spec = "r2med_agent.experiment.spec"
+    assert _imports(spec, modules[spec], modules) <= {"r2med_agent.errors", "r2med_agent.names", "r2med_agent.types"}
+    for name in ("r2med_agent.names",):  # what the spec imports is pure too
+        assert _imports(name, modules[name], modules) == set()
+    tree = ast.parse(modules[spec].read_text(encoding="utf-8"))
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert not calls & {"open", "Path", "read_text", "read_bytes"}, "the spec reads no file"
+    assert _name_tests(modules[spec], _component_names()) == []
+
+
+def test_the_runner_imports_no_concrete_component() -> None:
+    """experiment/runner.py reaches methods, retrievers, rerankers and LLMs through their
+    registries and protocols only (what they write goes through their own output objects)."""
+    modules = _modules()
+    runner = "r2med_agent.experiment.runner"
+    allowed = {"r2med_agent.methods", "r2med_agent.methods.base", "r2med_agent.retrieval",
+               "r2med_agent.retrieval.base", "r2med_agent.retrieval.registry", "r2med_agent.retrieval.rerank",
+               "r2med_agent.retrieval.rerank.base", "r2med_agent.retrieval.rerank.kinds", "r2med_agent.llm",
+               "r2med_agent.llm.base", "r2med_agent.llm.registry"}
+    concrete = sorted(m for m in _imports(runner, modules[runner], modules)
+                      if m.split(".")[1] in ("methods", "retrieval", "llm") and m not in allowed)
+    assert concrete == []
+    assert _name_tests(modules[runner], _component_names()) == []  # not even `method != "none"`
+
+
+def test_no_untyped_attribute_access_in_the_methods() -> None:
+    """A loop declares what LoopMethod.run_tasks reads of it; nothing needs ``type: ignore[attr-defined]``."""
+    found = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in (PACKAGE / "methods").rglob("*.py")
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if "type: ignore[attr-defined]" in line]
+    assert found == []
+
+
+def test_the_run_command_takes_at_most_8_named_parameters() -> None:
+    """``run``'s options are generated from the RunSpec fields, not spelt as parameters."""
+    tree = ast.parse((PACKAGE / "cli" / "run_cmd.py").read_text(encoding="utf-8"))
+    (run,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_command"]
+    a = run.args
+    assert len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) <= 8
+
+
+def test_each_default_is_stated_once() -> None:
+    """The sampling knobs' defaults (on SamplingParams), rerank_k's 100 and RRF's 60 (in names.py)
+    have one definition each: no parameter or field spells them as its default."""
+    spelt = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            args = node.args if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+            if args is not None:
+                params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                defaults = [None] * (len(args.posonlyargs) + len(args.args) - len(args.defaults)) + list(args.defaults)
+                defaults += list(args.kw_defaults)
+                pairs = zip([p.arg for p in params], defaults)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                pairs = [(node.target.id, node.value)]
+            else:
+                continue
+            for name, default in pairs:
+                if isinstance(default, ast.Constant) and (name, default.value) in {
+                        ("rrf_k", 60), ("rerank_k", 100), ("temperature", 0.7), ("max_tokens", 10240)}:
+                    spelt.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}={default.value}")
+    assert spelt == []
+
+
+def test_no_code_asks_whether_the_method_is_none() -> None:
+    """``method == "none"`` stood for "no LLM" in four places: the method's declared ``uses_llm``
+    (or a resolved spec's ``llm``) says it now, so a method of one's own without an LLM works too."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr == "method"
+                       or isinstance(s, ast.Subscript) and isinstance(s.slice, ast.Constant) and s.slice.value == "method"
+                       for s in sides) and any(isinstance(s, ast.Constant) and s.value == "none" for s in sides):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from r2med_agent.evaluation import drop_identical_ids  # noqa: F401 - BEIR's exact search, which dense runs follow
 from r2med_agent.errors import ConfigError, MissingExtraError
 from r2med_agent.retrieval.dense.cache import encode_corpus, l2_normalize
 from r2med_agent.retrieval.dense.factory import make_encoder
@@ -119,26 +120,6 @@ def query_embeddings(
         base /= counts[:, None]
     return l2_normalize(base)
 
-
-
-def drop_identical_ids(run: Run, k: int) -> tuple[Run, int]:
-    """``run`` without any document whose id is its query's id, each ranking cut to ``k``; and
-    how many such hits there were.
-
-    BEIR's exact dense search, which R2MED's dense evaluation runs, skips a corpus id equal to the
-    query id while it collects the top ``k`` (and its evaluation drops such hits again,
-    ``ignore_identical_ids``): searched ``k + 1`` deep, this gives the same ``k`` documents. It
-    matters where queries and documents share an id scheme (the case-retrieval tasks). Each
-    ranking keeps its order (score descending, ties as the retriever gave them).
-    """
-    out: Run = {}
-    removed = 0
-    for query_id, ranking in run.items():
-        if query_id in ranking:
-            removed += 1
-        kept = sorted(((d, s) for d, s in ranking.items() if d != query_id), key=lambda ds: -ds[1])
-        out[query_id] = dict(kept[:k])
-    return out, removed
 
 
 class FlatIndex:

@@ -2,10 +2,13 @@
 
 One job per module (import from the module that holds a name):
 
+* :mod:`~r2med_agent.retrieval.rerank.kinds`: :data:`RERANKER_KINDS`, each kind's builder and
+  declared capabilities (``uses_llm``, ``has_model``, ``batches_tasks``, ``prompt_folder``, ...);
+  a new kind is one module and one line there.
 * :mod:`~r2med_agent.retrieval.rerank.spec`: the registry entry :class:`RerankerSpec`
-  (``configs/rerankers.yaml``), :func:`reranker_registry`, :func:`get_reranker_spec` and the
-  :class:`Reranker` protocol (``name``, ``batches_tasks``, ``check()``,
-  ``rerank(requests, run, corpus, k)``).
+  (``configs/rerankers.yaml``), checked against its kind's declarations,
+  :func:`reranker_registry`, :func:`get_reranker_spec` and the :class:`Reranker` protocol
+  (``name``, ``batches_tasks``, ``check()``, ``rerank(requests, run, corpus, k)``).
 * :mod:`~r2med_agent.retrieval.rerank.cross_encoder`: :class:`PairwiseReranker`, cross-encoders
   and RankLLaMA on transformers or vLLM (:func:`check_model_files`, :func:`merge_adapter`).
 * :mod:`~r2med_agent.retrieval.rerank.llm`: :class:`LLMReranker` (listwise and pointwise
@@ -21,8 +24,8 @@ One job per module (import from the module that holds a name):
   small sets, llm-rankers' heap sort, :func:`heapsort_selection`).
 * :mod:`~r2med_agent.retrieval.rerank.tokens`: passages (and Rank-R1's query) cut to tokens of the
   reranker's LLM's own tokenizer, and ReasonRank's ftfy repair.
-* :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker
-  (also :func:`r2med_agent.retrieval.make_reranker`).
+* :mod:`~r2med_agent.retrieval.rerank.factory`: :func:`make_reranker`, an entry's reranker built
+  by its kind (also :func:`r2med_agent.retrieval.make_reranker`), and the built-in kinds' builders.
 
 NanoR2MED's shipped candidate lists, which rerankers often start from, are first-stage retrievers:
 :mod:`r2med_agent.retrieval.candidates`.

@@ -11,31 +11,8 @@ from typing import Any, Protocol
 
 from r2med_agent.errors import DataError
 from r2med_agent.retrieval.fusion import ranked
+from r2med_agent.retrieval.rerank.base import RerankJob, RerankOutput  # the batch protocol's records
 from r2med_agent.types import Generation, Message, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep
-
-@dataclass
-class RerankJob:
-    """One task's input to :meth:`LLMReranker.rerank_tasks`."""
-
-    task: Task
-    requests: Sequence[SearchRequest]
-    run: Run
-    corpus: Mapping[str, str]
-    ordered: bool = False
-    """True: each query's documents in ``run`` are already in their first-stage order (a run
-    file read as given, ``run --candidates``), which the reranker keeps, tied scores included, as
-    the published rerankers read their run files; False: they are ranked by score, ties by
-    document id."""
-
-
-@dataclass
-class RerankOutput:
-    """One task's output: the reranked run, a trace per query, and the stage's statistics."""
-
-    run: Run
-    traces: list[Trace]
-    stats: dict[str, Any] = field(default_factory=dict)
-
 
 @dataclass
 class RerankQuery:

@@ -4,12 +4,13 @@ the :class:`Reranker` protocol the runner calls."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Protocol, runtime_checkable
 
 from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval.dense.spec import Precision, _specifier, weights_dtype_name
+from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS, RerankerKind, llm_kinds, reranker_kind
 from r2med_agent.types import Run, SearchRequest
 
 __all__ = ["Reranker", "RerankerSpec", "follows_published_code", "get_reranker_spec", "reranker_registry"]
@@ -24,8 +25,9 @@ class RerankerSpec:
     model: str = ""
     """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
     adapter when ``base_model`` is set (empty for the LLM kinds)."""
-    kind: Literal["cross-encoder", "listwise", "pointwise-reasoning", "groupwise", "setwise"] = "cross-encoder"
-    """``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
+    kind: str = "cross-encoder"
+    """A kind of :data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`, which declares what it
+    can do. ``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
     orders sliding windows of candidates; ``pointwise-reasoning``: an LLM reasons about each
     (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.rerank.llm`);
     ``groupwise``: an LLM scores groups of candidates, GroupRank's way
@@ -120,7 +122,7 @@ class RerankerSpec:
     """Allow the model repo's own modelling code."""
     transformers: str = ""
     """Version specifier the installed transformers must satisfy (as for encoders); empty: any."""
-    format: Literal["default", "reasonrank", "insertrank", "rank1"] = "default"
+    format: str = "default"
     """LLM kinds: the input and answer format. ``default``: the project's prompts;
     ``reasonrank`` (listwise): ReasonRank's trained format, reasoning in ``<think>``, the order in
     ``<answer>``; ``insertrank`` (listwise): each candidate shown with its first-stage score;
@@ -133,45 +135,77 @@ class RerankerSpec:
         return weights_dtype_name(self.precision)
 
     def __post_init__(self) -> None:
-        if self.kind != "cross-encoder":
-            if not self.llm or self.model:
-                raise ValueError(f"kind {self.kind} needs 'llm' (an LLM registry name) and no 'model'")
-            if self.window < 2 or self.step < 1 or self.step >= self.window:
-                raise ValueError("window must be >= 2 and step between 1 and window - 1")
-            if self.max_doc_words < 1 or self.max_tokens < 0 or self.temperature < 0:
-                raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
-            if not 0.0 <= self.top_p <= 1.0 or self.max_doc_tokens < 0 or self.max_query_tokens < 0:
-                raise ValueError("top_p must be between 0 and 1 (0: the LLM entry's), max_doc_tokens and "
-                                 "max_query_tokens >= 0")
-            needs = {"reasonrank": "listwise", "insertrank": "listwise", "rank1": "pointwise-reasoning"}
-            if self.format in needs and needs[self.format] != self.kind:
-                raise ValueError(f"format {self.format} is for kind {needs[self.format]}")
-            if self.group_size < 1 or self.passes < 1 or self.max_doc_chars < 0:
-                raise ValueError("group_size and passes must be >= 1, max_doc_chars >= 0")
-            if self.run_scores != "rank" and self.kind != "listwise":
-                raise ValueError("run_scores is for kind listwise")
-            if not 1 <= self.num_child <= 19 or self.select_k < 1:
-                raise ValueError("num_child must be between 1 and 19 (sets of at most 20), select_k >= 1")
-            return
-        if not self.model:
-            raise ValueError("a cross-encoder needs 'model'")
-        if self.llm or self.format != "default":
-            raise ValueError("'llm' and 'format' are for the LLM kinds (listwise, pointwise-reasoning, groupwise, setwise)")
-        if self.max_doc_tokens or self.max_query_tokens or self.fix_text or self.top_p:
-            raise ValueError("max_doc_tokens, max_query_tokens, fix_text and top_p are for the LLM kinds")
-        if "{query}" not in self.query_template or "{text}" not in self.doc_template:
-            raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
-        if self.max_length < 8 or self.batch_size < 1 or self.score_index < 0:
-            raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
-        if self.transformers:
-            _specifier(self.transformers)
+        kind = reranker_kind(self.kind)
+        _check_llm_fields(self, kind) if kind.uses_llm else _check_no_llm(self)
+        if kind.has_model:
+            _check_model_fields(self)
+        elif self.model and not kind.uses_llm:
+            raise ValueError(f"kind {self.kind} loads no model; leave out 'model'")
+        if self.format not in kind.formats:
+            takers = [n for n, k in RERANKER_KINDS.items() if self.format in k.formats]
+            raise ValueError(f"format {self.format} is for kind {' or '.join(takers) or 'none'}"
+                             if takers else f"format must be one of {', '.join(kind.formats)} for kind {self.kind}")
+        for name in {f for k in RERANKER_KINDS.values() for f in k.fields} - set(kind.fields):
+            if getattr(self, name) != _DEFAULTS[name]:
+                owners = [n for n, k in RERANKER_KINDS.items() if name in k.fields]
+                raise ValueError(f"{name} is for kind {' or '.join(owners)}")
+
+    @property
+    def kind_of(self) -> RerankerKind:
+        """The declaration of this entry's kind (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`)."""
+        return reranker_kind(self.kind)
+
+    @property
+    def prompt_folder(self) -> str | None:
+        """The prompt folder this entry renders (None: a kind without prompts)."""
+        return self.kind_of.folder(self.format)
+
+
+def _check_llm_fields(spec: RerankerSpec, kind: RerankerKind) -> None:
+    """The fields of a kind an LLM answers."""
+    if not spec.llm or spec.model:
+        raise ValueError(f"kind {spec.kind} needs 'llm' (an LLM registry name) and no 'model'")
+    if spec.window < 2 or spec.step < 1 or spec.step >= spec.window:
+        raise ValueError("window must be >= 2 and step between 1 and window - 1")
+    if spec.max_doc_words < 1 or spec.max_tokens < 0 or spec.temperature < 0:
+        raise ValueError("max_doc_words must be >= 1, max_tokens >= 0, temperature >= 0")
+    if not 0.0 <= spec.top_p <= 1.0 or spec.max_doc_tokens < 0 or spec.max_query_tokens < 0:
+        raise ValueError("top_p must be between 0 and 1 (0: the LLM entry's), max_doc_tokens and "
+                         "max_query_tokens >= 0")
+    if spec.group_size < 1 or spec.passes < 1 or spec.max_doc_chars < 0:
+        raise ValueError("group_size and passes must be >= 1, max_doc_chars >= 0")
+    if not 1 <= spec.num_child <= 19 or spec.select_k < 1:
+        raise ValueError("num_child must be between 1 and 19 (sets of at most 20), select_k >= 1")
+
+
+def _check_no_llm(spec: RerankerSpec) -> None:
+    """A kind no LLM answers takes none of the LLM kinds' fields."""
+    if spec.llm or spec.format != "default":
+        raise ValueError(f"'llm' and 'format' are for the LLM kinds ({', '.join(llm_kinds())})")
+    if spec.max_doc_tokens or spec.max_query_tokens or spec.fix_text or spec.top_p:
+        raise ValueError("max_doc_tokens, max_query_tokens, fix_text and top_p are for the LLM kinds")
+
+
+def _check_model_fields(spec: RerankerSpec) -> None:
+    """The fields of a kind that loads a model of its own."""
+    if not spec.model:
+        raise ValueError(f"a {spec.kind} needs 'model'")
+    if "{query}" not in spec.query_template or "{text}" not in spec.doc_template:
+        raise ValueError("query_template needs '{query}' and doc_template needs '{text}'")
+    if spec.max_length < 8 or spec.batch_size < 1 or spec.score_index < 0:
+        raise ValueError("max_length must be >= 8, batch_size >= 1, score_index >= 0")
+    if spec.transformers:
+        _specifier(spec.transformers)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(RerankerSpec)}
 
 
 def follows_published_code(spec: RerankerSpec) -> bool:
-    """Whether an entry runs a published LLM reranker's code (the ``groupwise`` and ``setwise``
-    kinds, GroupRank's and Rank-R1's; the ``reasonrank`` and ``rank1`` formats): the entries whose
-    results the run spec's ``rerank_rules`` versions."""
-    return spec.kind in ("groupwise", "setwise") or spec.format in ("reasonrank", "rank1")
+    """Whether an entry runs a published LLM reranker's code (its kind's ``published_formats``:
+    the ``groupwise`` and ``setwise`` kinds, GroupRank's and Rank-R1's; the ``reasonrank`` and
+    ``rank1`` formats): the entries whose results the run spec's ``rerank_rules`` versions."""
+    return spec.format in spec.kind_of.published_formats
 
 
 def reranker_registry() -> dict[str, RerankerSpec]:

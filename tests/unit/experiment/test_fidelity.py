@@ -22,6 +22,7 @@ class ReversingReranker:
     """Scripted reranker (unit test): the top k in reverse order, above the rest."""
 
     name = "reverse"
+    batches_tasks = False
 
     def check(self) -> None:
         pass

@@ -10,9 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, SPEC_FLAGS, RunSpec, cli_args
+from r2med_agent.experiment.resolve import applicable, cli_args, resolve, spec_of_config
+from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, RunSpec
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.runner import RunConfig
+
+
+def Spec(**kw) -> RunSpec:  # noqa: N802 - reads as the spec it makes
+    """The spec of the run ``kw`` asks for (resolved, as a run resolves it)."""
+    return resolve(RunSpec(**kw))
 
 ENCODERS = ["minilm", "bge", "nv", "e5"]
 
@@ -75,7 +81,7 @@ def specs(draw) -> RunSpec:
     kw["llm_prompt"] = draw(st.sampled_from(["chat", "rendered"]))
     kw["rerank_max_length"] = draw(st.sampled_from([None, 64, 512, 1024]))
     kw["loop_rules"] = draw(st.sampled_from([1, LOOP_RULES]))  # 1: read from an old record
-    return RunSpec(**kw)
+    return Spec(**kw)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -131,124 +137,102 @@ def test_cli_args_give_the_same_spec(spec: RunSpec) -> None:
                     "--prompts", *SAMPLING_FLAGS.values()}
     parsed = _parse_run_args(args)
     parsed["prompts"] = spec.prompts  # prompts come from $R2MED_PROMPTS_DIR, not an option
-    assert RunSpec(**parsed) == spec
+    assert Spec(**parsed) == spec
 
 
 def _parse_run_args(args: list[str]) -> dict:
-    """The spec fields a `run` command line gives (the CLI's own parsing, without running)."""
-    from r2med_agent.cli.run_cmd import _parse_weights, parse_seed
+    """The spec fields a `run` command line gives: click parses it as `run` does (the options the
+    command generates from the spec's fields), without running."""
+    import typer
 
-    out: dict = {"prompts_from": None}  # without --prompts, the run's default wording
-    sampling: dict = {}
-    i = 0
-    while i < len(args):
-        flag = args[i]
-        if flag in ("--rerank-cut", "--exclude-identical-ids"):
-            out[flag[2:].replace("-", "_")] = True
-            i += 1
-            continue
-        value = args[i + 1]
-        i += 2
-        name = {v: k for k, v in SPEC_FLAGS.items()}.get(flag, flag[2:].replace("-", "_"))
-        if flag == "--prompts":
-            name = "prompts_from"
-        if flag == "--temperature" or flag == "--top-p":
-            sampling[name] = float(value)
-        elif flag == "--max-tokens":
-            sampling[name] = int(value)
-        elif flag == "--seed":
-            sampling["seed"] = parse_seed(value)
-        elif flag == "--fusion-weights":
-            out[name] = _parse_weights(value)
-        elif name in ("top_k", "rerank_k", "rrf_k", "samples", "rerank_max_length"):
-            out[name] = int(value)
-        elif name in ("bm25_k1", "bm25_b"):
-            out[name] = float(value)
-        else:
-            out[name] = value
-    out["sampling"] = sampling
-    return out
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.run_cmd import spec_values
+
+    _register()
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    ctx = command.make_context("run", list(args))
+    return spec_values(ctx.params)
 
 
 def test_precision_never_reads_as_a_reranker() -> None:
     # bge__bfloat16 was read back as retriever bge with reranker bfloat16 before the spec.
-    spec = RunSpec(retriever="bge", precision="bfloat16")
+    spec = Spec(retriever="bge", precision="bfloat16")
     assert spec.label == "none/none/bge [precision=bfloat16]"
-    with_reranker = RunSpec(retriever="bge", precision="bfloat16", reranker="monobert")
+    with_reranker = Spec(retriever="bge", precision="bfloat16", reranker="monobert")
     assert with_reranker.label == "none/none/bge/monobert [precision=bfloat16]"
     assert with_reranker.leaf == f"bge__bfloat16__monobert__{with_reranker.digest()}"
 
 
 def test_settings_that_do_not_apply_neither_split_nor_merge() -> None:
-    assert RunSpec(rerank_k=5) == RunSpec()  # no reranker: the depth plays no part
-    assert RunSpec(precision="float16") == RunSpec()  # BM25 has no model
-    assert RunSpec(method="hyde", llm="smollm2", loop_retriever="bge") == RunSpec(method="hyde", llm="smollm2")
-    assert RunSpec(method="search-r1", llm="x", retriever="bge", loop_retriever="bge").loop_retriever is None
-    assert RunSpec(method="hyde", llm="smollm2", sampling={"temperature": 1}) == RunSpec(
+    assert Spec(rerank_k=5) == Spec()  # no reranker: the depth plays no part
+    assert Spec(precision="float16") == Spec()  # BM25 has no model
+    assert Spec(method="hyde", llm="smollm2", loop_retriever="bge") == Spec(method="hyde", llm="smollm2")
+    assert Spec(method="search-r1", llm="x", retriever="bge", loop_retriever="bge").loop_retriever is None
+    assert Spec(method="hyde", llm="smollm2", sampling={"temperature": 1}) == Spec(
         method="hyde", llm="smollm2", sampling={"temperature": 1.0})
-    assert RunSpec(method="hyde", llm="smollm2", sampling={"temperature": 0.9}) != RunSpec(method="hyde", llm="smollm2")
+    assert Spec(method="hyde", llm="smollm2", sampling={"temperature": 0.9}) != Spec(method="hyde", llm="smollm2")
 
 
 def test_reference_options_apply_only_where_they_play_a_part() -> None:
     # the identical-id exclusion needs a dense retriever; the empty-generation policy an LLM;
     # the prompt path fresh generations of a vllm entry (qwen-7b is one, gpt4 and smollm2 are not)
-    assert RunSpec(exclude_identical_ids=True) == RunSpec()
-    assert RunSpec(retriever="bm25-compat", exclude_identical_ids=True) == RunSpec(retriever="bm25-compat")
-    nv = RunSpec(retriever="nv", exclude_identical_ids=True)
+    assert Spec(exclude_identical_ids=True) == Spec()
+    assert Spec(retriever="bm25-compat", exclude_identical_ids=True) == Spec(retriever="bm25-compat")
+    nv = Spec(retriever="nv", exclude_identical_ids=True)
     assert nv.exclude_identical_ids and nv.leaf == f"nv__noself__{nv.digest()}"
-    assert RunSpec(retriever="bm25+nv", exclude_identical_ids=True).exclude_identical_ids
-    assert RunSpec(empty_generation="keep") == RunSpec()
-    hyde = RunSpec(method="hyde", llm="qwen-7b", empty_generation="keep", llm_prompt="rendered")
+    assert Spec(retriever="bm25+nv", exclude_identical_ids=True).exclude_identical_ids
+    assert Spec(empty_generation="keep") == Spec()
+    hyde = Spec(method="hyde", llm="qwen-7b", empty_generation="keep", llm_prompt="rendered")
     assert hyde.settings() == {"empty_generation": "keep", "llm_prompt": "rendered"}
     assert "empty-keep" in hyde.leaf and "prompt-rendered" in hyde.leaf
-    released = RunSpec(method="hyde", llm="qwen-7b", generations="r2med", llm_prompt="rendered")
-    assert released == RunSpec(method="hyde", llm="qwen-7b", generations="r2med")
+    released = Spec(method="hyde", llm="qwen-7b", generations="r2med", llm_prompt="rendered")
+    assert released == Spec(method="hyde", llm="qwen-7b", generations="r2med")
     for llm in ("gpt4", "smollm2"):
-        assert RunSpec(method="hyde", llm=llm, llm_prompt="rendered").llm_prompt == "chat"
+        assert Spec(method="hyde", llm=llm, llm_prompt="rendered").llm_prompt == "chat"
     # a cross-encoder's input length: set back where it is the entry's own or there is none
-    assert RunSpec(retriever="nv", reranker="rankllama", rerank_max_length=1024) == RunSpec(retriever="nv", reranker="rankllama")
-    assert RunSpec(retriever="nv", rerank_max_length=512) == RunSpec(retriever="nv")
-    assert RunSpec(retriever="nv", reranker="smollm2-listwise", rerank_max_length=512).rerank_max_length is None
-    released = RunSpec(retriever="nv", reranker="rankllama", rerank_max_length=512)
+    assert Spec(retriever="nv", reranker="rankllama", rerank_max_length=1024) == Spec(retriever="nv", reranker="rankllama")
+    assert Spec(retriever="nv", rerank_max_length=512) == Spec(retriever="nv")
+    assert Spec(retriever="nv", reranker="smollm2-listwise", rerank_max_length=512).rerank_max_length is None
+    released = Spec(retriever="nv", reranker="rankllama", rerank_max_length=512)
     assert released.settings() == {"rerank_max_length": 512} and "rml512" in released.leaf
     with pytest.raises(ConfigError, match="--empty-generation must be one of query, keep"):
-        RunSpec(method="hyde", llm="qwen-7b", empty_generation="skip")
+        Spec(method="hyde", llm="qwen-7b", empty_generation="skip")
     with pytest.raises(ConfigError, match="--llm-prompt must be one of chat, rendered"):
-        RunSpec(method="hyde", llm="qwen-7b", llm_prompt="generate")
+        Spec(method="hyde", llm="qwen-7b", llm_prompt="generate")
 
 
 def test_a_record_without_loop_rules_is_of_the_earlier_loops() -> None:
     # Every record this version writes holds loop_rules; one without it was written before the
     # agentic loops followed the originals' code, so its run is another spec with its own folder.
-    new = RunSpec(method="search-o1", llm="qwen3-32b", retriever="bge")
+    new = Spec(method="search-o1", llm="qwen3-32b", retriever="bge")
     record = new.record()
     assert record["loop_rules"] == LOOP_RULES == 2 and RunSpec.from_record(record) == new
     del record["loop_rules"]
-    old = RunSpec.from_record(record)
+    old = spec_of_config(record)
     assert old.loop_rules == 1 and old.key() != new.key() and old.folder() != new.folder()
     assert old.leaf == f"bge__loops-v1__{old.digest()}" and old.label == "search-o1/qwen3-32b/bge [loop_rules=1]"
     assert new.folder() == "search-o1/qwen3-32b/bge" and new.settings() == {}
     assert RunSpec.from_key(old.key()) == old and RunSpec.from_key(new.key()) == new  # a key leaves defaults out
-    assert "loop_rules" in new.applicable()
-    r1 = RunSpec(method="search-r1", llm="qwen-3b-ins", retriever="nv").record()
+    assert "loop_rules" in applicable(new)
+    r1 = Spec(method="search-r1", llm="qwen-3b-ins", retriever="nv").record()
     del r1["loop_rules"]
-    assert RunSpec.from_record(r1).loop_rules == 1
+    assert spec_of_config(r1).loop_rules == 1
     # No loop ran: other methods, and the agentic methods' released generations.
-    for spec in (RunSpec(method="hyde", llm="qwen-7b"), RunSpec(), RunSpec(retriever="nv", reranker="monobert"),
-                 RunSpec(method="search-o1", llm="qwq-32b", retriever="bge", generations="r2med")):
+    for spec in (Spec(method="hyde", llm="qwen-7b"), Spec(), Spec(retriever="nv", reranker="monobert"),
+                 Spec(method="search-o1", llm="qwq-32b", retriever="bge", generations="r2med")):
         record = spec.record()
         del record["loop_rules"]
-        assert RunSpec.from_record(record) == spec and RunSpec.from_record(record).folder() == spec.folder()
-    assert RunSpec(method="hyde", llm="qwen-7b", loop_rules=1) == RunSpec(method="hyde", llm="qwen-7b")
-    assert "loop_rules" not in RunSpec(method="hyde", llm="qwen-7b").applicable()
+        assert spec_of_config(record) == spec and spec_of_config(record).folder() == spec.folder()
+    assert Spec(method="hyde", llm="qwen-7b", loop_rules=1) == Spec(method="hyde", llm="qwen-7b")
+    assert "loop_rules" not in applicable(Spec(method="hyde", llm="qwen-7b"))
     with pytest.raises(ConfigError, match="loop_rules must be a loop version from 1 to 2"):
-        RunSpec(method="search-o1", llm="qwen3-32b", loop_rules=3)
+        Spec(method="search-o1", llm="qwen3-32b", loop_rules=3)
 
 
 def test_default_runs_keep_their_folder_names() -> None:
     # Results of default runs written before spec.json are already in their own folders.
-    for spec in (RunSpec(), RunSpec(method="hyde", llm="smollm2"), RunSpec(retriever="bm25+minilm"),
-                 RunSpec(retriever="nv", reranker="monobert"), RunSpec(method="hyde", llm="qwen-7b", generations="r2med")):
+    for spec in (Spec(), Spec(method="hyde", llm="smollm2"), Spec(retriever="bm25+minilm"),
+                 Spec(retriever="nv", reranker="monobert"), Spec(method="hyde", llm="qwen-7b", generations="r2med")):
         assert spec.leaf == legacy_leaf(spec)
         assert "__" not in spec.leaf or spec.reranker
 
@@ -263,7 +247,7 @@ def test_default_runs_keep_their_folder_names() -> None:
 ])
 def test_bad_specs_name_the_option(kw, message) -> None:
     with pytest.raises(ConfigError, match=message):
-        RunSpec(**kw)
+        Spec(**kw)
 
 
 def test_a_bad_key_is_a_clear_error() -> None:
@@ -297,22 +281,22 @@ def test_a_name_cut_for_length_keeps_specs_apart() -> None:
     # digest then keeps two fusions that differ only in their last weight apart.
     members = "+".join(["bm25", "minilm", "bge", "nv", "e5", "grit", "sfr", "contriever", "medcpt", "inst-l",
                         "inst-xl", "bmr-7b"])
-    a = RunSpec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.2,))
-    b = RunSpec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.3,))
+    a = Spec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.2,))
+    b = Spec(retriever=members, fusion="weighted", fusion_weights=(0.123456,) * 11 + (0.3,))
     assert a.leaf != b.leaf and a.leaf.endswith(a.digest()) and len(a.leaf) <= 160
 
 
 def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
     # A published LLM reranker's run recorded before the rerankers followed their authors' code
     # (no rerank_rules) is another spec, with its own folder; `run` refuses to make one.
-    new = RunSpec(retriever="diver-4b", reranker="grouprank-32b")
+    new = Spec(retriever="diver-4b", reranker="grouprank-32b")
     record = new.record()
     assert record["rerank_rules"] == RERANK_RULES == 2 and RunSpec.from_record(record) == new
     del record["rerank_rules"]
-    old = RunSpec.from_record(record)
+    old = spec_of_config(record)
     assert old.rerank_rules == 1 and old.folder() != new.folder() and "rerank-v1" in old.leaf
     assert RunSpec.from_key(old.key()) == old and RunSpec.from_key(new.key()) == new
-    assert "rerank_rules" in new.applicable()
+    assert "rerank_rules" in applicable(new)
     with pytest.raises(ConfigError, match="rerank_rules 1 names results of an earlier version's rerankers"):
         cli_args(old)
     from r2med_agent.runner import RunConfig
@@ -320,12 +304,12 @@ def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
     with pytest.raises(ConfigError, match="this version runs only rerank_rules 2"):
         RunConfig(tasks=("sample",), reranker="grouprank-32b", rerank_rules=1)
     for name in ("reasonrank-7b", "rank-r1-14b", "rank1-7b", "qwen3-32b-groupwise"):
-        rec = RunSpec(reranker=name).record()
+        rec = Spec(reranker=name).record()
         del rec["rerank_rules"]
-        assert RunSpec.from_record(rec).rerank_rules == 1, name
+        assert spec_of_config(rec).rerank_rules == 1, name
     # Nothing of theirs ran: no reranker, a cross-encoder, the project's own LLM prompts.
-    for spec in (RunSpec(), RunSpec(retriever="nv", reranker="monobert"), RunSpec(reranker="smollm2-listwise"),
-                 RunSpec(method="hyde", llm="qwen-7b")):
+    for spec in (Spec(), Spec(retriever="nv", reranker="monobert"), Spec(reranker="smollm2-listwise"),
+                 Spec(method="hyde", llm="qwen-7b")):
         rec = spec.record()
         del rec["rerank_rules"]
-        assert RunSpec.from_record(rec) == spec and "rerank_rules" not in spec.applicable()
+        assert spec_of_config(rec) == spec and "rerank_rules" not in applicable(spec)

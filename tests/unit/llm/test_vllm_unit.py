@@ -517,7 +517,7 @@ def test_prompt_path_is_part_of_the_generation_key_and_set_by_the_run(monkeypatc
     monkeypatch.setattr(llm_pkg, "make_llm", make_llm)
     for llm_prompt in ("chat", "rendered"):
         cfg = RunConfig(tasks=("sample",), method="hyde", llm="qwen-7b", llm_prompt=llm_prompt,
-                        output_dir=tmp_path, show_progress=False)
+                        prompts_from="own", output_dir=tmp_path, show_progress=False)  # offline wording
         with pytest.raises(KeyboardInterrupt):
             run_experiment(cfg)
     assert seen == [None, {"prompt_path": "rendered"}]

@@ -1306,8 +1306,8 @@ def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, spec
         raise OSError("offline")
 
     monkeypatch.setattr("r2med_agent.methods.token_cut._transformers_cut", no_hub)
-    cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",
-                    cache_path=tmp_path / "cache.sqlite", show_progress=False)
+    cfg = RunConfig(tasks=("sample",), method=method, llm="m", output_dir=tmp_path / "out",  # the project's wording:
+                    cache_path=tmp_path / "cache.sqlite", show_progress=False, prompts_from="own")  # offline
     run_experiment(cfg)
     assert len(backends) == 1
     if specs is not None:

@@ -16,7 +16,7 @@ from r2med_agent.retrieval import make_retriever, register_retriever, retriever_
 from r2med_agent.retrieval.bm25.retriever import BM25Options
 from r2med_agent.retrieval.dense.spec import EncoderOptions
 from r2med_agent.retrieval.fusion import FusionOptions
-from r2med_agent.retrieval.registry import RETRIEVER_KINDS, RetrieverKind, RetrieverOptions
+from r2med_agent.retrieval.registry import RETRIEVER_KINDS, RetrieverKind, RetrieverOptions, TextQueryRetriever
 from r2med_agent.types import Run, SearchRequest, Task
 
 TOY = "toy-word-overlap"
@@ -46,8 +46,11 @@ class WordOverlapRetriever:
 
 @pytest.fixture
 def toy_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The toy kind in the registry for one test (monkeypatch takes it out again)."""
-    monkeypatch.setitem(RETRIEVER_KINDS, "toy", RetrieverKind(lambda: [TOY], lambda word, task, options: WordOverlapRetriever(task)))
+    """The toy kind in the registry for one test (monkeypatch takes it out again): the one line
+    a new kind takes. ``combine="text"``: the registry gives it each request's query text, so a
+    method's expansion reaches it though it reads ``request.query`` alone."""
+    monkeypatch.setitem(RETRIEVER_KINDS, "toy", RetrieverKind(
+        lambda: [TOY], lambda word, task, options: WordOverlapRetriever(task), combine="text"))
     yield TOY
 
 
@@ -102,7 +105,8 @@ def test_make_retriever_takes_options_or_keywords_not_both(toy_kind: str) -> Non
     from r2med_agent.data import load_task
 
     task = load_task("sample")
-    assert isinstance(make_retriever(toy_kind, task, options=RetrieverOptions()), WordOverlapRetriever)
+    built = make_retriever(toy_kind, task, options=RetrieverOptions())
+    assert isinstance(built, TextQueryRetriever) and isinstance(built.inner, WordOverlapRetriever)
     with pytest.raises(ConfigError, match="options= or keywords, not both"):
         make_retriever(toy_kind, task, options=RetrieverOptions(), show_progress=False)
     with pytest.raises(ConfigError, match="fusion options need a '\\+'-joined spec"):
@@ -123,3 +127,55 @@ def test_python_registered_names_are_checked_and_removable() -> None:
     finally:
         unregister_retriever(TOY)
     assert TOY not in retriever_names()
+
+
+def test_a_text_kind_searches_the_query_text_its_rule_gives(toy_kind: str) -> None:
+    """The registry applies the combine rule for a ``text`` kind: the toy, which reads only
+    ``request.query``, gets HyDE's passage, Query2Doc's query-query-passage, the plain query."""
+    from r2med_agent.data import load_task
+
+    seen: list[str] = []
+
+    class Recorder(WordOverlapRetriever):
+        def search(self, requests: Sequence[SearchRequest], k: int) -> Run:
+            seen.extend(r.query for r in requests)
+            assert all(r.combine == "none" for r in requests)
+            return super().search(requests, k)
+
+    RETRIEVER_KINDS["toy"] = RetrieverKind(lambda: [TOY], lambda word, task, options: Recorder(task), combine="text")
+    retriever = make_retriever(toy_kind, load_task("sample"))
+    retriever.search([SearchRequest("q", "fever", "a passage", "hyde"), SearchRequest("r", "cough", "notes", "query2doc"),
+                      SearchRequest("s", "rash")], 10)
+    assert seen == ["a passage", "cough cough notes", "rash"]
+
+
+def test_every_kind_declares_how_it_combines_an_expansion() -> None:
+    with pytest.raises(TypeError, match="combine"):
+        RetrieverKind(lambda: ["x"], lambda word, task, options: None)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="combine must be one of text, own, fixed"):
+        RetrieverKind(lambda: ["x"], lambda word, task, options: None, combine="mix")  # type: ignore[arg-type]
+    from r2med_agent.retrieval.registry import retriever_kind
+
+    declared = {word: (retriever_kind(word).combine, retriever_kind(word).has_model)
+                for word in ("bm25", "bm25-compat", "minilm", "nano-bm25", "hakari-hybrid", "candidates")}
+    assert declared == {"bm25": ("own", False), "bm25-compat": ("own", False), "minilm": ("own", True),
+                        "nano-bm25": ("fixed", False), "hakari-hybrid": ("fixed", True), "candidates": ("fixed", False)}
+
+
+def test_the_spec_reads_what_a_kind_declares(toy_kind: str) -> None:
+    from r2med_agent.experiment.resolve import resolve
+    from r2med_agent.experiment.spec import RunSpec
+
+    # No model: --precision and --encoder-backend play no part (no `toy-word-overlap__float16__...`).
+    assert resolve(RunSpec(retriever=toy_kind, precision="float16")) == resolve(RunSpec(retriever=toy_kind))
+    assert resolve(RunSpec(retriever="minilm", precision="float16")).precision == "float16"
+    # A registered retriever declares the same; a fixed list refuses an LLM's queries before any work.
+    try:
+        register_retriever("fixed-toy", WordOverlapRetriever, combine="fixed")
+        with pytest.raises(ConfigError, match="fixed-toy answer the task's own queries from a fixed list"):
+            resolve(RunSpec(method="hyde", llm="smollm2", retriever="bm25+fixed-toy"))
+        assert resolve(RunSpec(retriever="fixed-toy", precision="float16")).precision is None
+    finally:
+        unregister_retriever("fixed-toy")
+    with pytest.raises(ConfigError, match="nano-bm25 answer the task's own queries"):
+        resolve(RunSpec(method="hyde", llm="smollm2", retriever="nano-bm25"))

@@ -1,5 +1,5 @@
-"""Traces as JSON lines: the ``<Task>.traces.jsonl`` records of agentic methods and LLM
-rerankers (``trace show`` reads them)."""
+"""Traces as JSON lines: the ``<Task>.traces.jsonl`` of the agentic loops and the
+``<Task>.rerank.jsonl`` of the LLM rerankers, one :class:`~r2med_agent.types.Trace` per line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 from r2med_agent.errors import DataError
 from r2med_agent.io import iter_jsonl
 from r2med_agent.types import Trace, TraceStep
+
+__all__ = ["read_traces", "trace_from_dict", "trace_to_dict", "traces_to_jsonl"]
 
 
 def trace_to_dict(trace: Trace) -> dict[str, Any]:

@@ -1,0 +1,470 @@
+"""Resolving a run: the one step, at build time, between what a user asks for and the run's spec.
+
+A :class:`~r2med_agent.experiment.spec.RunSpec` is pure data. What a user asks for (a method's
+name in any case, options that play no part in the run, a sampling override equal to the LLM's
+own default, ``authors`` for the prompts) becomes the spec of the run here, by :func:`resolve`,
+which reads the registries once, through :class:`Registries`, and only what the components
+declare, never their names:
+
+- a method's :class:`~r2med_agent.methods.base.Capabilities` (does it generate, loop, take
+  samples or a first pass, fuse its searches) and the sampling its generations use
+  (:meth:`~r2med_agent.methods.base.Method.sampling`);
+- a retriever kind's ``combine``, ``has_model`` and ``settings``
+  (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`);
+- a reranker kind's ``has_model`` and ``published_formats``
+  (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`);
+- an LLM entry's default sampling and backend, and the authors' prompt sources the run renders.
+
+A setting that does not apply is set back to its default and an explicit default is dropped, so
+neither splits nor merges folders; a bad combination is a ConfigError naming the option.
+:func:`spec_of_config` reads a recorded config: this version's records as they are (no lookup),
+an earlier version's upgraded with the version markers of behaviours changed since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+from r2med_agent.errors import ConfigError, did_you_mean
+from r2med_agent.experiment.spec import (
+    FINAL_MODES,
+    LOOP_RULES,
+    RELEASED_SOURCES,
+    RERANK_RULES,
+    SAMPLING_FLAGS,
+    SPEC_FLAGS,
+    RunSpec,
+)
+from r2med_agent.methods.base import Capabilities, capabilities
+from r2med_agent.names import ORIGINAL_QUERY, member_names
+from r2med_agent.types import SAMPLING_KNOBS, sampling_problems
+
+__all__ = ["Registries", "applicable", "cli_args", "resolve", "spec_of_config"]
+
+
+class Registries:
+    """What resolving a run reads: this process's registries, looked up when asked (a test or
+    a tool may pass a subclass that answers otherwise)."""
+
+    def methods(self) -> Mapping[str, type[Any]]:
+        """Method name -> class (:data:`~r2med_agent.methods.METHODS`)."""
+        from r2med_agent.methods import METHODS
+
+        return METHODS
+
+    def method(self, name: str) -> tuple[str, type[Any]]:
+        """The registered spelling of ``name`` (any case) and its class.
+
+        Raises:
+            ConfigError: an unknown method (the message lists the known ones).
+        """
+        methods = self.methods()
+        low = name.strip().lower().replace("_", "-")
+        key = low if low in methods else name
+        if key not in methods:
+            raise ConfigError(f"unknown method '{name}'{did_you_mean(name, methods)}; allowed: {', '.join(methods)}")
+        return key, methods[key]
+
+    def retriever_kind(self, word: str) -> Any:
+        """The :class:`~r2med_agent.retrieval.registry.RetrieverKind` of a retriever word (None: unknown)."""
+        from r2med_agent.retrieval.registry import retriever_kind
+
+        return retriever_kind(word)
+
+    def reranker(self, name: str | None) -> Any:
+        """The reranker entry ``name`` (None: none given, or unknown: reported where it is built)."""
+        if not name:
+            return None
+        from r2med_agent.retrieval.rerank.spec import reranker_registry
+
+        return reranker_registry().get(name)
+
+    def llm(self, name: str | None) -> Any:
+        """The LLM entry ``name`` (None: none given, or unknown: reported where it is built)."""
+        if not name:
+            return None
+        from r2med_agent.llm.registry import load_llm_specs
+
+        return load_llm_specs().get(name)
+
+
+def resolve(spec: RunSpec, registries: Registries | None = None) -> RunSpec:
+    """The spec of the run ``spec`` asks for: names canonical, settings that do not apply and
+    explicit defaults set back to their defaults, ``prompts_from`` the sources the run renders.
+    Resolving a resolved spec gives it back.
+
+    Raises:
+        ConfigError: an unknown method or a setting out of range or that cannot go with another,
+            naming the option and the fix.
+    """
+    return _resolve(spec, registries or Registries(), explicit_sampling=False)
+
+
+def _resolve(spec: RunSpec, reg: Registries, *, explicit_sampling: bool) -> RunSpec:
+    v: dict[str, Any] = {f.name: getattr(spec, f.name) for f in fields(RunSpec)}
+    _check_choices(v)
+    v["method"], method_cls = reg.method(v["method"])
+    caps = capabilities(method_cls)
+    _normalise(v, reg, caps)
+    _validate(v, reg, caps)
+    if not explicit_sampling:
+        _drop_default_sampling(v, reg, method_cls)
+    return RunSpec(**v)
+
+
+def _default(name: str) -> Any:
+    f = next(f for f in fields(RunSpec) if f.name == name)
+    return f.default
+
+
+def _kinds(reg: Registries, *specs: str | None) -> list[Any]:
+    """The kinds of every member of the '+'-joined retriever specs (unknown words left out)."""
+    out = []
+    for spec in specs:
+        for word in member_names(spec or ""):
+            kind = reg.retriever_kind(word)
+            if kind is not None:
+                out.append(kind)
+    return out
+
+
+def _check_choices(v: dict[str, Any]) -> None:
+    """Settings with a fixed set of values, checked even where they play no part."""
+    from r2med_agent.prompt_sources import check_value
+    from r2med_agent.retrieval.dense.spec import BACKENDS, PRECISIONS
+
+    if v["precision"] is not None and v["precision"] not in PRECISIONS:
+        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{v['precision']}'")
+    if v["encoder_backend"] is not None and v["encoder_backend"] not in BACKENDS:
+        raise ConfigError(f"--encoder-backend must be one of {', '.join(BACKENDS)}, got '{v['encoder_backend']}'")
+    if v["bm25_k1"] is not None and not v["bm25_k1"] >= 0:
+        raise ConfigError(f"--k1 must be >= 0, got {v['bm25_k1']}")
+    if v["bm25_b"] is not None and not 0 <= v["bm25_b"] <= 1:
+        raise ConfigError(f"--b must be between 0 and 1, got {v['bm25_b']}")
+    check_value(v["prompts_from"])
+
+
+def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+    """Canonical forms, and settings that do not apply set back to their defaults."""
+    from r2med_agent.retrieval.bm25.retriever import DEFAULT_B, DEFAULT_K1
+    from r2med_agent.retrieval.registry import RUN_FILES
+
+    released = v["generations"] in RELEASED_SOURCES
+    _normalise_fusion_depth(v)
+    if not caps.agentic or v["loop_retriever"] == v["retriever"]:
+        v["loop_retriever"] = None
+    if not caps.agentic or released:
+        v["loop_rules"] = LOOP_RULES  # no loop ran
+    if not caps.final_fuse and v["final"] in FINAL_MODES:
+        v["final"] = _default("final")
+    if caps.needs_first_pass and released:
+        v["first_pass"] = _default("first_pass")  # the released generations already hold their first pass
+    if not v["reranker"]:
+        v["reranker"], v["rerank_k"] = None, _default("rerank_k")
+    entry = reg.reranker(v["reranker"])
+    if entry is None or not _published(entry):
+        v["rerank_rules"] = RERANK_RULES  # no published LLM reranker ran
+    if not caps.uses_llm or released:
+        v["prompts"] = None
+    for name, default in (("bm25_k1", DEFAULT_K1), ("bm25_b", DEFAULT_B)):
+        value = v[name]
+        v[name] = None if value is None or float(value) == default else float(value)
+    if v["candidates"] is not None and v["retriever"] in (_default("retriever"), RUN_FILES):
+        v["retriever"] = RUN_FILES  # the files are the first stage
+    searched = _kinds(reg, v["retriever"], v["loop_retriever"], v["first_pass"] if caps.needs_first_pass else None)
+    applies = {s for k in searched for s in k.settings}
+    if "bm25_k1" not in applies:
+        v["bm25_k1"] = v["bm25_b"] = None
+    models = [k.has_model for k in _kinds(reg, v["retriever"], v["loop_retriever"])]
+    if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):
+        v["precision"] = v["encoder_backend"] = None
+    _normalise_reference_options(v, reg, caps, entry)
+    from r2med_agent.prompt_sources import resolve as resolve_prompts
+
+    v["prompts_from"] = resolve_prompts(v["prompts_from"], v["method"], v["llm"], v["generations"], v["reranker"])
+
+
+def _published(entry: Any) -> bool:
+    """Whether a reranker entry follows a published reranker's code (its kind's ``published_formats``)."""
+    return entry.format in entry.kind_of.published_formats
+
+
+def _normalise_fusion_depth(v: dict[str, Any]) -> None:
+    """One depth per member (a single number stands for all); depths all equal to top_k are the
+    default (None), so they neither split nor merge folders."""
+    if v["fusion_depth"] is None:
+        return
+    depths = tuple(v["fusion_depth"])
+    n = len(v["retriever"].split("+"))
+    if n == 1:
+        raise ConfigError(f"--fusion-depth needs a '+'-joined --retriever (e.g. bm25+minilm), got '{v['retriever']}'")
+    if len(depths) == 1:
+        depths = depths * n
+    if len(depths) != n:
+        raise ConfigError(f"--fusion-depth: {len(depths)} depth(s) for {n} fused retriever(s); give one or one per retriever")
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < v["top_k"] for d in depths):
+        raise ConfigError(f"--fusion-depth must be whole numbers of at least --top-k ({v['top_k']}), got {list(depths)}")
+    v["fusion_depth"] = None if all(d == v["top_k"] for d in depths) else depths
+
+
+def _normalise_reference_options(v: dict[str, Any], reg: Registries, caps: Capabilities, entry: Any) -> None:
+    """The options that follow R2MED's scripts, set back where they do not apply: the identical-id
+    exclusion where no retriever declares it, the empty-generation policy without an LLM, the
+    prompt path without fresh generations of an LLM whose backend takes it; a reranker's input
+    length where it is its entry's own or its kind has no model."""
+    from r2med_agent.llm.registry import PROMPT_PATH_BACKENDS
+
+    if not any("exclude_identical_ids" in k.settings for k in _kinds(reg, v["retriever"])):
+        v["exclude_identical_ids"] = False
+    if not caps.uses_llm:
+        v["empty_generation"] = _default("empty_generation")
+    llm = reg.llm(v["llm"])
+    if not caps.uses_llm or v["generations"] in RELEASED_SOURCES or (llm is not None and llm.backend not in PROMPT_PATH_BACKENDS):
+        v["llm_prompt"] = _default("llm_prompt")
+    if v["rerank_max_length"] is not None:
+        own = entry.max_length if entry is not None and entry.kind_of.has_model else None
+        if own in (None, v["rerank_max_length"]):
+            v["rerank_max_length"] = None
+
+
+def _drop_default_sampling(v: dict[str, Any], reg: Registries, method_cls: type[Any]) -> None:
+    """Sampling overrides that give the sampling the method uses without them (``--temperature
+    0.7`` for an LLM whose default is 0.7) are dropped: the same run, folder and cache keys."""
+    if not v["sampling"] or v["generations"] in RELEASED_SOURCES:
+        return
+    llm = reg.llm(v["llm"])
+    if llm is None:
+        return
+    method = method_cls()
+    default = method.sampling(llm, {})
+    kept = {}
+    for name, value in v["sampling"].items():
+        if name not in SAMPLING_KNOBS or method.sampling(llm, {name: value}) != default:
+            kept[name] = value
+    v["sampling"] = kept
+
+
+def _validate(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+    """Errors a user can make, each a ConfigError naming the option and the fix."""
+    methods = reg.methods()
+    using = [n for n, c in methods.items() if capabilities(c).uses_llm]
+    if not caps.uses_llm and v["llm"]:
+        raise ConfigError(f"--llm {v['llm']} is only used by a method; add --method ({', '.join(using)}), or leave "
+                          "--llm out for plain retrieval")
+    if caps.uses_llm and not v["llm"]:
+        raise ConfigError(f"--method {v['method']} needs --llm (see `r2med-agent llms`)")
+    if v["final"] == "fuse" and v["loop_retriever"] not in (None, v["retriever"]):
+        raise ConfigError("--final fuse ranks with the loop's own searches: --loop-retriever must be the same "
+                          f"as --retriever (got {v['loop_retriever']} and {v['retriever']})")
+    _validate_generations(v, caps, using)
+    if v["rerank_cut"] and not v["reranker"]:
+        raise ConfigError("--rerank-cut needs --reranker")
+    _validate_candidates(v, reg, caps)
+    if v["first_pass"] != _default("first_pass") and not caps.needs_first_pass:
+        raise ConfigError(f"--first-pass is LameR's first-pass retriever; --method {v['method']} has none")
+    if "+" in v["first_pass"]:
+        raise ConfigError(f"--first-pass takes one retriever (bm25, bm25-compat, an encoder), got '{v['first_pass']}'")
+    if v["top_k"] < 1 or v["rerank_k"] < 1:
+        raise ConfigError("--top-k and --rerank-k must be at least 1")
+    if v["rerank_max_length"] is not None and v["rerank_max_length"] < 8:
+        raise ConfigError(f"--rerank-max-length must be at least 8, got {v['rerank_max_length']}")
+    _validate_samples(v, caps, methods)
+    problems = sampling_problems(v["sampling"], options=True)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    _validate_fusion(v, reg, caps)
+
+
+def _validate_generations(v: dict[str, Any], caps: Capabilities, using: list[str]) -> None:
+    if v["generations"] not in RELEASED_SOURCES:
+        return
+    whose = "R2MED's released generations" if v["generations"] == "r2med" else "BRIGHT's released reasoning queries"
+    if not caps.uses_llm:
+        raise ConfigError(f"--generations {v['generations']} needs a --method that generates ({', '.join(using)})")
+    if v["sampling"]:
+        raise ConfigError(f"sampling options ({', '.join(sorted(v['sampling']))}) do not apply to {whose}; "
+                          "drop them or use --generations fresh")
+    if v["final"] == "fuse":
+        raise ConfigError("--final fuse needs the loop's own searches, which released generations do "
+                          "not have; use --generations fresh")
+
+
+def _validate_candidates(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+    from r2med_agent.retrieval.registry import RUN_FILES
+
+    if v["candidates"] is None:
+        if v["retriever"] == RUN_FILES:
+            raise ConfigError(f"--retriever {RUN_FILES} is what --candidates PATH sets; give the run files")
+        return
+    if v["retriever"] != RUN_FILES:
+        raise ConfigError(f"--candidates replaces --retriever (got --retriever {v['retriever']}); give one of them")
+    if caps.uses_llm:
+        raise ConfigError(f"--candidates hold one ranking per task query and cannot search for what --method "
+                          f"{v['method']} generates; use --method none (and a --reranker)")
+
+
+def _validate_samples(v: dict[str, Any], caps: Capabilities, methods: Mapping[str, type[Any]]) -> None:
+    if v["samples"] < 1:
+        raise ConfigError(f"--samples must be at least 1, got {v['samples']}")
+    if v["samples"] > 1 and not caps.supports_samples:
+        takers = [n for n, c in methods.items() if capabilities(c).supports_samples]
+        raise ConfigError(f"--samples applies to {', '.join(takers[:-1])} and {takers[-1]}, not --method {v['method']}")
+
+
+def _validate_fusion(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+    """Fusion options, and retrievers that answer only the task's own queries (a kind that
+    declares ``combine: fixed``) with a method whose queries are an LLM's."""
+    from r2med_agent.retrieval.fusion import check_fusion_options
+    from r2med_agent.names import DEFAULT_RRF_K
+
+    n = len(v["retriever"].split("+"))
+    if n == 1 and v["retriever"].endswith(ORIGINAL_QUERY):
+        raise ConfigError(f"--retriever {v['retriever']}: the {ORIGINAL_QUERY} suffix marks a fused member that "
+                          "searches with the original query; write e.g. bm25+minilm:query")
+    if n == 1 and (v["fusion"] != _default("fusion") or v["fusion_weights"] is not None or v["rrf_k"] != DEFAULT_RRF_K):
+        raise ConfigError(f"--fusion, --fusion-weights and --rrf-k need a '+'-joined --retriever (e.g. bm25+minilm), "
+                          f"got '{v['retriever']}'")
+    check_fusion_options(n, v["fusion"], v["rrf_k"], v["fusion_weights"])
+    if not caps.uses_llm:
+        return
+    used = [("--retriever", v["retriever"])] + ([("--loop-retriever", v["loop_retriever"])] if v["loop_retriever"] else [])
+    for option, name in used:
+        fixed = [w for w in member_names(name) if getattr(reg.retriever_kind(w), "combine", None) == "fixed"]
+        if fixed:
+            raise ConfigError(f"{option} {name}: {', '.join(fixed)} answer the task's own queries from a fixed list "
+                              f"and cannot search for what --method {v['method']} generates; use --method none")
+
+
+# -- reading what was recorded ---------------------------------------------------------------
+
+
+def spec_of_config(config: Mapping[str, Any], registries: Registries | None = None) -> RunSpec:
+    """The spec a recorded config names.
+
+    A config this version wrote holds every setting of the spec and reads back as it is
+    (:meth:`RunSpec.from_record`): nothing is looked up, so a result made with a method,
+    retriever or reranker registered from Python reads back, labels and moves the same in a
+    process without it.
+
+    A config an earlier version wrote lacks the settings added since. It is read as those
+    versions' readers read it: the settings it lacks have their defaults, but ``loop_rules`` and
+    ``rerank_rules`` are 1 (the behaviour of its time) where the setting applies (an agentic
+    method's fresh loop; a reranker entry that follows a published reranker's code), and the
+    whole is resolved against the registries (settings that played no part set back to their
+    defaults; its sampling overrides kept as recorded), so it names the folder and row it always
+    did. Such a config whose method this process does not know is not understood (ConfigError).
+    """
+    spec = RunSpec.from_record(config)
+    if all(f.name in config for f in fields(RunSpec)):
+        return spec
+    markers = {name: 1 for name in ("loop_rules", "rerank_rules") if name not in config}
+    return _resolve(replace(spec, **markers), registries or Registries(), explicit_sampling=True)
+
+
+def applicable(spec: RunSpec, registries: Registries | None = None) -> list[str]:
+    """The settings that play a part in ``spec``'s run (a released generation has no sampling,
+    prompts or first pass; a run without a reranker no rerank depth; a method without a loop no
+    loop retriever or final mode)."""
+    reg = registries or Registries()
+    method = reg.methods().get(spec.method)
+    caps = capabilities(method) if method is not None else Capabilities()
+    skip = set()
+    if spec.generations in RELEASED_SOURCES:
+        skip |= {"sampling", "prompts", "first_pass"}
+        if not spec.reranker:
+            skip.add("prompts_from")
+    if not caps.needs_first_pass:
+        skip.add("first_pass")
+    if not spec.reranker:
+        skip |= {"rerank_k", "rerank_cut"}
+    if not caps.agentic:
+        skip |= {"loop_retriever", "final", "loop_rules"}
+    entry = reg.reranker(spec.reranker)
+    if entry is None or not _published(entry):
+        skip.add("rerank_rules")
+    return [f.name for f in fields(RunSpec) if f.name not in skip]
+
+
+# -- the command line that gives a spec -------------------------------------------------------
+
+
+def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
+    """The ``r2med-agent run`` options that give ``spec`` (its non-default settings; the prompts
+    in use come from ``$R2MED_PROMPTS_DIR``, not from an option). A run over ``--candidates``
+    needs ``candidates_path``, the files its hash was made from.
+
+    Raises:
+        ConfigError: a sampling override has no ``run`` option (set it in the LLM's entry); a
+            run over candidates without their path; a spec of an earlier version's behaviour.
+    """
+    out = ["--method", spec.method]
+    if spec.llm:
+        out += ["--llm", spec.llm]
+    if spec.generations != "fresh":
+        out += ["--generations", spec.generations]
+    if spec.candidates is not None and candidates_path is not None:
+        out += ["--candidates", candidates_path]
+    else:
+        out += ["--retriever", spec.retriever]
+    if spec.reranker:
+        out += ["--reranker", spec.reranker]
+    out += _prompts_args(spec)
+    for name, value in spec.non_default().items():
+        if name in ("method", "llm", "generations", "retriever", "reranker", "prompts", "entries", "prompts_from"):
+            continue
+        if name == "candidates" and candidates_path is not None:
+            continue
+        if name == "candidates":
+            raise ConfigError("a run over --candidates is given by the files' path, which its spec (their hash) "
+                              "does not hold")
+        if name == "sampling":
+            out += _sampling_args(value)
+            continue
+        if name == "loop_rules":
+            raise ConfigError(f"loop_rules {value} names results of an earlier version's loops, which this "
+                              "version does not run")
+        if name == "rerank_rules":
+            raise ConfigError(f"rerank_rules {value} names results of an earlier version's rerankers, which this "
+                              "version does not run")
+        flag = SPEC_FLAGS.get(name, "--" + name.replace("_", "-"))
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif isinstance(value, list):
+            out += [flag, ",".join(_fmt(x) for x in value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else "none" if value is None else str(value)
+
+
+def _prompts_args(spec: RunSpec) -> list[str]:
+    """``--prompts own|authors`` where the spec's wording is not the run's default.
+
+    Raises:
+        ConfigError: the spec names the authors' prompts at commits this version does not pin.
+    """
+    from r2med_agent.prompt_sources import AUTHORS, OWN
+    from r2med_agent.prompt_sources import resolve as resolve_prompts
+
+    if spec.prompts_from == resolve_prompts(None, spec.method, spec.llm, spec.generations, spec.reranker):
+        return []
+    if spec.prompts_from == OWN:
+        return ["--prompts", OWN]
+    if spec.prompts_from == resolve_prompts(AUTHORS, spec.method, spec.llm, spec.generations, spec.reranker):
+        return ["--prompts", AUTHORS]
+    raise ConfigError(f"prompts_from {spec.prompts_from} names results made with the authors' prompts at other "
+                      "commits, which this version does not fetch")
+
+
+def _sampling_args(sampling: Mapping[str, Any]) -> list[str]:
+    out = []
+    for name, value in sampling.items():
+        if name not in SAMPLING_FLAGS:
+            raise ConfigError(f"sampling override '{name}' has no `run` option; set it in the LLM's registry entry")
+        out += [SAMPLING_FLAGS[name], _fmt(value)]
+    return out
