@@ -163,9 +163,13 @@ def vllm_model_dir() -> Path:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM's OpenAI server on loopback over the test checkpoint, served as ``smol``: its base URL."""
+    """vLLM's OpenAI server on loopback over the test checkpoint, served as ``smol``: its base URL.
+    Started once for the whole session (each start costs about 40 s on two cores) by the first test
+    that asks for it, and stopped at the session's end; an idle server takes no CPU, so the offline
+    engines other modules start meanwhile run as fast beside it. Tests that need other server
+    flags (batches of one, no prefix caching, another chat template) start their own."""
     from tests.vllm_server import VLLMServer
 
     with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"), timeout_s=900,

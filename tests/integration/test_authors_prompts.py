@@ -1,4 +1,4 @@
-"""End to end, through the CLI: a trained-format entry run on ``sample`` with the local model
+"""End to end, through the CLI: a trained-format entry run on ``sample`` (its first two queries) with the local model
 (SmolLM2 on llama.cpp) fetches its authors' prompts from a local mirror (a real HTTP server on
 loopback serving the pinned files in raw.githubusercontent's layout, built from the pinned copy
 under ``R2MED_REFERENCE_CODE``), records the commit, and is another run, in another folder and
@@ -16,6 +16,7 @@ from r2med_agent import prompt_sources as ps
 from r2med_agent.cli.app import main
 from tests.conformance.conftest import reference_repo
 from tests.prompt_mirror import LoopbackMirror, closed_port_url, mirror_files
+from tests.sample_subset import sample_subset
 
 
 @pytest.mark.slow
@@ -25,8 +26,10 @@ def test_authors_prompts_fetched_recorded_and_labelled_apart(tmp_path, monkeypat
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("R2MED_PROMPTS_DIR", raising=False)
     results = tmp_path / "results"
-    common = ["run", "--task", "sample", "--reranker", "smollm2-reasonrank", "--rerank-k", "4", "--output-dir",
-              str(results), "--cache-path", str(tmp_path / "gen.sqlite"), "--no-progress"]
+    data = sample_subset(tmp_path / "data")  # two queries: two windows a run
+    common = ["run", "--task", "sample", "--data-dir", str(data), "--allow-count-mismatch", "--reranker",
+              "smollm2-reasonrank", "--rerank-k", "4", "--output-dir", str(results), "--cache-path",
+              str(tmp_path / "gen.sqlite"), "--no-progress"]
     with LoopbackMirror(mirror_files(tmp_path / "mirror", source, copy)) as server:
         monkeypatch.setenv(ps.BASE_URL_ENV, server.url)
         assert main([*common, "--prompts", "authors"]) == 0
@@ -38,7 +41,7 @@ def test_authors_prompts_fetched_recorded_and_labelled_apart(tmp_path, monkeypat
     assert record["config"]["prompts_from"] == f"8421BCD/ReasonRank@{source.commit[:12]}"
     (imported,) = record["config"]["prompts_import"]
     assert imported["commit"] == source.commit and imported["files"] == {"utils.py": source.files["utils.py"]}
-    assert record["stats"]["rerank"]["generations"] == 12  # one window of 4 per query
+    assert record["stats"]["rerank"]["generations"] == 2  # one window of 4 per query
 
     # No network from here on: the run's own wording needs none, and the authors' is cached.
     monkeypatch.setenv(ps.BASE_URL_ENV, closed_port_url())
@@ -46,7 +49,7 @@ def test_authors_prompts_fetched_recorded_and_labelled_apart(tmp_path, monkeypat
     (own_json,) = [p for p in results.glob("none/none/*/sample.json") if p != authors_json]
     own = json.loads(own_json.read_text())
     assert own["config"]["prompts_from"] == "own" and own["config"]["prompts_import"] == []
-    assert own["stats"]["rerank"]["generations"] == 12  # other prompts: nothing from the cache
+    assert own["stats"]["rerank"]["generations"] == 2  # other prompts: nothing from the cache
     assert main([*common, "--prompts", "authors"]) == 0  # cached prompts, cached generations
     again = json.loads(authors_json.read_text())
     assert again["stats"]["rerank"]["generations"] == 0 and again["test"] == record["test"]

@@ -385,18 +385,15 @@ def test_auto_on_a_server_that_does_not_say_uses_the_chat_api_with_one_notice(
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_auto_finds_vllm_behind_the_url(
-    vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, fresh_detection: None
-) -> None:
+def test_auto_finds_vllm_behind_the_url(vllm_server: str, vllm_model_dir: Path, fresh_detection: None) -> None:
     from r2med_agent.llm.servers import detect_server, resolve_server
     from r2med_agent.llm.registry import LLMSpec
-    from tests.vllm_server import VLLMServer
 
-    with VLLMServer(vllm_model_dir, tmp_path_factory.mktemp("vllm-server")) as server:
-        spec = LLMSpec(name="served", backend="openai", model=str(vllm_model_dir), server="auto",
-                       base_urls=(server.base_url,), seed=None, max_retries=1)
-        assert resolve_server(spec) == "vllm"
-        assert detect_server(server.base_url) == ("vllm", f"vLLM (GET {server.base_url}/models)")
-        # Continued as raw text on the completions endpoint, with the model's chat template.
-        gen = make_backend(spec).generate([CONTINUE], GREEDY)[0]
-        assert gen.completion_tokens > 0
+    # The session's vLLM server, served as "smol"; continuations render with the checkpoint's tokenizer.
+    spec = LLMSpec(name="served", backend="openai", model="smol", tokenizer=str(vllm_model_dir), server="auto",
+                   base_urls=(vllm_server,), seed=None, max_retries=1)
+    assert resolve_server(spec) == "vllm"
+    assert detect_server(vllm_server) == ("vllm", f"vLLM (GET {vllm_server}/models)")
+    # Continued as raw text on the completions endpoint, with the model's chat template.
+    gen = make_backend(spec).generate([CONTINUE], GREEDY)[0]
+    assert gen.completion_tokens > 0

@@ -1,6 +1,7 @@
 """Parameter sweeps on the embedded sample through the real CLI: every run keeps its own folder,
 and `compare` shows each as its own row, labelled by what differs. Real llama.cpp (SmolLM2), real
-MiniLM, real BM25, real pytrec_eval."""
+MiniLM, real BM25, real pytrec_eval. The runs read the sample cut to its first two queries (the
+whole corpus): the checks are about identity and labels, and each LLM run costs a sixth."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.compare import build_table, load_results
 from r2med_agent.experiment.spec import RunSpec
+from tests.sample_subset import sample_subset
 
 pytestmark = pytest.mark.slow
 
 
 def _run(out: Path, *args: str) -> None:
-    assert main(["run", "--task", "sample", "-o", str(out), "--no-progress", *args]) == 0
+    data = out.parent / "data"
+    if not data.exists():
+        sample_subset(data)
+    assert main(["run", "--task", "sample", "--data-dir", str(data), "--allow-count-mismatch", "-o", str(out),
+                 "--no-progress", *args]) == 0
 
 
 def _rows_by_label(out: Path) -> dict[str, float]:

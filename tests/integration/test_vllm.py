@@ -20,7 +20,6 @@ close logits, pick another token (seen once in three runs here).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -32,9 +31,9 @@ import pytest
 
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.methods.agentic import SEARCH_LIMIT, SEARCH_REPEATED
-from r2med_agent.paths import resources_dir
 from r2med_agent.llm.registry import LLMSpec, make_backend
 from r2med_agent.types import SamplingParams
+from tests.sample_subset import sample_subset
 from tests.vllm_model import engine_spec
 from tests.vllm_server import ENGINE_SETTINGS, VLLMServer, reasoning_model, set_cpu_env
 
@@ -137,14 +136,7 @@ def test_cli_run_on_vllm_exits_by_itself(vllm_model_dir: Path, tmp_path: Path) -
         "    engine_kwargs: {enforce_eager: true}\n",
         encoding="utf-8",
     )
-    data = tmp_path / "data" / "sample"  # the sample task's first queries (a short run)
-    data.mkdir(parents=True)
-    src = resources_dir() / "sample"
-    for name in ("query.jsonl", "qrels.jsonl"):
-        lines = src.joinpath(name).read_text(encoding="utf-8").splitlines()
-        keep = [ln for ln in lines if json.loads(ln).get("id", json.loads(ln).get("q_id")) in ("0", "1")]
-        data.joinpath(name).write_text("\n".join(keep) + "\n", encoding="utf-8")
-    data.joinpath("corpus.jsonl").write_bytes(src.joinpath("corpus.jsonl").read_bytes())
+    sample_subset(tmp_path / "data")  # the sample task's first queries (a short run)
     env = {**os.environ, "R2MED_CONFIG": str(config), "R2MED_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "r2med_agent", "run", "--method", "hyde", "--llm", "smol-vllm",
            "--task", "sample", "--data-dir", str(tmp_path / "data"), "--allow-count-mismatch", "--no-progress",
