@@ -138,7 +138,8 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     try:
         cfg = RunConfig(tasks=("sample",), method="hyde", llm="smol-vllm", samples=2, reranker="smol-pw",
                         rerank_k=2, output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite",
-                        sampling={"temperature": 1.0}, show_progress=False)
+                        sampling={"temperature": 1.0}, show_progress=False,
+                        prompts_from="own")  # a user's vLLM entry defaults to R2MED's prompts, fetched online
         result = run_experiment(cfg)
     finally:
         set_user_config(None)
