@@ -190,8 +190,13 @@ def test_hybrid_stemming_equals_lucene_porter_on_a_real_vocabulary(texts: list[s
 
 
 def _stdlib_vocabulary() -> list[str]:
-    """Every distinct run of lowercase letters in the standard library's own sources (its
-    docstrings, comments and identifiers; installed packages left out): about 40,000 words."""
+    """Every distinct run of lowercase letters in the standard library's own sources (docstrings,
+    comments, identifiers) and in the installed distributions' descriptions (their READMEs: prose,
+    code, other languages' words). A full CPython has about 40,000 words in its sources alone; a
+    distribution's Python without its test suite (Debian's python3) about 21,000, and about 27,000
+    with the descriptions of the `[all]` install."""
+    from importlib import metadata
+
     root = Path(sysconfig.get_paths()["stdlib"])
     letters = re.compile(r"[a-z]+")
     words: set[str] = set()
@@ -202,6 +207,9 @@ def _stdlib_vocabulary() -> list[str]:
             words.update(letters.findall(path.read_text(encoding="utf-8").lower()))
         except (OSError, UnicodeDecodeError):
             continue
+    for dist in metadata.distributions():
+        body = dist.metadata.get_payload() or dist.metadata["Description"] or ""
+        words.update(letters.findall(str(body).lower()))
     return sorted(words)
 
 
@@ -216,7 +224,7 @@ def test_lucene_porter_port_against_snowball_porter_on_the_stdlib_vocabulary() -
     import Stemmer
 
     words = _stdlib_vocabulary()
-    assert len(words) > 30_000
+    assert len(words) > 25_000  # the floor a Python without its test suite reaches (see above)
     snowball = Stemmer.Stemmer("porter")
     ours = [lucene_porter_stem(w) for w in words]
     undoubling = re.compile(r"([^aeioulszbdfgmnprt])\1(?:ed|ing)s?$")
