@@ -23,6 +23,7 @@ from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.runner import RunConfig, RunSpec, run_experiment
 from tests.fakes import ScriptedLLM
+from tests.sample_subset import sample_subset
 
 
 def _cli(args: list[str], capsys) -> tuple[int, str, str]:
@@ -346,7 +347,7 @@ def test_generations_file_keeps_the_raw_text_in_hy_doc_as_r2med_does(tmp_path, m
     }
 
 
-def _assert_bm25_searched(result_dir: Path, task_name: str, expected_query) -> dict:
+def _assert_bm25_searched(result_dir: Path, task_name: str, expected_query, data_dir: Path | None = None) -> dict:
     """Check the written run against BM25 searched here with the query text
     ``expected_query(query, final)`` built by hand from the written generation (as a plain
     query, so no code under test composes it). Returns that expected run."""
@@ -354,7 +355,7 @@ def _assert_bm25_searched(result_dir: Path, task_name: str, expected_query) -> d
     from r2med_agent.retrieval import make_retriever
     from r2med_agent.types import SearchRequest
 
-    task = load_task(task_name)
+    task = load_task(task_name, data_dir, allow_count_mismatch=data_dir is not None)
     rows = {r["id"]: r for r in map(json.loads, (result_dir / f"{task_name}.generations.jsonl").read_text().splitlines())}
     requests = [SearchRequest(q.query_id, expected_query(q.text, rows[q.query_id]["final"])) for q in task.queries]
     expected = make_retriever("bm25", task, show_progress=False).search(requests, 100)
@@ -430,20 +431,23 @@ def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smo
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["query2doc", "lamer"])
 def test_query2doc_and_lamer_with_the_local_model(tmp_path, smollm2_gguf, method):
-    """Real SmolLM2 generations become BM25 queries as docs/protocol.md tabulates."""
+    """Real SmolLM2 generations become BM25 queries as docs/protocol.md tabulates (on the
+    sample's first three queries: LameR's prompts hold ten documents each)."""
+    data = sample_subset(tmp_path / "data", ("0", "1", "2"))
     cfg = RunConfig(tasks=("sample",), method=method, llm="smollm2", output_dir=tmp_path,
-                    cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 16}, show_progress=False)
+                    cache_path=tmp_path / "gen.sqlite", sampling={"max_tokens": 16}, show_progress=False,
+                    data_dir=data, allow_count_mismatch=True)
     result = run_experiment(cfg)
-    assert result.outcomes[0].stats["generations"] == 12
+    assert result.outcomes[0].stats["generations"] == 3
     d = result.result_dir  # method/smollm2/bm25__mt16__<digest>
     rows = [json.loads(line) for line in (d / "sample.generations.jsonl").read_text().splitlines()]
-    assert len(rows) == 12 and all(r["final"] for r in rows)
+    assert len(rows) == 3 and all(r["final"] for r in rows)
     # docs/protocol.md: Query2Doc searches with the query twice then the passage, LameR with the
     # query then the passage; the texts are built here by hand from the written generations.
     if method == "query2doc":
-        _assert_bm25_searched(d, "sample", lambda q, p: f"{q} {q} {p}")
+        _assert_bm25_searched(d, "sample", lambda q, p: f"{q} {q} {p}", data)
     else:
-        _assert_bm25_searched(d, "sample", lambda q, p: f"{q} {p}")
+        _assert_bm25_searched(d, "sample", lambda q, p: f"{q} {p}", data)
     assert 0.0 <= json.loads((d / "sample.json").read_text())["test"]["ndcg_at_10"] <= 1.0
 
 
