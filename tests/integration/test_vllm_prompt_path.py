@@ -73,14 +73,15 @@ def test_both_prompt_paths_send_the_expected_token_ids(vllm_model_dir: Path, tmp
     assert with_bos == [tokenizer.convert_tokens_to_ids("<|endoftext|>"), *plain]
 
     got: dict[str, list[list[int]]] = {}
-    for path in ("chat", "rendered"):
-        spec = engine_spec(folder, max_tokens=4, prompt_path=path)
-        backend = vllm_backend.VLLMBackend(spec)
-        recorder = _Recorder(backend._engine())
-        monkeypatch.setattr(backend, "_engine", lambda recorder=recorder: recorder)
-        try:
+    try:  # the paths differ in the backend, not the engine: both use one engine, started once
+        for path in ("chat", "rendered"):
+            spec = engine_spec(folder, max_tokens=4, prompt_path=path)
+            backend = vllm_backend.VLLMBackend(spec)
+            recorder = _Recorder(backend._engine())
+            monkeypatch.setattr(backend, "_engine", lambda recorder=recorder: recorder)
             backend.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=4, seed=None))
-        finally:
-            vllm_backend.close_engines()
-        got[path] = recorder.prompt_ids
+            got[path] = recorder.prompt_ids
+        assert len(vllm_backend._ENGINES) == 1
+    finally:
+        vllm_backend.close_engines()
     assert got == {"chat": [plain], "rendered": [with_bos]}
