@@ -6,6 +6,9 @@ the conformance suite, which runs the authors' own code on the same folders."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -63,3 +66,19 @@ def tiny_model(arch: str, folder: Path, tok: Any, head_dim: int = 8, positions: 
     model.save_pretrained(folder)
     assert type(transformers.AutoModel.from_pretrained(folder)).__name__ == model_cls.__name__
     return model, transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def user_entry(name: str, **changes: Any) -> dict:
+    """A shipped encoder entry as a user config writes it (JSON is YAML): its fields that differ
+    from the defaults, with ``changes``; nested mappings (a ``bright:`` block) as plain dicts."""
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
+
+    spec = dataclasses.replace(get_encoder_spec(name), **changes)
+    out = {}
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if f.name == "name" or value is None or (f.default is not dataclasses.MISSING and value == f.default):
+            continue
+        out[f.name] = json.loads(json.dumps(value, default=dict)) if hasattr(value, "items") else (
+            list(value) if isinstance(value, tuple) else value)
+    return out

@@ -9,7 +9,6 @@ reasoning queries. Each query's excluded ids leave the dense rankings as they le
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -20,24 +19,12 @@ from r2med_agent.evaluation import read_trec_run
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
 from tests.bright_fixture import BIOLOGY_DOCS, BIOLOGY_EXAMPLES, GPT4_REASONING, LEETCODE_DOCS, LEETCODE_EXAMPLES, make_bright
-from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model
+from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model, user_entry
 from tests.bright_embedder_sources import FLAG_BRIGHT_SHORT, FLAG_FORMAT, RADER_QUERY
 
 # VectorSpaceLab/agentic-search@b2f2e40050f4 ReasonEmbed/evaluation_r2med/code/prompts.py (Biology).
 R2MED_BIOLOGY = "Given a Biology post, retrieve relevant passages that help answer the post."
 
-
-def _user_entry(name: str, **changes) -> dict:
-    """A shipped entry as a user config writes it (JSON is YAML), with ``changes``."""
-    spec = dataclasses.replace(get_encoder_spec(name), **changes)
-    out = {}
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        if f.name == "name" or value is None or (f.default is not dataclasses.MISSING and value == f.default):
-            continue
-        out[f.name] = json.loads(json.dumps(value, default=dict)) if hasattr(value, "items") else (
-            list(value) if isinstance(value, tuple) else value)
-    return out
 
 
 @pytest.fixture()
@@ -69,7 +56,7 @@ def test_reasonembed_runs_its_bright_scripts_settings_on_bright_and_its_r2med_on
     root = make_bright(tmp_path / "BRIGHT")
     folder = tmp_path / "tiny-qwen3"
     tiny_model("qwen3", folder, byte_bpe_tokenizer(_corpus(), **TOKENIZER_STYLES["qwen3"]))
-    entry = _user_entry("reasonembed-qwen3-8b", model=str(folder), backend="transformers")
+    entry = user_entry("reasonembed-qwen3-8b", model=str(folder), backend="transformers")
     user = tmp_path / "config.yaml"
     user.write_text(json.dumps({"encoders": {"tiny-reasonembed": entry}}))
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
@@ -115,7 +102,7 @@ def test_rader_runs_its_own_bright_code_on_the_gpt4_reasoning_queries(
     folder = tmp_path / "tiny-qwen2"
     tiny_model("qwen2", folder, own)
     shipped = get_encoder_spec("rader-7b")
-    entry = _user_entry("rader-7b", model=str(folder),
+    entry = user_entry("rader-7b", model=str(folder),
                         bright={**shipped.bright, "hf_tokenizer": str(tmp_path / "instruct-tokenizer")})
     user = tmp_path / "config.yaml"
     user.write_text(json.dumps({"encoders": {"tiny-rader": entry}}))

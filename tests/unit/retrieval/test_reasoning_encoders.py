@@ -21,7 +21,7 @@ import pytest
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
-from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model
+from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model, user_entry
 
 # ReasonEmbed/evaluation_r2med/code/prompts.py (R2MEDInstructions), byte for byte.
 REASONEMBED_R2MED = {
@@ -320,17 +320,6 @@ def test_diver_encodes_as_its_own_code_does(limit: int, tmp_path: Path) -> None:
     assert cut >= 1  # the decoded-text cut ran
 
 
-def _user_entry(name: str, **changes) -> dict:
-    """A registry entry as a user config writes it (JSON is YAML): the shipped fields, changed."""
-    spec = dataclasses.replace(get_encoder_spec(name), **changes)
-    out = {}
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        if f.name == "name" or value is None or (f.default is not dataclasses.MISSING and value == f.default):
-            continue
-        out[f.name] = dict(value) if hasattr(value, "items") else list(value) if isinstance(value, tuple) else value
-    return out
-
 
 @pytest.mark.slow
 def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: Path, monkeypatch, smollm2_spec) -> None:
@@ -349,7 +338,7 @@ def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: P
     folder = tmp_path / "tiny-reasonembed"
     _tiny_model("qwen3", folder, tok)
     user = tmp_path / "config.yaml"
-    user.write_text(json.dumps({"encoders": {"tiny-reasonembed": _user_entry(
+    user.write_text(json.dumps({"encoders": {"tiny-reasonembed": user_entry(
         "reasonembed-qwen3-8b", model=str(folder), backend="transformers", max_length=MAX_LENGTH, batch_size=4)}}))
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     seen: list[tuple[str, str]] = []
@@ -394,7 +383,7 @@ def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Pat
     tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
     folder = tmp_path / "tiny-diver"
     _, tok = _tiny_model("qwen3", folder, tok)
-    entry = _user_entry("diver-4b", model=str(folder), backend="transformers", max_length=40, batch_size=4)
+    entry = user_entry("diver-4b", model=str(folder), backend="transformers", max_length=40, batch_size=4)
     assert entry["truncation"] == "decoded-text" and entry["doc_prefix"] == DIVER_DOC.format("")
     user = tmp_path / "config.yaml"
     user.write_text(json.dumps({"encoders": {"tiny-diver": entry}}))
@@ -437,7 +426,7 @@ def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
     hashes = []
     for truncation in ("decoded-text", "tokens"):
         user = tmp_path / f"{truncation}.yaml"
-        user.write_text(json.dumps({"encoders": {"my-diver": _user_entry("diver-4b", truncation=truncation)}}))
+        user.write_text(json.dumps({"encoders": {"my-diver": user_entry("diver-4b", truncation=truncation)}}))
         set_user_config(user)
         try:
             hashes.append(entries_in_use(RunConfig(tasks=("sample",), retriever="my-diver")))
