@@ -21,6 +21,7 @@ import pytest
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
+from tests.sample_subset import sample_subset
 from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model, user_entry
 
 # ReasonEmbed/evaluation_r2med/code/prompts.py (R2MEDInstructions), byte for byte.
@@ -321,13 +322,41 @@ def test_diver_encodes_as_its_own_code_does(limit: int, tmp_path: Path) -> None:
 
 
 
+THREE = ("0", "1", "2")
+"""The sample's queries the CLI tests below run (the groupwise reranker's generations are their cost)."""
+
+
+def _assert_scored_as_pytrec_eval(record: Path, data: Path) -> None:
+    """The record's nDCG@10 and MRR equal pytrec_eval's over the run file written beside it and the
+    data folder's qrels, and every query of the folder was ranked."""
+    import json
+
+    import pytrec_eval
+
+    qrels: dict[str, dict[str, int]] = {}
+    for line in (data / "sample" / "qrels.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        qrels.setdefault(row["q_id"], {})[row["p_id"]] = int(row["score"])
+    run: dict[str, dict[str, float]] = {}
+    for line in record.with_suffix(".run").read_text(encoding="utf-8").splitlines():
+        qid, _, doc, _, score, _ = line.split()
+        run.setdefault(qid, {})[doc] = float(score)
+    assert sorted(run) == sorted(qrels)
+    per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recip_rank"}).evaluate(run)
+    result = json.loads(record.read_text(encoding="utf-8"))
+    for ours, theirs in (("ndcg_at_10", "ndcg_cut_10"), ("mrr", "recip_rank")):
+        want = sum(m[theirs] for m in per_query.values()) / len(per_query)
+        assert result["test"][ours] == pytest.approx(want, abs=1e-4), ours
+
+
 @pytest.mark.slow
 def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: Path, monkeypatch, smollm2_spec) -> None:
     """The frontier's shape, ``run --retriever reasonembed-qwen3-8b --reranker grouprank-32b``, with
     tiny real models in the entries' places: a random Qwen3 under ReasonEmbed-Qwen3-8B's settings
     (last-token pooling, its instruction format) and SmolLM2-135M in the groupwise reranker. On
     R2MED's released demo (Biology) the query side gets Biology's ReasonEmbed instruction; on the
-    whole embedded sample the reranked run is scored."""
+    embedded sample's first three queries (:func:`tests.sample_subset.sample_subset`: the reranker's
+    work is what this costs) the reranked run is scored as pytrec_eval scores its run file."""
     import json
 
     from typer.testing import CliRunner
@@ -355,13 +384,15 @@ def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: P
     demo = runner.invoke(app, ["run", "--task", "r2med-demo", *common])
     assert demo.exit_code == 0, demo.output
     assert ("query", FLAG_FORMAT.format(REASONEMBED_R2MED["Biology"], "")) in seen and ("doc", "") in seen
+    data = sample_subset(tmp_path / "data", THREE)
     res = runner.invoke(app, ["run", "--task", "sample", *common, "--reranker", "smollm2-groupwise", "--rerank-k", "3",
-                              "--cache-path", str(tmp_path / "gen.sqlite")])
+                              "--cache-path", str(tmp_path / "gen.sqlite"), "--data-dir", str(data),
+                              "--allow-count-mismatch"])
     assert res.exit_code == 0, res.output
     (record,) = (tmp_path / "res").glob("none/none/tiny-reasonembed__*smollm2-groupwise*/sample.json")
     result = json.loads(record.read_text())
-    assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0
-    assert result["stats"]["rerank"]["groups"] == 12 * 2  # 12 queries, one group of 3, 2 passes
+    _assert_scored_as_pytrec_eval(record, data)
+    assert result["stats"]["rerank"]["groups"] == 3 * 2  # 3 queries, one group of 3, 2 passes
     assert result["config"]["retriever"] == "tiny-reasonembed" and result["config"]["entries"]
 
 
@@ -370,8 +401,8 @@ def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Pat
     """A frontier row over DIVER, ``run --retriever diver-4b --reranker grouprank-32b``, with tiny
     real models in the entries' places: a random Qwen3 under diver-4b's own settings (here cut at 40
     tokens so the sample's long texts go through DIVER's decoded-text cut) and SmolLM2-135M in the
-    groupwise reranker, on the whole ``sample`` task. Every query reaches the model as DIVER's code
-    builds it, every document with DIVER's prompt."""
+    groupwise reranker, on the ``sample`` task's first three queries and its whole corpus. Every
+    query reaches the model as DIVER's code builds it, every document with DIVER's prompt."""
     import json
 
     from typer.testing import CliRunner
@@ -399,18 +430,22 @@ def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Pat
     monkeypatch.setattr(HFEncoder, "_tokenize", recording)
     _register()
     runner = CliRunner()
+    data = sample_subset(tmp_path / "data", THREE)
     common = ["--config", str(user), "--task", "sample", "--output-dir", str(tmp_path / "res"),
-              "--reranker", "smollm2-groupwise", "--rerank-k", "3", "--cache-path", str(tmp_path / "gen.sqlite")]
+              "--reranker", "smollm2-groupwise", "--rerank-k", "3", "--cache-path", str(tmp_path / "gen.sqlite"),
+              "--data-dir", str(data), "--allow-count-mismatch"]
     res = runner.invoke(app, ["run", "--retriever", "tiny-diver", *common])
     assert res.exit_code == 0, res.output
-    task = load_task("sample")
+    task = load_task("sample", data_dir=data, allow_count_mismatch=True)
+    assert [q.query_id for q in task.queries] == list(THREE)
     want = [tok(s)["input_ids"] for s in decoded_text_cut(
         tok, [DIVER_QUERY.format(q.text) for q in task.queries] + [DIVER_DOC.format(d.text) for d in task.corpus], 40)]
     assert sorted(map(tuple, seen)) == sorted(map(tuple, want))  # every text, as DIVER's code gives it
     assert sum(len(x) > 40 for x in seen) > 0  # cut texts: 40 tokens, then the tokenizer's EOS
     (record,) = (tmp_path / "res").glob("none/none/tiny-diver__*smollm2-groupwise*/sample.json")
     result = json.loads(record.read_text())
-    assert 0.0 < result["test"]["ndcg_at_10"] <= 1.0 and result["config"]["entries"]
+    _assert_scored_as_pytrec_eval(record, data)
+    assert result["config"]["entries"]
 
 
 def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
