@@ -14,6 +14,7 @@ from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.retrieval.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
 from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import SamplingParams, SearchRequest
+from tests.sample_subset import sample_subset
 from tests.vllm_model import engine_spec
 from tests.vllm_server import set_cpu_env
 
@@ -120,8 +121,10 @@ def test_samples_on_vllm_use_n_and_one_key_per_sample(vllm_spec, tmp_path) -> No
 
 
 def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_dir, tmp_path) -> None:
-    """``run`` as a user runs it: HyDE with 2 samples per query on the embedded sample, then the
-    pointwise reasoning reranker, both on the same vLLM entry of a user config."""
+    """``run`` as a user runs it: HyDE with 2 samples per query on the embedded sample's first three
+    queries (:func:`tests.sample_subset.sample_subset`), then the pointwise reasoning reranker, both
+    on the same vLLM entry of a user config. The entry's engine settings are the module's (float32),
+    so the run finds the module's engine started and closes it when it ends, as a run does."""
     import json
 
     from r2med_agent.config import set_user_config
@@ -132,23 +135,26 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     user.write_text(
         "llms:\n"
         f"  smol-vllm: {{backend: vllm, model: '{vllm_model_dir}', max_tokens: 16, seed: null,\n"
-        "              gpu_memory_utilization: 0.05, max_model_len: 2048, engine_kwargs: {enforce_eager: true}}\n"
+        "              gpu_memory_utilization: 0.05, max_model_len: 2048,\n"
+        "              engine_kwargs: {enforce_eager: true, dtype: float32}}\n"
         "rerankers:\n"
         "  smol-pw: {kind: pointwise-reasoning, llm: smol-vllm, max_doc_words: 30, max_tokens: 16}\n"
     )
+    data = sample_subset(tmp_path / "data", ("0", "1", "2"))
     set_user_config(user)
     try:
         cfg = RunConfig(tasks=("sample",), method="hyde", llm="smol-vllm", samples=2, reranker="smol-pw",
                         rerank_k=2, output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite",
-                        sampling={"temperature": 1.0}, show_progress=False,
+                        sampling={"temperature": 1.0}, show_progress=False, data_dir=data,
+                        allow_count_mismatch=True,
                         prompts_from="own")  # a user's vLLM entry defaults to R2MED's prompts, fetched online
         result = run_experiment(cfg)
     finally:
         set_user_config(None)
     assert result.result_dir.name == f"bm25__t1__n2__rk2__entries-{cfg.entries[:6]}__smol-pw__{cfg.digest()}"
     stats = result.outcomes[0].stats
-    assert stats["samples"] == 2 and stats["rerank"]["pairs"] == 24
-    assert stats["rerank"]["scored_by_logprobs"] == 24  # vLLM returns log-probabilities
+    assert stats["samples"] == 2 and stats["rerank"]["pairs"] == 6  # 3 queries x the top 2
+    assert stats["rerank"]["scored_by_logprobs"] == 6  # vLLM returns log-probabilities
     assert result.llm_stats["backend_calls"] == 3  # the samples (n=2), the reasonings, the judgments
     row = json.loads((result.result_dir / "sample.generations.jsonl").read_text().splitlines()[0])
     assert len(row["samples"]) == 2
