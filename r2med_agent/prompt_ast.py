@@ -89,18 +89,28 @@ class CloneFile:
         raise self.error(f"no module-level {name} = ... (the reference's layout)")
 
 
-def parse_file(clone: Path, rel: str) -> CloneFile:
-    path = clone / rel
+def read_python(path: Path, what: str = "it") -> ast.Module:
+    """``path`` parsed with :mod:`ast` (nothing run). ``what`` names the file in the message when
+    it cannot be read.
+
+    Raises:
+        DataError: unreadable, not UTF-8, or not valid Python (file, and line where known).
+    """
     try:
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise DataError("not UTF-8 text", path) from None
     except OSError as e:
-        raise DataError(f"cannot read it ({e.strerror})", path) from None
+        raise DataError(f"cannot read {what} ({e.strerror})", path) from None
     try:
-        return CloneFile(path, rel, ast.parse(source, filename=str(path)))
+        return ast.parse(source, filename=str(path))
     except SyntaxError as e:
         raise DataError(f"not valid Python: {e.msg}", path, e.lineno) from None
+
+
+def parse_file(clone: Path, rel: str) -> CloneFile:
+    path = clone / rel
+    return CloneFile(path, rel, read_python(path))
 
 
 def string_pieces(mod: CloneFile, node: ast.expr, names: dict[str, Piece]) -> list[Piece]:

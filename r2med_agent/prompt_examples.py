@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.prompt_ast import read_python
 
 QUERY_LABEL = re.compile(r"(?:Post|Exam|Case):[ \t]?(.*)$")
 """A line that opens an example's query (the reference's labels)."""
@@ -102,17 +103,7 @@ def read_reference_examples(path: str | Path) -> ImportedExamples:
     from r2med_agent.data import REFERENCE_NAMES, get_task_spec
 
     path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DataError("not UTF-8 text", path) from None
-    except OSError as e:
-        raise DataError(f"cannot read the examples file ({e.strerror})", path) from None
-    try:
-        tree = ast.parse(source, filename=str(path))
-    except SyntaxError as e:
-        raise DataError(f"not valid Python: {e.msg}", path, e.lineno) from None
-    table = _find_dict(tree, path)
+    table = _find_dict(read_python(path, "the examples file"), path)
     examples: dict[str, list[dict[str, str]]] = {}
     lines: dict[str, int] = {}
     for key_node, value_node in zip(table.keys, table.values):
