@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,6 +201,22 @@ def _import_llama_cpp() -> Any:
     except ImportError:
         raise MissingExtraError("llama-cpp-python", "local") from None
     return llama_cpp
+
+
+def load_vocab(spec: LLMSpec) -> Any:
+    """The GGUF of a local entry as a vocabulary only (``Llama(..., vocab_only=True)``): its
+    tokenizer, without the weights. A vocabulary-only model has no training context (n_ctx_train
+    0), so llama.cpp warns that any context overflows it; nothing runs in that context, and that
+    line is dropped. Anything else llama.cpp says is logged as a warning."""
+    import io
+
+    said = io.StringIO()
+    with redirect_stderr(said):
+        vocab = _import_llama_cpp().Llama(model_path=str(resolve_gguf(spec.model)), vocab_only=True, verbose=False)
+    for line in said.getvalue().splitlines():
+        if line.strip() and "n_ctx_train (0)" not in line:
+            logger.warning("llama.cpp: %s", line.strip())
+    return vocab
 
 
 def _recording_llama(llama_cpp: Any) -> type:

@@ -50,20 +50,9 @@ def load_token_cut(spec: Any) -> TokenCut:
 
 
 def _gguf_cut(spec: Any) -> TokenCut:
-    from r2med_agent.llm.local import _import_llama_cpp, resolve_gguf
+    from r2med_agent.llm.local import load_vocab
 
-    import contextlib
-    import io
-
-    said = io.StringIO()
-    with contextlib.redirect_stderr(said):
-        vocab = _import_llama_cpp().Llama(model_path=str(resolve_gguf(spec.model)), vocab_only=True, verbose=False)
-    # A vocabulary-only model has no training context (n_ctx_train 0), so llama.cpp's context
-    # warns that any context overflows it; nothing runs in that context. Anything else it says is
-    # passed on.
-    for line in said.getvalue().splitlines():
-        if line.strip() and "n_ctx_train (0)" not in line:
-            logger.warning("llama.cpp: %s", line.strip())
+    vocab = load_vocab(spec)
 
     def cut(text: str, n: int) -> str:
         ids = vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)

@@ -80,9 +80,9 @@ def load_passage_cut(spec: Any) -> PassageCut:
         return PassageCut(cut_words, WORDS)
     try:
         if spec.backend == "local":
-            from r2med_agent.llm.local import _import_llama_cpp, resolve_gguf
+            from r2med_agent.llm.local import load_vocab
 
-            vocab = _import_llama_cpp().Llama(model_path=str(resolve_gguf(spec.model)), vocab_only=True, verbose=False)
+            vocab = load_vocab(spec)
             return PassageCut(gguf_cut(vocab), f"tokenizer of {spec.model} (GGUF vocabulary)",
                               lambda text: len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)))
         from transformers import AutoTokenizer

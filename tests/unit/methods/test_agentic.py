@@ -1221,9 +1221,12 @@ def test_search_r1_runner_cuts_the_observation_with_the_model_tokenizer(tmp_path
     out = SearchR1().run_tasks([MethodJob(task, retr, retr)], ScriptedLLM(script), MethodSettings(llm_spec=spec))
     inserted = out.tasks["Biology"].traces[0].steps[0].inserted
     full = SearchR1(max_obs_tokens=None).insert_documents(None, "fever", [task.corpus[i] for i in (0, 1, 2)])
-    ids = vocab.tokenize(full.encode(), add_bos=False, special=True)
-    assert len(ids) > 1000 and len(inserted.split()) < 500  # tokens, not the word fallback
-    assert inserted == vocab.detokenize(ids[:500]).decode() and full.startswith(inserted)
+    try:
+        ids = vocab.tokenize(full.encode(), add_bos=False, special=True)
+        assert len(ids) > 1000 and len(inserted.split()) < 500  # tokens, not the word fallback
+        assert inserted == vocab.detokenize(ids[:500]).decode() and full.startswith(inserted)
+    finally:
+        vocab.close()
 
 
 def test_search_r1_token_cut_with_the_transformers_tokenizer_of_a_vllm_entry():

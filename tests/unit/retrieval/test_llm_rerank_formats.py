@@ -263,11 +263,16 @@ def test_the_second_rank1_batch_says_it_is_the_judgments(caplog) -> None:
 @pytest.mark.slow
 def test_reading_a_gguf_vocabulary_prints_no_context_warning(smollm2_spec, capfd) -> None:
     """Issue 30 item 10: Search-R1 reads the local model's vocabulary (no weights) to cut inserted
-    text by tokens; llama.cpp's stray "n_ctx_seq (512) > n_ctx_train (0)" line is not printed."""
+    text by tokens, and an LLM reranker to cut passages; llama.cpp's stray "n_ctx_seq (512) >
+    n_ctx_train (0)" line is printed by neither (both load it through ``load_vocab``; the
+    reranker's path printed it until it did)."""
     from r2med_agent.methods.loop import load_token_cut
+    from r2med_agent.retrieval.rerank.tokens import load_passage_cut
 
     cut = load_token_cut(smollm2_spec)
     assert cut("one two three four five six", 2) != "one two three four five six"
+    passages = load_passage_cut(smollm2_spec)
+    assert passages.count("one two three four five six") >= 6 and "GGUF vocabulary" in passages.how
     captured = capfd.readouterr()
     assert "n_ctx" not in captured.err + captured.out
 
