@@ -26,6 +26,15 @@ QUERIES = {
 QRELS: Qrels = {"q1": {"d1": 1, "d5": 1}, "q2": {"d2": 1}, "q3": {"d3": 2, "d7": 1}, "q4": {"d4": 1}}
 
 
+def read_trec_run(path: Path) -> dict[str, dict[str, float]]:
+    """A written TREC run file read independently of the package: query id -> {doc id: score}."""
+    run: dict[str, dict[str, float]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        qid, _, doc, _, score, _ = line.split()
+        run.setdefault(qid, {})[doc] = float(score)
+    return run
+
+
 def make_task(name: str = "sample") -> Task:
     """A small in-memory Task over CORPUS/QUERIES/QRELS."""
     return Task(

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from r2med_agent.cli.app import _register, app
 from tests.bright_fixture import EXCLUDED_FIRST, make_bright
+from tests.result_trees import read_trec_run
 from tests.conformance.conftest import load_reference_module, reference_repo, run_reference_script, stub
 
 REPO = "xlang-ai/BRIGHT"
@@ -111,14 +112,6 @@ def _ours_as_brights(scores: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _read_run(path: Path) -> dict[str, dict[str, float]]:
-    run: dict[str, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        qid, _, doc, _, score, _ = line.split()
-        run.setdefault(qid, {})[doc] = float(score)
-    return run
-
-
 RELEASED_GPT4 = ("--method", "reason", "--llm", "gpt4", "--generations", "bright")
 
 
@@ -139,7 +132,7 @@ def test_bm25_row_scores_as_brights_run_py(bright_repo: Path, fixture_root: Path
     mine = json.loads(result.read_text())
     assert _ours_as_brights(mine["test"]) == theirs
     # every retrieved document and score: BRIGHT keeps the top 1000 of each query, here all of them
-    our_run = _read_run(result.with_suffix(".run"))
+    our_run = read_trec_run(result.with_suffix(".run"))
     assert set(our_run) == set(their_scores)
     for qid, ranking in their_scores.items():
         assert set(our_run[qid]) == set(ranking), qid
@@ -155,7 +148,7 @@ def test_the_excluded_document_bm25_ranks_first_is_gone_from_both(bright_repo: P
     qid, doc = EXCLUDED_FIRST
     _, their_scores = _bright_run(bright_repo, fixture_root, tmp_path / "bright", "leetcode")
     result = _our_run(fixture_root, tmp_path / "ours", "bright-leetcode", "--top-k", "3")
-    our_run = _read_run(result.with_suffix(".run"))
+    our_run = read_trec_run(result.with_suffix(".run"))
     assert doc not in their_scores[qid] and doc not in our_run[qid]
     assert len(our_run[qid]) == 3
     assert list(our_run[qid]) == list(their_scores[qid])[:3]
@@ -370,7 +363,7 @@ def test_a_dense_row_scores_as_retrieval_sbert_bge(bright_repo: Path, fixture_ro
     res = CliRunner().invoke(app, ["run", "--task", "bright-leetcode", "--retriever", "minilm", "--data-dir",
                                    str(fixture_root), "--allow-count-mismatch", "-o", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
-    ours = _read_run(next(out.rglob("bright-leetcode.run")))
+    ours = read_trec_run(next(out.rglob("bright-leetcode.run")))
     assert set(ours) == set(theirs)
     for qid, ranking in theirs.items():
         assert set(ours[qid]) == set(ranking) and not set(task.excluded[qid]) & set(ours[qid])

