@@ -10,8 +10,9 @@ template under a fresh budget:
   outputs, per render;
 * size: no string or list it builds (``*``, ``+``, ``~``, ``%``, ``str.format``, string methods,
   filters such as ``indent``, ``center``, ``replace``, ``join``, ``wordwrap``) and not all its
-  output together may exceed :data:`MAX_TEXT` characters beyond the text of its variables,
-  which a prompt quotes; checked before the text is made where its size can be known;
+  output together may exceed :data:`MAX_TEXT` characters beyond :data:`VARIABLES_FACTOR` times
+  the text of its variables, which a prompt quotes; checked before the text is made where its
+  size can be known;
 * depth: :data:`MAX_DEPTH` nested calls (a recursive macro); ``range`` holds at most
   :data:`MAX_RANGE` items, an integer at most :data:`MAX_INT_BITS` bits.
 
@@ -40,15 +41,20 @@ from jinja2.visitor import NodeTransformer
 from r2med_agent.errors import ConfigError
 
 __all__ = ["JINJA2_MIN", "MAX_DEPTH", "MAX_INT_BITS", "MAX_RANGE", "MAX_STEPS", "MAX_TEXT", "RENDER_BUDGET_S",
-           "BoundedSandbox", "TemplateLimit", "check_jinja2", "render_bounded"]
+           "VARIABLES_FACTOR", "BoundedSandbox", "TemplateLimit", "check_jinja2", "render_bounded"]
 
 JINJA2_MIN = (3, 1, 6)
 """The oldest jinja2 whose sandbox holds: before 3.1.6 a template reached ``os.environ`` (and any
 API key in it) through ``|attr("format")`` (CVE-2025-27516)."""
 
 MAX_TEXT = 10_000_000
-"""Most characters a template may make beyond the text of its variables: in one string or list,
-and in all its output together (far above any model's context: 10 MB is about 2.5M tokens)."""
+"""Most characters a template may make beyond :data:`VARIABLES_FACTOR` times the text of its
+variables: in one string or list, and in all its output together (far above any model's context:
+10 MB is about 2.5M tokens)."""
+
+VARIABLES_FACTOR = 8
+"""How many times the text of its variables a template may make on top of :data:`MAX_TEXT` (it
+quotes them, and a macro's output counts again where the macro is used)."""
 
 MAX_STEPS = 1_000_000
 """Most loop iterations, calls and pieces of output in one render."""
@@ -240,14 +246,18 @@ def _lines(text: Any) -> int:
     return str(text).count("\n") + 1
 
 
+_PER_ITEM = MAX_TEXT // MAX_RANGE
+"""What one list a filter makes counts for (``batch`` and ``slice`` make at most :data:`MAX_RANGE`)."""
+
 _FILTER_SIZES: dict[str, Callable[[dict[str, Any]], int]] = {
     "indent": lambda a: len(str(a["s"])) + _lines(a["s"]) * (
         len(a["width"]) if isinstance(a["width"], str) else max(int(a["width"]), 0)),
     "center": lambda a: max(len(str(a["value"])), int(a["width"])),
-    "wordwrap": lambda a: len(str(a["s"])) * (1 + len(a["wrapstring"] or "\n")),
+    "wordwrap": lambda a: len(str(a["s"])) + (len(str(a["s"])) // max(int(a["width"]), 1) + _lines(a["s"])) * len(
+        a["wrapstring"] or "\n"),
     "replace": lambda a: len(str(a["s"])) + (str(a["s"]).count(str(a["old"])) + 1) * len(str(a["new"])),
-    "batch": lambda a: int(a["linecount"]),
-    "slice": lambda a: int(a["slices"]),
+    "batch": lambda a: int(a["linecount"]) * _PER_ITEM,
+    "slice": lambda a: int(a["slices"]) * _PER_ITEM,
     "tojson": lambda a: int(a["indent"] or 0) * 1000,
     "truncate": lambda a: len(str(a["end"])),
 }
@@ -259,17 +269,20 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     size = _FILTER_SIZES.get(name)
     signature = inspect.signature(func) if size is not None else None
     value_at = 0 if getattr(func, "jinja_pass_arg", None) is None else 1
+    # An async-capable filter is marked to take the evaluation context, which the function its
+    # signature comes from may not take.
+    bind_from = 0 if getattr(inspect.unwrap(func), "jinja_pass_arg", None) is not None else value_at
 
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _step()
         if name in ("join", "sum") and len(args) > value_at and not isinstance(args[value_at], (str, list, tuple)):
             args = (*args[:value_at], list(args[value_at]), *args[value_at + 1:])
         if size is not None and signature is not None:
-            bound = signature.bind(*args, **kwargs)
+            bound = signature.bind(*args[bind_from:], **kwargs)
             bound.apply_defaults()
             _check_size(size(bound.arguments), f"the filter {name}")
         elif name in ("join", "sum") and len(args) > value_at:
-            joiner = args[value_at + 1] if len(args) > value_at + 1 else kwargs.get("d", "")
+            joiner = (args[value_at + 1] if len(args) > value_at + 1 else kwargs.get("d", "")) if name == "join" else ""
             items = args[value_at]
             _check_size(_weight(items) + len(items) * (len(joiner) if isinstance(joiner, str) else 0),
                         f"the filter {name}")
@@ -390,7 +403,7 @@ def render_bounded(template: jinja2.Template, variables: Mapping[str, Any]) -> s
     """
     outer = _budget()
     _state.budget = _Budget(deadline=time.monotonic() + RENDER_BUDGET_S,
-                            text_limit=MAX_TEXT + _weight(dict(variables), 3))
+                            text_limit=MAX_TEXT + VARIABLES_FACTOR * _weight(dict(variables), 3))
     try:
         return "".join(template.generate(**variables))
     finally:

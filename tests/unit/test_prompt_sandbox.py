@@ -28,6 +28,8 @@ HOSTILE = {
     "center": ("{{ query|center(10**10) }}\n", 1, "the filter center would make"),
     "format-width": ("{{ '%10000000000d'|format(1) }}\n", 1, "format width"),
     "str-format": ("{{ '{:>10000000000}'.format(query) }}\n", 1, "a format width"),
+    "slice": ("{{ range(10)|slice(10**9)|list }}\n", 1, "the filter slice"),
+    "wordwrap": ("{{ query|wordwrap(1, wrapstring='x' * 1000000) }}\n", 1, "the filter wordwrap"),
     "ljust": ("{{ query.ljust(10**10) }}\n", 1, "str.ljust"),
     "power": ("{{ 7 ** (10 ** 9) }}\n", 1, "'**' would make an integer"),
     "recursive-macro": ("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}\n{{ m(0) }}\n", 1, "calls nested more than 50"),
