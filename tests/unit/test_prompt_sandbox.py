@@ -21,7 +21,7 @@ HOSTILE = {
     "nested-range": ("Post: {{ query }}\n{% for i in range(99999) %}{% for j in range(99999) %}"
                      "{% endfor %}{% endfor %}\n", 2, _LOOPS),
     "nested-range-output": ("{% for i in range(99999) %}\n{% for j in range(99999) %}.{% endfor %}{% endfor %}\n",
-                            2, "loop iterations"),
+                            2, _LOOPS),
     "big-range": ("{{ query }}\n\n{% for i in range(10**9) %}{% endfor %}\n", 3, "range() of 1,000,000,000 items"),
     "repeat": ("{{ query }}\n{{ 'x' * 10**10 }}\n", 2, "'*' would make 10,000,000,000"),
     "indent": ("{{ query|indent(10**10) }}\n", 1, "the filter indent would make"),
