@@ -79,9 +79,14 @@ def test_a_task_entry_named_as_a_path_stops_the_run_with_file_and_line(tmp_path,
     assert _written_outside(tmp_path) == [] and not (tmp_path / "work" / "out").exists()
 
 
-def test_an_entry_registered_from_python_is_checked_too():
+def test_an_entry_registered_from_python_is_checked_too(tmp_path):
+    import r2med_agent
+
     with pytest.raises(ConfigError, match=r"llms\.'\.\./x' cannot name an entry \(it holds '/'\)"):
         config.register_entry("llms", "../x", {"backend": "local", "model": "m.gguf"})
+    with pytest.raises(ConfigError, match=r"llms\.'my llm' cannot name an entry \(it holds ' '\)"):
+        r2med_agent.evaluate_llm(lambda prompts: ["x"] * len(prompts), "my llm", "sample", output_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def _sample_copy(folder: Path) -> Path:
