@@ -194,8 +194,12 @@ def check_folder(folder: PathLike) -> None:
     so before any work). Syntax errors are left to the template's first use.
 
     Raises:
-        ConfigError: a template names an attribute the sandbox refuses (file and line).
+        ConfigError: a template names an attribute the sandbox refuses (file and line), or the
+            jinja2 imported is older than the sandbox needs.
     """
+    from r2med_agent.prompt_sandbox import check_jinja2
+
+    check_jinja2()
     env = jinja2.sandbox.ImmutableSandboxedEnvironment()
     for path in sorted(Path(folder).rglob("*.j2")):
         try:

@@ -90,11 +90,34 @@ def test_jinja2_older_than_3_1_6_is_refused(monkeypatch, tmp_path):
 
     monkeypatch.setattr(jinja2, "__version__", "3.1.5")
     prompt_templates._environment.cache_clear()
+    folder = _folder(tmp_path, "{{ query }}")
     try:
         with pytest.raises(ConfigError, match=r"pip install 'jinja2>=3\.1\.6'"):
-            prompt_templates.render("hyde/qa.j2", prompts_dir=_folder(tmp_path, "{{ query }}"), query="q")
+            prompt_templates.render("hyde/qa.j2", prompts_dir=folder, query="q")
+        with pytest.raises(ConfigError, match=r"pip install 'jinja2>=3\.1\.6'"):
+            prompt_templates.check_folder(folder)  # what a run checks before any work
     finally:
         prompt_templates._environment.cache_clear()
+
+
+def test_a_run_with_an_old_jinja2_stops_before_any_work(tmp_path):
+    """Through the CLI, with jinja2 reporting 3.1.5 (set by a sitecustomize in the child): one
+    line, exit 2, nothing cached or written. Before: the run went on with the old sandbox."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import jinja2\njinja2.__version__ = '3.1.5'\n", encoding="utf-8")
+    env = {**os.environ, "R2MED_CACHE_DIR": str(tmp_path / "cache"),
+           prompt_templates.ENV_VAR: str(_folder(tmp_path, "{{ query }}")),
+           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "r2med_agent", "run", "--method", "hyde", "--llm", "smollm2",
+                           "--task", "sample", "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: jinja2 3.1.5 is imported; r2med-agent needs jinja2>=3.1.6: in older versions a prompt template "
+        "escapes the sandbox through attr('format') and reads the environment (API keys included); upgrade it: "
+        "pip install 'jinja2>=3.1.6'"], proc.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
 def test_pyproject_requires_the_fixed_jinja2():
