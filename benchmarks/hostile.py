@@ -15,7 +15,12 @@ one 50 MB word, and a few words followed by 50 MB of spaces, each beside the nor
 
 Each case runs in a process of its own, so its peak memory (``ru_maxrss``) is its own.
 
-Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm]``.
+Prompt templates (issue 39): each hostile template of the issue rendered in the sandbox with its
+limits (nested ``range(99999)`` loops, ``range(10**9)``, ``'x' * 10**10``, ``indent(10**10)``, a
+recursive and a doubling macro, a self-include): seconds to the one-line error and peak memory,
+beside a normal template's.
+
+Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|templates]``.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ def _minilm(text: str) -> float:
 
 def child(what: str, kind: str, mb: float) -> None:
     """One case in this process: print its seconds and peak resident memory as JSON."""
+    if what == "template":
+        template_child(kind)
+        return
     text = document(kind, int(mb * 1_000_000))
     seconds = _bm25(text) if what == "bm25" else _minilm(text)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -101,12 +109,16 @@ def run_case(what: str, kind: str, mb: float, timeout_s: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=50.0, help="size of each document in MB (default 50)")
-    ap.add_argument("--only", choices=("bm25", "minilm"), help="run one of the two benchmarks")
+    ap.add_argument("--only", choices=("bm25", "minilm", "templates"), help="run one of the benchmarks")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one case may take (default 900)")
     ap.add_argument("--child", nargs=3, metavar=("WHAT", "KIND", "MB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], args.child[1], float(args.child[2]))
+        return
+    if args.only in (None, "templates"):
+        run_templates(min(args.timeout, 120.0))
+    if args.only == "templates":
         return
     print(f"hostile corpora: one {args.mb:g} MB document each; target: within 2x of normal text")
     for what, measure in (("bm25", "seconds"), ("minilm", "peak_mb")):
@@ -120,6 +132,51 @@ def main() -> None:
             verdict = "" if kind == "normal" or not ratio else ("met" if figure <= 2 * base else "NOT met")
             print(f"{what:7s} {kind:7s} time {row['seconds'] or 0:8.2f} s  peak RSS {row['peak_mb'] or 0:7.0f} MB  "
                   f"{measure}: {ratio} {verdict} {row.get('note', '')}".rstrip())
+
+
+# -- prompt templates (issue 39 item 3) --------------------------------------------------------
+# Each hostile template of the issue, rendered as a run renders HyDE's prompt (the sandbox with its
+# limits, R2MED_PROMPTS_DIR's layout), in a process of its own: its seconds to the one-line error
+# and its peak memory, beside a normal template's. Before the limits, the nested loops ran past
+# 60 s and the others ended in tracebacks (MemoryError, OverflowError, RecursionError).
+
+TEMPLATES = {
+    "normal": "Please write a passage that helps answer the following {{ domain }} post.\nPost: {{ query }}\n",
+    "nested range(99999)": "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+    "range(10**9)": "{% for i in range(10**9) %}{% endfor %}",
+    "'x' * 10**10": "{{ 'x' * 10**10 }}",
+    "indent(10**10)": "{{ query|indent(10**10) }}",
+    "recursive macro": "{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}",
+    "doubling macro": "{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ d(query, 60) }}",
+    "self-include": "{% include 'hyde/qa.j2' %}",
+}
+
+
+def template_child(case: str) -> None:
+    """Render one of :data:`TEMPLATES` in this process; print seconds, peak memory and outcome."""
+    from r2med_agent import prompt_templates
+    from r2med_agent.errors import ConfigError
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "hyde").mkdir()
+        (Path(folder) / "hyde" / "qa.j2").write_text(TEMPLATES[case], encoding="utf-8")
+        t0 = time.perf_counter()
+        try:
+            prompt_templates.render("hyde/qa.j2", prompts_dir=folder, query="what is insulin", domain="medical")
+            outcome = "rendered"
+        except ConfigError as e:
+            outcome = str(e).replace(folder, "<prompts>")
+        seconds = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"what": "template", "kind": case, "seconds": seconds, "peak_mb": peak_mb, "note": outcome}))
+
+
+def run_templates(timeout_s: float) -> None:
+    print("hostile prompt templates: seconds to the error and peak RSS of the process, beside a normal template")
+    for case in TEMPLATES:
+        row = run_case("template", case, 0, timeout_s)
+        print(f"template {case:20s} time {row['seconds'] or 0:7.3f} s  peak RSS {row['peak_mb'] or 0:6.0f} MB  "
+              f"{row.get('note', '')}")
 
 
 if __name__ == "__main__":

@@ -244,12 +244,12 @@ def evaluate_llm(
     """
     from r2med_agent.config import register_entry
 
-    _LLM_FUNCTIONS[name] = generate
-    register_entry("llms", name, {
+    register_entry("llms", name, {  # refuses a name that cannot be a folder name
         "backend": "python", "model": f"python:{name}", "reasoning_format": reasoning_format,
         "temperature": temperature, "max_tokens": max_tokens, "system_prompt": "",
         "chunk_size": 0,
     })
+    _LLM_FUNCTIONS[name] = generate
     options.setdefault("prompts_from", "own")
     return _run(tasks, retriever=retriever, method=method, llm=name, **options)
 

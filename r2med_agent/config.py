@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import yaml
 
 from r2med_agent.errors import ConfigError
+from r2med_agent.names import name_problem
 from r2med_agent.paths import configs_dir
 
 T = TypeVar("T")
@@ -194,18 +195,33 @@ def user_sections() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in configs_dir().glob("*.yaml")))
 
 
-def _key_line(path: Path, key: str) -> int | None:
-    """1-based line of top-level ``key`` in the YAML file ``path`` (None when not found)."""
+def _key_line(path: Path, *keys: str) -> int | None:
+    """1-based line of the key reached by ``keys`` (``"llms", "mine"``: the entry ``mine`` of the
+    top-level section ``llms``) in the YAML file ``path`` (None when not found)."""
     try:
         node = yaml.compose(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
-    if not isinstance(node, yaml.MappingNode):
-        return None
-    for k, _ in node.value:
-        if isinstance(k, yaml.ScalarNode) and k.value == key:
-            return k.start_mark.line + 1
-    return None
+    line = None
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        found = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key]
+        if not found:
+            return None
+        line, node = found[0][0].start_mark.line + 1, found[0][1]
+    return line
+
+
+def check_entry_name(section: str, name: str, where: str) -> None:
+    """Refuse an entry name that cannot be a folder or file name (:func:`names.name_problem`):
+    ``where`` is the file and line that gives it."""
+    from r2med_agent.names import NAME_RULE
+
+    problem = name_problem(name)
+    if problem is not None:
+        raise ConfigError(f"{where}: {section}.{name!r} cannot name an entry ({problem}); names become folder "
+                          f"names, so use {NAME_RULE}")
 
 
 def _check_user_sections(path: Path, doc: Mapping[str, Any]) -> None:
@@ -230,6 +246,7 @@ PYTHON_SOURCE = _PYTHON_SOURCE
 def register_entry(section: str, name: str, fields: Mapping[str, Any]) -> None:
     """Add or replace one registry entry for this process, above the package and user layers
     (the Python API registers a user's own LLM this way)."""
+    check_entry_name(section, name, str(_PYTHON_SOURCE))
     _PYTHON_ENTRIES.setdefault(section, {})[name] = dict(fields)
     _registry_cache.clear()
 
@@ -258,6 +275,10 @@ def registry_entries(section: str) -> dict[str, tuple[dict[str, Any], Path]]:
         if not isinstance(entries, Mapping):
             raise ConfigError(f"{path}: section '{section}' must be a mapping of name -> fields")
         for name, fields in entries.items():
+            if name_problem(str(name)) is not None:
+                keys = (section, str(name)) if path == user else (str(name),)
+                line = _key_line(path, *keys)
+                check_entry_name(section, str(name), f"{path}:{line}" if line is not None else str(path))
             if not isinstance(fields, Mapping):
                 raise ConfigError(f"{path}: entry '{section}.{name}' must be a mapping")
             out[str(name)] = (dict(fields), path)

@@ -73,6 +73,18 @@ STALE_AFTER_S = 24 * 3600
 only when it has not changed for this long."""
 
 
+def inside(root: str | os.PathLike[str], *parts: str) -> Path:
+    """``root / parts``, each part one plain file or folder name: a part that is empty, ``.`` or
+    ``..`` or holds a slash, a backslash, a NUL or a line break (what would lead outside ``root``,
+    or make a name other tools cannot read) is refused with ConfigError before anything is
+    written."""
+    for part in parts:
+        if part in ("", ".", "..") or any(c in part for c in "/\\\0\n\r"):
+            raise ConfigError(f"{root}: refused to use {part!r} as a name in it: it would lead outside the folder "
+                              "or make a name other tools cannot read")
+    return Path(root).joinpath(*parts)
+
+
 def temp_prefix(target: str | os.PathLike[str]) -> str:
     """The name prefix of a temporary for ``target`` written by this process:
     ``.<target name>.<host>~<pid>.`` (``tempfile`` adds a random part; the suffix is ``.tmp``)."""

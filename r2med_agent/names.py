@@ -8,10 +8,11 @@ released generations are named.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-__all__ = ["DEFAULT_RERANK_K", "DEFAULT_RRF_K", "DEFAULT_TOP_K", "ORIGINAL_QUERY", "fusion_label", "member_names",
-           "released_label"]
+__all__ = ["DEFAULT_RERANK_K", "DEFAULT_RRF_K", "DEFAULT_TOP_K", "MAX_NAME", "NAME_RULE", "ORIGINAL_QUERY",
+           "fusion_label", "member_names", "name_problem", "released_label"]
 
 DEFAULT_TOP_K = 100
 """R2MED's depth: the top 100 documents per query are kept and scored."""
@@ -50,3 +51,31 @@ def fusion_label(
 def released_label(llm: str, source: str = "r2med") -> str:
     """The result folder's LLM part for released generations (``qwen-7b@r2med``, ``gpt4@bright``)."""
     return f"{llm}@{source}"
+
+
+MAX_NAME = 100
+"""Most characters of an entry's or a task's name."""
+
+NAME_RULE = (f"ASCII letters, digits and . _ - + @, starting with a letter or a digit, at most {MAX_NAME} "
+             "characters")
+"""What an entry's or a task's name may hold, in words (every shipped name fits: ``qwen2.5-7b``,
+``bm25``, ``nano-Biology``)."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]*")
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name an LLM, encoder, reranker or task entry, or None when it can.
+
+    Names become folder and file names (``<out>/<method>/<llm>/...``, ``<Task>.json``, cache
+    folders), so a name is one plain path component: no ``/``, no ``..``, no leading dot, no
+    control or invisible character, nothing a shell or an HTML page reads specially
+    (:data:`NAME_RULE`)."""
+    if not isinstance(name, str) or not name:
+        return "a name must be non-empty text"
+    if len(name) > MAX_NAME:
+        return f"{len(name)} characters, more than {MAX_NAME}"
+    if _NAME.fullmatch(name) is None:
+        bad = [c for c in name if not (c.isascii() and (c.isalnum() or c in "._+@-"))]
+        return f"it holds {bad[0]!r}" if bad else f"it starts with {name[0]!r}"
+    return None

@@ -37,7 +37,7 @@ import jinja2.meta
 import jinja2.nodes
 import jinja2.sandbox
 
-from r2med_agent.errors import ConfigError
+from r2med_agent.errors import ConfigError, R2MedError
 
 __all__ = [
     "ENV_VAR",
@@ -108,7 +108,9 @@ def search_path(prompts_dir: PathLike | None = None) -> list[Path]:
 
 @lru_cache(maxsize=16)
 def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
-    return jinja2.sandbox.ImmutableSandboxedEnvironment(
+    from r2med_agent.prompt_sandbox import BoundedSandbox
+
+    return BoundedSandbox(
         loader=jinja2.FileSystemLoader(list(paths), encoding="utf-8"),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -121,7 +123,8 @@ def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
 def environment(prompts_dir: PathLike | None = None) -> jinja2.Environment:
     """The Jinja environment over :func:`search_path` (cached per search path).
 
-    Jinja's immutable sandbox, ``StrictUndefined``, no autoescaping, trailing newlines kept,
+    Jinja's immutable sandbox with resource limits (:mod:`r2med_agent.prompt_sandbox`; it refuses a
+    jinja2 older than 3.1.6), ``StrictUndefined``, no autoescaping, trailing newlines kept,
     ``trim_blocks`` on. Templates are re-read when their file changes on disk.
     """
     return _environment(tuple(str(p) for p in search_path(prompts_dir)))
@@ -191,8 +194,12 @@ def check_folder(folder: PathLike) -> None:
     so before any work). Syntax errors are left to the template's first use.
 
     Raises:
-        ConfigError: a template names an attribute the sandbox refuses (file and line).
+        ConfigError: a template names an attribute the sandbox refuses (file and line), or the
+            jinja2 imported is older than the sandbox needs.
     """
+    from r2med_agent.prompt_sandbox import check_jinja2
+
+    check_jinja2()
     env = jinja2.sandbox.ImmutableSandboxedEnvironment()
     for path in sorted(Path(folder).rglob("*.j2")):
         try:
@@ -203,6 +210,42 @@ def check_folder(folder: PathLike) -> None:
         _check_safe(ast, str(path))
 
 
+def _literal_references(ast: jinja2.nodes.Template) -> list[tuple[str, int]]:
+    """``(name, line)`` of each template that ``ast`` includes, imports or extends by a literal name."""
+    out = []
+    for node in ast.find_all((jinja2.nodes.Include, jinja2.nodes.Import, jinja2.nodes.FromImport,
+                              jinja2.nodes.Extends)):
+        value = node.template.value if isinstance(node.template, jinja2.nodes.Const) else None
+        for name in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(name, str):
+                out.append((name, node.lineno))
+    return out
+
+
+def _check_no_loop(env: jinja2.Environment, name: str) -> None:
+    """Refuse a template that reaches itself through what it includes, imports or extends
+    (rendering it would never end), with the file and line of the reference that closes the loop."""
+    loader = env.loader
+    done: set[str] = set()
+
+    def visit(current: str, path: list[str]) -> None:
+        try:
+            source, filename, _ = loader.get_source(env, current)  # type: ignore[union-attr]
+        except jinja2.TemplateNotFound:
+            return  # reported where it is used
+        for ref, line in _literal_references(_checked_source(env, current, source, filename)):
+            chain = [*path, current]
+            if ref in chain:
+                loop = " -> ".join([*chain[chain.index(ref):], ref])
+                raise ConfigError(f"{filename or current}:{line}: template includes itself ({loop}): "
+                                  "its rendering would never end; remove that include")
+            if ref not in done:
+                visit(ref, chain)
+        done.add(current)
+
+    visit(name, [])
+
+
 def _get_template(name: str, prompts_dir: PathLike | None) -> jinja2.Template:
     env = environment(prompts_dir)
     try:
@@ -210,6 +253,7 @@ def _get_template(name: str, prompts_dir: PathLike | None) -> jinja2.Template:
         if not getattr(template, "_r2med_checked", False):  # once per loaded (or reloaded) file
             source, filename, _ = env.loader.get_source(env, name)  # type: ignore[union-attr]
             _checked_source(env, name, source, filename)
+            _check_no_loop(env, name)
             template._r2med_checked = True  # type: ignore[attr-defined]
         return template
     except jinja2.TemplateNotFound as e:
@@ -231,13 +275,21 @@ def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **vari
         The rendered text, exactly as the template lays it out.
 
     Raises:
-        ConfigError: unknown template, syntax error, or a variable the template needs is missing.
+        ConfigError: unknown template, syntax error, a variable the template needs is missing, or
+            the template went past a limit on time, size or depth (file and line).
     """
+    from r2med_agent.prompt_sandbox import TemplateLimit, render_bounded
+
     template = _get_template(template_path, prompts_dir)
     try:
-        return template.render(**variables)
+        return render_bounded(template, variables)
     except jinja2.sandbox.SecurityError as e:
         raise ConfigError(f"{_template_line(e, template)}: unsafe template: {e}") from None
+    except (TemplateLimit, OverflowError, MemoryError) as e:
+        raise ConfigError(f"{_template_line(e, template)}: template stopped: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{template.filename or template_path}: template stopped: it includes, imports "
+                          "or calls itself without end") from None
     except jinja2.UndefinedError as e:
         given = ", ".join(sorted(variables)) or "none"
         raise ConfigError(
@@ -245,6 +297,10 @@ def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **vari
         ) from None
     except jinja2.TemplateNotFound as e:
         raise _not_found(e.name or template_path, prompts_dir) from None
+    except R2MedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a template's own error (1/0, int('x')): its line, no traceback
+        raise ConfigError(f"{_template_line(e, template)}: template failed: {type(e).__name__}: {e}") from None
 
 
 def _template_line(exc: BaseException, template: jinja2.Template) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from r2med_agent.config import load_registry
 from r2med_agent.data.formats import _detect_layout
 from r2med_agent.errors import ConfigError, DataError
+from r2med_agent.names import NAME_RULE, name_problem
 from r2med_agent.types import Family
 
 GROUPS = {"all": "r2med", "nano-all": "nano", "bright-all": "bright", "bright-long-all": "bright-long"}
@@ -188,8 +189,10 @@ def local_task_spec(name: str) -> TaskSpec:
     """The entry of a task of your own that the registry does not know (a ``--data-dir`` folder
     named after itself): family ``qa``, domain ``medical``, no counts to check."""
     clean = name.strip()
-    if not clean or clean.lower() in GROUPS or clean.lower() == "list" or "/" in clean or clean in (".", ".."):
-        raise ConfigError(f"'{name}' cannot name a task; pass --task NAME")
+    problem = _task_name_problem(clean)
+    if problem is not None:
+        raise ConfigError(f"--task: {name!r} cannot name a task ({problem}); task names become file names, "
+                          f"so use {NAME_RULE}")
     return TaskSpec(name=clean, family=LOCAL_FAMILY, domain=LOCAL_DOMAIN, source="local",
                     description="a local task")
 
@@ -208,11 +211,13 @@ def local_task_names(data_dir: str | Path) -> list[str]:
     index = _name_index(task_registry())
 
     def named(p: Path) -> str:
-        return index.get(p.resolve().name.lower(), p.resolve().name)
+        name = index.get(p.resolve().name.lower(), p.resolve().name)
+        return _folder_task_name(name, p.resolve(), "its folder")
 
     layout = _detect_layout(folder, None)
     if layout == "bright":
-        return _bright_folder_tasks(folder)
+        return [_folder_task_name(name, folder / "examples", "a split of its examples")
+                for name in _bright_folder_tasks(folder)]
     if layout is not None:
         return [named(folder)]
     children = sorted(p for p in folder.iterdir() if p.is_dir() and _detect_layout(p, None) is not None)
@@ -225,6 +230,21 @@ def local_task_names(data_dir: str | Path) -> list[str]:
             folder,
         )
     return [named(p) for p in children]
+
+
+def _task_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a task of your own (:func:`~r2med_agent.names.name_problem`, or a
+    group's name), or None."""
+    return name_problem(name) or ("it names a group of tasks" if name.lower() in (*GROUPS, "list") else None)
+
+
+def _folder_task_name(name: str, where: Path, what: str) -> str:
+    """``name``, the task that ``what`` names, unless it cannot be a file name."""
+    problem = _task_name_problem(name)
+    if problem is not None:
+        raise DataError(f"{name!r}, {what}, cannot name a task ({problem}); rename it, or pass --task NAME, "
+                        f"using {NAME_RULE}", where)
+    return name
 
 
 def _bright_folder_tasks(folder: Path) -> list[str]:

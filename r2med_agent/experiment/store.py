@@ -46,6 +46,7 @@ from r2med_agent.io import (
     atomic_write_json,
     atomic_write_text,
     build_lock,
+    inside,
     raise_if_disk_full,
     read_json,
     remove_stale_temps,
@@ -159,6 +160,7 @@ def write_task_set(folder: Path, task: str, files: Mapping[str, str],
     unknown = set(files) - set(TASK_SUFFIXES)
     if unknown or ".json" not in files:
         raise ValueError(f"a task's set is <Task>.json and files of {TASK_SUFFIXES[1:]}, got {sorted(files)}")
+    inside(folder, task)  # a task name that would lead elsewhere: refused
     folder.mkdir(parents=True, exist_ok=True)
     with build_lock(folder / _LOCK):
         _finish_set(folder, task)
@@ -259,10 +261,10 @@ class ResultStore:
         self.root = Path(root)
 
     def folder(self, spec: RunSpec) -> Path:
-        return self.root / spec.folder()
+        return inside(self.root, *spec.folder().split("/"))
 
     def task_file(self, spec: RunSpec, task: str) -> Path:
-        return self.folder(spec) / f"{task}.json"
+        return inside(self.folder(spec), f"{task}.json")
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -352,7 +354,7 @@ class ResultStore:
     def places(self, spec: RunSpec) -> tuple[Path, Path]:
         """Where ``spec``'s results can be: its own folder, and the folder versions before
         ``spec.json`` gave it (the same folder for a spec of default settings)."""
-        return self.folder(spec), self.root / spec.method / spec.llm_label / legacy_leaf(spec)
+        return self.folder(spec), inside(self.root, spec.method, spec.llm_label, legacy_leaf(spec))
 
     def find(self, spec: RunSpec, task: str) -> Path | None:
         """The result file of ``spec`` on ``task``: in the spec's folder, or in the folder an

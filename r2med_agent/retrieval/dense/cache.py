@@ -35,6 +35,7 @@ from r2med_agent.io import (
     atomic_write_json,
     build_lock,
     check_space,
+    inside,
     preallocate,
     raise_if_disk_full,
     remove_stale_temps,
@@ -372,7 +373,7 @@ def encode_corpus(
     runtime_of = getattr(encoder, "doc_runtime_fields", None)
     runtime = runtime_of() if runtime_of is not None else {}
     key = embedding_cache_key(spec, doc_prefix, fp, len(docs), runtime)
-    directory = (root or cache_dir() / "embeddings") / f"{spec.name}__{key}"
+    directory = inside(root or cache_dir() / "embeddings", f"{spec.name}__{key}")
     cache = EmbeddingCache(
         directory,
         key,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
+from r2med_agent.io import inside
 from r2med_agent.paths import cache_dir
 from r2med_agent.retrieval.dense.hf import _batches_by_budget
 from r2med_agent.retrieval.dense.models import (
@@ -283,7 +284,7 @@ class _VLLMScorer:
         vllm = _import_vllm()
         path = resolve_model_path(self.spec.model)
         if self.spec.base_model is not None:
-            merged = cache_dir() / "merged" / self.spec.name
+            merged = inside(cache_dir() / "merged", self.spec.name)
             if not merged.exists():
                 logger.info("merging %s into %s once, for vLLM", self.spec.model, merged)
                 merged.parent.mkdir(parents=True, exist_ok=True)
