@@ -56,6 +56,11 @@ REASONING_MODELS = ("gpt4", "claude-3-opus", "llama3-70b", "Gemini-1.0", "grit")
 """The LLMs whose reasoning queries BRIGHT released, as its ``<model>_reason`` configurations
 name them (``run.py --reasoning gpt4``)."""
 
+
+BRIGHT_DEPTH = 1000
+"""How deep BRIGHT ranks each query: ``get_scores`` and ``retrieval_bm25`` keep the first 1000 of
+a stable sort by score, and its metrics (cut-offs up to 100) are computed over that list."""
+
 NO_EXCLUSION = "N/A"
 """What ``excluded_ids`` holds where a query excludes nothing; BRIGHT's retrievers skip it."""
 
@@ -288,6 +293,13 @@ def excluded_depth(excluded: Mapping[str, tuple[str, ...]] | None) -> int:
     """How many more documents to retrieve so that, once a query's excluded ids are removed, the
     ranking still has the depth asked for (the most any query excludes)."""
     return max((len(ids) for ids in (excluded or {}).values()), default=0)
+
+
+def ranking_depth(task: Any) -> int:
+    """How deep the task's benchmark ranks each query before it scores: :data:`BRIGHT_DEPTH` for a
+    BRIGHT-layout task, 0 (the run's own depth) for the others. A run at a smaller depth keeps the
+    first documents of that list in trec_eval's order, so every depth agrees on its ties."""
+    return BRIGHT_DEPTH if getattr(task, "excluded", None) is not None else 0
 
 
 def remove_excluded(run: dict[str, dict[str, float]], excluded: Mapping[str, tuple[str, ...]] | None,

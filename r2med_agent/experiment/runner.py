@@ -18,8 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.data.bright import excluded_depth, remove_excluded, task_metrics
-from r2med_agent.evaluation import Evaluation, average_over_tasks, drop_identical_ids, evaluate, metrics_within_depth
+from r2med_agent.data.bright import excluded_depth, ranking_depth, remove_excluded, task_metrics
+from r2med_agent.evaluation import (
+    Evaluation,
+    average_over_tasks,
+    drop_identical_ids,
+    evaluate,
+    metrics_within_depth,
+    truncate,
+)
 from r2med_agent.experiment.run_config import RunConfig, entries_in_use, folder_fingerprint, model_precisions, prompts_in_use
 from r2med_agent.experiment.run_config import config_record as _config_record
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, RunSpec
@@ -360,25 +367,31 @@ def _first_pass(cfg: RunConfig, r: _TaskRun, depth: int) -> Run:
 
 def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
     """Search every task with all its queries at once, then rerank: a reranker that takes every
-    task at once (an LLM reranker: one generate call per window position) gets them together."""
+    task at once (an LLM reranker: one generate call per window position) gets them together.
+
+    A task whose benchmark ranks deeper than the run's depth (BRIGHT: 1000) is searched and cut
+    as that benchmark cuts, then the first ``depth`` of that list in trec_eval's order are kept:
+    so the top 100 is always the first 100 of the top 1000, ties included."""
     cfg, reranker = ctx.cfg, ctx.reranker
     per_task = reranker is not None and not reranker.batches_tasks
     depth = max(cfg.top_k, cfg.rerank_k if reranker else 0)
+    identical = 1 if cfg.exclude_identical_ids else 0
     for r in runs.values():
         t0 = time.perf_counter()
         if cfg.empty_generation == "keep":
             r.output.requests = [replace(q, keep_empty=True) for q in r.output.requests]
         requests = r.output.requests
-        extra = excluded_depth(r.task.excluded)
+        pool = max(depth, ranking_depth(r.task))
         if r.output.fused_run is not None:
             r.run = r.output.fused_run
         else:
-            r.run = r.retriever.search(requests, depth + extra + (1 if cfg.exclude_identical_ids else 0))
+            r.run = r.retriever.search(requests, pool + excluded_depth(r.task.excluded) + identical)
         if r.task.excluded is not None:  # BRIGHT: each query's excluded ids leave before the cut
-            r.run, r.excluded_removed = remove_excluded(r.run, r.task.excluded,
-                                                        depth + (1 if cfg.exclude_identical_ids else 0))
+            r.run, r.excluded_removed = remove_excluded(r.run, r.task.excluded, pool + identical)
         if cfg.exclude_identical_ids:
-            r.run, r.identical_ids_removed = drop_identical_ids(r.run, depth)
+            r.run, r.identical_ids_removed = drop_identical_ids(r.run, pool)
+        if pool > depth:
+            r.run = truncate(r.run, depth)
         if per_task:
             corpus = {d.doc_id: d.full_text for d in r.task.corpus}
             r.run = reranker.rerank(requests, r.run, corpus, cfg.rerank_k)
