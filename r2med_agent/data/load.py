@@ -16,7 +16,15 @@ from r2med_agent.data.formats import (
     _load_task_dir,
 )
 from r2med_agent.data.bright import EXAMPLES
-from r2med_agent.data.registry import TaskSpec, _aliases, get_task_spec, local_task_spec
+from r2med_agent.data.registry import (
+    TaskSpec,
+    _aliases,
+    _own_split_clash,
+    get_task_spec,
+    local_task_spec,
+    own_bright_task,
+    task_registry,
+)
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.paths import resources_dir
 from r2med_agent.types import Task
@@ -61,7 +69,7 @@ def load_task(
         HubUnavailableError: no ``data_dir`` and the hub cannot be reached (fails within seconds).
         MissingExtraError: parquet files but no pyarrow.
     """
-    spec = _task_spec(name, data_dir)
+    spec = task_spec(name, data_dir)
     folder, source = _task_folder(spec, data_dir)
     task = _load_task_dir(
         folder,
@@ -87,14 +95,17 @@ def load_task(
     return task
 
 
-def _task_spec(name: str, data_dir: str | Path | None) -> TaskSpec:
-    """The registry entry of ``name``; with a ``data_dir``, an unknown name is a task of your own."""
+def task_spec(name: str, data_dir: str | Path | None) -> TaskSpec:
+    """The registry entry of ``name``; with a ``data_dir``, an unknown name is a task of your own
+    (in a BRIGHT-layout folder, the split and setting it names, :func:`own_bright_task`)."""
     try:
-        return get_task_spec(name)
+        spec = get_task_spec(name)
     except ConfigError:
         if data_dir is None:
             raise
-        return local_task_spec(name)
+        return own_bright_task(name, data_dir) or local_task_spec(name)
+    _own_split_clash(name, spec.name, task_registry(), data_dir)
+    return spec
 
 
 def _task_folder(spec: TaskSpec, data_dir: str | Path | None) -> tuple[Path, str]:
