@@ -318,6 +318,24 @@ def corpus_fingerprint(corpus: Iterable[Doc]) -> str:
     return h.hexdigest()
 
 
+def data_fingerprint(task: Task) -> str:
+    """SHA-256 (hex) of what a task's scores are computed on: its corpus fingerprint, its queries
+    (ids and texts, in order), its qrels and its excluded ids. Two copies of a task that differ in
+    any of them are two data sets, whose results never replace each other (:meth:`~r2med_agent.
+    experiment.store.ResultStore.result_name`)."""
+    import json
+
+    body = {
+        "corpus": task.fingerprint,
+        "queries": [[q.query_id, q.text] for q in task.queries],
+        "qrels": {q: dict(sorted(d.items())) for q, d in sorted(task.qrels.items())},
+        "excluded": None if task.excluded is None else {q: list(v) for q, v in sorted(task.excluded.items())},
+    }
+    h = hashlib.sha256(b"r2med-agent data v1\n")
+    h.update(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
 def _detect_layout(folder: Path, split: str | None) -> str | None:
     if (folder / "query.jsonl").is_file():
         return "r2med"

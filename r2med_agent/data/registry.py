@@ -184,6 +184,10 @@ prompts ("... the following medical post"), and no encoder instruction unless on
 for the task's name (see :func:`local_task_spec`)."""
 
 
+OWN_TASK = "a local task"
+"""The description of the entry a task of your own gets when no registry entry describes it."""
+
+
 def local_task_spec(name: str) -> TaskSpec:
     """The entry of a task of your own that the registry does not know (a ``--data-dir`` folder
     named after itself): family ``qa``, domain ``medical``, no counts to check."""
@@ -191,7 +195,7 @@ def local_task_spec(name: str) -> TaskSpec:
     if not clean or clean.lower() in GROUPS or clean.lower() == "list" or "/" in clean or clean in (".", ".."):
         raise ConfigError(f"'{name}' cannot name a task; pass --task NAME")
     return TaskSpec(name=clean, family=LOCAL_FAMILY, domain=LOCAL_DOMAIN, source="local",
-                    description="a local task")
+                    description=OWN_TASK)
 
 
 def local_task_names(data_dir: str | Path) -> list[str]:

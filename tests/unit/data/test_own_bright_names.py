@@ -96,7 +96,7 @@ def test_a_split_named_as_a_registry_task_says_exactly_what_to_type(tmp_path: Pa
                      capsys)
     assert code == 0, text
     record = json.loads(next(out.rglob("my-biology.json")).read_text())
-    assert record["dataset_name"] == "my-biology"
+    assert record["dataset_name"] == "my-biology" and record["domain"] == "biology"
     # the folder's other split, which no registry name takes, runs by its own name
     code, text = run(["--data-dir", str(root), "--task", "pony-long", "-o", str(out)], capsys)
     assert code == 0, text
