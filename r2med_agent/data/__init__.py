@@ -24,7 +24,7 @@ Every problem in the files raises :class:`~r2med_agent.errors.DataError` naming 
 
 from __future__ import annotations
 
-from r2med_agent.data.formats import NANO_CONFIGS, R2MED_HUB_FILES, corpus_fingerprint, load_task_dir
+from r2med_agent.data.formats import NANO_CONFIGS, R2MED_HUB_FILES, corpus_fingerprint, data_fingerprint, load_task_dir
 from r2med_agent.data.load import load_task
 from r2med_agent.data.nano import NANO_CANDIDATE_SUBSETS, read_nano_candidates
 from r2med_agent.data.qrels import read_qrels_file, read_qrels_jsonl
@@ -55,6 +55,7 @@ __all__ = [
     "TaskSpec",
     "base_task_name",
     "corpus_fingerprint",
+    "data_fingerprint",
     "get_task_spec",
     "list_tasks",
     "local_task_names",

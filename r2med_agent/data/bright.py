@@ -56,6 +56,14 @@ REASONING_MODELS = ("gpt4", "claude-3-opus", "llama3-70b", "Gemini-1.0", "grit")
 """The LLMs whose reasoning queries BRIGHT released, as its ``<model>_reason`` configurations
 name them (``run.py --reasoning gpt4``)."""
 
+LONG_SUFFIX = "-long"
+"""What a task name adds for a split's long-document setting (``bright-biology-long``; a folder
+of your own: ``pydocs-long``)."""
+
+BRIGHT_DEPTH = 1000
+"""How deep BRIGHT ranks each query: ``get_scores`` and ``retrieval_bm25`` keep the first 1000 of
+a stable sort by score, and its metrics (cut-offs up to 100) are computed over that list."""
+
 NO_EXCLUSION = "N/A"
 """What ``excluded_ids`` holds where a query excludes nothing; BRIGHT's retrievers skip it."""
 
@@ -115,6 +123,33 @@ def bright_splits(folder: Path) -> list[str]:
             if p.is_file() and m:
                 names.add(m.group(1))
     return sorted(names)
+
+
+def own_split(folder: Path, name: str) -> BrightSplit | None:
+    """The split and setting a task name means in a BRIGHT-layout folder of your own: a split's
+    name (any case) is its short documents, the name plus ``-long`` its long documents; None when
+    the name is neither. The setting's files are not checked here (the reader says which is
+    missing)."""
+    low = name.strip().lower()
+    splits = bright_splits(folder)
+    for split in splits:  # a split's own name first: a split may itself end in -long
+        if split.lower() == low:
+            return BrightSplit(split, False)
+    for split in splits:
+        if (split + LONG_SUFFIX).lower() == low:
+            return BrightSplit(split, True)
+    return None
+
+
+def own_task_name(split: BrightSplit) -> str:
+    """The name of a task of your own that reads ``split``: the split, plus ``-long`` for its long
+    documents (so a result says which documents it ran on)."""
+    return split.split + (LONG_SUFFIX if split.long else "")
+
+
+def has_setting(folder: Path, split: BrightSplit) -> bool:
+    """Whether the folder holds the split's documents in that setting."""
+    return bool(split_files(folder, split.documents, split.split))
 
 
 def layout_files(folder: Path, split: BrightSplit) -> list[Path] | None:
@@ -223,8 +258,12 @@ def read_bright(folder: Path, split: BrightSplit, allow_missing_docs: bool):
                         f"examples of BRIGHT task {split.split}", folder)
     doc_files = split_files(folder, split.documents, split.split)
     if not doc_files:
+        other = BrightSplit(split.split, not split.long)
+        hint = (f"; this folder has its {'long ' if other.long else 'short '}documents "
+                f"({other.documents}/): that setting runs as --task {own_task_name(other)}"
+                if has_setting(folder, other) else "")
         raise DataError(f"missing {split.documents}/{split.split}.parquet (or its shards, or .jsonl): the "
-                        f"{'long ' if split.long else ''}documents of BRIGHT task {split.split}", folder)
+                        f"{'long ' if split.long else ''}documents of BRIGHT task {split.split}{hint}", folder)
     examples = read_examples(examples_files, split)
     corpus = _read_docs(doc_files)
     queries = [e.query for e in examples]
@@ -288,6 +327,13 @@ def excluded_depth(excluded: Mapping[str, tuple[str, ...]] | None) -> int:
     """How many more documents to retrieve so that, once a query's excluded ids are removed, the
     ranking still has the depth asked for (the most any query excludes)."""
     return max((len(ids) for ids in (excluded or {}).values()), default=0)
+
+
+def ranking_depth(task: Any) -> int:
+    """How deep the task's benchmark ranks each query before it scores: :data:`BRIGHT_DEPTH` for a
+    BRIGHT-layout task, 0 (the run's own depth) for the others. A run at a smaller depth keeps the
+    first documents of that list in trec_eval's order, so every depth agrees on its ties."""
+    return BRIGHT_DEPTH if getattr(task, "excluded", None) is not None else 0
 
 
 def remove_excluded(run: dict[str, dict[str, float]], excluded: Mapping[str, tuple[str, ...]] | None,

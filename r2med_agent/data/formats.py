@@ -116,8 +116,8 @@ def _load_task_dir(
     bright: BrightSplit | None = None,
 ) -> Task:
     """:func:`load_task_dir` with the split of a BEIR folder to read, and the split and setting of a
-    BRIGHT-layout folder (default: the task's name when the folder holds that split, else its only
-    split; the short documents when it has them)."""
+    BRIGHT-layout folder (default: the split the task is named after, ``<split>-long`` for its long
+    documents; any other name is refused)."""
     started = time.perf_counter()
     if bright is None and _detect_layout(folder, split) == "bright":
         bright = _own_bright_split(folder, name)
@@ -188,16 +188,18 @@ class BeirSplit:
 
 
 def _own_bright_split(folder: Path, name: str) -> BrightSplit:
-    """The split of a BRIGHT-layout folder a task of your own reads: the one named as the task, or
-    the folder's only one; the short documents where the folder has them, else the long ones."""
-    splits = _bright.bright_splits(folder)
-    chosen = name if name in splits else splits[0] if len(splits) == 1 else None
-    if chosen is None:
-        raise DataError(f"this BRIGHT-layout folder holds the splits {', '.join(splits) or '(none)'}; name the "
-                        "task after one of them (--task SPLIT)", folder / _bright.EXAMPLES)
-    long = not _bright.split_files(folder, _bright.DOCUMENTS, chosen) and bool(
-        _bright.split_files(folder, _bright.LONG_DOCUMENTS, chosen))
-    return BrightSplit(chosen, long)
+    """The split of a BRIGHT-layout folder a task of your own reads: the one the task is named
+    after (any case), its short documents; ``<split>-long``, its long documents. Any other name is
+    refused, even on a folder of one split: a result is named by what ran."""
+    found = _bright.own_split(folder, name)
+    if found is None:
+        splits = _bright.bright_splits(folder)
+        raise DataError(
+            f"this BRIGHT-layout folder holds the split{'s' if len(splits) != 1 else ''} "
+            f"{', '.join(splits) or '(none)'}; task {name!r} is none of them: pass --task SPLIT (its documents/) "
+            f"or --task SPLIT{_bright.LONG_SUFFIX} (its long_documents/), e.g. --task {splits[0] if splits else 'SPLIT'}, "
+            "or give your task entry 'split: SPLIT' in a user config", folder / _bright.EXAMPLES)
+    return found
 
 
 def _layout_reader(
@@ -313,6 +315,24 @@ def corpus_fingerprint(corpus: Iterable[Doc]) -> str:
         h.update(
             f"{len(d.doc_id)}:{d.doc_id}|{len(d.title)}:{d.title}|{len(d.text)}:{d.text}\n".encode()
         )
+    return h.hexdigest()
+
+
+def data_fingerprint(task: Task) -> str:
+    """SHA-256 (hex) of what a task's scores are computed on: its corpus fingerprint, its queries
+    (ids and texts, in order), its qrels and its excluded ids. Two copies of a task that differ in
+    any of them are two data sets, whose results never replace each other (:meth:`~r2med_agent.
+    experiment.store.ResultStore.result_name`)."""
+    import json
+
+    body = {
+        "corpus": task.fingerprint,
+        "queries": [[q.query_id, q.text] for q in task.queries],
+        "qrels": {q: dict(sorted(d.items())) for q, d in sorted(task.qrels.items())},
+        "excluded": None if task.excluded is None else {q: list(v) for q, v in sorted(task.excluded.items())},
+    }
+    h = hashlib.sha256(b"r2med-agent data v1\n")
+    h.update(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
     return h.hexdigest()
 
 

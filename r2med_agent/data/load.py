@@ -16,7 +16,16 @@ from r2med_agent.data.formats import (
     _load_task_dir,
 )
 from r2med_agent.data.bright import EXAMPLES
-from r2med_agent.data.registry import TaskSpec, _aliases, get_task_spec, local_task_spec
+from r2med_agent.data.registry import (
+    OWN_TASK,
+    TaskSpec,
+    _aliases,
+    _own_split_clash,
+    get_task_spec,
+    local_task_spec,
+    own_bright_task,
+    task_registry,
+)
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.paths import resources_dir
 from r2med_agent.types import Task
@@ -61,7 +70,7 @@ def load_task(
         HubUnavailableError: no ``data_dir`` and the hub cannot be reached (fails within seconds).
         MissingExtraError: parquet files but no pyarrow.
     """
-    spec = _task_spec(name, data_dir)
+    spec = task_spec(name, data_dir)
     folder, source = _task_folder(spec, data_dir)
     task = _load_task_dir(
         folder,
@@ -87,14 +96,37 @@ def load_task(
     return task
 
 
-def _task_spec(name: str, data_dir: str | Path | None) -> TaskSpec:
-    """The registry entry of ``name``; with a ``data_dir``, an unknown name is a task of your own."""
+def task_spec(name: str, data_dir: str | Path | None) -> TaskSpec:
+    """The registry entry of ``name``; with a ``data_dir``, an unknown name is a task of your own
+    (in a BRIGHT-layout folder, the split and setting it names, :func:`own_bright_task`)."""
     try:
-        return get_task_spec(name)
+        spec = get_task_spec(name)
     except ConfigError:
         if data_dir is None:
             raise
-        return local_task_spec(name)
+        return own_bright_task(name, data_dir) or local_task_spec(name)
+    _own_split_clash(name, spec.name, task_registry(), data_dir)
+    return spec
+
+
+def prompt_facts(name: str, data_dir: str | Path | None) -> tuple[str, str, bool]:
+    """The family and domain the task's prompts are rendered with, and whether a registry entry
+    gives them (False: a task of your own that no entry describes, which gets the generic Q&A
+    prompts of a medical post, :data:`~r2med_agent.data.registry.LOCAL_DOMAIN`)."""
+    spec = task_spec(name, data_dir)
+    return spec.family, spec.domain, spec.description != OWN_TASK
+
+
+def generic_prompt_note(name: str, data_dir: str | Path | None) -> str | None:
+    """One line for a task of your own that no entry describes, rendered into prompts: it gets
+    the generic Q&A prompts of a medical post, and the line says how to give it its own domain.
+    None for a task an entry describes."""
+    family, domain, described = prompt_facts(name, data_dir)
+    if described:
+        return None
+    return (f"task {name} has no task entry, so its prompts are the generic ones of a {domain} post (family "
+            f"{family}); if it is not {domain}, describe it in a user config (tasks: {{{name}: {{source: local, "
+            f"family: qa, domain: YOUR DOMAIN}}}}) and pass --config FILE")
 
 
 def _task_folder(spec: TaskSpec, data_dir: str | Path | None) -> tuple[Path, str]:

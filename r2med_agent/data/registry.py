@@ -185,6 +185,10 @@ prompts ("... the following medical post"), and no encoder instruction unless on
 for the task's name (see :func:`local_task_spec`)."""
 
 
+OWN_TASK = "a local task"
+"""The description of the entry a task of your own gets when no registry entry describes it."""
+
+
 def local_task_spec(name: str) -> TaskSpec:
     """The entry of a task of your own that the registry does not know (a ``--data-dir`` folder
     named after itself): family ``qa``, domain ``medical``, no counts to check."""
@@ -194,7 +198,7 @@ def local_task_spec(name: str) -> TaskSpec:
         raise ConfigError(f"--task: {name!r} cannot name a task ({problem}); task names become file names, "
                           f"so use {NAME_RULE}")
     return TaskSpec(name=clean, family=LOCAL_FAMILY, domain=LOCAL_DOMAIN, source="local",
-                    description="a local task")
+                    description=OWN_TASK)
 
 
 def local_task_names(data_dir: str | Path) -> list[str]:
@@ -249,11 +253,68 @@ def _folder_task_name(name: str, where: Path, what: str) -> str:
 
 def _bright_folder_tasks(folder: Path) -> list[str]:
     """The tasks of a BRIGHT-layout folder: per split of its examples, the registered BRIGHT task
-    (short documents) of that split, else a task of your own named after the split."""
-    from r2med_agent.data.bright import bright_splits
+    of that split, else a task of your own named after the split; in the short-document setting
+    where the folder has those documents, else the long one (``<split>-long``)."""
+    from r2med_agent.data.bright import BrightSplit, bright_splits, has_setting, own_task_name
 
-    registered = {s.split: n for n, s in task_registry().items() if s.source == "bright" and not s.long_documents}
-    return [registered.get(split, split) for split in bright_splits(folder)]
+    registry = task_registry()
+    registered = {(s.split, s.long_documents): n for n, s in registry.items() if s.source == "bright"}
+    out = []
+    for split in bright_splits(folder):
+        chosen = BrightSplit(split, not has_setting(folder, BrightSplit(split)))
+        out.append(registered.get((chosen.split, chosen.long), own_task_name(chosen)))
+    return out
+
+
+def own_bright_task(name: str, data_dir: str | Path | None) -> TaskSpec | None:
+    """The task of your own that ``name`` means in a BRIGHT-layout ``data_dir``: a split of the
+    folder (any case), or ``<split>-long`` for its long documents, named by what it reads; None
+    when ``data_dir`` is not such a folder or the name is not one of its splits.
+
+    A task entry of your own (``source: local``) named after the split gives it its family and
+    domain in both settings (``pydocs-long`` gets ``pydocs``'s domain).
+    """
+    import dataclasses
+
+    from r2med_agent.data.bright import is_bright_folder, own_split, own_task_name
+
+    if data_dir is None:
+        return None
+    folder = Path(data_dir).expanduser()
+    if not is_bright_folder(folder):
+        return None
+    split = own_split(folder, name)
+    if split is None:
+        return None
+    registry = task_registry()
+    entry = next((s for n, s in registry.items() if n.lower() == split.split.lower() and s.source == "local"), None)
+    base = entry or local_task_spec(split.split)
+    return dataclasses.replace(base, name=own_task_name(split), split=split.split, long_documents=split.long,
+                               aliases=())
+
+
+def _own_split_clash(item: str, canonical: str, registry: dict[str, TaskSpec],
+                     data_dir: str | Path | None) -> None:
+    """Refuse a name that is both a registry task and a split of a BRIGHT-layout ``data_dir``
+    (``biology``: R2MED's ``Biology`` by name, the folder's ``biology`` split by its files), saying
+    exactly what to type for either. A BRIGHT task of that split and an entry of your own are what
+    they say and pass."""
+    spec = registry[canonical]
+    if spec.source == "local" or (spec.source == "bright" and spec.split.lower() == item.lower()):
+        return
+    own = own_bright_task(item, data_dir)
+    if own is None:
+        return
+    bright = next((n for n, s in registry.items() if s.source == "bright" and s.split == own.split
+                   and s.long_documents == own.long_documents), None)
+    as_bright = (f"; to run it as BRIGHT's own {own.split} (compared with BRIGHT's published numbers): "
+                 f"--task {bright} --allow-count-mismatch") if bright else ""
+    raise ConfigError(
+        f"task '{item}' is the registry's {canonical}, and this BRIGHT-layout folder's split {own.split} cannot "
+        f"run under that name. To run the split as a task of your own, give it a name in a user config "
+        f"(tasks: {{my-{own.split}: {{source: local, split: {own.split}, "
+        f"{'long_documents: true, ' if own.long_documents else ''}family: qa, domain: YOUR DOMAIN}}}}) and pass "
+        f"--config FILE --task my-{own.split}{as_bright}")
 
 
 def get_task_spec(name: str) -> TaskSpec:
@@ -304,11 +365,13 @@ def task_names(spec: str, data_dir: str | Path | None = None, extra: Iterable[st
             if not names:
                 raise ConfigError(f"task group '{low}' is empty; {_known_tasks_text(registry)}")
         elif low in index:
+            _own_split_clash(item, index[low], registry, data_dir)
             names = [index[low]]
         elif low in extra_index:
             names = [extra_index[low]]
         elif data_dir is not None:
-            names = [local_task_spec(item).name]
+            own = own_bright_task(item, data_dir)
+            names = [own.name if own is not None else local_task_spec(item).name]
         else:
             known = f"; the results hold: {', '.join(sorted(extra_index.values()))}" if extra_index else ""
             raise ConfigError(_unknown_task_message(item, registry) + known)

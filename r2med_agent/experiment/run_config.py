@@ -194,7 +194,9 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
 
 def entries_in_use(cfg: RunConfig) -> str | None:
     """Hash of the registry entries the run uses that come from a user config file rather than
-    the package's: an LLM, encoder or reranker of the same name but other settings is another run.
+    the package's: an LLM, encoder or reranker of the same name but other settings is another run,
+    and so is a task whose entry gives it another family or domain where the run renders prompts
+    or instructions with them (:func:`_task_entries`).
     None when every entry it uses is shipped, registered from Python (its behaviour is code, which
     no hash of its fields can see) or unknown (the run's own checks name an unknown one)."""
     import hashlib
@@ -214,7 +216,7 @@ def entries_in_use(cfg: RunConfig) -> str | None:
         llm = entries["rerankers"].get(cfg.reranker, ({}, None))[0].get("llm")
         if llm:
             used["llms"].add(str(llm))
-    own = []
+    own = _task_entries(cfg) if _renders_task_text(cfg, entries) else []
     for section, names in used.items():
         shipped = configs_dir() / f"{section}.yaml"
         for name in sorted(names):
@@ -224,6 +226,42 @@ def entries_in_use(cfg: RunConfig) -> str | None:
     if not own:
         return None
     return hashlib.sha256(json.dumps(own, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _renders_task_text(cfg: RunConfig, entries: dict[str, Any]) -> bool:
+    """Whether the run renders text from its tasks' family and domain: an LLM method's prompts
+    (fresh generations), a reranker's, or a dense encoder's instructions."""
+    from r2med_agent.experiment.resolve import Registries
+    from r2med_agent.methods.base import capabilities
+
+    method = Registries().methods().get(cfg.method)
+    if cfg.reranker or (method is not None and capabilities(method).uses_llm and cfg.generations == "fresh"):
+        return True
+    return any(n in entries["encoders"] for s in (cfg.retriever, cfg.loop_retriever or "", cfg.first_pass)
+               for n in member_names(s))
+
+
+def _task_entries(cfg: RunConfig) -> list[list[Any]]:
+    """``["tasks", name, {family, domain}]`` for each of the run's tasks whose family or domain is
+    not the one the package gives it (its shipped entry's, or, for a task of your own, the generic
+    ``qa`` and ``medical``): a user config's task entry changes the prompts, so it is another run."""
+    from r2med_agent.config import load_yaml
+    from r2med_agent.data import LOCAL_DOMAIN, LOCAL_FAMILY
+    from r2med_agent.data.load import prompt_facts
+    from r2med_agent.errors import DataError
+    from r2med_agent.paths import configs_dir
+
+    shipped = load_yaml(configs_dir() / "tasks.yaml") or {}
+    out = []
+    for name in cfg.tasks:
+        try:
+            family, domain, _ = prompt_facts(name, cfg.data_dir)
+        except (ConfigError, DataError):
+            continue  # the run's own loading says what is wrong
+        default = shipped.get(name) or {"family": LOCAL_FAMILY, "domain": LOCAL_DOMAIN}
+        if (family, domain) != (default.get("family"), default.get("domain")):
+            out.append(["tasks", name, {"family": family, "domain": domain}])
+    return out
 
 
 def folder_fingerprint(folder: Path) -> str:

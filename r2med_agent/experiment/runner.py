@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.data.bright import excluded_depth, remove_excluded, task_metrics
-from r2med_agent.evaluation import Evaluation, average_over_tasks, drop_identical_ids, evaluate, metrics_within_depth
+from r2med_agent.data.formats import data_fingerprint
+from r2med_agent.data.bright import excluded_depth, ranking_depth, remove_excluded, task_metrics
+from r2med_agent.evaluation import (
+    Evaluation,
+    average_over_tasks,
+    drop_identical_ids,
+    evaluate,
+    metrics_within_depth,
+    truncate,
+)
 from r2med_agent.experiment.run_config import RunConfig, entries_in_use, folder_fingerprint, model_precisions, prompts_in_use
 from r2med_agent.experiment.run_config import config_record as _config_record
 from r2med_agent.experiment.spec import DEFAULT_TOP_K, FINAL_MODES, RunSpec
@@ -192,6 +200,7 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
 
 def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> ExperimentResult:
     from r2med_agent.data import load_task
+    from r2med_agent.data.load import generic_prompt_note
     from r2med_agent.methods import get_method
     from r2med_agent.prompt_sources import check_tasks, run_prompts
 
@@ -217,6 +226,10 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     check_tasks(prompts, cfg.method, tasks)
     ctx = _Context(cfg, method, cfg.spec(), cfg.store, prompts=prompts)
     _check_models(ctx)
+    entry = ctx.reranker_entry
+    if (method.uses_llm and cfg.generations == "fresh") or (entry is not None and entry.kind_of.uses_llm):
+        for note in filter(None, (generic_prompt_note(t.name, cfg.data_dir) for t in tasks)):
+            log.warning("%s", note)  # the prompts name the task's domain: say which one it gets
     released = _load_released(ctx, tasks)
     out_dir = ctx.store.prepare(ctx.spec)
     runs = _build_retrievers(ctx, tasks)
@@ -360,25 +373,31 @@ def _first_pass(cfg: RunConfig, r: _TaskRun, depth: int) -> Run:
 
 def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
     """Search every task with all its queries at once, then rerank: a reranker that takes every
-    task at once (an LLM reranker: one generate call per window position) gets them together."""
+    task at once (an LLM reranker: one generate call per window position) gets them together.
+
+    A task whose benchmark ranks deeper than the run's depth (BRIGHT: 1000) is searched and cut
+    as that benchmark cuts, then the first ``depth`` of that list in trec_eval's order are kept:
+    so the top 100 is always the first 100 of the top 1000, ties included."""
     cfg, reranker = ctx.cfg, ctx.reranker
     per_task = reranker is not None and not reranker.batches_tasks
     depth = max(cfg.top_k, cfg.rerank_k if reranker else 0)
+    identical = 1 if cfg.exclude_identical_ids else 0
     for r in runs.values():
         t0 = time.perf_counter()
         if cfg.empty_generation == "keep":
             r.output.requests = [replace(q, keep_empty=True) for q in r.output.requests]
         requests = r.output.requests
-        extra = excluded_depth(r.task.excluded)
+        pool = max(depth, ranking_depth(r.task))
         if r.output.fused_run is not None:
             r.run = r.output.fused_run
         else:
-            r.run = r.retriever.search(requests, depth + extra + (1 if cfg.exclude_identical_ids else 0))
+            r.run = r.retriever.search(requests, pool + excluded_depth(r.task.excluded) + identical)
         if r.task.excluded is not None:  # BRIGHT: each query's excluded ids leave before the cut
-            r.run, r.excluded_removed = remove_excluded(r.run, r.task.excluded,
-                                                        depth + (1 if cfg.exclude_identical_ids else 0))
+            r.run, r.excluded_removed = remove_excluded(r.run, r.task.excluded, pool + identical)
         if cfg.exclude_identical_ids:
-            r.run, r.identical_ids_removed = drop_identical_ids(r.run, depth)
+            r.run, r.identical_ids_removed = drop_identical_ids(r.run, pool)
+        if pool > depth:
+            r.run = truncate(r.run, depth)
         if per_task:
             corpus = {d.doc_id: d.full_text for d in r.task.corpus}
             r.run = reranker.rerank(requests, r.run, corpus, cfg.rerank_k)
@@ -426,9 +445,11 @@ def _finish_task(ctx: _Context, out_dir: Path, r: _TaskRun, done: list[TaskOutco
     # R2MED's evaluation_time: seconds the task's evaluation took (indexing, search, scoring)
     evaluation_s = r.index_time + r.retrieval_time + (time.perf_counter() - t0)
     stats = _stats(ctx, r)
+    data = data_fingerprint(r.task)
+    r.task = replace(r.task, name=ctx.store.result_name(ctx.spec, r.task.name, data, r.task.fingerprint))
     ctx.store.note_replacement(ctx.spec, r.task.name)
     outcome = TaskOutcome(r.task.name, ev, [], stats, unscored, len(r.task.queries))
-    outcome.files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s, unscored,
+    outcome.files = _write_task_files(cfg, out_dir, r, run, ev, stats, evaluation_s, unscored, data,
                                       summary=lambda: _summary(ctx, out_dir, [*done, outcome]))
     if ev.missing and not unscored:
         log.warning("%s: %d of %d queries have no results and score 0", r.task.name,
@@ -496,7 +517,7 @@ def _summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) -> str:
 
 
 def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: Evaluation,
-                      stats: dict[str, Any], evaluation_s: float, unscored: str, *,
+                      stats: dict[str, Any], evaluation_s: float, unscored: str, data: str, *,
                       summary: Any = None) -> list[Path]:
     from r2med_agent.evaluation import write_trec_run
 
@@ -524,6 +545,9 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         "source": task.source,
         "data": task.origin.record() if task.origin is not None else None,
         "corpus_fingerprint": task.fingerprint,
+        "data_fingerprint": data,
+        "family": task.family,
+        "domain": task.domain,
     }
     files[".json"] = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
     if out.generations is not None:

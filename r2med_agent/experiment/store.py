@@ -60,6 +60,9 @@ SPEC_FILE = "spec.json"
 SUMMARY_FILE = "summary.json"
 TASK_SUFFIXES = (".json", ".run", ".generations.jsonl", ".traces.jsonl", ".rerank.jsonl")
 """Every file a task leaves in its spec's folder (``<Task><suffix>``)."""
+DATA_MARK = "@data-"
+"""What a task's result name adds when the folder holds that task on other data
+(``pydocs@data-1a2b3c4d``, :meth:`ResultStore.result_name`)."""
 _SET_MANIFEST = "set.json"
 _LOCK = ".lock"
 
@@ -328,6 +331,24 @@ class ResultStore:
                 made = "an earlier run"
             log.info("replacing %s (the same run spec, made %s)", path, made)
 
+    def result_name(self, spec: RunSpec, task: str, data: str, corpus: str) -> str:
+        """The name ``task``'s new result of ``spec`` is filed under: ``task``, unless the folder's
+        result of that name was made on other data (``data``: :func:`~r2med_agent.data.data_fingerprint`;
+        a record older than it is compared by its ``corpus_fingerprint``, one with neither is taken
+        as the same data); then ``<task>@data-<8 hex of data>``, kept beside it. Another data set
+        is another result, never a replacement: ``results list`` and ``compare`` show both."""
+        path = task_set_files(self.folder(spec), task)[".json"]
+        try:
+            record = read_task_record(path) if path.exists() else None
+        except DataError:
+            record = None  # unreadable: replaced as before (its error is not this run's)
+        if record is None or _same_data(record, data, corpus):
+            return task
+        name = f"{task}{DATA_MARK}{data[:8]}"
+        log.warning("%s holds %s on other data (%s); this run's result is %s, kept beside it", path.parent, task,
+                    record.get("source", "its source is not recorded"), name)
+        return name
+
     # -- reading -----------------------------------------------------------------------------
 
     def _task_results(self, folder: Path) -> Iterator[StoredResult]:
@@ -435,6 +456,16 @@ class ResultStore:
         scores = {f.task: {k: float(v) for k, v in f.record["test"].items() if isinstance(v, (int, float))}
                   for f in found}
         write_summary(folder, scores, found[0].spec)
+
+
+def _same_data(record: Mapping[str, Any], data: str, corpus: str) -> bool:
+    """Whether a stored result was made on the data of this fingerprint (see
+    :meth:`ResultStore.result_name`)."""
+    if record.get("data_fingerprint"):
+        return record["data_fingerprint"] == data
+    if record.get("corpus_fingerprint"):
+        return record["corpus_fingerprint"] == corpus
+    return True
 
 
 def _read_or_none(path: Path) -> Any:

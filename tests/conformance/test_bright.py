@@ -139,6 +139,23 @@ def test_bm25_row_scores_as_brights_run_py(bright_repo: Path, fixture_root: Path
         np.testing.assert_allclose([our_run[qid][d] for d in ranking], list(ranking.values()), rtol=1e-6, atol=1e-9)
 
 
+def test_the_default_depth_scores_as_run_py_where_most_documents_score_0(bright_repo: Path, tmp_path: Path) -> None:
+    """A task where BM25 gives most documents 0 and relevant score-0 documents sit where a cut at
+    100 and BRIGHT's cut at 1000 keep other ones (tests/unit/experiment/test_bright_depth.py): the
+    default depth scores every metric as BRIGHT's ``run.py`` writes it, and the run at 100 is the
+    first 100 of the run at 1000."""
+    from tests.unit.experiment.test_bright_depth import make_zero_heavy
+
+    _lucene_or_skip()
+    root = make_zero_heavy(tmp_path / "BRIGHT", split="pony", fmt="parquet")
+    theirs, _ = _bright_run(bright_repo, root, tmp_path / "bright", "pony")
+    at_100 = _our_run(root, tmp_path / "k100", "bright-pony")
+    assert _ours_as_brights(json.loads(at_100.read_text())["test"]) == theirs
+    at_1000 = read_trec_run(_our_run(root, tmp_path / "k1000", "bright-pony", "--top-k", "1000").with_suffix(".run"))
+    for qid, ranking in read_trec_run(at_100.with_suffix(".run")).items():
+        assert list(ranking) == list(at_1000[qid])[:100], qid
+
+
 def test_the_excluded_document_bm25_ranks_first_is_gone_from_both(bright_repo: Path, fixture_root: Path,
                                                                      tmp_path: Path) -> None:
     """The fixture's leetcode query shares every word with one excluded document: without the
