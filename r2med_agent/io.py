@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -31,35 +32,36 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` so that a killed process never leaves a half-written file.
 
     A regular file (or a new one) is written through a temporary file in the same folder and
-    ``os.replace``. A symlink is followed: its target is written the same way, the link stays. A
-    path that exists but is no regular file (a device such as ``/dev/stdout``, a FIFO) cannot be
-    replaced atomically and must not be replaced at all: it is opened and written in place.
-    Nothing but the named path (or its link target) and its temporary file is touched.
+    ``os.replace``. A symlink is never written through: the link itself is replaced by the new
+    file and its target is left as it was (a link planted in a cache or result folder cannot make
+    a write land outside it). A path that exists but is no regular file (a device such as
+    ``/dev/stdout``, a FIFO, or a link to one) cannot be replaced atomically and must not be
+    replaced at all: it is opened and written in place. Nothing but the named path and its
+    temporary file is touched.
 
     Returns:
         the path as given.
     """
     given = Path(path)
-    target = Path(os.path.realpath(given)) if given.is_symlink() else given
-    if target.exists() and not target.is_file():
-        if target.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(given))
-        with open(target, "w", encoding="utf-8") as f:  # a device or FIFO: written in place
+    if _is_stream(given):
+        with open(given, "w", encoding="utf-8") as f:  # a device or FIFO: written in place
             f.write(text)
         return given
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if given.is_dir() and not given.is_symlink():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(given))
+    given.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=given.parent, prefix=temp_prefix(given), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         set_default_mode(tmp)
-        os.replace(tmp, target)
+        os.replace(tmp, given)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        raise_if_disk_full(e, target, len(data))
+        raise_if_disk_full(e, given, len(data))
         raise
     return given
 
@@ -71,6 +73,20 @@ _WRITER = re.compile(r"\.(?P<host>[A-Za-z0-9-]+)~(?P<pid>[0-9]+)\.[^.]*\.tmp$")
 STALE_AFTER_S = 24 * 3600
 """A temporary whose writer cannot be checked (another host, an older version's name) is removed
 only when it has not changed for this long."""
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` names a stream to write in place, not a file to replace: an existing
+    FIFO, device or socket, a link to one, or a name under ``/dev`` or ``/proc`` (``/dev/stdout``
+    is a link to the process's standard output, whatever that is)."""
+    parent = str(Path(os.path.abspath(path)).parent)
+    if path.is_symlink() and any(parent == top or parent.startswith(top + "/") for top in ("/dev", "/proc")):
+        return True
+    try:
+        st = os.stat(path)  # follows a link: a link to a FIFO is a stream
+    except OSError:
+        return False
+    return not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
 
 
 def temp_prefix(target: str | os.PathLike[str]) -> str:

@@ -97,7 +97,7 @@ def compare_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the significance tests."),
     cost: bool = typer.Option(False, "--cost", help="Add generations, cache hits, tokens, LLM/retrieval seconds and dollars, summed over tasks."),
     fmt: Optional[str] = typer.Option(None, "--format", help="rich (terminal), md or csv. Default: rich, or from --out's suffix (.csv -> csv, else md)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal (atomically; a symlink is written through; '-' is standard output)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to this file instead of the terminal (atomically; a symlink is replaced, not written through; '-' is standard output)."),
 ) -> None:
     """One table of results: tasks as columns, one row per configuration (method, llm, retriever, reranker), and the average."""
     fmt = _format_for(fmt, out)
