@@ -1,5 +1,5 @@
-"""``cache stats|export|import``: inspect the generation cache and move generations between it and
-R2MED's published ``query_with_hydoc.jsonl`` files."""
+"""``cache stats|export|import|repair``: inspect the generation cache, move generations between it and
+R2MED's published ``query_with_hydoc.jsonl`` files, keep what a damaged cache file still holds."""
 
 from __future__ import annotations
 
@@ -98,6 +98,24 @@ def stats_command(
         print_table(console, uses)
 
 
+@cache_app.command("repair")
+def repair_command(
+    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
+) -> None:
+    """Keep what a damaged cache file still holds: every readable generation (and its uses) goes
+    into a new file at its path, the damaged file is renamed aside (<name>.damaged-<time>), nothing
+    is deleted. Run it when no run is using the cache."""
+    from r2med_agent.llm import default_cache_path
+    from r2med_agent.llm.cache_repair import repair
+
+    report = repair(cache_path or default_cache_path())
+    counted = report.counted["generations"]
+    of = f" of the {counted} the damaged file counts" if counted is not None else ""
+    typer.echo(f"kept {report.kept['generations']} generations{of} and {report.kept['uses']} uses in {report.path}; "
+               f"{report.unreadable} unreadable rows or ranges left out")
+    typer.echo(f"the damaged file is now {report.damaged} (delete it when you no longer need it)")
+
+
 def _model_ids(model: str) -> list[str]:
     """A registry name resolves to its model id; anything else is taken as a model id."""
     from r2med_agent.llm import load_llm_specs
@@ -118,7 +136,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 @cache_app.command("export")
 def export_command(
     model: str = typer.Option(..., "--model", help="LLM registry name (e.g. qwen-7b) or the model id stored in the cache."),
-    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically; a symlink is written through, '-' is standard output), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (atomically; a symlink is replaced, not written through; '-' is standard output), e.g. Biology/hyde/qwen-7b/query_with_hydoc.jsonl."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name the generations were made for (needed when the cache holds several)."),
     method: Optional[str] = typer.Option(None, "--method", "-m", help="Method name (hyde, query2doc, lamer, ...; needed when the cache holds several)."),
     fmt: str = typer.Option("r2med", "--format", help="Output layout; 'r2med' writes query_with_hydoc.jsonl rows: id, text, hy_doc, doc_id."),
