@@ -44,17 +44,22 @@ def test_a_dangling_symlink_is_replaced_and_creates_nothing_elsewhere(tmp_path):
     assert not link.is_symlink() and link.read_text() == "x\n" and not target.exists()
 
 
+def _through_fifo(fifo: Path, path: Path, text: str) -> list[str]:
+    """Write ``text`` to ``path`` (the FIFO ``fifo`` or a link to it) while a thread reads it."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    atomic_write_text(path, text)
+    reader.join(timeout=10)
+    return got
+
+
 def test_a_symlink_to_a_fifo_or_dev_stdout_is_written_in_place(tmp_path, capfd):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     link = tmp_path / "to-pipe"
     link.symlink_to(fifo)
-    got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
-    reader.start()
-    atomic_write_text(link, "through the link\n")
-    reader.join(timeout=10)
-    assert got == ["through the link\n"] and link.is_symlink()
+    assert _through_fifo(fifo, link, "through the link\n") == ["through the link\n"] and link.is_symlink()
     atomic_write_text("/dev/stdout", "to standard output\n")
     assert "to standard output" in capfd.readouterr().out
 
@@ -62,12 +67,7 @@ def test_a_symlink_to_a_fifo_or_dev_stdout_is_written_in_place(tmp_path, capfd):
 def test_fifo_is_written_in_place_not_replaced(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
-    reader.start()
-    atomic_write_text(fifo, "through the pipe\n")
-    reader.join(timeout=10)
-    assert got == ["through the pipe\n"]
+    assert _through_fifo(fifo, fifo, "through the pipe\n") == ["through the pipe\n"]
     assert fifo.is_fifo()  # still a FIFO, not a regular file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 

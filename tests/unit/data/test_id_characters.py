@@ -8,7 +8,6 @@ two ids that read the same are two ids."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from r2med_agent.data import load_task_dir, read_qrels_file
 from r2med_agent.errors import DataError
 from r2med_agent.evaluation import read_trec_run
 from r2med_agent.retrieval.run_files import read_ranked_run
-from tests.unit.data.test_own_data import _copy_sample, _main
+from tests.unit.data.test_own_data import _copy_sample, _main, set_id
 
 HIDDEN = {
     "\u0000": "NUL", "\u200e": "LEFT-TO-RIGHT MARK", "\u200f": "RIGHT-TO-LEFT MARK",
@@ -26,22 +25,6 @@ HIDDEN = {
     "\u3164": "HANGUL FILLER", "\u2800": "BRAILLE PATTERN BLANK", "\ufe0f": "VARIATION SELECTOR-16",
     "\U000e0041": "TAG LATIN CAPITAL LETTER A", "\u0007": "CONTROL CHARACTER",
 }
-
-
-def _rename(data: Path, which: str, new: str, line: int = 3) -> tuple[str, Path]:
-    """Give the record on ``line`` of the queries (or the corpus) the id ``new``, in the qrels too."""
-    path = data / ("query.jsonl" if which == "query" else "corpus.jsonl")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rec = json.loads(lines[line - 1])
-    old, rec["id"] = rec["id"], new
-    lines[line - 1] = json.dumps(rec)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    qrels = data / "qrels.jsonl"
-    key = "q_id" if which == "query" else "p_id"
-    rows = [json.loads(x) for x in qrels.read_text(encoding="utf-8").splitlines()]
-    qrels.write_text("".join(json.dumps({**r, key: new if r[key] == old else r[key]}) + "\n" for r in rows),
-                     encoding="utf-8")
-    return old, path
 
 
 def _load(data: Path):
@@ -61,7 +44,7 @@ def test_pytrec_eval_takes_ids_equal_up_to_a_nul():
 def test_an_id_with_an_invisible_character_is_refused_with_file_and_line(tmp_path, which, ch):
     data = _copy_sample(tmp_path / "mine")
     bad = f"zz{ch}rel"
-    _, path = _rename(data, which, bad)
+    path = set_id(data, which, bad)
     with pytest.raises(DataError) as err:
         _load(data)
     assert str(err.value).startswith(f"{path}:3: {which} id {bad!r} holds an invisible character "
@@ -70,7 +53,7 @@ def test_an_id_with_an_invisible_character_is_refused_with_file_and_line(tmp_pat
 
 def test_the_cli_says_it_in_one_line_and_writes_nothing(tmp_path, capsys):
     data = _copy_sample(tmp_path / "mine")
-    _rename(data, "document", "zz\0rel")
+    set_id(data, "document", "zz\0rel")
     out = tmp_path / "results"
     assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress") == 2
     err = capsys.readouterr().err
@@ -84,8 +67,8 @@ def test_the_cli_says_it_in_one_line_and_writes_nothing(tmp_path, capsys):
 @pytest.mark.parametrize("which", ["query", "document"])
 def test_two_ids_equal_after_nfkc_are_refused(tmp_path, which, first, second):
     data = _copy_sample(tmp_path / "mine")
-    _rename(data, which, first, line=2)
-    _, path = _rename(data, which, second, line=4)
+    set_id(data, which, first, line=2)
+    path = set_id(data, which, second, line=4)
     with pytest.raises(DataError) as err:
         _load(data)
     assert str(err.value) == (
@@ -95,9 +78,9 @@ def test_two_ids_equal_after_nfkc_are_refused(tmp_path, which, first, second):
 
 def test_ids_that_are_not_ascii_but_distinct_load(tmp_path):
     data = _copy_sample(tmp_path / "mine")
-    _rename(data, "document", "Ärztin_0", line=2)
-    _rename(data, "document", "Arztin_0", line=4)
-    _rename(data, "query", "\u00c5", line=2)
+    set_id(data, "document", "Ärztin_0", line=2)
+    set_id(data, "document", "Arztin_0", line=4)
+    set_id(data, "query", "\u00c5", line=2)
     task = _load(data)
     assert "Ärztin_0" in task.doc_ids and "Arztin_0" in task.doc_ids
 
