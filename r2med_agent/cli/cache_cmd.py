@@ -111,8 +111,9 @@ def repair_command(
     report = repair(cache_path or default_cache_path())
     counted = report.counted["generations"]
     of = f" of the {counted} the damaged file counts" if counted is not None else ""
-    typer.echo(f"kept {report.kept['generations']} generations{of} and {report.kept['uses']} uses in {report.path}; "
-               f"{report.unreadable} unreadable rows or ranges left out")
+    added = f" (with the {report.unsaved} a run could not write into it)" if report.unsaved else ""
+    typer.echo(f"kept {report.kept['generations']} generations{of}{added} and {report.kept['uses']} uses in "
+               f"{report.path}; {report.unreadable} unreadable rows or ranges left out")
     typer.echo(f"the damaged file is now {report.damaged} (delete it when you no longer need it)")
 
 

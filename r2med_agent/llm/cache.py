@@ -29,19 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from r2med_agent.errors import DataError, DiskFullError
 from r2med_agent.io import free_bytes
+from r2med_agent.llm.cache_damage import CacheDamagedError, is_damage, keep_unsaved, reports_damage, warn_if_emptied
 from r2med_agent.llm.leases import LEASE_TTL_S, LeaseClaim, LeaseOwner, lease_live
 from r2med_agent.llm.records import (
     KEY_VERSION,
@@ -137,63 +137,6 @@ def _is_full(e: BaseException, path: Path | None = None) -> bool:
     return False
 
 
-class CacheDamagedError(DataError):
-    """The cache file is damaged (``database disk image is malformed``): the file, what to do."""
-
-    def __init__(self, path: Path, reason: str, opening: bool = False) -> None:
-        what = f"cannot open generation cache: {reason}" if opening else f"the generation cache file is damaged ({reason})"
-        super().__init__(
-            f"{what}; the generations in it that can still be read "
-            f"are kept by 'r2med-agent cache repair --cache-path {path}' (it copies them into a new file here and "
-            f"moves the damaged one aside, deleting nothing); or run with another --cache-path", path)
-
-
-def _is_damage(e: BaseException) -> bool:
-    """Whether an SQLite error says the file is damaged (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)."""
-    if not isinstance(e, sqlite3.DatabaseError):
-        return False
-    code = getattr(e, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (11, 26):
-        return True
-    return "malformed" in str(e) or "not a database" in str(e)
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _reports_damage(method: _F) -> _F:
-    """Raise :class:`CacheDamagedError` where ``method`` meets a damaged file, not SQLite's error."""
-
-    @functools.wraps(method)
-    def wrapper(self: GenerationCache, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except sqlite3.DatabaseError as e:
-            if not _is_damage(e):
-                raise
-            raise CacheDamagedError(self.path, str(e)) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-EMPTY_FILE_AGE_S = 5.0
-"""An empty cache file younger than this is another process's new one, not yet written."""
-
-
-def _warn_if_emptied(path: Path) -> None:
-    """Warn of a 0-byte cache file without a log, which SQLite would take as new without a word."""
-    try:
-        st = path.stat()
-        wal = Path(f"{path}-wal")
-        if st.st_size or (wal.exists() and wal.stat().st_size) or time.time() - st.st_mtime < EMPTY_FILE_AGE_S:
-            return
-    except OSError:
-        return
-    logger.warning("generation cache %s is an empty file (0 bytes) and is used as a new cache; if it held "
-                   "generations (a copy or a disk that cut it to nothing), they are not in it any more: stop now "
-                   "and restore it from a backup", path)
-
-
 class GenerationCache:
     """Generation cache on one SQLite file (WAL mode), shareable between processes.
 
@@ -218,7 +161,7 @@ class GenerationCache:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _warn_if_emptied(self.path)
+        warn_if_emptied(self.path)
         # Two processes opening a new cache at once can get "database is locked" at once, without
         # the busy timeout: switching a fresh file to WAL and taking the schema lock can deadlock,
         # which SQLite answers by failing one side. That side closes and tries again.
@@ -283,7 +226,7 @@ class GenerationCache:
         except sqlite3.DatabaseError as e:
             if conn is not None:
                 conn.close()
-            if _is_damage(e):
+            if is_damage(e):
                 raise CacheDamagedError(self.path, str(e), opening=True) from None
             raise DataError(f"cannot open generation cache: {e}", self.path) from None
         except DataError:
@@ -306,7 +249,7 @@ class GenerationCache:
 
     # -- reads --------------------------------------------------------------------------------
 
-    @_reports_damage
+    @reports_damage
     def get_many(self, keys: Iterable[str]) -> dict[str, CacheRecord]:
         """The stored records of those ``keys`` that are in the cache, keyed by key."""
         keys = list(dict.fromkeys(keys))
@@ -326,7 +269,7 @@ class GenerationCache:
     def get(self, key: str) -> CacheRecord | None:
         return self.get_many([key]).get(key)
 
-    @_reports_damage
+    @reports_damage
     def __len__(self) -> int:
         with self._lock:
             return int(self._connect().execute("SELECT COUNT(*) FROM generations").fetchone()[0])
@@ -336,7 +279,7 @@ class GenerationCache:
         for row in self._record_rows(model_id):
             yield _record(row)
 
-    @_reports_damage
+    @reports_damage
     def _record_rows(self, model_id: str | None) -> list[Any]:
         with self._lock:
             conn = self._connect()
@@ -349,7 +292,7 @@ class GenerationCache:
                 ).fetchall()
         return rows
 
-    @_reports_damage
+    @reports_damage
     def uses(
         self,
         *,
@@ -384,7 +327,7 @@ class GenerationCache:
             out.append((Use(rec.key, row[0], row[1], row[2], json.loads(row[3])), rec))
         return out
 
-    @_reports_damage
+    @reports_damage
     def stats(self) -> list[ModelStats]:
         """Rows, tokens and backend seconds per model id."""
         with self._lock:
@@ -404,7 +347,7 @@ class GenerationCache:
                 total += p.stat().st_size
         return total
 
-    @_reports_damage
+    @reports_damage
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` for a sound file)."""
         with self._lock:
@@ -435,7 +378,7 @@ class GenerationCache:
                     raise DiskFullError(self.path, needed_bytes) from None
                 raise
 
-    @_reports_damage
+    @reports_damage
     def put_many(
         self, records: Iterable[CacheRecord], uses: Iterable[Use] = (), release: LeaseOwner | None = None
     ) -> None:
@@ -457,6 +400,15 @@ class GenerationCache:
         urows = [(u.key, u.task, u.query_id, u.method, canonical_json(u.extra), now) for u in uses]
         if not grows and not urows:
             return
+        try:
+            self._put_rows(grows, urows, release)
+        except (sqlite3.DatabaseError, CacheDamagedError) as e:  # the rows just made are kept for `cache repair`
+            if not (isinstance(e, CacheDamagedError) or is_damage(e)):
+                raise
+            reason = e.reason if isinstance(e, CacheDamagedError) else str(e)
+            raise CacheDamagedError(self.path, reason, unsaved=keep_unsaved(self.path, grows, urows)) from None
+
+    def _put_rows(self, grows: list[tuple[Any, ...]], urows: list[tuple[Any, ...]], release: LeaseOwner | None) -> None:
         with self._transaction(_row_bytes(grows) + _row_bytes(urows)) as conn:
             conn.executemany(
                 f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
@@ -475,7 +427,7 @@ class GenerationCache:
 
     # -- leases -------------------------------------------------------------------------------
 
-    @_reports_damage
+    @reports_damage
     def claim(
         self, keys: Sequence[str], owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S, force: bool = False
     ) -> LeaseClaim:
@@ -510,7 +462,7 @@ class GenerationCache:
             )
         return LeaseClaim(claimed, done, held)
 
-    @_reports_damage
+    @reports_damage
     def held_by_others(
         self, keys: Sequence[str], owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
     ) -> dict[str, LeaseOwner]:
@@ -524,13 +476,13 @@ class GenerationCache:
             if k not in rows and lease[0].token != owner.token and lease_live(lease, now, ttl_s)
         }
 
-    @_reports_damage
+    @reports_damage
     def heartbeat(self, owner: LeaseOwner) -> None:
         """Mark ``owner``'s leases as still worked on (an owner on another host is judged by it)."""
         with self._transaction() as conn:
             conn.execute("UPDATE leases SET heartbeat = ? WHERE owner = ?", (time.time(), owner.token))
 
-    @_reports_damage
+    @reports_damage
     def release(self, owner: LeaseOwner) -> None:
         """Drop every lease ``owner`` still holds (its call ended, by success or error)."""
         with self._transaction() as conn:
@@ -552,7 +504,7 @@ class GenerationCache:
                 leases[key] = (LeaseOwner(host, int(pid), start, token), float(beat))
         return rows, leases
 
-    @_reports_damage
+    @reports_damage
     def add_uses(self, uses: Iterable[Use]) -> None:
         """Record uses only (for cache hits), in one transaction."""
         self.put_many((), uses)

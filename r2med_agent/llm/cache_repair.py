@@ -7,7 +7,8 @@ fails, it probes further ahead (2, 4, 8 ... rowids) for the next readable row an
 the gap one range at a time, halving a range that fails down to single rows. Then it reads the
 file's table leaf pages itself, for the rows whose way down from the table's root went through a
 damaged page (zeros over the root lose every row to SQLite, none to this); a row read both ways is
-taken once. The rows go into a new file at the cache's path (written beside it, then renamed into
+taken once, and so are the generations a run made but could not write into the damaged file
+(``<name>.unsaved-*.jsonl`` beside it, renamed ``*.added`` once in). The rows go into a new file at the cache's path (written beside it, then renamed into
 place); the damaged file is renamed aside, never deleted (``<name>.damaged-<UTC time>``, its
 write-ahead log beside it), for whoever wants to try other tools on it.
 
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r2med_agent.errors import DataError
-from r2med_agent.llm.cache import GenerationCache, _is_damage
+from r2med_agent.llm.cache import GenerationCache
+from r2med_agent.llm.cache_damage import is_damage, read_unsaved
 
 __all__ = ["RepairReport", "repair"]
 
@@ -45,6 +47,7 @@ class RepairReport:
         kept: rows kept per table.
         counted: rows the damaged file counted per table (None where it could not count them).
         unreadable: rows (or, where the rowids are unknown, ranges) that could not be read.
+        unsaved: generations added from the files of those a run could not write into the cache.
     """
 
     path: Path
@@ -52,6 +55,7 @@ class RepairReport:
     kept: dict[str, int]
     counted: dict[str, int | None]
     unreadable: int
+    unsaved: int = 0
 
 
 def _columns(conn: sqlite3.Connection, table: str, wanted: list[str]) -> list[str]:
@@ -78,7 +82,7 @@ def _span(conn: sqlite3.Connection, sql: str, lo: int, hi: int, out: list[tuple]
         try:
             rows = conn.execute(f"{sql} WHERE rowid BETWEEN ? AND ? ORDER BY rowid", (a, b)).fetchall()
         except sqlite3.DatabaseError as e:
-            if not _is_damage(e):
+            if not is_damage(e):
                 raise
             if a == b:
                 lost[0] += 1
@@ -96,7 +100,7 @@ def _next_readable(conn: sqlite3.Connection, table: str, after: int) -> int | No
             row = conn.execute(f"SELECT rowid FROM {table} WHERE rowid >= ? ORDER BY rowid LIMIT 1",
                                (after + 2**k,)).fetchone()
         except sqlite3.DatabaseError as e:
-            if not _is_damage(e):
+            if not is_damage(e):
                 raise
             continue
         return None if row is None else int(row[0])
@@ -115,7 +119,7 @@ def _readable_rows(conn: sqlite3.Connection, table: str, cols: list[str], lost: 
                 after = row[0]
             return out
         except sqlite3.DatabaseError as e:
-            if not _is_damage(e):
+            if not is_damage(e):
                 raise
         nxt = _next_readable(conn, table, after)
         if nxt is None:  # nothing found beyond: what is left of the table cannot be reached
@@ -263,8 +267,9 @@ def repair(path: str | os.PathLike[str]) -> RepairReport:
     path = Path(path)
     if not path.is_file():
         raise DataError("no generation cache file here", path)
-    batches: list[tuple[str, list[str], list[tuple]]] = []  # (table, columns, rows): earlier ones win
-    lost = [0]
+    unsaved, kept_apart = read_unsaved(path)  # the newest rows: what a run could not write into it
+    batches = [(table, _new_columns(table), rows) for table, rows in kept_apart.items()]
+    lost = [0]  # (table, columns, rows) in batches: a row of an earlier batch wins
     with contextlib.closing(sqlite3.connect(path)) as old:  # read only; closing it removes its log files
         try:
             sound = old.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -281,7 +286,9 @@ def repair(path: str | os.PathLike[str]) -> RepairReport:
         cols = _new_columns(table)
         batches.append((table, cols, [r + ("",) * (len(cols) - len(r)) for r in found]))
     kept, damaged = _replace(path, batches)
-    return RepairReport(path, damaged, kept, counted, lost[0])
+    for f in unsaved:  # in the cache now: not to be added again by a later repair
+        os.rename(f, f.with_name(f.name + ".added"))
+    return RepairReport(path, damaged, kept, counted, lost[0], len(kept_apart["generations"]))
 
 
 def _replace(path: Path, batches: list[tuple[str, list[str], list[tuple]]]) -> tuple[dict[str, int], Path]:

@@ -128,3 +128,22 @@ def test_a_cache_cut_to_nothing_is_named_in_a_warning(tmp_path, caplog, capsys):
     with caplog.at_level(logging.WARNING):  # written now: a cache like any other
         assert main(["cache", "stats", "--cache-path", str(path), "--json"]) == 0
     assert "empty file" not in caplog.text
+
+
+def test_generations_a_damaged_cache_refuses_are_kept_beside_it_and_repaired_in(sound, tmp_path, capsys):
+    from r2med_agent.llm.cache import CacheDamagedError
+
+    path = damaged(sound, tmp_path, "zeros")
+    with pytest.raises(CacheDamagedError) as err:
+        GenerationCache(path).put_many([record("paid1", "first answer"), record("paid2", "second answer")],
+                                       uses=[Use("paid1", "sample", "q1", "hyde", {})])
+    (unsaved,) = tmp_path.glob("gen.sqlite.unsaved-*.jsonl")
+    assert f"the 2 generations just made could not go into it and are kept in {unsaved}" in str(err.value)
+    assert main(["cache", "repair", "--cache-path", str(path)]) == 0
+    assert "(with the 2 a run could not write into it)" in capsys.readouterr().out
+    cache = GenerationCache(path)
+    got = cache.get_many(["paid1", "paid2", "k7"])
+    assert {k: r.text for k, r in got.items()} == {"paid1": "first answer", "paid2": "second answer",
+                                                   "k7": "x" * 300 + "7"}
+    assert [(u.key, u.query_id) for u, _ in cache.uses(task="sample") if u.key.startswith("paid")] == [("paid1", "q1")]
+    assert not unsaved.exists() and Path(f"{unsaved}.added").exists()  # added once, kept, not read again
