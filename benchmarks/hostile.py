@@ -20,7 +20,11 @@ limits (nested ``range(99999)`` loops, ``range(10**9)``, ``'x' * 10**10``, ``ind
 recursive and a doubling macro, a self-include): seconds to the one-line error and peak memory,
 beside a normal template's.
 
-Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|templates]``.
+Files and answers (issue 39 items 8-10 and 12, below): GroupRank answers, ids, YAML values and a
+damaged generation cache, each beside its normal input.
+
+Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|templates|files]`` (without
+``--only``: the templates, the corpora, then the files).
 """
 
 from __future__ import annotations
@@ -106,19 +110,149 @@ def run_case(what: str, kind: str, mb: float, timeout_s: float) -> dict:
     return row
 
 
+# -- files the tool trusts and GroupRank's answers (issue 39 items 8-10, 12) ----------------------
+#
+# Each case beside its normal input, in a process of its own: seconds and peak resident memory.
+#   grouprank: the lenient and the strict reading of a normal answer (ten scores after 2 kB of
+#     reasoning) and of answers ending in 2,000 and 100,000 spaces (before: 45 s for 2,000).
+#   ids: a 100,000-document corpus in R2MED's layout written and loaded with ASCII ids, and with ids that are
+#     not ASCII (each checked character by character and for NFKC twins).
+#   yaml: a user config holding a 50,000-character string, and one holding a 50,000-digit integer
+#     (now refused with file:line).
+#   cache: ``cache stats`` on a sound 2,000-generation cache and on one with zeros at 4-12 kB (now
+#     one line), then ``cache repair`` of one with 4 kB of random bytes a third in.
+
+FILES_CASES = {
+    "grouprank": ("normal", "2000 spaces", "100000 spaces"),
+    "ids": ("ascii", "not ascii"),
+    "yaml": ("normal", "50000 digits"),
+    "cache": ("sound", "damaged", "repair"),
+}
+
+
+def _grouprank(kind: str) -> None:
+    from r2med_agent.retrieval.rerank.groupwise import grouprank_answer, parse_group_scores
+
+    scores = ", ".join(f'"[{i}]": {i % 10}' for i in range(1, 11))
+    text = ("The passages differ in how closely they match. " * 45 + f"<answer>{{{scores}}}</answer>"
+            if kind == "normal" else '<answer>{"[1]": 7' + " " * int(kind.split()[0]))
+    parse_group_scores(text, 10)
+    grouprank_answer(text)
+
+
+def _ids(kind: str, folder: Path) -> None:
+    from r2med_agent.data import load_task_dir
+
+    name = (lambda i: f"doc_{i}") if kind == "ascii" else (lambda i: f"Ärztin_Übersicht_{i}")
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for i in range(100_000):
+            f.write(json.dumps({"id": name(i), "text": f"document {i} about insulin"}, ensure_ascii=False) + "\n")
+    (folder / "query.jsonl").write_text(json.dumps({"id": "q0", "text": "insulin"}) + "\n")
+    (folder / "qrels.jsonl").write_text(json.dumps({"q_id": "q0", "p_id": name(3), "score": 1}) + "\n")
+    load_task_dir(folder, name="ids", family="qa", domain="medical", use_task_cache=False)
+
+
+def _yaml(kind: str, folder: Path) -> None:
+    from r2med_agent.config import read_yaml
+    from r2med_agent.errors import ConfigError
+
+    value = f'"{"7" * 50_000}"' if kind == "normal" else "7" * 50_000  # the same text: a string, a number
+    path = folder / "user.yaml"
+    path.write_text(f"llms:\n  mine:\n    model: x/y\n    about: {value}\n")
+    try:
+        read_yaml(path)
+    except ConfigError:
+        pass
+
+
+def _cache(kind: str, folder: Path) -> None:
+    import random as rnd
+
+    from r2med_agent.errors import DataError
+    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cache_repair import repair
+    from r2med_agent.llm.records import CacheRecord, Use, build_request
+    from r2med_agent.types import Generation
+
+    path = folder / "gen.sqlite"
+    cache = GenerationCache(path)
+    records = [CacheRecord.from_generation(f"k{i}", build_request("m", [{"role": "user", "content": str(i)}], {}),
+                                           Generation(text="x" * 300, final="x" * 300)) for i in range(2000)]
+    cache.put_many(records, uses=[Use(f"k{i}", "t", str(i), "hyde", {}) for i in range(2000)])
+    cache.close()
+    data = bytearray(path.read_bytes())
+    if kind == "damaged":
+        data[4096:12288] = bytes(8192)
+    elif kind == "repair":
+        data[len(data) // 3:len(data) // 3 + 4096] = rnd.Random(39).randbytes(4096)
+    path.write_bytes(bytes(data))
+    try:
+        repair(path) if kind == "repair" else GenerationCache(path).stats()
+    except DataError:
+        pass
+
+
+def files_child(what: str, kind: str) -> None:
+    """One case of :data:`FILES_CASES` in this process: seconds (of the case alone) and peak RSS."""
+    import r2med_agent.config  # noqa: F401 - imported first: the figures are the cases' alone
+    import r2med_agent.data  # noqa: F401
+    import r2med_agent.llm.cache_repair  # noqa: F401
+    import r2med_agent.retrieval.rerank.groupwise  # noqa: F401
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        if what == "grouprank":
+            _grouprank(kind)
+        else:
+            {"ids": _ids, "yaml": _yaml, "cache": _cache}[what](kind, Path(tmp))
+        seconds = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"what": what, "kind": kind, "seconds": seconds, "peak_mb": peak_mb}))
+
+
+def files_cases(timeout_s: float) -> None:
+    """Print each case of :data:`FILES_CASES` beside its normal input's figures."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))}
+    print("files and answers (issue 39): each case beside its normal input")
+    for what, kinds in FILES_CASES.items():
+        base = None
+        for kind in kinds:
+            try:
+                done = subprocess.run([sys.executable, __file__, "--files-child", what, kind], env=env,
+                                      capture_output=True, text=True, timeout=timeout_s)
+                row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+                note = "" if row else f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+            except subprocess.TimeoutExpired:
+                row, note = None, f"still running after {timeout_s:.0f} s"
+            if row is None:
+                print(f"{what:9s} {kind:14s} {note}")
+                continue
+            base = base or row
+            ratio = f"{row['seconds'] / base['seconds']:.2f}x the time of {base['kind']}" if row is not base else ""
+            print(f"{what:9s} {kind:14s} time {row['seconds']:8.3f} s  peak RSS {row['peak_mb']:6.0f} MB  {ratio}".rstrip())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=50.0, help="size of each document in MB (default 50)")
-    ap.add_argument("--only", choices=("bm25", "minilm", "templates"), help="run one of the benchmarks")
+    ap.add_argument("--only", choices=("bm25", "minilm", "templates", "files"),
+                    help="run one of the benchmarks (files: issue 39's files and GroupRank answers)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one case may take (default 900)")
     ap.add_argument("--child", nargs=3, metavar=("WHAT", "KIND", "MB"), help=argparse.SUPPRESS)
+    ap.add_argument("--files-child", nargs=2, metavar=("WHAT", "KIND"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], args.child[1], float(args.child[2]))
         return
+    if args.files_child:
+        files_child(*args.files_child)
+        return
     if args.only in (None, "templates"):
         run_templates(min(args.timeout, 120.0))
-    if args.only == "templates":
+    if args.only == "files":
+        files_cases(args.timeout)
+    if args.only in ("templates", "files"):
         return
     print(f"hostile corpora: one {args.mb:g} MB document each; target: within 2x of normal text")
     for what, measure in (("bm25", "seconds"), ("minilm", "peak_mb")):
@@ -132,6 +266,8 @@ def main() -> None:
             verdict = "" if kind == "normal" or not ratio else ("met" if figure <= 2 * base else "NOT met")
             print(f"{what:7s} {kind:7s} time {row['seconds'] or 0:8.2f} s  peak RSS {row['peak_mb'] or 0:7.0f} MB  "
                   f"{measure}: {ratio} {verdict} {row.get('note', '')}".rstrip())
+    if not args.only:
+        files_cases(args.timeout)
 
 
 # -- prompt templates (issue 39 item 3) --------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -94,6 +95,20 @@ class _BoundedLoader(yaml.SafeLoader):
         node = super().compose_node(parent, index)
         self._count(*self._size(node), mark)
         return node
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        """PyYAML's, with a value its constructors cannot build (an integer of more digits than
+        Python converts, a date such as 2001-02-30) an error at the value's line, not a
+        ValueError traceback."""
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as e:
+            value = node.value if isinstance(node.value, str) else ""
+            why = (f"a number of {len(value):,} digits, more than Python converts ({sys.get_int_max_str_digits():,})"
+                   if "digits" in str(e) else str(e))
+            shown = repr(value if len(value) <= 40 else value[:40] + "...")
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read the value {shown}: {why}",
+                                                    node.start_mark) from None
 
     def _count(self, nodes: int, text: int, mark: Any) -> None:
         self._expanded += nodes

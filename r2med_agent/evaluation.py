@@ -203,12 +203,16 @@ def read_trec_run(path) -> Run:
 
     Raises:
         DataError: with file:line for text that is not UTF-8, a line without 6 columns, a score
-            that is not a finite number, or a document listed twice for one query.
+            that is not a finite number, a document listed twice for one query, or an id that
+            :func:`~r2med_agent.data.records.check_run_ids` refuses (a NUL, an invisible character,
+            two documents of a query that are one after Unicode normalisation).
     """
+    from r2med_agent.data.records import check_run_ids
     from r2med_agent.errors import DataError
     from r2med_agent.io import iter_lines
 
     run: Run = {}
+    folded: dict[str, dict[str, str]] = {}
     for lineno, line in iter_lines(path, "run file"):
         parts = line.split()
         if not parts:
@@ -228,6 +232,7 @@ def read_trec_run(path) -> Run:
             )
         if doc in run.setdefault(qid, {}):
             raise DataError(f"document '{doc}' listed twice for query '{qid}'", path, lineno)
+        check_run_ids(qid, doc, run[qid], folded, path, lineno)
         run[qid][doc] = value
     return run
 

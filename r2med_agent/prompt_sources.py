@@ -29,8 +29,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -261,8 +259,9 @@ def _sha256(data: bytes) -> str:
 
 
 def _verified(path: Path, want: str) -> bool:
+    """Whether ``path`` is a regular file (not a link) with the SHA-256 ``want``."""
     try:
-        return _sha256(path.read_bytes()) == want
+        return not path.is_symlink() and _sha256(path.read_bytes()) == want
     except OSError:
         return False
 
@@ -317,6 +316,8 @@ def fetch(source: PromptSource) -> list[str]:
         PromptSourceError: a file could not be fetched, or its hash differs from the pinned one.
     """
     files = source.folder / "files"
+    for rel in source.files:
+        _drop_links(source.folder, f"files/{rel}")
     missing = [rel for rel, sha in source.files.items() if not _verified(files / rel, sha)]
     got: dict[str, bytes] = {}
     for rel in missing:
@@ -337,6 +338,14 @@ def fetch(source: PromptSource) -> list[str]:
     return list(got)
 
 
+def _drop_links(folder: Path, rel: str) -> None:
+    """Remove the links on the way to ``folder / rel`` (its folders below ``folder``, and the file
+    itself): the cache holds none of its own, and a write must never land outside it."""
+    for part in [*reversed(Path(rel).parents[:-1]), Path(rel)]:
+        if (folder / part).is_symlink():
+            (folder / part).unlink()
+
+
 def _write_file(path: Path, data: bytes) -> None:
     from r2med_agent.io import atomic_write_text
 
@@ -349,9 +358,10 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def _templates(source: PromptSource) -> Path:
     """The templates folder of ``source``, imported from its verified files (made once per
-    content: ``templates-<hash>``, written to a temporary and renamed into place)."""
-    from r2med_agent.io import remove_stale_temps, temp_prefix
-    from r2med_agent.prompt_import import READERS, write_prompts
+    content: ``templates-<hash>``; one already there is checked against the import, and made
+    again when it differs: :func:`~r2med_agent.prompt_cache.install`)."""
+    from r2med_agent.prompt_cache import install
+    from r2med_agent.prompt_import import READERS
 
     imported = READERS[source.reader][1](source.folder / "files")
     imported.reference, imported.commit = source.repo, source.commit
@@ -361,19 +371,7 @@ def _templates(source: PromptSource) -> Path:
     h = hashlib.sha256()
     for rel, text in sorted(imported.templates.items()):
         h.update(f"{rel}\0{text}\0".encode())
-    target = source.folder / f"templates-{h.hexdigest()[:12]}"
-    if target.is_dir():
-        return target
-    remove_stale_temps(source.folder)
-    tmp = Path(tempfile.mkdtemp(dir=source.folder, prefix=temp_prefix(target), suffix=".tmp"))
-    try:
-        write_prompts(imported, tmp)
-        os.rename(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not target.is_dir():  # not another process that made it first
-            raise
-    return target
+    return install(imported, source.folder / f"templates-{h.hexdigest()[:12]}", source.short)
 
 
 def ensure(source: PromptSource) -> Path:
@@ -420,6 +418,7 @@ def install_clone(clone: str | os.PathLike[str]) -> PromptSource:
             )
         got[rel] = data
     for rel, data in got.items():
+        _drop_links(source.folder, f"files/{rel}")
         _write_file(source.folder / "files" / rel, data)
     _templates(source)
     return source

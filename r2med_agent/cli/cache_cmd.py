@@ -1,5 +1,5 @@
-"""``cache stats|export|import``: inspect the generation cache and move generations between it and
-R2MED's published ``query_with_hydoc.jsonl`` files."""
+"""``cache stats|export|import|repair``: inspect the generation cache, move generations between it and
+R2MED's published ``query_with_hydoc.jsonl`` files, keep what a damaged cache file still holds."""
 
 from __future__ import annotations
 
@@ -96,6 +96,25 @@ def stats_command(
         for (m, t, me), (q, g) in sorted(per_use.items()):
             uses.add_row(m, t or "-", me or "-", str(len(q)), str(len(g)))
         print_table(console, uses)
+
+
+@cache_app.command("repair")
+def repair_command(
+    cache_path: Optional[Path] = typer.Option(None, "--cache-path", help=_CACHE_PATH_HELP),
+) -> None:
+    """Keep what a damaged cache file still holds: every readable generation (and its uses) goes
+    into a new file at its path, the damaged file is renamed aside (<name>.damaged-<time>), nothing
+    is deleted. Run it when no run is using the cache."""
+    from r2med_agent.llm import default_cache_path
+    from r2med_agent.llm.cache_repair import repair
+
+    report = repair(cache_path or default_cache_path())
+    counted = report.counted["generations"]
+    of = f" of the {counted} the damaged file counts" if counted is not None else ""
+    added = f" (with the {report.unsaved} a run could not write into it)" if report.unsaved else ""
+    typer.echo(f"kept {report.kept['generations']} generations{of}{added} and {report.kept['uses']} uses in "
+               f"{report.path}; {report.unreadable} unreadable rows or ranges left out")
+    typer.echo(f"the damaged file is now {report.damaged} (delete it when you no longer need it)")
 
 
 def _model_ids(model: str) -> list[str]:

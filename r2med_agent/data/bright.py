@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.data.qrels import _build_qrels
-from r2med_agent.data.records import _get_id, _iter_records
+from r2med_agent.data.records import _get_id, _iter_records, nfkc_twin, twin_message
 from r2med_agent.errors import DataError
 from r2med_agent.types import Doc, Query
 
@@ -211,6 +211,7 @@ def read_examples(files: list[Path], split: BrightSplit) -> list[_Example]:
     """The validated examples of a split, in file order (ids unique across shards)."""
     out: list[_Example] = []
     seen: dict[str, tuple[Path, int]] = {}
+    folded: dict[str, str] = {}
     for path in files:
         for row, obj in _iter_records(path):
             example = _parse_example(obj, path, row, split)
@@ -218,6 +219,7 @@ def read_examples(files: list[Path], split: BrightSplit) -> list[_Example]:
             if qid in seen:
                 first = seen[qid]
                 raise DataError(f"duplicate query id {qid!r} (first in {first[0].name} row {first[1]})", path, row)
+            _check_twin("query", qid, seen, folded, path, row)
             seen[qid] = (path, row)
             out.append(example)
     if not out:
@@ -225,10 +227,20 @@ def read_examples(files: list[Path], split: BrightSplit) -> list[_Example]:
     return out
 
 
+def _check_twin(what: str, item_id: str, seen: dict[str, tuple[Path, int]], folded: dict[str, str], path: Path,
+                row: int) -> None:
+    """Refuse an id that is one of ``seen`` after NFKC (:func:`~r2med_agent.data.records.nfkc_twin`)."""
+    twin = nfkc_twin(item_id, seen, folded)
+    if twin is not None:
+        first = seen[twin]
+        raise DataError(twin_message(what, item_id, twin) + f" (in {first[0].name} row {first[1]})", path, row)
+
+
 def _read_docs(files: list[Path]) -> list[Doc]:
     """``id``/``content`` rows as documents (BRIGHT's documents have no title)."""
     docs: list[Doc] = []
     seen: dict[str, tuple[Path, int]] = {}
+    folded: dict[str, str] = {}
     for path in files:
         for row, obj in _iter_records(path):
             doc_id = _get_id(obj, ("id",), path, row, "document")
@@ -239,6 +251,7 @@ def _read_docs(files: list[Path]) -> list[Doc]:
                 first = seen[doc_id]
                 raise DataError(f"duplicate document id {doc_id!r} (first in {first[0].name} row {first[1]})",
                                 path, row)
+            _check_twin("document", doc_id, seen, folded, path, row)
             seen[doc_id] = (path, row)
             docs.append(Doc(doc_id, content))
     if not docs:

@@ -108,13 +108,20 @@ def pending_tasks(folder: Path) -> list[str]:
 
 
 def _finish_set(folder: Path, task: str) -> None:
-    """Move a committed set of ``task`` into place (``<Task>.json`` last) and remove the files of
-    the set it replaces that it lacks; every step can be repeated after a kill."""
+    """Move a committed set of ``task`` into place and remove the files of the set it replaces
+    that it lacks; every step can be repeated after a kill.
+
+    ``<Task>.json`` marks a whole set on disk too: the old one is removed before any file moves,
+    the new one moved last, so a kill in between leaves a folder whose ``<Task>.json``, when there
+    is one, sits beside its own files (and the library's readers read the pending set meanwhile)."""
     pending = _pending(folder, task)
     if not pending.is_dir():
         return
     members = _set_members(pending)
     if members is not None:
+        if (pending / f"{task}{TASK_SUFFIXES[0]}").exists():
+            (folder / f"{task}{TASK_SUFFIXES[0]}").unlink(missing_ok=True)
+            _fsync_dir(folder)
         for suffix in (*TASK_SUFFIXES[1:], TASK_SUFFIXES[0]):
             name = task + suffix
             if suffix == ".json" and (pending / SUMMARY_FILE).exists():

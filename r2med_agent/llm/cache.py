@@ -41,6 +41,7 @@ from typing import Any
 
 from r2med_agent.errors import DataError, DiskFullError
 from r2med_agent.io import free_bytes
+from r2med_agent.llm.cache_damage import CacheDamagedError, is_damage, keep_unsaved, reports_damage, warn_if_emptied
 from r2med_agent.llm.leases import LEASE_TTL_S, LeaseClaim, LeaseOwner, lease_live
 from r2med_agent.llm.records import (
     KEY_VERSION,
@@ -160,6 +161,7 @@ class GenerationCache:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        warn_if_emptied(self.path)
         # Two processes opening a new cache at once can get "database is locked" at once, without
         # the busy timeout: switching a fresh file to WAL and taking the schema lock can deadlock,
         # which SQLite answers by failing one side. That side closes and tries again.
@@ -224,6 +226,8 @@ class GenerationCache:
         except sqlite3.DatabaseError as e:
             if conn is not None:
                 conn.close()
+            if is_damage(e):
+                raise CacheDamagedError(self.path, str(e), opening=True) from None
             raise DataError(f"cannot open generation cache: {e}", self.path) from None
         except DataError:
             conn.close()  # type: ignore[union-attr]
@@ -245,6 +249,7 @@ class GenerationCache:
 
     # -- reads --------------------------------------------------------------------------------
 
+    @reports_damage
     def get_many(self, keys: Iterable[str]) -> dict[str, CacheRecord]:
         """The stored records of those ``keys`` that are in the cache, keyed by key."""
         keys = list(dict.fromkeys(keys))
@@ -264,12 +269,18 @@ class GenerationCache:
     def get(self, key: str) -> CacheRecord | None:
         return self.get_many([key]).get(key)
 
+    @reports_damage
     def __len__(self) -> int:
         with self._lock:
             return int(self._connect().execute("SELECT COUNT(*) FROM generations").fetchone()[0])
 
     def iter_records(self, model_id: str | None = None) -> Iterator[CacheRecord]:
         """All records (of one model when given), oldest first."""
+        for row in self._record_rows(model_id):
+            yield _record(row)
+
+    @reports_damage
+    def _record_rows(self, model_id: str | None) -> list[Any]:
         with self._lock:
             conn = self._connect()
             if model_id is None:
@@ -279,9 +290,9 @@ class GenerationCache:
                     f"SELECT {_COLUMNS} FROM generations WHERE model_id = ? ORDER BY created, key",
                     (model_id,),
                 ).fetchall()
-        for row in rows:
-            yield _record(row)
+        return rows
 
+    @reports_damage
     def uses(
         self,
         *,
@@ -316,6 +327,7 @@ class GenerationCache:
             out.append((Use(rec.key, row[0], row[1], row[2], json.loads(row[3])), rec))
         return out
 
+    @reports_damage
     def stats(self) -> list[ModelStats]:
         """Rows, tokens and backend seconds per model id."""
         with self._lock:
@@ -335,6 +347,7 @@ class GenerationCache:
                 total += p.stat().st_size
         return total
 
+    @reports_damage
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` result (``"ok"`` for a sound file)."""
         with self._lock:
@@ -365,6 +378,7 @@ class GenerationCache:
                     raise DiskFullError(self.path, needed_bytes) from None
                 raise
 
+    @reports_damage
     def put_many(
         self, records: Iterable[CacheRecord], uses: Iterable[Use] = (), release: LeaseOwner | None = None
     ) -> None:
@@ -386,6 +400,15 @@ class GenerationCache:
         urows = [(u.key, u.task, u.query_id, u.method, canonical_json(u.extra), now) for u in uses]
         if not grows and not urows:
             return
+        try:
+            self._put_rows(grows, urows, release)
+        except (sqlite3.DatabaseError, CacheDamagedError) as e:  # the rows just made are kept for `cache repair`
+            if not (isinstance(e, CacheDamagedError) or is_damage(e)):
+                raise
+            reason = e.reason if isinstance(e, CacheDamagedError) else str(e)
+            raise CacheDamagedError(self.path, reason, unsaved=keep_unsaved(self.path, grows, urows)) from None
+
+    def _put_rows(self, grows: list[tuple[Any, ...]], urows: list[tuple[Any, ...]], release: LeaseOwner | None) -> None:
         with self._transaction(_row_bytes(grows) + _row_bytes(urows)) as conn:
             conn.executemany(
                 f"INSERT OR REPLACE INTO generations ({_COLUMNS}) "
@@ -404,6 +427,7 @@ class GenerationCache:
 
     # -- leases -------------------------------------------------------------------------------
 
+    @reports_damage
     def claim(
         self, keys: Sequence[str], owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S, force: bool = False
     ) -> LeaseClaim:
@@ -438,6 +462,7 @@ class GenerationCache:
             )
         return LeaseClaim(claimed, done, held)
 
+    @reports_damage
     def held_by_others(
         self, keys: Sequence[str], owner: LeaseOwner, *, ttl_s: float = LEASE_TTL_S
     ) -> dict[str, LeaseOwner]:
@@ -451,11 +476,13 @@ class GenerationCache:
             if k not in rows and lease[0].token != owner.token and lease_live(lease, now, ttl_s)
         }
 
+    @reports_damage
     def heartbeat(self, owner: LeaseOwner) -> None:
         """Mark ``owner``'s leases as still worked on (an owner on another host is judged by it)."""
         with self._transaction() as conn:
             conn.execute("UPDATE leases SET heartbeat = ? WHERE owner = ?", (time.time(), owner.token))
 
+    @reports_damage
     def release(self, owner: LeaseOwner) -> None:
         """Drop every lease ``owner`` still holds (its call ended, by success or error)."""
         with self._transaction() as conn:
@@ -477,6 +504,7 @@ class GenerationCache:
                 leases[key] = (LeaseOwner(host, int(pid), start, token), float(beat))
         return rows, leases
 
+    @reports_damage
     def add_uses(self, uses: Iterable[Use]) -> None:
         """Record uses only (for cache hits), in one transaction."""
         self.put_many((), uses)

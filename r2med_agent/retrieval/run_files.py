@@ -99,13 +99,15 @@ def read_ranked_run(path: str | Path) -> Run:
     document once cannot: docs/protocol.md).
 
     Raises:
-        DataError: with file:line for a line without 6 columns, or a rank or score that is not a
-            number.
+        DataError: with file:line for a line without 6 columns, a rank or score that is not a
+            number, or an id :func:`~r2med_agent.data.records.check_run_ids` refuses.
     """
+    from r2med_agent.data.records import check_run_ids
     from r2med_agent.io import iter_lines
 
     rows: dict[str, list[tuple[int, int, str, float]]] = {}
-    seen: set[tuple[str, str]] = set()
+    docs_of: dict[str, set[str]] = {}
+    folded: dict[str, dict[str, str]] = {}
     repeats: list[int] = []
     for lineno, line in iter_lines(path, "run file"):
         parts = line.split()
@@ -120,10 +122,12 @@ def read_ranked_run(path: str | Path) -> Run:
             raise DataError(f"rank '{rank}' or score '{score}' is not a number", path, lineno) from None
         if not math.isfinite(s):
             raise DataError(f"score '{score}' is not finite", path, lineno)
-        if (qid, doc) in seen:
+        docs = docs_of.setdefault(qid, set())
+        if doc in docs:
             repeats.append(lineno)
             continue
-        seen.add((qid, doc))
+        check_run_ids(qid, doc, docs, folded, path, lineno)
+        docs.add(doc)
         rows.setdefault(qid, []).append((r, lineno, doc, s))
     if repeats:
         log.warning("%s:%d: %d lines list a document again for the same query; each keeps its first listing",

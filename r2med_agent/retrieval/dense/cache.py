@@ -170,12 +170,12 @@ class EmbeddingCache:
             return None
         try:
             meta = json.loads(self.meta_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # ValueError: malformed JSON, not UTF-8
             return None
-        if meta.get("key") != self.key or meta.get("n_docs") != self.meta["n_docs"]:
+        if not isinstance(meta, dict) or meta.get("key") != self.key or meta.get("n_docs") != self.meta["n_docs"]:
             return None
-        arr = np.load(self.embeddings_path, mmap_mode="r")
-        if arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != self.meta["n_docs"]:
+        arr = _load_npy(self.embeddings_path)
+        if arr is None or arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != self.meta["n_docs"]:
             return None
         return arr
 
@@ -228,9 +228,9 @@ class EmbeddingCache:
         if progress.exists():
             try:
                 prev = json.loads(progress.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError):  # ValueError: malformed JSON, not UTF-8
                 prev = {}
-            if prev.get("shard_size") != shard_size or prev.get("key") != self.key:
+            if not isinstance(prev, dict) or prev.get("shard_size") != shard_size or prev.get("key") != self.key:
                 logger.info("discarding shards of a different layout in %s", shard_dir)
                 shutil.rmtree(shard_dir)
                 shard_dir.mkdir(parents=True)
@@ -277,6 +277,17 @@ class EmbeddingCache:
             del out  # unmapped now, also on an error (whose traceback would keep it mapped)
 
 
+def _load_npy(path: Path) -> np.ndarray | None:
+    """The ``.npy`` file at ``path`` as a read-only memory map; None, with a warning naming the
+    file, when it cannot be read as one (a damaged header, a file shorter than its header says):
+    it is encoded again, as an absent one would be."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        logger.warning("%s is damaged (%s); its embeddings are encoded again", path, e)
+        return None
+
+
 @dataclass(frozen=True)
 class _Shards:
     """The shard files of one corpus being encoded: ``<dir>/NNNNN.npy``, ``size`` documents each."""
@@ -298,8 +309,8 @@ class _Shards:
         path = self.path(i)
         if not path.exists():
             return None
-        arr = np.load(path, mmap_mode="r")
-        if arr.ndim == 2 and arr.shape[0] == rows and (dim is None or arr.shape[1] == dim):
+        arr = _load_npy(path)
+        if arr is not None and arr.ndim == 2 and arr.shape[0] == rows and (dim is None or arr.shape[1] == dim):
             return int(arr.shape[1])
         path.unlink()
         return None

@@ -72,9 +72,7 @@ FAMILIES = ("qa", "exam", "treatment", "case")
 SCORE_MAX = 10.0
 """The top of GroupRank's scale; scores are divided by it."""
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FENCED_RE = re.compile(r"```json\s*([\s\S]+?)\s*```")
-_BRACES_RE = re.compile(r"\{[\s\S]*?\}")
 # A key "[3]" (or "3", [3], 3) and its number; GroupRank reads the key with int(k.strip('[]')).
 _PAIR_RE = re.compile(r'"?\s*\[?\s*(\d+)\s*\]*\s*"?\s*:\s*(-?\d+(?:\.\d+)?)')
 _NEWLINES_RE = re.compile(r"\n+")
@@ -112,18 +110,38 @@ class GroupRepair:
 REPAIR_KINDS = tuple(GroupRepair().to_dict())
 
 
+def _last_braces(text: str) -> str | None:
+    """The last ``{...}`` of ``text`` as ``re.findall(r"\\{[\\s\\S]*?\\}", text)[-1]`` finds it
+    (None: none), in one pass: each match runs from the first ``{`` after the previous one to the
+    first ``}`` after it. The regular expression tries every ``{`` against the rest of the text,
+    quadratic on an answer of unclosed braces."""
+    last, pos = None, 0
+    while (start := text.find("{", pos)) >= 0 and (end := text.find("}", start)) >= 0:
+        last, pos = text[start:end + 1], end + 1
+    return last
+
+
+def _inside_answer(text: str) -> str:
+    """What ``<answer>(.*?)</answer>`` (dot matching newlines) finds, stripped; ``text`` when it
+    finds nothing. One pass: when the first ``<answer>`` has no ``</answer>`` after it, no later
+    one has (the pattern tried each against the rest of the text)."""
+    start = text.find("<answer>")
+    end = text.find("</answer>", start + len("<answer>")) if start >= 0 else -1
+    return text[start + len("<answer>"):end].strip() if end >= 0 else text
+
+
 def answer_block(text: str) -> str:
     """The part of an answer holding the scores: inside ``<answer>`` when there is one, the last
-    fenced JSON block, else the last ``{...}``, else from the last ``{`` to the end."""
-    m = _ANSWER_RE.search(text)
-    if m:
-        text = m.group(1).strip()
+    fenced JSON block, else the last ``{...}``, else from the last ``{`` to the end; every run of
+    whitespace in it made one space (the patterns read a run and a space alike, and a long run made
+    them backtrack: 1,000 trailing spaces took seconds, 2,000 most of a minute)."""
+    text = _inside_answer(_SPACES_RE.sub(" ", text))
     fenced = _FENCED_RE.findall(text)
     if fenced:
         return fenced[-1].strip()
-    braces = _BRACES_RE.findall(text)
-    if braces:
-        return braces[-1]
+    braces = _last_braces(text)
+    if braces is not None:
+        return braces
     start = text.rfind("{")
     return text[start:] if start >= 0 else ""
 
@@ -158,17 +176,14 @@ def grouprank_answer(text: str) -> dict[Any, Any] | None:
     ``{...}``; none: a failure), a doubled bracket after a key number removed (``"[7]]"``), one
     ``}`` added when a ``{`` is unclosed, whitespace runs made one space, then ``json.loads`` and
     ``dict``. A ``NaN`` or ``Infinity`` also fails here, where GroupRank would average it in."""
-    m = _ANSWER_RE.search(text)
-    if m:
-        text = m.group(1).strip()
+    text = _inside_answer(_SPACES_RE.sub(" ", text))  # whitespace as made below anyway (answer_block)
     fenced = _FENCED_RE.findall(text)
     if fenced:
         block = fenced[-1].strip()
     else:
-        braces = _BRACES_RE.findall(text)
-        if not braces:
+        block = _last_braces(text)
+        if block is None:
             return None
-        block = braces[-1]
     block = _DOUBLED_BRACKET_RE.sub(r"\1", block.strip())
     if block.count("{") > block.count("}"):
         block += "}"

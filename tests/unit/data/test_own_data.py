@@ -22,6 +22,23 @@ def _copy_sample(dest: Path) -> Path:
     return dest
 
 
+def set_id(data: Path, which: str, new: str, line: int = 3) -> Path:
+    """Give the record on ``line`` of a sample copy's queries (or corpus) the id ``new``, in its
+    qrels too; returns the file changed."""
+    path = data / ("query.jsonl" if which == "query" else "corpus.jsonl")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rec = json.loads(lines[line - 1])
+    old, rec["id"] = rec["id"], new
+    lines[line - 1] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    qrels = data / "qrels.jsonl"
+    key = "q_id" if which == "query" else "p_id"
+    rows = [json.loads(x) for x in qrels.read_text(encoding="utf-8").splitlines()]
+    qrels.write_text("".join(json.dumps({**r, key: new if r[key] == old else r[key]}) + "\n" for r in rows),
+                     encoding="utf-8")
+    return path
+
+
 def _main(*args: str) -> int:
     from r2med_agent.cli import main
 
@@ -202,19 +219,7 @@ def test_an_id_with_whitespace_is_refused_at_load_with_file_and_line(tmp_path, c
     # A TREC run line is split on whitespace: such an id would make a .run file that `evaluate`
     # and `report` reject (a newline adds a line), so it is refused where it is read.
     data = _copy_sample(tmp_path / "mine")
-    name = "query.jsonl" if which == "query" else "corpus.jsonl"
-    path = data / name
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rec = json.loads(lines[2])
-    old = rec["id"]
-    rec["id"] = bad_id
-    lines[2] = json.dumps(rec)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    qrels = data / "qrels.jsonl"
-    key = "q_id" if which == "query" else "p_id"
-    rows = [json.loads(x) for x in qrels.read_text(encoding="utf-8").splitlines()]
-    qrels.write_text("".join(json.dumps({**r, key: bad_id if r[key] == old else r[key]}) + "\n" for r in rows),
-                     encoding="utf-8")
+    name = set_id(data, which, bad_id).name
     out = tmp_path / "results"
     assert _main("run", "--data-dir", str(data), "-o", str(out), "--no-progress") == 2
     err = capsys.readouterr().err
