@@ -179,7 +179,14 @@ def server_child(what: str, kind: str, url: str) -> None:
     import hashlib
     import logging
 
+    import re
+
     logging.disable(logging.WARNING)
+    import openai  # noqa: F401 - imports before the clock starts
+
+    from r2med_agent import prompt_sources  # noqa: F401
+    from r2med_agent.retrieval.dense import api  # noqa: F401
+
     t0 = time.perf_counter()
     outcome = "ok"
     try:
@@ -221,7 +228,9 @@ def server_child(what: str, kind: str, url: str) -> None:
                 prompt_sources.fetch(prompt_sources.PromptSource(name="b", repo="o/r", commit="0" * 40, reader="none",
                                                                  folders=(), files={"p.py": want}))
     except Exception as e:  # noqa: BLE001 - the outcome is what is measured
-        outcome = f"{type(e).__name__}: {' '.join(str(e).split())[:110]}"
+        text = re.sub(r"at commit 0+:? |of o/r |; retrying.*|\. Without network.*", "",
+                      re.sub(r"(?:https?|file)://\S+?(?=:? )", "URL", str(e)))
+        outcome = f"{type(e).__name__}: {' '.join(text.split())[:120]}"
     seconds = time.perf_counter() - t0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"what": what, "kind": kind, "seconds": seconds, "peak_mb": peak_mb, "outcome": outcome}))

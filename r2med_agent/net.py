@@ -33,6 +33,9 @@ MAX_FETCH_BYTES = 16 * 2**20
 """The most a fetched (or cached) prompt file of the authors may hold: 16 MiB (the pinned files
 are source files of a few kB)."""
 
+_PIECE = 2**20
+"""Bytes inflated at a time: a small gzip piece may inflate a thousandfold."""
+
 _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 """Content-Encoding -> zlib window bits; the only encodings asked for (``Accept-Encoding``)."""
 
@@ -73,7 +76,7 @@ class _CappedStream:
             data = chunk
             while data:
                 try:
-                    out = inflate.decompress(data, self._cap - total + 1)
+                    out = inflate.decompress(data, min(self._cap - total + 1, _PIECE))
                 except zlib.error as e:
                     raise ReplyTooLarge(f"the reply's compressed body is corrupt ({e})") from None
                 total += len(out)
