@@ -23,8 +23,16 @@ beside a normal template's.
 Files and answers (issue 39 items 8-10 and 12, below): GroupRank answers, ids, YAML values and a
 damaged generation cache, each beside its normal input.
 
-Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|templates|files]`` (without
-``--only``: the templates, the corpora, then the files).
+Hostile servers (issue 39 items 4-6, :func:`servers_main`): time and peak resident memory of the
+client (a process of its own; the server is a loopback one in this process, ``tests/hostile_http.py``)
+for 12 chat requests answered normally, by a 2 MB gzip inflating to 2 GB, an endless chunked body,
+a JSON nested 3,000 deep; one request to a server trickling a byte a second (``timeout_s`` 3,
+``max_retry_s`` 6); the same for ``/embeddings``; and a pinned prompt file fetched normally,
+declared as 6 GB, or 1 GB on a ``file://`` mirror. Before: 7.15 GB and a MemoryError for the gzip,
+a RecursionError for the nesting, no end to the trickle, 1.09 GB and a MemoryError for the files.
+
+Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|templates|files|servers]``
+(without ``--only``: the templates, the servers, the corpora, then the files).
 """
 
 from __future__ import annotations
@@ -236,11 +244,12 @@ def files_cases(timeout_s: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=50.0, help="size of each document in MB (default 50)")
-    ap.add_argument("--only", choices=("bm25", "minilm", "templates", "files"),
+    ap.add_argument("--only", choices=("bm25", "minilm", "templates", "files", "servers"),
                     help="run one of the benchmarks (files: issue 39's files and GroupRank answers)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one case may take (default 900)")
     ap.add_argument("--child", nargs=3, metavar=("WHAT", "KIND", "MB"), help=argparse.SUPPRESS)
     ap.add_argument("--files-child", nargs=2, metavar=("WHAT", "KIND"), help=argparse.SUPPRESS)
+    ap.add_argument("--server-child", nargs=3, metavar=("WHAT", "KIND", "URL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], args.child[1], float(args.child[2]))
@@ -248,11 +257,16 @@ def main() -> None:
     if args.files_child:
         files_child(*args.files_child)
         return
+    if args.server_child:
+        server_child(*args.server_child)
+        return
     if args.only in (None, "templates"):
         run_templates(min(args.timeout, 120.0))
+    if args.only in (None, "servers"):
+        servers_main(args.timeout)
     if args.only == "files":
         files_cases(args.timeout)
-    if args.only in ("templates", "files"):
+    if args.only in ("templates", "files", "servers"):
         return
     print(f"hostile corpora: one {args.mb:g} MB document each; target: within 2x of normal text")
     for what, measure in (("bm25", "seconds"), ("minilm", "peak_mb")):
@@ -313,6 +327,129 @@ def run_templates(timeout_s: float) -> None:
         row = run_case("template", case, 0, timeout_s)
         print(f"template {case:20s} time {row['seconds'] or 0:7.3f} s  peak RSS {row['peak_mb'] or 0:6.0f} MB  "
               f"{row.get('note', '')}")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile servers (issue 39 items 4-6): the client's time and peak memory per kind of reply.
+
+SERVER_KINDS = {"llm": ("normal", "gzip-2GB", "chunked-endless", "nested-3000", "trickle"),
+                "embeddings": ("normal", "gzip-2GB", "nested-3000", "trickle"),
+                "prompt-file": ("normal", "declared-6GB", "file-1GB")}
+
+
+def _server_answer(kind: str):  # noqa: ANN202 - the ScriptedServer answer for ``kind``
+    from hostile_http import (
+        chat_reply, deep_json, embeddings_reply, endless_chunked, prompt_of, send, send_gzip_bomb, send_json, trickle,
+    )
+
+    def answer(srv, h, path, body, attempt):  # noqa: ANN001, ANN202
+        if kind == "normal":
+            if path.endswith("/embeddings"):
+                return send_json(h, 200, embeddings_reply(body, dims=1024))
+            if path.endswith("/chat/completions"):
+                return send_json(h, 200, chat_reply(prompt_of(body), "lorem ipsum " * 400))
+            return send(h, 200, b"# a pinned prompt file\n" * 100, {"Content-Type": "text/plain"})
+        if kind == "gzip-2GB":
+            return send_gzip_bomb(h, 2 * 10**9)
+        if kind == "chunked-endless":
+            return endless_chunked(srv, h)
+        if kind == "nested-3000":
+            return send(h, 200, deep_json(3000))
+        if kind == "trickle":
+            return trickle(srv, h, every_s=1.0)
+        if kind == "declared-6GB":
+            return send(h, 200, b"x", {"Content-Length": str(6 * 10**9)})
+        raise ValueError(kind)
+
+    return answer
+
+
+def server_child(what: str, kind: str, url: str) -> None:
+    """One client case in this process: its seconds, peak resident memory and outcome as JSON."""
+    import hashlib
+    import logging
+
+    import re
+
+    logging.disable(logging.WARNING)
+    import openai  # noqa: F401 - imports before the clock starts
+
+    from r2med_agent import prompt_sources  # noqa: F401
+    from r2med_agent.retrieval.dense import api  # noqa: F401
+
+    t0 = time.perf_counter()
+    outcome = "ok"
+    try:
+        if what == "llm":
+            from r2med_agent.llm.registry import LLMSpec, make_backend
+            from r2med_agent.types import SamplingParams
+
+            n = 1 if kind == "trickle" else 12
+            spec = LLMSpec(name="bench", backend="openai", model="m", server="openai", base_urls=(url,),
+                           max_concurrency=4, timeout_s=3.0, max_retry_s=6.0, max_retries=1, backoff_initial_s=0.05)
+            make_backend(spec).generate([[{"role": "user", "content": f"q {i}"}] for i in range(n)],
+                                        SamplingParams(max_tokens=8))
+        elif what == "embeddings":
+            import dataclasses
+
+            from r2med_agent.retrieval.dense import api
+            from r2med_agent.retrieval.dense.factory import get_encoder_spec
+
+            api.ATTEMPTS, api.BACKOFF_S = 2, 0.05
+            os.environ["R2MED_BENCH_KEY"] = "sk-bench"
+            spec = dataclasses.replace(get_encoder_spec("openai"), base_url=url, api_key_env="R2MED_BENCH_KEY",
+                                       max_tokens=None, tiktoken_encoding="", json_inputs=False, batch_size=64)
+            api.APIEncoder(spec, timeout_s=3.0).encode([f"text {i}" for i in range(256)], side="doc")
+        else:
+            from r2med_agent import prompt_sources
+
+            with tempfile.TemporaryDirectory() as tmp:
+                os.environ["R2MED_CACHE_DIR"] = tmp
+                base = url
+                if kind == "file-1GB":
+                    big = Path(tmp, "mirror", "o/r", "0" * 40, "p.py")
+                    big.parent.mkdir(parents=True)
+                    with open(big, "wb") as f:
+                        f.truncate(2**30)
+                    base = Path(tmp, "mirror").as_uri()
+                os.environ[prompt_sources.BASE_URL_ENV] = base
+                prompt_sources.FETCH_ATTEMPTS = 1
+                want = hashlib.sha256(b"# a pinned prompt file\n" * 100).hexdigest()
+                prompt_sources.fetch(prompt_sources.PromptSource(name="b", repo="o/r", commit="0" * 40, reader="none",
+                                                                 folders=(), files={"p.py": want}))
+    except Exception as e:  # noqa: BLE001 - the outcome is what is measured
+        text = re.sub(r"at commit 0+:? |of o/r |; retrying.*|\. Without network.*", "",
+                      re.sub(r"(?:https?|file)://\S+?(?=:? )", "URL", str(e)))
+        outcome = f"{type(e).__name__}: {' '.join(text.split())[:120]}"
+    seconds = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"what": what, "kind": kind, "seconds": seconds, "peak_mb": peak_mb, "outcome": outcome}))
+
+
+def servers_main(timeout_s: float) -> None:
+    """Each kind of hostile reply beside a normal one: the client's seconds and peak RSS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from hostile_http import ScriptedServer, gzip_bomb
+
+    gzip_bomb(2 * 10**9)  # built once, before any timing
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(here.parent), str(here),
+                                                                       str(here.parent / "tests"),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    print("hostile servers: the client's time and peak RSS (a process each) beside a normal reply's")
+    for what, kinds in SERVER_KINDS.items():
+        for kind in kinds:
+            with ScriptedServer(_server_answer(kind)) as srv:
+                url = srv.base_url if what != "prompt-file" else srv.base_url.removesuffix("/v1")
+                try:
+                    done = subprocess.run([sys.executable, __file__, "--server-child", what, kind, url], env=env,
+                                          capture_output=True, text=True, timeout=timeout_s)
+                    row = json.loads(done.stdout.strip().splitlines()[-1])
+                except (subprocess.TimeoutExpired, IndexError, ValueError):
+                    row = {"seconds": None, "peak_mb": None, "outcome": "no result (timed out or crashed)"}
+            print(f"{what:11s} {kind:15s} time {row['seconds'] or 0:7.2f} s  peak RSS {row['peak_mb'] or 0:6.0f} MB  "
+                  f"{row['outcome']}")
 
 
 if __name__ == "__main__":

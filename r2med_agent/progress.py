@@ -503,5 +503,15 @@ class _AboveBars(logging.StreamHandler):  # type: ignore[type-arg]
 def log_handler(stream: TextIO | None = None) -> logging.Handler:
     """The CLI's log handler on ``stream`` (stderr): messages as they are, above any bar."""
     handler = _AboveBars(stream if stream is not None else sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(_Redacting("%(message)s"))
     return handler
+
+
+class _Redacting(logging.Formatter):
+    """Log lines with API keys, bearer tokens and URL credentials masked
+    (:func:`~r2med_agent.redaction.redact`): a library's message (httpx, openai) may quote them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from r2med_agent.redaction import redact
+
+        return redact(super().format(record))

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError, DataError, PromptSourceError
+from r2med_agent.redaction import redact
 
 __all__ = [
     "AUTHORS", "BASE_URL_ENV", "OWN", "PromptSource", "RunPrompts", "at_hand", "base_url", "ensure",
@@ -259,9 +260,14 @@ def _sha256(data: bytes) -> str:
 
 
 def _verified(path: Path, want: str) -> bool:
-    """Whether ``path`` is a regular file (not a link) with the SHA-256 ``want``."""
+    """Whether ``path`` is a regular file (not a link), no larger than a fetch may be, with the
+    SHA-256 ``want``."""
+    from r2med_agent.net import MAX_FETCH_BYTES
+
     try:
-        return not path.is_symlink() and _sha256(path.read_bytes()) == want
+        if path.is_symlink() or path.stat().st_size > MAX_FETCH_BYTES:  # never read a large file whole
+            return False
+        return _sha256(path.read_bytes()) == want
     except OSError:
         return False
 
@@ -279,31 +285,44 @@ def _download(url: str, source: PromptSource) -> bytes:
     Raises:
         PromptSourceError: it could not be had (one line: the URL, why, and how to do without).
     """
+    import httpx
+
+    from r2med_agent.net import MAX_FETCH_BYTES, DeadlineError, ReplyTooLarge, get_bytes, read_capped, transport_reason
+
     why = ""
     for attempt in range(FETCH_ATTEMPTS):
         if attempt:
             time.sleep(FETCH_BACKOFF_S * 2 ** (attempt - 1))
         try:
-            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 - pinned host or the user's
-                return response.read()
-        except urllib.error.HTTPError as e:
-            why = f"HTTP {e.code} {e.reason}"
-            if e.code == 404:
+            if not url.startswith(("http://", "https://")):  # file://: a mirror folder
+                with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 - the user's folder
+                    return read_capped(response, MAX_FETCH_BYTES, "the file")
+            # the whole download within FETCH_TIMEOUT_S (not each read), at most MAX_FETCH_BYTES
+            status, reason, data = get_bytes(url, timeout_s=FETCH_TIMEOUT_S, cap=MAX_FETCH_BYTES)
+            if status == 200:
+                return data
+            why = f"HTTP {status} {reason}"
+            if status == 404:
                 why += f" (no such file at commit {source.commit}: a mirror at another commit?)"
                 break
-            if e.code < 500 and e.code != 429:
+            if status < 500 and status != 429:
                 break
+        except ReplyTooLarge as e:
+            why = str(e)
+            break
+        except (DeadlineError, httpx.HTTPError) as e:
+            why = transport_reason(e)
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             why = str(reason) or type(e).__name__
             if isinstance(reason, FileNotFoundError) or url.startswith("file:"):
                 why += f" (no such file at commit {source.commit}: a mirror at another commit?)"
                 break
-    raise PromptSourceError(
+    raise PromptSourceError(redact(
         f"cannot fetch the authors' prompts of {source.repo} at commit {source.commit}: {url}: {why}. "
         f"Without network, import them from a clone: {source.offline_hint}; or run with --prompts own (the "
         f"project's wording)"
-    )
+    ))
 
 
 def fetch(source: PromptSource) -> list[str]:
@@ -326,7 +345,7 @@ def fetch(source: PromptSource) -> list[str]:
         digest = _sha256(data)
         if digest != source.files[rel]:
             raise PromptSourceError(
-                f"{url}: SHA-256 {digest}, but {rel} of {source.repo} at commit {source.commit} has "
+                f"{redact(url)}: SHA-256 {digest}, but {rel} of {source.repo} at commit {source.commit} has "
                 f"{source.files[rel]}; this is not the authors' file at the pinned commit (a mirror at another "
                 f"commit, or a changed file); nothing was written"
             )
@@ -502,7 +521,7 @@ def describe(spec: Any, prompts_dir: Any = None) -> str:
     parts = []
     for src in dict.fromkeys(s for _, _, s in folders if s is not None):
         where = ("at hand" if at_hand(src) else
-                 f"not at hand: fetched on first use from {base_url()} (without network: r2med-agent prompts import "
+                 f"not at hand: fetched on first use from {redact(base_url())} (without network: r2med-agent prompts import "
                  f"<a clone of {src.repo} at {src.commit[:12]}>)")
         parts.append(f"the authors', {src.short} ({', '.join(src.files)}): {where}")
     own = [f for f, _, s in folders if s is None]

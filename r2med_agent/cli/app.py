@@ -11,6 +11,7 @@ from typer.core import TyperOption
 
 from r2med_agent import progress
 from r2med_agent.errors import R2MedError
+from r2med_agent.redaction import redact
 
 app = typer.Typer(
     name="r2med-agent",
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         # with exit code 2 and handles --help; our own errors propagate to the handler below.
         app(args=argv, standalone_mode=True)
     except R2MedError as e:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        typer.secho(f"error: {redact(str(e))}", fg=typer.colors.RED, err=True)
         return e.exit_code
     except KeyboardInterrupt:
         return _interrupted()

@@ -75,11 +75,12 @@ def fetch_command(
 ) -> None:
     """Fetch the authors' prompts at their pinned commits into the cache now (runs fetch on first use)."""
     from r2med_agent.prompt_sources import base_url, ensure, sources_named
+    from r2med_agent.redaction import redact
 
     for source in sources_named(names or []):
         ensure(source)
         typer.echo(f"{source.short}: {', '.join(source.folders)} at hand ({source.folder})")
-    typer.echo(f"from {base_url()}")
+    typer.echo(f"from {redact(base_url())}")
 
 
 @prompts_app.command("sources")

@@ -54,13 +54,12 @@ depends on the ``server`` of the registry entry (``auto``: asked of the server i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from r2med_agent.errors import ConfigError, LLMError
@@ -79,7 +78,9 @@ from r2med_agent.llm.replies import (
 from r2med_agent.llm.retry import RequestErrors, UrlPool, retry_after_seconds, retrying
 from r2med_agent.llm.servers import PROBE_TIMEOUT_S, detect_server, is_loopback_url, resolve_server
 from r2med_agent.llm.wire import OPENAI_MAX_STOP, key_params, truncate_at_stop, wire_sampling
+from r2med_agent.net import DeadlineError, ReplyTooLarge, capped_hooks, run_coroutine, within
 from r2med_agent.progress import for_backend
+from r2med_agent.redaction import redact_url, remember_secret, remember_url_secrets
 from r2med_agent.types import Generation, Message, SamplingParams
 
 __all__ = [
@@ -133,21 +134,6 @@ class _Reporter:
             raise self.error
 
 
-def _run_coroutine(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run the coroutine ``make()`` to its end from synchronous code: on a new event loop, or,
-    when called from inside a running loop (a notebook, an async app), on its own loop in a
-    worker thread."""
-    try:
-        asyncio.get_running_loop()
-        in_loop = True
-    except RuntimeError:
-        in_loop = False
-    if not in_loop:  # (outside the except block: errors then carry no loop-lookup context)
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
-
-
 class _NotSent(Exception):
     """A request left unsent because an authentication error stopped its batch."""
 
@@ -169,6 +155,8 @@ class OpenAICompatBackend:
             raise ConfigError(f"llm '{spec.name}': OpenAICompatBackend needs backend 'openai'")
         self.spec = spec
         self.model_id = spec.model
+        for url in spec.base_urls:
+            remember_url_secrets(url)
         self._server: str | None = None
         self.requests_per_url: dict[str, int] = dict.fromkeys(spec.base_urls, 0)
         self.attempts = 0
@@ -206,7 +194,7 @@ class OpenAICompatBackend:
         """
         if not prompts:
             return []
-        return _run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params, on_done=on_done))
+        return run_coroutine(lambda: self.agenerate([list(p) for p in prompts], params, on_done=on_done))
 
     def generate_samples(
         self, prompts: Sequence[list[Message]], params: SamplingParams, n: int, *,
@@ -219,7 +207,7 @@ class OpenAICompatBackend:
         samples)`` as each reply arrives."""
         if not prompts:
             return []
-        return _run_coroutine(  # type: ignore[return-value]
+        return run_coroutine(  # type: ignore[return-value]
             lambda: self.agenerate([list(p) for p in prompts], params, n=n, on_done=on_done)
         )
 
@@ -232,12 +220,12 @@ class OpenAICompatBackend:
         loop as each request succeeds; an error it raises is raised once the batch ends."""
         import openai
 
-        import httpx
-
         key = self._api_key()
-        timeout = httpx.Timeout(self.spec.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.spec.timeout_s))
+        timeout = _timeout(self.spec.timeout_s)
         clients = {
-            url: openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout)
+            url: openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout,
+                                    http_client=openai.DefaultAsyncHttpxClient(
+                                        timeout=timeout, event_hooks=capped_hooks(module=_openai_http())))
             for url in self.spec.base_urls
         }
         limit = asyncio.Semaphore(self.spec.max_concurrency)
@@ -331,7 +319,7 @@ class OpenAICompatBackend:
                 "llm %s: waiting for %d repl%s (%s); none came for %.0fs; an attempt times out "
                 "after %gs (timeout_s)", self.spec.name, sum(waiting.values()),
                 "y" if sum(waiting.values()) == 1 else "ies",
-                ", ".join(f"{k} at {u}" for u, k in waiting.items()), now - last_reply[0],
+                ", ".join(f"{k} at {redact_url(u)}" for u, k in waiting.items()), now - last_reply[0],
                 self.spec.timeout_s,
             )
 
@@ -355,11 +343,12 @@ class OpenAICompatBackend:
             return "EMPTY"
         value = os.environ.get(env, "")
         if value:
+            remember_secret(value)  # masked wherever a message or log line would show it
             return value
         if all(is_loopback_url(u) for u in self.spec.base_urls):
             return "EMPTY"
         raise ConfigError(
-            f"llm '{self.spec.name}' needs an API key for {', '.join(self.spec.base_urls)}: "
+            f"llm '{self.spec.name}' needs an API key for {', '.join(map(redact_url, self.spec.base_urls))}: "
             f"set the environment variable ${env}"
         )
 
@@ -464,22 +453,29 @@ class OpenAICompatBackend:
                         create = (client.completions.create if "prompt" in request
                                   else client.chat.completions.create)
                         try:
-                            response = await create(**request, timeout=_timeout(timeout_s))
-                        except (ValueError, openai.APIResponseValidationError) as e:
+                            # the whole attempt, not each read, ends by timeout_s (a trickle)
+                            response = await within(timeout_s, lambda: create(**request, timeout=_timeout(timeout_s)),
+                                                    "the attempt")
+                        except DeadlineError:
+                            raise openai.APITimeoutError(request=_request_of(last_url)) from None
+                        except (ReplyTooLarge, openai.APIConnectionError) as e:
+                            too_large = e if isinstance(e, ReplyTooLarge) else e.__cause__
+                            if isinstance(too_large, ReplyTooLarge):  # not retried: it would come again
+                                raise LLMError(errors.scrub(f"llm '{self.spec.name}': request to {last_url} "
+                                                            f"failed: {too_large}")) from None
+                            raise
+                        except (ValueError, RecursionError, openai.APIResponseValidationError) as e:
                             # A 200 whose body is not the JSON it claims (json errors are
-                            # ValueErrors): the server's fault, like a 5xx.
-                            raise MalformedReplyError(
-                                f"the reply is not valid JSON ({type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:120]})"
-                            ) from None
-                        check_reply(response)
+                            # ValueErrors; one nested thousands deep a RecursionError): the
+                            # server's fault, like a 5xx.
+                            raise MalformedReplyError(f"the reply is not valid JSON ({_brief(e)})") from None
                         try:
+                            check_reply(response)
                             result = read(response, last_url)
-                        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
-                            raise MalformedReplyError(
-                                f"a field of the reply has the wrong type ({type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:120]})"
-                            ) from None
+                        except MalformedReplyError:
+                            raise
+                        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+                            raise MalformedReplyError(f"a field of the reply has the wrong type ({_brief(e)})") from None
                     except BaseException as e:
                         failure = e
                         if isinstance(e, openai.APITimeoutError):
@@ -489,21 +485,37 @@ class OpenAICompatBackend:
                         pool.release(last_url, failure)
         except RetryError as e:
             exc = e.last_attempt.exception()
-            raise LLMError(
+            raise LLMError(errors.scrub(
                 f"llm '{self.spec.name}': request to {last_url} failed after "
                 f"{e.last_attempt.attempt_number} attempts: {errors.describe(exc)}"
-            ) from None
+            )) from None
         except openai.OpenAIError as e:
             raise errors.final(e, last_url, abort) from None
         return result
 
 
+def _brief(e: BaseException) -> str:
+    """An exception in one short line (a JSON error's text, a RecursionError's)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
+
+
+def _request_of(url: str | None) -> Any:
+    """A request to ``url`` of the openai client's HTTP module, for an ``openai.APITimeoutError``
+    raised here."""
+    return _openai_http().Request("POST", url or "http://unknown")
+
+
+def _openai_http() -> Any:
+    """The HTTP module the openai client is built on: httpx, or its fork httpx2 (openai 3)."""
+    from openai import _base_client
+
+    return getattr(_base_client, "httpx2", None) or _base_client.httpx
+
+
 def _timeout(seconds: float) -> Any:
     """An attempt's httpx timeout: ``seconds`` in all, at most :data:`CONNECT_TIMEOUT_S` of it to
     connect."""
-    import httpx
-
-    return httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
+    return _openai_http().Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
 
 
 def load_chat_tokenizer(spec: LLMSpec) -> Any:

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from r2med_agent.config import load_registry, lookup
 from r2med_agent.llm.base import LLM
 from r2med_agent.llm.parsing import ReasoningFormat
+from r2med_agent.redaction import redact_url
 from r2med_agent.types import SAMPLING_KNOBS, SamplingParams, sampling_problems
 
 Backend = Literal["vllm", "openai", "local", "python"]
@@ -249,7 +250,7 @@ class LLMSpec:
         for url in self.base_urls:
             parsed = urlparse(url)
             if parsed.scheme not in ("http", "https") or not parsed.hostname:
-                problems.append(f"base_urls: {url!r} is not an http(s) URL")
+                problems.append(f"base_urls: {redact_url(url)!r} is not an http(s) URL")
         if self.backend == "openai" and not self.base_urls:
             problems.append("backend 'openai' needs base_urls (e.g. [https://api.openai.com/v1])")
         if self.backend != "openai" and self.base_urls:

@@ -20,6 +20,7 @@ from r2med_agent.errors import LLMError, exception_chain
 from r2med_agent.llm.base import AuthError, UnreachableError
 from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.llm.replies import MalformedReplyError
+from r2med_agent.redaction import redact, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -155,14 +156,14 @@ class UrlPool:
                 wait = min(self.initial_s * 2 ** (self.failures[url] - 1), self.max_s)
                 self.cool_until[url] = self._clock() + wait
                 if len(self.urls) > 1:
-                    logger.info("%s failed %d time(s) in a row; skipped for %.2fs", url,
+                    logger.info("%s failed %d time(s) in a row; skipped for %.2fs", redact_url(url),
                                 self.failures[url], wait)
 
 
 @dataclass(frozen=True)
 class RequestErrors:
-    """What a failed request of the entry ``spec`` says; ``key`` (the API key) is scrubbed from
-    every message."""
+    """What a failed request of the entry ``spec`` says; ``key`` (the API key), bearer tokens and
+    the credentials of a URL are scrubbed from every message (:func:`~r2med_agent.redaction.redact`)."""
 
     spec: LLMSpec
     key: str
@@ -191,13 +192,16 @@ class RequestErrors:
         return self.scrub(text)
 
     def scrub(self, text: str) -> str:
-        """``text`` with the API key replaced by ``***``."""
-        if self.key and self.key != "EMPTY":
-            text = text.replace(self.key, "***")
-        return text
+        """``text`` with the API key, bearer tokens and URL credentials replaced by ``***``."""
+        return redact(text, self.key)
 
     def rejected(self, exc: Any, url: str | None) -> LLMError:
         """The error of a request the server refused with an HTTP status that is not retried."""
+        error = self._rejected(exc, url and redact_url(url))
+        error.args = (self.scrub(str(error)),)
+        return error
+
+    def _rejected(self, exc: Any, url: str | None) -> LLMError:
         spec, status = self.spec, exc.status_code
         if status == 401:
             if spec.api_key_env:
@@ -227,6 +231,7 @@ class RequestErrors:
         every other request would fail the same way."""
         import openai
 
+        url = url and redact_url(url)
         if isinstance(exc, openai.APIStatusError):
             error = self.rejected(exc, url)
             if isinstance(error, AuthError):

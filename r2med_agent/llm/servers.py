@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from r2med_agent.llm.registry import LLMSpec
+from r2med_agent.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def resolve_server(spec: LLMSpec) -> str:
     # re-run from the cache while the server is down); asked again on the next resolve.
     logger.warning(
         "llm %s: could not ask %s what it serves (no answer); taking it for vLLM (server: vllm); "
-        "set server: in its llms entry to choose", spec.name, ", ".join(spec.base_urls),
+        "set server: in its llms entry to choose", spec.name, ", ".join(map(redact_url, spec.base_urls)),
     )
     return "vllm"
 
@@ -91,12 +92,12 @@ def detect_server(base_url: str, api_key: str = "") -> tuple[str, str] | None:
         _DETECTED[base_url] = found
     kind, what = found
     if what:
-        logger.info("%s is %s: server %s", base_url, what, kind)
+        logger.info("%s is %s: server %s", redact_url(base_url), what, kind)
     else:
         logger.warning(
             "%s did not say what it is (not vLLM, SGLang or llama.cpp): using the chat API with "
             "OpenAI's parameters (server: openai); a final assistant message is answered in a "
-            "new turn; set server: in the llms entry to choose", base_url,
+            "new turn; set server: in the llms entry to choose", redact_url(base_url),
         )
     return found
 
@@ -107,8 +108,14 @@ _OWNERS = {"vllm": ("vllm", "vLLM"), "sglang": ("vllm", "SGLang"),
 
 
 def _owner(j: dict[str, Any]) -> str | None:
-    owners = {str(m.get("owned_by")) for m in j.get("data") or [] if isinstance(m, dict)}
+    models = j.get("data")
+    owners = {str(m.get("owned_by")) for m in models if isinstance(m, dict)} if isinstance(models, list) else set()
     return next((name for name in _OWNERS if name in owners), None)
+
+
+def _title(j: dict[str, Any]) -> str:
+    info = j.get("info")
+    return str(info.get("title", "")) if isinstance(info, dict) else ""
 
 
 _PROBES: tuple[tuple[str, Callable[[dict[str, Any]], tuple[str, str] | None]], ...] = (
@@ -116,34 +123,49 @@ _PROBES: tuple[tuple[str, Callable[[dict[str, Any]], tuple[str, str] | None]], .
     ("/get_model_info", lambda j: ("vllm", "SGLang") if "model_path" in j else None),
     ("/props", lambda j: ("llamacpp", "llama.cpp's llama-server")
      if "default_generation_settings" in j else None),
-    ("/version", lambda j: ("vllm", f"vLLM {j['version']}") if set(j) == {"version"} else None),
-    ("/openapi.json", lambda j: ("llamacpp", "llama-cpp-python's server")
-     if "llama.cpp" in str((j.get("info") or {}).get("title", "")) else None),
+    ("/version", lambda j: ("vllm", f"vLLM {str(j['version'])[:40]}") if set(j) == {"version"} else None),
+    ("/openapi.json", lambda j: ("llamacpp", "llama-cpp-python's server") if "llama.cpp" in _title(j) else None),
 )
 """``(path, recognise)``: a path under the base URL, or with a leading ``/`` under the server's
 root (the base URL without ``/v1``); ``recognise`` turns a JSON object answered with 200 into
-``(kind, server)``, or None."""
+``(kind, server)``, or None. An answer of another shape (``{"data": 5}``, ``{"info": ["x"]}``),
+not JSON, nested too deep or over :data:`~r2med_agent.net.MAX_PROBE_BYTES` says nothing: the next
+probe is asked."""
 
 
 def _probe(base_url: str, api_key: str) -> tuple[str, str] | None:
+    from r2med_agent.net import run_coroutine
+
+    return run_coroutine(lambda: _aprobe(base_url, api_key))
+
+
+async def _aprobe(base_url: str, api_key: str) -> tuple[str, str] | None:
     import httpx
+
+    from r2med_agent.net import MAX_PROBE_BYTES, DeadlineError, ReplyTooLarge, capped_hooks, within
 
     root = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     answered = False
-    with httpx.Client(timeout=PROBE_TIMEOUT_S, headers=headers, follow_redirects=False) as client:
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers, follow_redirects=False,
+                                 event_hooks=capped_hooks(MAX_PROBE_BYTES)) as client:
         for path, recognise in _PROBES:
             url = f"{root}{path}" if path.startswith("/") else f"{base_url.rstrip('/')}/{path}"
-            try:
-                response = client.get(url)
-            except httpx.HTTPError:
+            try:  # PROBE_TIMEOUT_S for the whole answer, not for each read
+                response = await within(PROBE_TIMEOUT_S, client.get(url), "the probe")
+            except (httpx.HTTPError, DeadlineError):
                 break  # no connection, or no answer in time: asking more would not help
+            except ReplyTooLarge as e:
+                logger.debug("%s: %s", redact_url(url), e)
+                answered = True
+                continue
             answered = True
             try:
                 body = response.json() if response.status_code == 200 else None
-            except ValueError:
-                body = None
-            found = recognise(body) if isinstance(body, dict) else None
+                found = recognise(body) if isinstance(body, dict) else None
+            except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as e:
+                logger.debug("%s: an answer of no known shape (%s)", redact_url(url), type(e).__name__)
+                found = None
             if found:
-                return found[0], f"{found[1]} (GET {url})"
+                return found[0], f"{found[1]} (GET {redact_url(url)})"
     return ("openai", "") if answered else None

@@ -12,17 +12,59 @@ from typing import Any
 import numpy as np
 
 from r2med_agent.errors import ConfigError, LLMError
+from r2med_agent.llm.replies import MalformedReplyError
+from r2med_agent.net import MAX_REPLY_BYTES, DeadlineError, ReplyTooLarge, capped_hooks, run_coroutine, transport_reason, within
+from r2med_agent.redaction import redact, redact_url, remember_secret, remember_url_secrets
 from r2med_agent.retrieval.dense.models import _import_transformers, resolve_model_path
 from r2med_agent.retrieval.dense.spec import EncoderSpec, Side
 
 logger = logging.getLogger(__name__)
 
+ATTEMPTS = 5
+"""Attempts of one batch (transport errors, a request over ``timeout_s``, 429, 5xx, a malformed reply)."""
+BACKOFF_S = 0.5
+"""Seconds before the second attempt; doubled before each further one (at most 20)."""
+
+
+def read_embeddings(response: Any, n: int) -> list[np.ndarray]:
+    """The ``n`` embeddings of an ``/embeddings`` reply in input order, each a vector of finite
+    numbers of one length; a reply of another shape (not JSON, nested too deep, no ``data``, an
+    ``embedding`` that is a string or missing, a wrong count) raises :class:`MalformedReplyError`."""
+    try:
+        body = response.json()
+    except (ValueError, RecursionError) as e:
+        shown = " ".join(response.text[:80].split()) if isinstance(e, ValueError) else "nested too deep"
+        raise MalformedReplyError(f"the reply is not JSON ({type(e).__name__}: {shown!r})") from None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or len(data) != n:
+        got = f"{len(data)} items" if isinstance(data, list) else type(data).__name__
+        raise MalformedReplyError(f"the reply's data is {got}, not a list of {n} embeddings")
+    if not all(isinstance(d, dict) for d in data):
+        raise MalformedReplyError("an item of the reply's data is not an object")
+    indexes = [d.get("index", i) for i, d in enumerate(data)]
+    if sorted(indexes) != list(range(n)) or not all(type(i) is int for i in indexes):
+        raise MalformedReplyError(f"the reply's indexes are not 0 to {n - 1}")
+    rows = []
+    for d in sorted(data, key=lambda d: d.get("index", 0)):
+        vector = d.get("embedding")
+        row = np.asarray(vector) if isinstance(vector, list) else None
+        if row is None or row.ndim != 1 or not row.size or row.dtype.kind not in "if":
+            shown = "missing" if vector is None else f"{type(vector).__name__} {str(vector)[:40]!r}"
+            raise MalformedReplyError(f"an embedding is {shown}, not a list of numbers")
+        row = row.astype(np.float32)
+        if not np.isfinite(row).all() or (rows and row.shape != rows[0].shape):
+            raise MalformedReplyError("an embedding has a number that is not finite, or another length than the others")
+        rows.append(row)
+    return rows
+
 
 class APIEncoder:
     """An OpenAI-compatible ``POST {base_url}/embeddings`` client (OpenAI, Voyage, vLLM, TEI).
 
-    Batches of ``batch_size`` texts, retried on transport errors, 429 and 5xx. The key is read from
-    ``api_key_env`` at call time and never logged or cached.
+    Batches of ``batch_size`` texts (:meth:`_post`: retried on transport errors, a request over
+    ``timeout_s`` in all, 429, 5xx and malformed replies; a reply over
+    :data:`~r2med_agent.net.MAX_REPLY_BYTES` is refused). The key is read from ``api_key_env`` at
+    call time and never logged or cached; errors show no key and no URL credentials.
     """
 
     def __init__(self, spec: EncoderSpec, *, show_progress: bool = False, timeout_s: float = 120.0) -> None:
@@ -30,6 +72,7 @@ class APIEncoder:
         self.name = spec.name
         self.show_progress = show_progress
         self.timeout_s = timeout_s
+        remember_url_secrets(spec.base_url)
         self._encoding: Any = False  # not looked up yet
         self._hf: Any = False
 
@@ -126,6 +169,7 @@ class APIEncoder:
 
     def _key(self) -> str:
         key = os.environ.get(self.spec.api_key_env, "")
+        remember_secret(key)  # masked wherever a message or log line would show it
         if not key:
             raise ConfigError(
                 f"encoder '{self.name}' needs an API key: set the environment variable "
@@ -133,46 +177,38 @@ class APIEncoder:
             )
         return key
 
-    def _post(self, client: Any, payload: dict[str, Any]) -> list[list[float]]:
+    async def _post(self, client: Any, payload: dict[str, Any]) -> list[np.ndarray]:
+        """One batch: retried on transport errors, a whole request over :attr:`timeout_s`, 429,
+        5xx and a malformed reply (:func:`read_embeddings`); a reply over
+        :data:`~r2med_agent.net.MAX_REPLY_BYTES` and other statuses fail at once."""
         import httpx
-        from tenacity import (
-            retry,
-            retry_if_exception,
-            stop_after_attempt,
-            wait_exponential,
-        )
+        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+        url = f"{redact_url(self.spec.base_url.rstrip('/'))}/embeddings"
 
         def transient(e: BaseException) -> bool:
-            if isinstance(e, httpx.TransportError):
+            if isinstance(e, (httpx.TransportError, DeadlineError, MalformedReplyError)):
                 return True
             return isinstance(e, httpx.HTTPStatusError) and (
                 e.response.status_code == 429 or e.response.status_code >= 500
             )
 
-        @retry(
-            retry=retry_if_exception(transient),
-            stop=stop_after_attempt(5),
-            wait=wait_exponential(multiplier=0.5, max=20),
-            reraise=True,
-        )
-        def call() -> list[list[float]]:
-            r = client.post("/embeddings", json=payload)
-            r.raise_for_status()
-            data = r.json().get("data")
-            if not isinstance(data, list) or len(data) != len(payload["input"]):
-                raise LLMError(f"encoder '{self.name}': malformed /embeddings response")
-            data = sorted(data, key=lambda d: d.get("index", 0))
-            return [d["embedding"] for d in data]
-
         try:
-            return call()
+            async for attempt in AsyncRetrying(retry=retry_if_exception(transient), stop=stop_after_attempt(ATTEMPTS),
+                                               wait=wait_exponential(multiplier=BACKOFF_S, max=20), reraise=True):
+                with attempt:
+                    r = await within(self.timeout_s, client.post("/embeddings", json=payload), "the request")
+                    r.raise_for_status()
+                    return read_embeddings(r, len(payload["input"]))
         except httpx.HTTPStatusError as e:
-            raise LLMError(
-                f"encoder '{self.name}': {self.spec.base_url}/embeddings answered "
-                f"{e.response.status_code}: {e.response.text[:300]}"
-            ) from None
-        except httpx.TransportError as e:
-            raise LLMError(f"encoder '{self.name}': cannot reach {self.spec.base_url}: {e}") from None
+            raise LLMError(redact(
+                f"encoder '{self.name}': {url} answered {e.response.status_code}: {e.response.text[:300]}"
+            )) from None
+        except (httpx.TransportError, DeadlineError, MalformedReplyError, ReplyTooLarge) as e:
+            what = "cannot reach" if isinstance(e, httpx.TransportError) else "no usable reply from"
+            raise LLMError(redact(f"encoder '{self.name}': {what} {url} after {ATTEMPTS if transient(e) else 1} "
+                                  f"attempt(s): {transport_reason(e)}")) from None
+        raise AssertionError("unreachable")  # the retry loop returns or raises
 
     def encode(
         self,
@@ -188,26 +224,36 @@ class APIEncoder:
         inputs = self.prepare([(prefix + t) for t in texts])
         if not inputs:
             return np.zeros((0, 0), dtype=np.float32)
-        rows: list[list[float]] = []
         headers = {"Authorization": f"Bearer {self._key()}"}
         bar = None
         if self.show_progress:
             from r2med_agent.progress import stage_bar
 
             bar = stage_bar(total=len(inputs), desc=f"embed {self.name} ({side})", unit="text", leave=False)
-        try:
-            with httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s) as client:
+
+        async def batches() -> list[np.ndarray]:
+            rows: list[np.ndarray] = []
+            async with httpx.AsyncClient(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s,
+                                         event_hooks=capped_hooks(MAX_REPLY_BYTES)) as client:
                 for s in range(0, len(inputs), spec.batch_size):
                     payload: dict[str, Any] = {"model": spec.model, "input": inputs[s : s + spec.batch_size]}
                     if spec.provider == "voyage":
                         payload["input_type"] = "query" if side == "query" else "document"
-                    rows.extend(self._post(client, payload))
+                    got = await self._post(client, payload)
+                    if rows and got and got[0].shape != rows[0].shape:
+                        raise LLMError(f"encoder '{self.name}': a batch of embeddings of {got[0].shape[0]} "
+                                       f"dimensions after one of {rows[0].shape[0]}")
+                    rows.extend(got)
                     if bar is not None:
                         bar.update(len(payload["input"]))
+            return rows
+
+        try:
+            rows = run_coroutine(batches)
         finally:
             if bar is not None:
                 bar.close()
-        out = np.asarray(rows, dtype=np.float32)
+        out = np.stack(rows).astype(np.float32, copy=False)
         if spec.normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
