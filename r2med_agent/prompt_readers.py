@@ -330,14 +330,24 @@ def read_grouprank(clone: Path) -> ImportedPrompts:
 RANK_R1_PROMPTS = "Rank-R1/prompts/prompt_setwise-R1.toml"
 """Rank-R1's trained prompt file in ielab/llm-rankers (the one its README's runs pass)."""
 
-RANK_R1_DOCS = '{% for p in passages %}{{ "\\n" if not loop.first else "" }}[{{ loop.index }}] {{ p }}{% endfor %}'
-"""Rank-R1's ``{docs}``: ``"[i] text"`` per document joined by newlines, as
-``RankR1SetwiseLlmRanker.compare`` (llmrankers/setwise.py) joins them."""
+RANK_R1_DOC_KEYS = ("doc_prefix", "doc_separator")
+"""The keys of Rank-R1's TOML file that lay out ``{docs}``: ``R1SetwiseLlmRanker.compare``
+(Rank-R1/run_setwise.py) writes ``doc_prefix.format(num=i + 1) + text`` per document and joins
+them with ``doc_separator``."""
+
+
+def _rank_r1_docs(mod: CloneFile, prefix: str, separator: str) -> str:
+    """``{docs}`` as ``R1SetwiseLlmRanker.compare`` fills it from the file's ``doc_prefix`` (a
+    ``str.format`` template of ``{num}``, the 1-based position) and ``doc_separator``, as Jinja."""
+    head = jinja_source(format_pieces(mod, mod.tree, prefix, {"num": "loop.index"}))
+    return ("{% for p in passages %}{% if not loop.first %}" + jinja_literal(separator) + "{% endif %}"
+            + head + "{{ p }}{% endfor %}")
 
 
 def read_rank_r1(clone: Path) -> ImportedPrompts:
     """Rank-R1's system and user prompts: ``prompt_system`` and ``prompt_user`` (a ``str.format``
-    template of ``{query}`` and ``{docs}``) of its TOML prompt file, read as data."""
+    template of ``{query}`` and ``{docs}``) of its TOML prompt file, read as data, with ``{docs}``
+    laid out by the file's own ``doc_prefix`` and ``doc_separator`` (:func:`_rank_r1_docs`)."""
     out = ImportedPrompts("ielab/llm-rankers", clone_commit(clone))
     path = clone / RANK_R1_PROMPTS
     try:
@@ -353,17 +363,18 @@ def read_rank_r1(clone: Path) -> ImportedPrompts:
         raise DataError(f"cannot read it ({e})", path) from None
     except tomllib.TOMLDecodeError as e:
         raise DataError(f"not valid TOML: {e}", path) from None
-    system, user = doc.get("prompt_system"), doc.get("prompt_user")
-    if not (isinstance(system, str) and isinstance(user, str)):
-        raise DataError("expected text keys prompt_system and prompt_user (the reference's layout)", path)
+    keys = ("prompt_system", "prompt_user", *RANK_R1_DOC_KEYS)
+    if not all(isinstance(doc.get(k), str) for k in keys):
+        raise DataError(f"expected text keys {', '.join(keys)} (the reference's layout)", path)
+    system, user, prefix, separator = (doc[k] for k in keys)
     mod = CloneFile(path, RANK_R1_PROMPTS, ast.Module([], type_ignores=[]))
-    fields = {"query": "query", "docs": RANK_R1_DOCS}
+    fields = {"query": "query", "docs": _rank_r1_docs(mod, prefix, separator)}
     body = ('{% if part == "system" %}' + jinja_literal(system) + "{% else %}"
             + jinja_source(format_pieces(mod, mod.tree, user, fields)) + "{% endif %}")
     for family in FAMILIES:
         rel = f"rerank-setwise/{family}.j2"
         out.templates[rel] = exact_template(RANK_R1_PROMPTS, out.reference, body)
-        out.origins[rel] = f"{RANK_R1_PROMPTS}: prompt_system, prompt_user"
+        out.origins[rel] = f"{RANK_R1_PROMPTS}: {', '.join(keys)}"
     return out
 
 

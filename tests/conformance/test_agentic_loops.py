@@ -12,9 +12,6 @@ closing tag (included), by the end of generation, or cut by ``max_tokens``."""
 
 from __future__ import annotations
 
-import ast
-import re
-import typing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +24,7 @@ from r2med_agent.methods.loop import Trajectory, parse_output
 from r2med_agent.prompt_import import read_search_o1, read_search_r1, write_prompts
 from r2med_agent.types import Query, Task
 from tests.conformance.conftest import load_reference_module, reference_repo, stub
+from tests.conformance.reference_blocks import reference_block, reference_functions
 
 HOSTILE_QUESTIONS = (
     "Ünïcödé: 患者の発熱 — fièvre 🙂\u200b?",
@@ -36,40 +34,6 @@ HOSTILE_QUESTIONS = (
     "ends with a question mark?",
     "?",
 )
-
-
-def reference_functions(path: Path, names: set[str], scope: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The authors' functions ``names`` (module level, methods or nested), compiled from the
-    file's syntax tree alone: the rest of the file does not run."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert {d.name for d in defs} == names, f"{path.name} lacks {names - {d.name for d in defs}}"
-    ns: dict[str, Any] = {"re": re, **{k: getattr(typing, k) for k in ("List", "Dict", "Any", "Tuple", "Optional")},
-                          **(scope or {})}
-    exec(compile(ast.Module(defs, type_ignores=[]), str(path), "exec"), ns)  # noqa: S102 - the authors' code, pinned
-    return ns
-
-
-def reference_block(path: Path, first: str, last: str, inputs: tuple[str, ...], output: str,
-                    scope: dict[str, Any]) -> Any:
-    """The statements of ``path`` from the one that reads ``first`` to the one that reads ``last``
-    (inline code of a long function), as a function of ``inputs`` returning ``output``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if not isinstance(body, list):
-            continue
-        text = [ast.unparse(s) for s in body]
-        if first in text:
-            i = text.index(first)
-            j = next(k for k in range(i, len(text)) if text[k] == last)
-            func = ast.FunctionDef(name="block", args=ast.arguments(
-                posonlyargs=[], args=[ast.arg(a) for a in inputs], kwonlyargs=[], kw_defaults=[], defaults=[]),
-                body=[*body[i:j + 1], ast.Return(ast.Name(output, ast.Load()))], decorator_list=[], type_params=[])
-            ns = dict(scope)
-            exec(compile(ast.fix_missing_locations(ast.Module([func], type_ignores=[])), str(path), "exec"), ns)  # noqa: S102
-            return ns["block"]
-    raise AssertionError(f"{path.name} has no statement {first!r}")
 
 
 def _questions() -> tuple[str, ...]:

@@ -359,13 +359,16 @@ GROUP_USER = ("I give you {TOPK} documents marked []. Score them.\nQuery:\n{QUER
 RANK_R1_TOML = (
     'prompt_system = "A dummy system line, with <think> </think> tags."\n\n'
     "prompt_user = '''Pick for: \"{query}\" among\n{docs}\nAnswer [n].'''\n\n"
-    "pattern = '<answer>(.*?)</answer>'\n"
+    "pattern = '<answer>(.*?)</answer>'\n\n"
+    'doc_separator = "\\n"\n\n'
+    'doc_prefix = "[{num}]: "\n'
 )
 
 
 def test_rank_r1_system_and_user_prompts(tmp_path) -> None:
     """Rank-R1's TOML prompt file, read as data: the system text, and the user text with
-    ``{docs}`` filled as RankR1SetwiseLlmRanker.compare fills it ("[i] text" joined by newlines)."""
+    ``{docs}`` filled as R1SetwiseLlmRanker.compare (Rank-R1/run_setwise.py) fills it from the
+    file's ``doc_prefix`` and ``doc_separator``: the authors' ``[i]: text``, one per line."""
     import tomllib
 
     clone = tmp_path / "llm-rankers"
@@ -373,14 +376,22 @@ def test_rank_r1_system_and_user_prompts(tmp_path) -> None:
     out = tmp_path / "ref-prompts"
     run_import(clone, out)
     ref = tomllib.loads(path.read_text(encoding="utf-8"))
-    docs = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(PASSAGES))
+    docs = "[1]: first passage {x}\n[2]: second passage\n[3]: third"
     for family in ("qa", "exam"):
         rel = f"rerank-setwise/{family}.j2"
         variables = dict(prompts_dir=out, query="q {x}", passages=PASSAGES, domain="x")
         assert prompts.render(rel, part="system", **variables) == ref["prompt_system"]
         assert prompts.render(rel, part="user", **variables) == ref["prompt_user"].format(query="q {x}", docs=docs)
-    write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", "prompt_system = [1]\n")
-    assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o2")]) != 0
+    # The layout is the file's own: another prefix and separator give another layout.
+    other = RANK_R1_TOML.replace('"[{num}]: "', '"<{num}> {{ "').replace('"\\n"', '"\\n\\n"')
+    write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", other)
+    run_import(clone, tmp_path / "o1")
+    got = prompts.render("rerank-setwise/qa.j2", prompts_dir=tmp_path / "o1", part="user", query="q",
+                         passages=["a", "b"], domain="x")
+    assert "among\n<1> { a\n\n<2> { b\nAnswer" in got
+    for bad in ("prompt_system = [1]\n", RANK_R1_TOML.replace('doc_prefix = "[{num}]: "', "")):
+        write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", bad)
+        assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o2")]) != 0
 
 
 def test_grouprank_system_and_user_prompts(tmp_path) -> None:
@@ -574,7 +585,7 @@ def _real_rank_r1(clone: Path, out: Path) -> int:
     import tomllib
 
     ref = tomllib.loads((clone / "Rank-R1/prompts/prompt_setwise-R1.toml").read_text(encoding="utf-8"))
-    docs = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(PASSAGES))
+    docs = "\n".join(f"[{i + 1}]: {p}" for i, p in enumerate(PASSAGES))
     variables = dict(prompts_dir=out, query="qq", passages=PASSAGES, domain="x")
     assert prompts.render("rerank-setwise/qa.j2", part="system", **variables) == ref["prompt_system"]
     assert prompts.render("rerank-setwise/qa.j2", part="user", **variables) == ref["prompt_user"].format(
