@@ -188,6 +188,10 @@ def _fixed(node: ast.expr) -> bool:
 # Search-o1: scripts/prompts.py
 
 SEARCH_O1_PROMPTS = "scripts/prompts.py"
+SEARCH_O1_INSTRUCTION = "get_multiqa_search_o1_instruction"
+"""The instruction of Search-o1's multi-hop QA setting: ``run_search_o1.py`` gives it to hotpotqa,
+2wiki, musique and bamboogle with 10 searches and 15 turns, the pair the loop runs (its single-QA
+instruction goes with 5 searches, to nq and triviaqa; docs/protocol.md, "Search-o1")."""
 
 
 def _o1_task_prompt(mod: CloneFile) -> tuple[list[Piece], list[Piece], ast.AST]:
@@ -209,12 +213,12 @@ def _o1_task_prompt(mod: CloneFile) -> tuple[list[Piece], list[Piece], ast.AST]:
 
 
 def read_search_o1(clone: Path) -> ImportedPrompts:
-    """Search-o1's open-QA prompt (``get_singleqa_search_o1_instruction`` followed by
+    """Search-o1's multi-hop QA prompt (:data:`SEARCH_O1_INSTRUCTION` followed by
     ``get_task_instruction_openqa``, QwQ's variant when the loop runs QwQ) for every family, and
     its Reason-in-Documents request (``get_webpage_to_reasonchain_instruction``)."""
     out = ImportedPrompts("sunnynexus/Search-o1", clone_commit(clone))
     mod = parse_file(clone, SEARCH_O1_PROMPTS)
-    head = mod.function("get_singleqa_search_o1_instruction")
+    head = mod.function(SEARCH_O1_INSTRUCTION)
     instruction = string_pieces(mod, returned_value(mod, head), param_exprs(head, ["max_searches"]))
     qwq, other, branch = _o1_task_prompt(mod)
     body = (jinja_source(instruction) + "{% if qwq %}" + jinja_source(qwq) + "{% else %}" + jinja_source(other) + "{% endif %}")

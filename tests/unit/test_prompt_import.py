@@ -222,10 +222,17 @@ def test_search_r1_prompt_and_corrective_message(tmp_path, monkeypatch) -> None:
 O1_PROMPTS = GUARD + '''
 def get_singleqa_search_o1_instruction(MAX_SEARCH_LIMIT):
     return (
+        "You reason and may search once or twice. "
+        f"You may search {MAX_SEARCH_LIMIT} times at most.\\n\\n"
+    )
+
+
+def get_multiqa_search_o1_instruction(MAX_SEARCH_LIMIT):
+    return (
         "You reason and may search. "
         "Write <|begin_search_query|> q <|end_search_query|>.\\n\\n"
         f"You may search {MAX_SEARCH_LIMIT} times at most.\\n\\n"
-        "Example:\\nQuestion: \\"Who?\\"\\n\\n"
+        "Example:\\nQuestion: \\"Who?\\"\\nAssistant thinks: then who else?\\n\\n"
     )
 
 
@@ -270,12 +277,13 @@ def test_search_o1_prompts_for_qwq_and_others_and_reason_in_documents(tmp_path, 
     out = tmp_path / "ref-prompts"
     run_import(clone, out)
     monkeypatch.setenv(prompts.ENV_VAR, str(out))
-    ref = functions(path, {"get_singleqa_search_o1_instruction", "get_task_instruction_openqa",
+    ref = functions(path, {"get_multiqa_search_o1_instruction", "get_task_instruction_openqa",
                            "get_webpage_to_reasonchain_instruction"})
     t, q = task("MedQA-Diag", "exam", "medicine", ()), Query("q", "A man of 60 {with} fever")
-    # run_search_o1.py: instruction + user_prompt, QwQ's variant for a model path containing "qwq".
+    # run_search_o1.py's multi-hop QA setting: its instruction + user_prompt, QwQ's variant for a
+    # model path containing "qwq" (never the single-QA instruction, which goes with 5 searches).
     for loop, name in ((SearchO1(), None), (SearchO1().for_model("Qwen/QwQ-32B"), "qwq")):
-        expected = ref["get_singleqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](q.text, model_name=name)
+        expected = ref["get_multiqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](q.text, model_name=name)
         assert loop.initial_messages(t, q) == [{"role": "user", "content": expected}]
     got = prompts.render("search-o1/reason_in_documents.j2", previous_steps="Step 1: {a}", search_query="fever",
                          documents="**Document 1**\ntext")
@@ -479,7 +487,7 @@ def test_not_a_reference_clone(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "not a clone of a known reference" in err and "Traceback" not in err
     clone = tmp_path / "bad"
-    write(clone, "scripts/prompts.py", "def get_singleqa_search_o1_instruction(n):\n    return compute(n)\n")
+    write(clone, "scripts/prompts.py", "def get_multiqa_search_o1_instruction(n):\n    return compute(n)\n")
     assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o")]) != 0
     assert "scripts/prompts.py:2" in capsys.readouterr().err
 
@@ -532,10 +540,10 @@ def _real_search_r1(clone: Path, out: Path) -> int:
 
 
 def _real_search_o1(clone: Path, out: Path) -> int:
-    ref = functions(clone / "scripts/prompts.py", {"get_singleqa_search_o1_instruction", "get_task_instruction_openqa",
+    ref = functions(clone / "scripts/prompts.py", {"get_multiqa_search_o1_instruction", "get_task_instruction_openqa",
                                                    "get_webpage_to_reasonchain_instruction"})
     for qwq in (False, True):
-        expected = ref["get_singleqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](
+        expected = ref["get_multiqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](
             "Q?", model_name="qwq" if qwq else None)
         assert prompts.render("search-o1/qa.j2", prompts_dir=out, query="Q?", domain="x", max_searches=10,
                               qwq=qwq) == expected
