@@ -33,6 +33,7 @@ PROMPT_PATH_BACKENDS = ("vllm",)
 setting plays no part."""
 
 DROPPABLE_PARAMS = (
+    "max_tokens",
     "temperature",
     "top_p",
     "top_k",
@@ -141,8 +142,15 @@ class LLMSpec:
     model's id or folder). Only tokenizer files are read, never weights."""
 
     drop_params: tuple[str, ...] = ()
-    """openai backend: sampling parameters the endpoint rejects (o3-mini rejects temperature,
-    top_p and stop); they are not sent, and dropped stop strings are applied client-side."""
+    """openai backend: sampling parameters not sent, because the endpoint rejects them (o3-mini
+    rejects temperature, top_p and stop) or the reference did not send them (R2MED's GPT-4o
+    requests carry no ``max_tokens``: the server's own limit applies); dropped stop strings are
+    applied client-side."""
+
+    request_rules: bool = False
+    """Whether runs that generate with this entry carry the run spec's ``request_rules`` version
+    (:data:`~r2med_agent.experiment.spec.REQUEST_RULES`): set on a shipped entry whose request
+    changed (``gpt4``), so that results made with its earlier request stay another run."""
 
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     """openai backend: the request field for the token limit (OpenAI reasoning models take

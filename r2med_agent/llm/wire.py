@@ -46,7 +46,7 @@ def wire_sampling(
         request share generations and two that do not never do.
     """
     drop = set(drop_params)
-    fields: dict[str, Any] = {max_tokens_param: params.max_tokens}
+    fields: dict[str, Any] = {} if "max_tokens" in drop else {max_tokens_param: params.max_tokens}
     if "temperature" not in drop:
         fields["temperature"] = params.temperature
     if "top_p" not in drop:
