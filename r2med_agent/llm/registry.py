@@ -33,7 +33,6 @@ PROMPT_PATH_BACKENDS = ("vllm",)
 setting plays no part."""
 
 DROPPABLE_PARAMS = (
-    "max_tokens",
     "temperature",
     "top_p",
     "top_k",
@@ -142,10 +141,13 @@ class LLMSpec:
     model's id or folder). Only tokenizer files are read, never weights."""
 
     drop_params: tuple[str, ...] = ()
-    """openai backend: sampling parameters not sent, because the endpoint rejects them (o3-mini
-    rejects temperature, top_p and stop) or the reference did not send them (R2MED's GPT-4o
-    requests carry no ``max_tokens``: the server's own limit applies); dropped stop strings are
-    applied client-side."""
+    """openai backend: sampling parameters the endpoint rejects (o3-mini rejects temperature,
+    top_p and stop); they are not sent, and dropped stop strings are applied client-side."""
+
+    sends_max_tokens: bool = True
+    """openai backend: false sends no token limit while a request keeps the entry's own
+    ``max_tokens`` (the API's own limit applies, as in R2MED's GPT-4o requests); another value, a
+    run's ``--max-tokens`` or a method's own budget, is sent."""
 
     request_rules: bool = False
     """Whether runs that generate with this entry carry the run spec's ``request_rules`` version

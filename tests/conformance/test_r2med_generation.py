@@ -211,6 +211,9 @@ def test_the_gpt4_request_is_the_one_generate_func_by_gpt_sends(r2med, tmp_path)
         # The entry as the API resolves it (server openai), only its address on loopback.
         ours = make_backend(dataclasses.replace(entry, base_urls=(server.base_url,), server="openai"))
         ours.generate([theirs["messages"]], default_sampling(entry))
-        mine = server.bodies[1]
+        # A run's own --max-tokens (BRIGHT's reason.py sends 2,048) is still sent.
+        ours.generate([theirs["messages"]], default_sampling(entry, max_tokens=2048))
+        mine, limited = server.bodies[1:]
     assert mine == theirs
     assert "max_tokens" not in mine and "seed" not in mine and (mine["temperature"], mine["top_p"]) == (0.8, 0.8)
+    assert limited == {**theirs, "max_tokens": 2048}
