@@ -188,6 +188,10 @@ def _fixed(node: ast.expr) -> bool:
 # Search-o1: scripts/prompts.py
 
 SEARCH_O1_PROMPTS = "scripts/prompts.py"
+SEARCH_O1_INSTRUCTION = "get_multiqa_search_o1_instruction"
+"""The instruction of Search-o1's multi-hop QA setting: ``run_search_o1.py`` gives it to hotpotqa,
+2wiki, musique and bamboogle with 10 searches and 15 turns, the pair the loop runs (its single-QA
+instruction goes with 5 searches, to nq and triviaqa; docs/protocol.md, "Search-o1")."""
 
 
 def _o1_task_prompt(mod: CloneFile) -> tuple[list[Piece], list[Piece], ast.AST]:
@@ -209,12 +213,12 @@ def _o1_task_prompt(mod: CloneFile) -> tuple[list[Piece], list[Piece], ast.AST]:
 
 
 def read_search_o1(clone: Path) -> ImportedPrompts:
-    """Search-o1's open-QA prompt (``get_singleqa_search_o1_instruction`` followed by
+    """Search-o1's multi-hop QA prompt (:data:`SEARCH_O1_INSTRUCTION` followed by
     ``get_task_instruction_openqa``, QwQ's variant when the loop runs QwQ) for every family, and
     its Reason-in-Documents request (``get_webpage_to_reasonchain_instruction``)."""
     out = ImportedPrompts("sunnynexus/Search-o1", clone_commit(clone))
     mod = parse_file(clone, SEARCH_O1_PROMPTS)
-    head = mod.function("get_singleqa_search_o1_instruction")
+    head = mod.function(SEARCH_O1_INSTRUCTION)
     instruction = string_pieces(mod, returned_value(mod, head), param_exprs(head, ["max_searches"]))
     qwq, other, branch = _o1_task_prompt(mod)
     body = (jinja_source(instruction) + "{% if qwq %}" + jinja_source(qwq) + "{% else %}" + jinja_source(other) + "{% endif %}")
@@ -330,14 +334,24 @@ def read_grouprank(clone: Path) -> ImportedPrompts:
 RANK_R1_PROMPTS = "Rank-R1/prompts/prompt_setwise-R1.toml"
 """Rank-R1's trained prompt file in ielab/llm-rankers (the one its README's runs pass)."""
 
-RANK_R1_DOCS = '{% for p in passages %}{{ "\\n" if not loop.first else "" }}[{{ loop.index }}] {{ p }}{% endfor %}'
-"""Rank-R1's ``{docs}``: ``"[i] text"`` per document joined by newlines, as
-``RankR1SetwiseLlmRanker.compare`` (llmrankers/setwise.py) joins them."""
+RANK_R1_DOC_KEYS = ("doc_prefix", "doc_separator")
+"""The keys of Rank-R1's TOML file that lay out ``{docs}``: ``R1SetwiseLlmRanker.compare``
+(Rank-R1/run_setwise.py) writes ``doc_prefix.format(num=i + 1) + text`` per document and joins
+them with ``doc_separator``."""
+
+
+def _rank_r1_docs(mod: CloneFile, prefix: str, separator: str) -> str:
+    """``{docs}`` as ``R1SetwiseLlmRanker.compare`` fills it from the file's ``doc_prefix`` (a
+    ``str.format`` template of ``{num}``, the 1-based position) and ``doc_separator``, as Jinja."""
+    head = jinja_source(format_pieces(mod, mod.tree, prefix, {"num": "loop.index"}))
+    return ("{% for p in passages %}{% if not loop.first %}" + jinja_literal(separator) + "{% endif %}"
+            + head + "{{ p }}{% endfor %}")
 
 
 def read_rank_r1(clone: Path) -> ImportedPrompts:
     """Rank-R1's system and user prompts: ``prompt_system`` and ``prompt_user`` (a ``str.format``
-    template of ``{query}`` and ``{docs}``) of its TOML prompt file, read as data."""
+    template of ``{query}`` and ``{docs}``) of its TOML prompt file, read as data, with ``{docs}``
+    laid out by the file's own ``doc_prefix`` and ``doc_separator`` (:func:`_rank_r1_docs`)."""
     out = ImportedPrompts("ielab/llm-rankers", clone_commit(clone))
     path = clone / RANK_R1_PROMPTS
     try:
@@ -353,17 +367,18 @@ def read_rank_r1(clone: Path) -> ImportedPrompts:
         raise DataError(f"cannot read it ({e})", path) from None
     except tomllib.TOMLDecodeError as e:
         raise DataError(f"not valid TOML: {e}", path) from None
-    system, user = doc.get("prompt_system"), doc.get("prompt_user")
-    if not (isinstance(system, str) and isinstance(user, str)):
-        raise DataError("expected text keys prompt_system and prompt_user (the reference's layout)", path)
+    keys = ("prompt_system", "prompt_user", *RANK_R1_DOC_KEYS)
+    if not all(isinstance(doc.get(k), str) for k in keys):
+        raise DataError(f"expected text keys {', '.join(keys)} (the reference's layout)", path)
+    system, user, prefix, separator = (doc[k] for k in keys)
     mod = CloneFile(path, RANK_R1_PROMPTS, ast.Module([], type_ignores=[]))
-    fields = {"query": "query", "docs": RANK_R1_DOCS}
+    fields = {"query": "query", "docs": _rank_r1_docs(mod, prefix, separator)}
     body = ('{% if part == "system" %}' + jinja_literal(system) + "{% else %}"
             + jinja_source(format_pieces(mod, mod.tree, user, fields)) + "{% endif %}")
     for family in FAMILIES:
         rel = f"rerank-setwise/{family}.j2"
         out.templates[rel] = exact_template(RANK_R1_PROMPTS, out.reference, body)
-        out.origins[rel] = f"{RANK_R1_PROMPTS}: prompt_system, prompt_user"
+        out.origins[rel] = f"{RANK_R1_PROMPTS}: {', '.join(keys)}"
     return out
 
 

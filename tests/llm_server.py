@@ -401,13 +401,14 @@ class CannedChatServer:
     that carried that prompt, from 1); by default a well-formed completion answering
     ``"answer: <prompt>"`` with usage. For replies a real server could send but no real engine here
     does on purpose (a mistyped field in valid JSON). ``requests`` lists the prompt of every chat
-    request; ``delay_s`` holds every reply that long first.
+    request and ``bodies`` its whole JSON body, as sent; ``delay_s`` holds every reply that long first.
     """
 
     def __init__(self, reply: Any = None, delay_s: float = 0.0) -> None:
         self.reply = reply or (lambda prompt, attempt: self.good(prompt))
         self.delay_s = delay_s
         self.requests: list[str] = []
+        self.bodies: list[Any] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         server = self
@@ -426,6 +427,7 @@ class CannedChatServer:
                 prompt = str(body.get("messages", [{}])[-1].get("content", body.get("prompt", "")))
                 with server._lock:
                     server.requests.append(prompt)
+                    server.bodies.append(body)
                     attempt = server.requests.count(prompt)
                 if server.delay_s:
                     server._stop.wait(server.delay_s)

@@ -44,7 +44,7 @@ from r2med_agent.analysis.published import PublishedKey, benchmark_of, published
 from r2med_agent.analysis.results import NO_LLM
 from r2med_agent.config import build, load_yaml
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.spec import RunSpec
+from r2med_agent.experiment.spec import VERSION_MARKERS, RunSpec
 from r2med_agent.paths import configs_dir
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ BYTES_PER_PARAM = 2
 RUN_ARGS: tuple[str, ...] = tuple(
     f.name for f in fields(RunSpec)
     if f.name not in ("method", "llm", "retriever", "reranker", "generations", "prompts", "candidates", "entries",
-                      "loop_rules", "rerank_rules")
+                      *VERSION_MARKERS)
 )
 SCORE_SOURCES = ("entries", "published")
 """Where a grid file's published scores come from: each entry's ``ndcg_at_10`` (checked against

@@ -33,8 +33,10 @@ from r2med_agent.experiment.spec import (
     LOOP_RULES,
     RELEASED_SOURCES,
     RERANK_RULES,
+    REQUEST_RULES,
     SAMPLING_FLAGS,
     SPEC_FLAGS,
+    VERSION_MARKERS,
     RunSpec,
 )
 from r2med_agent.methods.base import Capabilities, capabilities
@@ -166,6 +168,8 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     entry = reg.reranker(v["reranker"])
     if entry is None or not _published(entry):
         v["rerank_rules"] = RERANK_RULES  # no published LLM reranker ran
+    if not _versioned_requests(reg, caps, v["llm"], v["generations"]):
+        v["request_rules"] = REQUEST_RULES  # no request to an entry that declares the marker
     if not caps.uses_llm or released:
         v["prompts"] = None
     for name, default in (("bm25_k1", DEFAULT_K1), ("bm25_b", DEFAULT_B)):
@@ -184,6 +188,11 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     from r2med_agent.prompt_sources import resolve as resolve_prompts
 
     v["prompts_from"] = resolve_prompts(v["prompts_from"], v["method"], v["llm"], v["generations"], v["reranker"])
+
+
+def _versioned_requests(reg: Registries, caps: Capabilities, llm: str | None, generations: str) -> bool:
+    """Whether the run sends fresh requests to an LLM entry that declares ``request_rules``."""
+    return caps.uses_llm and generations not in RELEASED_SOURCES and bool(getattr(reg.llm(llm), "request_rules", False))
 
 
 def _published(entry: Any) -> bool:
@@ -349,9 +358,11 @@ def spec_of_config(config: Mapping[str, Any], registries: Registries | None = No
     process without it.
 
     A config an earlier version wrote lacks the settings added since. It is read as those
-    versions' readers read it: the settings it lacks have their defaults, but ``loop_rules`` and
-    ``rerank_rules`` are 1 (the behaviour of its time) where the setting applies (an agentic
-    method's fresh loop; a reranker entry that follows a published reranker's code), and the
+    versions' readers read it: the settings it lacks have their defaults, but the version markers
+    it lacks (:data:`~r2med_agent.experiment.spec.VERSION_MARKERS`) are 1 (the behaviour of its
+    time) where the setting applies (an agentic method's fresh loop; a reranker entry that follows
+    a published reranker's code; fresh generations of an LLM entry that declares
+    ``request_rules``), and the
     whole is resolved against the registries (settings that played no part set back to their
     defaults; its sampling overrides kept as recorded), so it names the folder and row it always
     did. Such a config whose method this process does not know is not understood (ConfigError).
@@ -359,7 +370,7 @@ def spec_of_config(config: Mapping[str, Any], registries: Registries | None = No
     spec = RunSpec.from_record(config)
     if all(f.name in config for f in fields(RunSpec)):
         return spec
-    markers = {name: 1 for name in ("loop_rules", "rerank_rules") if name not in config}
+    markers = {name: 1 for name in VERSION_MARKERS if name not in config}
     return _resolve(replace(spec, **markers), registries or Registries(), explicit_sampling=True)
 
 
@@ -384,6 +395,8 @@ def applicable(spec: RunSpec, registries: Registries | None = None) -> list[str]
     entry = reg.reranker(spec.reranker)
     if entry is None or not _published(entry):
         skip.add("rerank_rules")
+    if not _versioned_requests(reg, caps, spec.llm, spec.generations):
+        skip.add("request_rules")
     return [f.name for f in fields(RunSpec) if f.name not in skip]
 
 
@@ -422,12 +435,9 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
         if name == "sampling":
             out += _sampling_args(value)
             continue
-        if name == "loop_rules":
-            raise ConfigError(f"loop_rules {value} names results of an earlier version's loops, which this "
-                              "version does not run")
-        if name == "rerank_rules":
-            raise ConfigError(f"rerank_rules {value} names results of an earlier version's rerankers, which this "
-                              "version does not run")
+        if name in VERSION_MARKERS:
+            raise ConfigError(f"{name} {value} names results of an earlier version's {VERSION_MARKERS[name][2]}, "
+                              "which this version does not run")
         flag = SPEC_FLAGS.get(name, "--" + name.replace("_", "-"))
         if isinstance(value, bool):
             out += [flag] if value else []

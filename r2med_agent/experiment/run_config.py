@@ -16,7 +16,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import DEFAULT_METRICS, metrics_within_depth
 from r2med_agent.experiment.resolve import resolve
-from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, RunSpec
+from r2med_agent.experiment.spec import VERSION_MARKERS, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.names import member_names
 
@@ -87,12 +87,10 @@ class RunConfig(RunSpec):
         resolved = resolve(self.spec())
         for f in fields(RunSpec):
             object.__setattr__(self, f.name, getattr(resolved, f.name))
-        if self.loop_rules != LOOP_RULES:
-            raise ConfigError(f"loop_rules {self.loop_rules} names results of an earlier version's loops; this "
-                              f"version runs only loop_rules {LOOP_RULES}")
-        if self.rerank_rules != RERANK_RULES:
-            raise ConfigError(f"rerank_rules {self.rerank_rules} names results of an earlier version's rerankers; "
-                              f"this version runs only rerank_rules {RERANK_RULES}")
+        for name, (current, _, plural) in VERSION_MARKERS.items():
+            if getattr(self, name) != current:
+                raise ConfigError(f"{name} {getattr(self, name)} names results of an earlier version's {plural}; "
+                                  f"this version runs only {name} {current}")
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")

@@ -41,7 +41,8 @@ from r2med_agent.names import DEFAULT_RERANK_K, DEFAULT_RRF_K, DEFAULT_TOP_K, fu
 from r2med_agent.types import SAMPLING_KNOBS, canonical_sampling
 
 __all__ = ["DEFAULT_RERANK_K", "DEFAULT_TOP_K", "EMPTY_GENERATION", "FINAL_MODES", "GENERATION_SOURCES",
-           "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES", "RunSpec", "SAMPLING_FLAGS",
+           "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES", "REQUEST_RULES",
+           "RunSpec", "SAMPLING_FLAGS", "VERSION_MARKERS",
            "SPEC_FLAGS", "OPTION_GROUPS", "field_help", "spec_options"]
 
 FINAL_MODES = ("default", "fuse")
@@ -55,17 +56,38 @@ LLM_PROMPTS = ("chat", "rendered")
 """How a prompt reaches a vLLM engine: ``LLM.chat`` (``chat``) or the chat template rendered to a
 string and given to ``LLM.generate`` (``rendered``, R2MED's generation script)."""
 
-LOOP_RULES = 2
+LOOP_RULES = 3
 """The version of the agentic loops' behaviour this code runs: 1 before Search-R1 and Search-o1
-followed their originals' code (docs/protocol.md), 2 since. Records of agentic runs that lack the
-setting were written by version 1 (:func:`r2med_agent.experiment.resolve.spec_of_config`)."""
+followed their originals' code (docs/protocol.md), 2 while Search-o1 gave its single-QA instruction
+with 10 searches (a pair its code never runs), 3 since it runs the multi-hop QA setting (the
+multi-hop instruction, 10 searches, 15 turns). Records of agentic runs that lack the setting were
+written by version 1 (:func:`r2med_agent.experiment.resolve.spec_of_config`); a record holds the
+version it was made with, so results of version 2 read back as ``loop_rules=2``."""
 
-RERANK_RULES = 2
+RERANK_RULES = 3
 """The version of the published LLM rerankers' behaviour this code runs (GroupRank's, ReasonRank's,
 Rank-R1's and Rank1's entries, the ``groupwise``/``setwise`` kinds and the ``reasonrank``/``rank1``
 formats): 1 before they followed their authors' code (docs/protocol.md, "Rerankers as their
-authors ran them"), 2 since. Records of such runs that lack the setting were written by version 1
+authors ran them"), 2 while Rank-R1's imported prompt wrote documents ``[i] text`` and GroupRank's
+shared shuffles ran through the task's query order, 3 since (the prompt file's ``[i]: text``; the
+first stage's query order). Records of such runs that lack the setting were written by version 1
+(:func:`r2med_agent.experiment.resolve.spec_of_config`); results of version 2 read back as
+``rerank_rules=2``."""
+
+REQUEST_RULES = 2
+"""The version of the requests this code sends to an LLM entry that declares ``request_rules``
+(the shipped GPT-4o entry, ``gpt4``): 1 while they carried ``max_tokens`` 10240 and ``seed`` 42,
+which R2MED's ``generate_hypothetical_doc.py`` does not send, 2 since they carry what it sends
+(temperature and top_p). Records of such runs that lack the setting were written by version 1
 (:func:`r2med_agent.experiment.resolve.spec_of_config`)."""
+
+VERSION_MARKERS: dict[str, tuple[int, str, str]] = {
+    "loop_rules": (LOOP_RULES, "loop", "loops"),
+    "rerank_rules": (RERANK_RULES, "reranker", "rerankers"),
+    "request_rules": (REQUEST_RULES, "request", "requests"),
+}
+"""The version markers: name -> (the version this code runs, what it versions, in the plural).
+A record without one was written before it existed (version 1); only the current version runs."""
 
 OWN_PROMPTS = "own"
 """``prompts_from`` of a run that renders the project's own wording (the identity's default)."""
@@ -239,11 +261,20 @@ class RunSpec:
         "entry's max_length; rankllama 1024, the value of the script that produced R2MED's RankLLaMA rows, "
         "while the released eval_reranker.py would give it 512).", "Reranking"))
     loop_rules: int = field(default=LOOP_RULES, metadata=_help(
-        "Version of the Search-R1/Search-o1 loop behaviour: 2 follows the originals' code (this version "
-        "runs only it); 1 names fresh agentic results of earlier versions, made before that change."))
+        "Version of the Search-R1/Search-o1 loop behaviour: 3 follows the originals' code, Search-o1 in its "
+        "multi-hop QA setting (this version runs only it); 2 (Search-o1's single-QA instruction with 10 "
+        "searches) and 1 (before the loops followed the originals' code) name fresh agentic results of "
+        "earlier versions."))
     rerank_rules: int = field(default=RERANK_RULES, metadata=_help(
-        "Version of the published LLM rerankers' behaviour (GroupRank, ReasonRank, Rank-R1, Rank1): 2 follows "
-        "their authors' code (this version runs only it); 1 names results of earlier versions, made before."))
+        "Version of the published LLM rerankers' behaviour (GroupRank, ReasonRank, Rank-R1, Rank1): 3 follows "
+        "their authors' code (this version runs only it); 2 (Rank-R1's imported prompt without the colon of "
+        "its file's doc_prefix, GroupRank's shuffles in the task's query order) and 1 (before they followed "
+        "their authors' code) name results of earlier versions."))
+
+    request_rules: int = field(default=REQUEST_RULES, metadata=_help(
+        "Version of the requests sent to an LLM entry that declares request_rules (GPT-4o, gpt4): 2 sends "
+        "what R2MED's generation script sends, temperature and top_p (this version runs only it); 1 names "
+        "results of earlier versions, whose requests also carried max_tokens 10240 and seed 42."))
 
     def __post_init__(self) -> None:
         _canonical(self)
@@ -297,7 +328,7 @@ class RunSpec:
         for key in ("fusion_weights", "fusion_depth"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
-        for key in ("sampling", "rerank_k", "top_k", "samples", "rrf_k", "loop_rules", "rerank_rules",
+        for key in ("sampling", "rerank_k", "top_k", "samples", "rrf_k", *VERSION_MARKERS,
                     "prompts_from", "generations", "first_pass", "final", "fusion", "retriever", "method"):
             if kwargs.get(key) is None:
                 kwargs.pop(key, None)  # an earlier version's null: the default
@@ -430,10 +461,10 @@ def _check_own_values(spec: RunSpec) -> None:
     for name, allowed in own:
         if getattr(spec, name) not in allowed:
             raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got '{getattr(spec, name)}'")
-    if spec.loop_rules not in range(1, LOOP_RULES + 1) or isinstance(spec.loop_rules, bool):
-        raise ConfigError(f"loop_rules must be a loop version from 1 to {LOOP_RULES}, got {spec.loop_rules!r}")
-    if spec.rerank_rules not in range(1, RERANK_RULES + 1) or isinstance(spec.rerank_rules, bool):
-        raise ConfigError(f"rerank_rules must be a reranker version from 1 to {RERANK_RULES}, got {spec.rerank_rules!r}")
+    for name, (current, what, _) in VERSION_MARKERS.items():
+        value = getattr(spec, name)
+        if value not in range(1, current + 1) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be a {what} version from 1 to {current}, got {value!r}")
 
 
 def _set(spec: RunSpec, name: str, value: Any) -> None:
@@ -511,4 +542,5 @@ _TOKENS: dict[str, Any] = {
     "rerank_max_length": lambda v, s: f"rml{v}",
     "loop_rules": lambda v, s: f"loops-v{v}",
     "rerank_rules": lambda v, s: f"rerank-v{v}",
+    "request_rules": lambda v, s: f"request-v{v}",
 }

@@ -17,7 +17,7 @@ from r2med_agent.llm.parsing import check_format, split_reasoning
 from r2med_agent.llm.records import build_request, canonical_json, request_key
 from r2med_agent.llm.registry import with_system_prompt
 from r2med_agent.llm.servers import resolve_server
-from r2med_agent.llm.wire import key_params
+from r2med_agent.llm.wire import key_params, unsent_token_limit
 from r2med_agent.types import Message, SamplingParams
 
 
@@ -174,6 +174,7 @@ def wire_settings(spec: Any) -> dict[str, Any] | None:
         "server": resolve_server(spec),
         "drop_params": tuple(getattr(spec, "drop_params", ()) or ()),
         "max_tokens_param": getattr(spec, "max_tokens_param", "max_tokens"),
+        "unsent_max_tokens": unsent_token_limit(spec),
     }
 
 

@@ -77,7 +77,7 @@ from r2med_agent.llm.replies import (
 )
 from r2med_agent.llm.retry import RequestErrors, UrlPool, retry_after_seconds, retrying
 from r2med_agent.llm.servers import PROBE_TIMEOUT_S, detect_server, is_loopback_url, resolve_server
-from r2med_agent.llm.wire import OPENAI_MAX_STOP, key_params, truncate_at_stop, wire_sampling
+from r2med_agent.llm.wire import OPENAI_MAX_STOP, key_params, truncate_at_stop, unsent_token_limit, wire_sampling
 from r2med_agent.net import DeadlineError, ReplyTooLarge, capped_hooks, run_coroutine, within
 from r2med_agent.progress import for_backend
 from r2med_agent.redaction import redact_url, remember_secret, remember_url_secrets
@@ -356,7 +356,7 @@ class OpenAICompatBackend:
         spec = self.spec
         top, extra, _ = wire_sampling(
             params, server=self.server, drop_params=spec.drop_params,
-            max_tokens_param=spec.max_tokens_param,
+            max_tokens_param=spec.max_tokens_param, unsent_max_tokens=unsent_token_limit(spec),
         )
         req: dict[str, Any] = {
             "model": spec.model,

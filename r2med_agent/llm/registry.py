@@ -145,6 +145,16 @@ class LLMSpec:
     """openai backend: sampling parameters the endpoint rejects (o3-mini rejects temperature,
     top_p and stop); they are not sent, and dropped stop strings are applied client-side."""
 
+    sends_max_tokens: bool = True
+    """openai backend: false sends no token limit while a request keeps the entry's own
+    ``max_tokens`` (the API's own limit applies, as in R2MED's GPT-4o requests); another value, a
+    run's ``--max-tokens`` or a method's own budget, is sent."""
+
+    request_rules: bool = False
+    """Whether runs that generate with this entry carry the run spec's ``request_rules`` version
+    (:data:`~r2med_agent.experiment.spec.REQUEST_RULES`): set on a shipped entry whose request
+    changed (``gpt4``), so that results made with its earlier request stay another run."""
+
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     """openai backend: the request field for the token limit (OpenAI reasoning models take
     ``max_completion_tokens``, which also counts their hidden reasoning tokens)."""

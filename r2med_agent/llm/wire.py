@@ -29,12 +29,19 @@ def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     return text[:cut], matched
 
 
+def unsent_token_limit(spec: Any) -> int | None:
+    """The token limit an ``openai`` entry does not send (its own, where ``sends_max_tokens`` is
+    false); None: every limit is sent."""
+    return None if getattr(spec, "sends_max_tokens", True) else spec.max_tokens
+
+
 def wire_sampling(
     params: SamplingParams,
     *,
     server: str,
     drop_params: Sequence[str] = (),
     max_tokens_param: str = "max_tokens",
+    unsent_max_tokens: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """How ``params`` travel to an OpenAI-compatible ``server`` (``openai``/``vllm``/``llamacpp``).
 
@@ -43,10 +50,11 @@ def wire_sampling(
         server-specific fields that go in ``extra_body``, and the stop strings applied
         client-side (dropped, or over the OpenAI API's limit of 4). The cache key of an
         ``openai`` entry is built from exactly these, so two entries that send the same
-        request share generations and two that do not never do.
+        request share generations and two that do not never do. ``unsent_max_tokens``: a token
+        limit that is not sent (the entry's own, where it ``sends_max_tokens: false``).
     """
     drop = set(drop_params)
-    fields: dict[str, Any] = {max_tokens_param: params.max_tokens}
+    fields: dict[str, Any] = {} if params.max_tokens == unsent_max_tokens else {max_tokens_param: params.max_tokens}
     if "temperature" not in drop:
         fields["temperature"] = params.temperature
     if "top_p" not in drop:
@@ -95,12 +103,14 @@ def key_params(
     server: str,
     drop_params: Sequence[str] = (),
     max_tokens_param: str = "max_tokens",
+    unsent_max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The sampling part of an ``openai`` entry's cache key: every field :func:`wire_sampling`
     sends (``extra_body`` ones under their wire names), plus ``client_stop`` when stops are
     applied client-side."""
     fields, extra, client_stops = wire_sampling(
-        params, server=server, drop_params=drop_params, max_tokens_param=max_tokens_param
+        params, server=server, drop_params=drop_params, max_tokens_param=max_tokens_param,
+        unsent_max_tokens=unsent_max_tokens,
     )
     out = {**fields, **extra}
     if client_stops:

@@ -226,7 +226,9 @@ O1_CONTEXT_CHARS = 6000
 
 
 class SearchO1(ReasoningLoop):
-    """Search-o1's loop with Reason-in-Documents (sunnynexus/Search-o1).
+    """Search-o1's loop with Reason-in-Documents (sunnynexus/Search-o1), in the multi-hop QA
+    setting of its ``run_search_o1.py`` (the multi-hop instruction, 10 searches, 15 turns; its
+    single-QA instruction goes with 5 searches: docs/protocol.md, "Search-o1").
 
     Args:
         limits: :attr:`LIMITS` by default: 15 turns that may search (a query issued in the last

@@ -12,9 +12,6 @@ closing tag (included), by the end of generation, or cut by ``max_tokens``."""
 
 from __future__ import annotations
 
-import ast
-import re
-import typing
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,11 +19,18 @@ from typing import Any
 import pytest
 
 from r2med_agent.data import load_task
-from r2med_agent.methods.agentic import SearchO1, SearchR1, extract_final_information, previous_steps
+from r2med_agent.methods.agentic import (
+    O1_CONTEXT_CHARS,
+    SearchO1,
+    SearchR1,
+    extract_final_information,
+    previous_steps,
+)
 from r2med_agent.methods.loop import Trajectory, parse_output
 from r2med_agent.prompt_import import read_search_o1, read_search_r1, write_prompts
 from r2med_agent.types import Query, Task
 from tests.conformance.conftest import load_reference_module, reference_repo, stub
+from tests.conformance.reference_blocks import reference_block, reference_functions
 
 HOSTILE_QUESTIONS = (
     "Ünïcödé: 患者の発熱 — fièvre 🙂\u200b?",
@@ -36,40 +40,6 @@ HOSTILE_QUESTIONS = (
     "ends with a question mark?",
     "?",
 )
-
-
-def reference_functions(path: Path, names: set[str], scope: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The authors' functions ``names`` (module level, methods or nested), compiled from the
-    file's syntax tree alone: the rest of the file does not run."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert {d.name for d in defs} == names, f"{path.name} lacks {names - {d.name for d in defs}}"
-    ns: dict[str, Any] = {"re": re, **{k: getattr(typing, k) for k in ("List", "Dict", "Any", "Tuple", "Optional")},
-                          **(scope or {})}
-    exec(compile(ast.Module(defs, type_ignores=[]), str(path), "exec"), ns)  # noqa: S102 - the authors' code, pinned
-    return ns
-
-
-def reference_block(path: Path, first: str, last: str, inputs: tuple[str, ...], output: str,
-                    scope: dict[str, Any]) -> Any:
-    """The statements of ``path`` from the one that reads ``first`` to the one that reads ``last``
-    (inline code of a long function), as a function of ``inputs`` returning ``output``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if not isinstance(body, list):
-            continue
-        text = [ast.unparse(s) for s in body]
-        if first in text:
-            i = text.index(first)
-            j = next(k for k in range(i, len(text)) if text[k] == last)
-            func = ast.FunctionDef(name="block", args=ast.arguments(
-                posonlyargs=[], args=[ast.arg(a) for a in inputs], kwonlyargs=[], kw_defaults=[], defaults=[]),
-                body=[*body[i:j + 1], ast.Return(ast.Name(output, ast.Load()))], decorator_list=[], type_params=[])
-            ns = dict(scope)
-            exec(compile(ast.fix_missing_locations(ast.Module([func], type_ignores=[])), str(path), "exec"), ns)  # noqa: S102
-            return ns["block"]
-    raise AssertionError(f"{path.name} has no statement {first!r}")
 
 
 def _questions() -> tuple[str, ...]:
@@ -190,16 +160,69 @@ def o1_prompts(search_o1, tmp_path_factory) -> Path:
     return out
 
 
+O1_SCRIPT = "scripts/run_search_o1.py"
+MULTI_HOP = ("hotpotqa", "musique", "bamboogle", "2wiki")
+"""The datasets ``run_search_o1.py`` runs in its multi-hop QA setting, the one the loop follows."""
+
+
+def o1_settings(search_o1: Path, dataset: str, model_path: str) -> dict[str, Any]:
+    """What ``run_search_o1.py`` sets for ``dataset``, from its own code: its argument defaults
+    (``parse_args``), its per-dataset adjustment in ``main``, and the instruction and user prompt
+    its prompt preparation picks (for the question ``{question}``, a placeholder)."""
+    import argparse
+    import sys
+
+    script = search_o1 / O1_SCRIPT
+    parse_args = reference_functions(script, {"parse_args"}, {"argparse": argparse})["parse_args"]
+    argv = sys.argv
+    sys.argv = ["run_search_o1.py", "--dataset_name", dataset, "--split", "test", "--model_path", model_path,
+                "--bing_subscription_key", "k"]
+    try:
+        args = parse_args()
+    finally:
+        sys.argv = argv
+    adjust = reference_block(
+        script, "if dataset_name in ['nq', 'triviaqa', 'hotpotqa', 'musique', 'bamboogle', '2wiki', 'medmcqa'",
+        "if dataset_name in ['nq', 'triviaqa', 'hotpotqa', 'musique', 'bamboogle', '2wiki', 'medmcqa'",
+        ("dataset_name", "MAX_SEARCH_LIMIT", "MAX_TURN", "top_k", "max_doc_len"),
+        ("MAX_SEARCH_LIMIT", "MAX_TURN", "top_k", "max_doc_len"), {}, prefix=True)
+    limit, turns, top_k, doc_len = adjust(dataset, args.max_search_limit, args.max_turn, args.top_k, args.max_doc_len)
+    prompts = load_reference_module(search_o1, "scripts/prompts.py")
+    scope = {name: getattr(prompts, name) for name in dir(prompts) if name.startswith("get_")}
+    prepare = reference_block(
+        script, "if dataset_name in ['nq', 'triviaqa', 'hotpotqa', 'musique', 'bamboogle', '2wiki']:",
+        "if dataset_name in ['nq', 'triviaqa', 'hotpotqa', 'musique', 'bamboogle', '2wiki']:",
+        ("dataset_name", "MAX_SEARCH_LIMIT", "model_path", "question"), ("instruction", "user_prompt"), scope,
+        prefix=True)
+    return {"max_searches": limit, "max_turns": turns, "top_k": top_k, "max_doc_len": doc_len,
+            "prompt": lambda question: "".join(prepare(dataset, limit, model_path, question))}
+
+
+@pytest.mark.parametrize("dataset", MULTI_HOP)
 @pytest.mark.parametrize("qwq", [False, True])
-def test_search_o1_instruction_and_question(qwq, search_o1, o1_prompts) -> None:
-    """run_search_o1.py: instruction + user prompt of the single-QA task, QwQ's variant for a
-    model whose path names qwq."""
-    ref = load_reference_module(search_o1, "scripts/prompts.py")
+def test_search_o1_runs_the_multi_hop_setting_of_run_search_o1(qwq, dataset, search_o1, o1_prompts) -> None:
+    """The pair of instruction and search limit the loop runs is one ``run_search_o1.py`` runs:
+    its multi-hop QA setting, every value read from the script (the searches, the turns, the
+    documents per search, the document length, the instruction and the user prompt, QwQ's variant
+    for a model whose path names qwq)."""
+    theirs = o1_settings(search_o1, dataset, "Qwen/QwQ-32B" if qwq else "Qwen/Qwen3-32B")
     loop = SearchO1(qwq=qwq).with_prompts(o1_prompts)
+    assert (loop.max_searches, loop.max_turns, loop.docs_per_search) == (
+        theirs["max_searches"], theirs["max_turns"], theirs["top_k"])
+    assert O1_CONTEXT_CHARS == 2 * theirs["max_doc_len"]
     for question in _questions() + ("", "   "):
-        expected = (ref.get_singleqa_search_o1_instruction(loop.max_searches)
-                    + ref.get_task_instruction_openqa(question, model_name="qwq" if qwq else None))
+        expected = theirs["prompt"](question)
         assert loop.initial_messages(_task(), Query("q", question)) == [{"role": "user", "content": expected}]
+
+
+def test_search_o1_single_qa_instruction_goes_with_five_searches(search_o1) -> None:
+    """Why not the single-QA instruction: the script gives it only with 5 searches (nq, triviaqa),
+    never with the loop's 10."""
+    ref = load_reference_module(search_o1, "scripts/prompts.py")
+    for dataset in ("nq", "triviaqa"):
+        theirs = o1_settings(search_o1, dataset, "Qwen/Qwen3-32B")
+        assert theirs["max_searches"] == 5 != SearchO1().max_searches
+        assert theirs["prompt"]("q").startswith(ref.get_singleqa_search_o1_instruction(5))
 
 
 REASONINGS = (

@@ -172,3 +172,44 @@ def test_grouprank_empty_and_single_document_lists(diver, imported) -> None:
     assert [render(tok, m) for m in sent] == fake.prompts
     for q in task.queries:
         assert list(out.run[q.query_id].items()) == list(theirs[q.query_id].items())
+
+
+def test_grouprank_shuffles_run_through_the_score_files_query_order(diver, imported, tmp_path) -> None:
+    """A first stage whose queries come in another order than the task's (a run file listing
+    them backwards): the authors' ``__main__`` builds its queries from the score file's keys
+    (``qid_list = list(all_scores.keys())``) and its one generator shuffles them in that order;
+    the project's reranker, given the run file through ``--candidates``' reader, builds the same
+    groups, so every prompt and every score is the same."""
+    from r2med_agent.retrieval.run_files import CandidateRunRetriever
+    from tests.conformance.reference_blocks import reference_block
+
+    tok = smol_tokenizer()
+    task = sample_task()
+    depth, group_size, passes = 12, 4, 3
+    lists = first_stage(task, depth)
+    backwards = dict(reversed(list(as_run(lists).items())))
+    assert list(backwards) != [q.query_id for q in task.queries]
+    lines = [f"{q} Q0 {d} {r} {s} first" for q, docs in backwards.items() for r, (d, s) in enumerate(docs.items(), 1)]
+    path = tmp_path / "first.run"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = CandidateRunRetriever.for_task(task, path).search(requests(task), depth)
+    assert list(run) == list(backwards)
+
+    mod, fake = _authors(diver, tok, lambda prompt: _answer(prompt))
+    texts = {d.doc_id: d.full_text for d in task.corpus}
+    main_block = reference_block(
+        diver / SCRIPT, "qid_list = list(all_scores.keys())", "new_scores = model.rerank_by_group(",
+        ("all_scores", "examples", "documents", "args", "model"), "new_scores", {}, prefix=True)
+    args = SimpleNamespace(input_k=depth, k=depth, group_size=group_size, interval=group_size, repeat_num=passes,
+                           max_doc_len=3000)
+    theirs = main_block(backwards, {q.query_id: {"query": q.text} for q in task.queries}, texts, args,
+                        mod.GroupReranker("AQ-MedAI/Diver-GroupRank-32B"))
+
+    spec = replace(get_reranker_spec("grouprank-32b"), llm="x", group_size=group_size, passes=passes)
+    script = ScriptedLLM(lambda messages, params: _answer(messages[-1]["content"]))
+    reranker = GroupwiseReranker(spec, llm=CachedLLM(script, "scripted"), prompts_dir=imported)
+    job = RerankJob(task, requests(task), run, texts, ordered=True)
+    out = reranker.rerank_tasks([job], depth)[0]
+    assert [render(tok, m) for call in script.calls for m in call] == fake.prompts
+    for q in task.queries:
+        assert list(out.run[q.query_id].items()) == list(theirs[q.query_id].items()), q.query_id

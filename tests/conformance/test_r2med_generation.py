@@ -172,3 +172,48 @@ def test_the_final_response_is_what_split_response_for_r1_gives(model, r2med) ->
     fmt = get_llm_spec(model).reasoning_format
     for text in OUTPUTS:
         assert split_reasoning(text, fmt)[1] == base.split_response_for_r1(model, text), (model, fmt, text)
+
+
+# ----------------------------------------------------------------------------------------------
+# The GPT-4o request: src/generate_hypothetical_doc.py generate_func_by_gpt
+
+
+def test_the_gpt4_request_is_the_one_generate_func_by_gpt_sends(r2med, tmp_path) -> None:
+    """R2MED's GPT-4o rows: ``generate_func_by_gpt.process`` with its real OpenAI client (the
+    ``openai`` package), built as ``generate_hy_doc`` builds it for ``gpt4``, against the request
+    the shipped ``gpt4`` entry sends with the sampling a fresh HyDE, Query2Doc or LameR run
+    gives it, both to one real loopback server: the same JSON body, field for field (temperature
+    and top_p 0.8; no max_tokens, no seed)."""
+    import dataclasses
+
+    import openai
+
+    from r2med_agent.llm import default_sampling
+    from r2med_agent.llm.registry import make_backend
+    from tests.llm_server import CannedChatServer
+
+    gen = load_reference_module(r2med, "src/generate_hypothetical_doc.py", stubs={
+        "vllm": stub("vllm"), "transformers": stub("transformers")})
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "query.jsonl").write_text(json.dumps({"id": "q1", "text": "Why {TEXT} a fever?", "doc_id": []}) + "\n")
+    (data / "corpus.jsonl").write_text(json.dumps({"id": "d1", "text": "A document."}) + "\n")
+    (data / "qrels.jsonl").write_text(json.dumps({"q_id": "q1", "p_id": "d1"}) + "\n")
+    entry = get_llm_spec("gpt4")
+    with CannedChatServer() as server:
+        # generate_hy_doc("hyde", "gpt4", ...): generate_func_by_gpt(base_prompt, data_dir, save_path,
+        # model_dict["gpt4"], gar_method), temperature and top_p at the class's defaults.
+        ref = gen.generate_func_by_gpt("Write a passage for: {TEXT}", f"{data}/", str(tmp_path / "out" / "gen.jsonl"),
+                                       entry.model, "hyde")
+        ref.model = openai.OpenAI(api_key="EMPTY", base_url=server.base_url, max_retries=0)
+        ref.process()
+        (theirs,) = server.bodies
+        # The entry as the API resolves it (server openai), only its address on loopback.
+        ours = make_backend(dataclasses.replace(entry, base_urls=(server.base_url,), server="openai"))
+        ours.generate([theirs["messages"]], default_sampling(entry))
+        # A run's own --max-tokens (BRIGHT's reason.py sends 2,048) is still sent.
+        ours.generate([theirs["messages"]], default_sampling(entry, max_tokens=2048))
+        mine, limited = server.bodies[1:]
+    assert mine == theirs
+    assert "max_tokens" not in mine and "seed" not in mine and (mine["temperature"], mine["top_p"]) == (0.8, 0.8)
+    assert limited == {**theirs, "max_tokens": 2048}

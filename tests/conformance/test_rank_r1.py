@@ -3,7 +3,9 @@ for byte: the query and passage cuts to tokens of a real tokenizer (``SetwiseLlm
 the messages of every comparison (``R1SetwiseLlmRanker.compare`` of ``Rank-R1/run_setwise.py``,
 the script of the README's BRIGHT evaluation, with ``prompts/prompt_setwise-R1.toml``), the
 reading of good, malformed and empty answers, and the heap sort's comparisons and final order
-(``SetwiseLlmRanker.heapSort`` and ``rerank``).
+(``SetwiseLlmRanker.heapSort`` and ``rerank``). The project's side renders the template a default
+``rank-r1-14b`` run renders, the authors' TOML file imported from the pinned copy (as a fetch
+imports it), and the project's own shipped template too.
 
 The authors' ranker runs on a bare instance with vLLM's ``LLM`` replaced by a stand-in that
 answers from the same script as the project's scripted LLM. Rank-R1 shuffles each set with one
@@ -22,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.prompt_import import import_clone, write_prompts
 from r2med_agent.retrieval.rerank import setwise
 from r2med_agent.retrieval.rerank.llm import RerankJob
 from r2med_agent.retrieval.rerank.setwise import SetwiseReranker, parse_choice
@@ -82,6 +85,14 @@ def rank_r1():
     return SimpleNamespace(folder=folder, mod=mod, prompt=prompt)
 
 
+@pytest.fixture(scope="module")
+def imported(rank_r1, tmp_path_factory):
+    """The authors' prompt file imported from the pinned copy: what a default run renders."""
+    out = tmp_path_factory.mktemp("rank-r1-prompts")
+    write_prompts(import_clone(rank_r1.folder), out)
+    return out
+
+
 def _authors_ranker(ref, tokenizer, num_child: int, k: int):
     """``R1SetwiseLlmRanker`` as ``run_setwise.py``'s ``main`` builds it, without a model: its
     ``compare`` shows each set in heap order (``random.sample`` made the identity)."""
@@ -98,8 +109,10 @@ def _search_result(ref, docid: str, text: str):
     return ref.mod.SearchResult(docid=docid, score=0.0, text=text)
 
 
+@pytest.mark.parametrize("prompts_from", ["authors", "own"])
 @pytest.mark.parametrize("num_child,k,depth,length", [(19, 10, 25, 1024), (3, 4, 12, 1024), (3, 4, 12, 12), (2, 3, 11, 1)])
-def test_rank_r1_cuts_prompts_reading_and_heap_match_the_authors(rank_r1, monkeypatch, num_child, k, depth, length) -> None:
+def test_rank_r1_cuts_prompts_reading_and_heap_match_the_authors(rank_r1, imported, monkeypatch, prompts_from,
+                                                                 num_child, k, depth, length) -> None:
     tok = smol_tokenizer()
     task = sample_task()
     lists = first_stage(task, depth)
@@ -116,7 +129,8 @@ def test_rank_r1_cuts_prompts_reading_and_heap_match_the_authors(rank_r1, monkey
         spec = replace(spec, max_doc_tokens=length, max_query_tokens=length)
     script = ScriptedLLM(lambda messages, params: _answer(messages[-1]["content"]), model_id=str(smol_dir()))
     job = RerankJob(task, requests(task), as_run(lists), texts)
-    out = SetwiseReranker(spec, llm=CachedLLM(script, smol_llm_spec())).rerank_tasks([job], depth)[0]
+    prompts_dir = imported if prompts_from == "authors" else None
+    out = SetwiseReranker(spec, llm=CachedLLM(script, smol_llm_spec()), prompts_dir=prompts_dir).rerank_tasks([job], depth)[0]
     # The same comparisons, message for message (the authors sort one query after another, the
     # project advances all queries together: the same sets, in another order of calls).
     assert sorted(str(m) for call in script.calls for m in call) == sorted(map(str, fake.prompts))

@@ -137,8 +137,8 @@ def test_sampling_params_from_spec_with_overrides() -> None:
     spec = get_llm_spec("gpt4")
     params = spec.sampling_params(stop=["</search>"], max_tokens=64)
     assert params == SamplingParams(
-        temperature=0.8, top_p=0.8, top_k=-1, max_tokens=64, seed=42, stop=("</search>",)
-    )
+        temperature=0.8, top_p=0.8, top_k=-1, max_tokens=64, seed=None, stop=("</search>",)
+    )  # GPT-4o's entry sends no seed, as R2MED's script
     assert spec.cost_usd(1_000_000, 500_000) == pytest.approx(2.5 + 5.0)
 
 

@@ -222,10 +222,17 @@ def test_search_r1_prompt_and_corrective_message(tmp_path, monkeypatch) -> None:
 O1_PROMPTS = GUARD + '''
 def get_singleqa_search_o1_instruction(MAX_SEARCH_LIMIT):
     return (
+        "You reason and may search once or twice. "
+        f"You may search {MAX_SEARCH_LIMIT} times at most.\\n\\n"
+    )
+
+
+def get_multiqa_search_o1_instruction(MAX_SEARCH_LIMIT):
+    return (
         "You reason and may search. "
         "Write <|begin_search_query|> q <|end_search_query|>.\\n\\n"
         f"You may search {MAX_SEARCH_LIMIT} times at most.\\n\\n"
-        "Example:\\nQuestion: \\"Who?\\"\\n\\n"
+        "Example:\\nQuestion: \\"Who?\\"\\nAssistant thinks: then who else?\\n\\n"
     )
 
 
@@ -270,12 +277,13 @@ def test_search_o1_prompts_for_qwq_and_others_and_reason_in_documents(tmp_path, 
     out = tmp_path / "ref-prompts"
     run_import(clone, out)
     monkeypatch.setenv(prompts.ENV_VAR, str(out))
-    ref = functions(path, {"get_singleqa_search_o1_instruction", "get_task_instruction_openqa",
+    ref = functions(path, {"get_multiqa_search_o1_instruction", "get_task_instruction_openqa",
                            "get_webpage_to_reasonchain_instruction"})
     t, q = task("MedQA-Diag", "exam", "medicine", ()), Query("q", "A man of 60 {with} fever")
-    # run_search_o1.py: instruction + user_prompt, QwQ's variant for a model path containing "qwq".
+    # run_search_o1.py's multi-hop QA setting: its instruction + user_prompt, QwQ's variant for a
+    # model path containing "qwq" (never the single-QA instruction, which goes with 5 searches).
     for loop, name in ((SearchO1(), None), (SearchO1().for_model("Qwen/QwQ-32B"), "qwq")):
-        expected = ref["get_singleqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](q.text, model_name=name)
+        expected = ref["get_multiqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](q.text, model_name=name)
         assert loop.initial_messages(t, q) == [{"role": "user", "content": expected}]
     got = prompts.render("search-o1/reason_in_documents.j2", previous_steps="Step 1: {a}", search_query="fever",
                          documents="**Document 1**\ntext")
@@ -359,13 +367,16 @@ GROUP_USER = ("I give you {TOPK} documents marked []. Score them.\nQuery:\n{QUER
 RANK_R1_TOML = (
     'prompt_system = "A dummy system line, with <think> </think> tags."\n\n'
     "prompt_user = '''Pick for: \"{query}\" among\n{docs}\nAnswer [n].'''\n\n"
-    "pattern = '<answer>(.*?)</answer>'\n"
+    "pattern = '<answer>(.*?)</answer>'\n\n"
+    'doc_separator = "\\n"\n\n'
+    'doc_prefix = "[{num}]: "\n'
 )
 
 
 def test_rank_r1_system_and_user_prompts(tmp_path) -> None:
     """Rank-R1's TOML prompt file, read as data: the system text, and the user text with
-    ``{docs}`` filled as RankR1SetwiseLlmRanker.compare fills it ("[i] text" joined by newlines)."""
+    ``{docs}`` filled as R1SetwiseLlmRanker.compare (Rank-R1/run_setwise.py) fills it from the
+    file's ``doc_prefix`` and ``doc_separator``: the authors' ``[i]: text``, one per line."""
     import tomllib
 
     clone = tmp_path / "llm-rankers"
@@ -373,14 +384,22 @@ def test_rank_r1_system_and_user_prompts(tmp_path) -> None:
     out = tmp_path / "ref-prompts"
     run_import(clone, out)
     ref = tomllib.loads(path.read_text(encoding="utf-8"))
-    docs = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(PASSAGES))
+    docs = "[1]: first passage {x}\n[2]: second passage\n[3]: third"
     for family in ("qa", "exam"):
         rel = f"rerank-setwise/{family}.j2"
         variables = dict(prompts_dir=out, query="q {x}", passages=PASSAGES, domain="x")
         assert prompts.render(rel, part="system", **variables) == ref["prompt_system"]
         assert prompts.render(rel, part="user", **variables) == ref["prompt_user"].format(query="q {x}", docs=docs)
-    write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", "prompt_system = [1]\n")
-    assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o2")]) != 0
+    # The layout is the file's own: another prefix and separator give another layout.
+    other = RANK_R1_TOML.replace('"[{num}]: "', '"<{num}> {{ "').replace('"\\n"', '"\\n\\n"')
+    write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", other)
+    run_import(clone, tmp_path / "o1")
+    got = prompts.render("rerank-setwise/qa.j2", prompts_dir=tmp_path / "o1", part="user", query="q",
+                         passages=["a", "b"], domain="x")
+    assert "among\n<1> { a\n\n<2> { b\nAnswer" in got
+    for bad in ("prompt_system = [1]\n", RANK_R1_TOML.replace('doc_prefix = "[{num}]: "', "")):
+        write(clone, "Rank-R1/prompts/prompt_setwise-R1.toml", bad)
+        assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o2")]) != 0
 
 
 def test_grouprank_system_and_user_prompts(tmp_path) -> None:
@@ -468,7 +487,7 @@ def test_not_a_reference_clone(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "not a clone of a known reference" in err and "Traceback" not in err
     clone = tmp_path / "bad"
-    write(clone, "scripts/prompts.py", "def get_singleqa_search_o1_instruction(n):\n    return compute(n)\n")
+    write(clone, "scripts/prompts.py", "def get_multiqa_search_o1_instruction(n):\n    return compute(n)\n")
     assert main(["prompts", "import", str(clone), "--out", str(tmp_path / "o")]) != 0
     assert "scripts/prompts.py:2" in capsys.readouterr().err
 
@@ -521,10 +540,10 @@ def _real_search_r1(clone: Path, out: Path) -> int:
 
 
 def _real_search_o1(clone: Path, out: Path) -> int:
-    ref = functions(clone / "scripts/prompts.py", {"get_singleqa_search_o1_instruction", "get_task_instruction_openqa",
+    ref = functions(clone / "scripts/prompts.py", {"get_multiqa_search_o1_instruction", "get_task_instruction_openqa",
                                                    "get_webpage_to_reasonchain_instruction"})
     for qwq in (False, True):
-        expected = ref["get_singleqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](
+        expected = ref["get_multiqa_search_o1_instruction"](10) + ref["get_task_instruction_openqa"](
             "Q?", model_name="qwq" if qwq else None)
         assert prompts.render("search-o1/qa.j2", prompts_dir=out, query="Q?", domain="x", max_searches=10,
                               qwq=qwq) == expected
@@ -574,7 +593,7 @@ def _real_rank_r1(clone: Path, out: Path) -> int:
     import tomllib
 
     ref = tomllib.loads((clone / "Rank-R1/prompts/prompt_setwise-R1.toml").read_text(encoding="utf-8"))
-    docs = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(PASSAGES))
+    docs = "\n".join(f"[{i + 1}]: {p}" for i, p in enumerate(PASSAGES))
     variables = dict(prompts_dir=out, query="qq", passages=PASSAGES, domain="x")
     assert prompts.render("rerank-setwise/qa.j2", part="system", **variables) == ref["prompt_system"]
     assert prompts.render("rerank-setwise/qa.j2", part="user", **variables) == ref["prompt_user"].format(

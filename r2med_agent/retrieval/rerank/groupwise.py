@@ -16,11 +16,12 @@ One pass shuffles a query's top ``k`` and cuts them into groups of ``group_size`
 score is the mean of the scores the answers gave it, each divided by 10. The shuffles
 (``shuffle``) are by default GroupRank's own: one generator seeded ``seed`` per task (its script's
 ``random.seed(666)``, one process per task), drawn pass after pass and, in each pass, query after
-query in the task's order, each pass reshuffling the order the last one left; so, given the same
-first-stage lists, the groups are the ones its script builds. ``per-query`` gives each pass of
-each query a generator of its own instead. Documents are cut to ``max_doc_chars`` characters
-after their runs of newlines become one space, as GroupRank does (3000), or else to
-``max_doc_words`` words.
+query in the order the first-stage run lists them (GroupRank goes through its score file's keys;
+a run file's order with ``--candidates``, else the task's), each pass reshuffling the order the
+last one left; so, given the same first-stage run, the groups are the ones its script builds.
+``per-query`` gives each pass of each query a generator of its own instead. Documents are cut to
+``max_doc_chars`` characters after their runs of newlines become one space, as GroupRank does
+(3000), or else to ``max_doc_words`` words.
 
 Reading the answers (``parse``) is by default GroupRank's own (:func:`grouprank_pairs`): the raw
 answer's ``<answer>`` part, its last fenced JSON block or last ``{...}``, GroupRank's small fixes,
@@ -314,7 +315,9 @@ class JobReranker(LLMReranker):
 
     def rerank_tasks(self, jobs: Sequence[RerankJob], k: int) -> list[RerankOutput]:
         """Rerank the top ``k`` of every query of every job, batched over all of them."""
-        queries = [RerankQuery(j, job.task, req, items[:k], items[k:], job.corpus)
+        positions = [{qid: i for i, qid in enumerate(job.run)} for job in jobs]
+        queries = [RerankQuery(j, job.task, req, items[:k], items[k:], job.corpus,
+                               run_position=positions[j].get(req.query_id, len(positions[j])))
                    for j, job, req, items in ranked_requests(jobs, k)]
         self._rerank(queries)
         return self._outputs(jobs, queries)
@@ -366,14 +369,16 @@ class GroupwiseReranker(JobReranker):
 
     def _groups(self, queries: list[RerankQuery]) -> list[tuple[RerankQuery, int, int, list[str]]]:
         """Every group of every pass, pass after pass, each pass query after query (GroupRank's
-        batch order): ``(query, pass, group index, doc ids)``."""
+        batch order: a task's queries in the order its first-stage run lists them, as GroupRank
+        goes through its score file's keys): ``(query, pass, group index, doc ids)``."""
         spec = self.spec
         batch: list[tuple[RerankQuery, int, int, list[str]]] = []
         if spec.shuffle == "sequential":  # one generator per task, as GroupRank's random.seed per run
             rngs = {job: random.Random(spec.seed) for job in {q.job for q in queries}}
             orders = {id(q): list(q.head) for q in queries}
+            in_run_order = sorted(queries, key=lambda q: (q.job, q.run_position))
             for p in range(spec.passes):
-                for q in queries:
+                for q in in_run_order:
                     rngs[q.job].shuffle(orders[id(q)])  # in place: each pass reshuffles the last one's order
                     order = orders[id(q)]
                     for g, i in enumerate(range(0, len(order), spec.group_size)):

@@ -34,6 +34,8 @@ class RerankQuery:
         records: what each window, judgment or group gave (the trace's records).
         scores: the new score of each document of ``head``.
         unscored: groupwise: candidates no answer scored.
+        run_position: its place among the queries of its job's first-stage run, in the order the
+            run lists them (a run file's order; GroupRank's shuffles run through it).
     """
 
     job: int
@@ -50,6 +52,7 @@ class RerankQuery:
     records: list[dict[str, Any]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     unscored: list[str] = field(default_factory=list)
+    run_position: int = 0
 
     def reranked_run(self) -> dict[str, float]:
         """The query's new run: the head with its scores, then the tail below the lowest one."""

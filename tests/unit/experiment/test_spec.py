@@ -206,7 +206,7 @@ def test_a_record_without_loop_rules_is_of_the_earlier_loops() -> None:
     # agentic loops followed the originals' code, so its run is another spec with its own folder.
     new = Spec(method="search-o1", llm="qwen3-32b", retriever="bge")
     record = new.record()
-    assert record["loop_rules"] == LOOP_RULES == 2 and RunSpec.from_record(record) == new
+    assert record["loop_rules"] == LOOP_RULES == 3 and RunSpec.from_record(record) == new
     del record["loop_rules"]
     old = spec_of_config(record)
     assert old.loop_rules == 1 and old.key() != new.key() and old.folder() != new.folder()
@@ -225,8 +225,25 @@ def test_a_record_without_loop_rules_is_of_the_earlier_loops() -> None:
         assert spec_of_config(record) == spec and spec_of_config(record).folder() == spec.folder()
     assert Spec(method="hyde", llm="qwen-7b", loop_rules=1) == Spec(method="hyde", llm="qwen-7b")
     assert "loop_rules" not in applicable(Spec(method="hyde", llm="qwen-7b"))
-    with pytest.raises(ConfigError, match="loop_rules must be a loop version from 1 to 2"):
-        Spec(method="search-o1", llm="qwen3-32b", loop_rules=3)
+    with pytest.raises(ConfigError, match="loop_rules must be a loop version from 1 to 3"):
+        Spec(method="search-o1", llm="qwen3-32b", loop_rules=4)
+
+
+def test_a_record_of_the_single_qa_search_o1_keeps_its_version() -> None:
+    # Version 2 gave Search-o1 the single-QA instruction with 10 searches; its records hold
+    # loop_rules 2, so they read back as their own run, never as today's multi-hop setting.
+    new = Spec(method="search-o1", llm="qwen3-32b", retriever="bge")
+    record = {**new.record(), "loop_rules": 2}
+    old = spec_of_config(record)
+    assert old.loop_rules == 2 and old.key() != new.key() and old.folder() != new.folder()
+    assert old.leaf == f"bge__loops-v2__{old.digest()}" and old.label == "search-o1/qwen3-32b/bge [loop_rules=2]"
+    assert RunSpec.from_key(old.key()) == old
+    with pytest.raises(ConfigError, match="loop_rules 2 names results of an earlier version"):
+        cli_args(old)
+    from r2med_agent.runner import RunConfig
+
+    with pytest.raises(ConfigError, match="this version runs only loop_rules 3"):
+        RunConfig(tasks=("sample",), method="search-o1", llm="smollm2", loop_rules=2)
 
 
 def test_default_runs_keep_their_folder_names() -> None:
@@ -291,7 +308,7 @@ def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
     # (no rerank_rules) is another spec, with its own folder; `run` refuses to make one.
     new = Spec(retriever="diver-4b", reranker="grouprank-32b")
     record = new.record()
-    assert record["rerank_rules"] == RERANK_RULES == 2 and RunSpec.from_record(record) == new
+    assert record["rerank_rules"] == RERANK_RULES == 3 and RunSpec.from_record(record) == new
     del record["rerank_rules"]
     old = spec_of_config(record)
     assert old.rerank_rules == 1 and old.folder() != new.folder() and "rerank-v1" in old.leaf
@@ -301,7 +318,7 @@ def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
         cli_args(old)
     from r2med_agent.runner import RunConfig
 
-    with pytest.raises(ConfigError, match="this version runs only rerank_rules 2"):
+    with pytest.raises(ConfigError, match="this version runs only rerank_rules 3"):
         RunConfig(tasks=("sample",), reranker="grouprank-32b", rerank_rules=1)
     for name in ("reasonrank-7b", "rank-r1-14b", "rank1-7b", "qwen3-32b-groupwise"):
         rec = Spec(reranker=name).record()
@@ -313,3 +330,40 @@ def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
         rec = spec.record()
         del rec["rerank_rules"]
         assert spec_of_config(rec) == spec and "rerank_rules" not in applicable(spec)
+
+
+def test_a_record_of_rerank_rules_2_keeps_its_version() -> None:
+    # Version 2 wrote Rank-R1's imported prompt as "[i] text" and shuffled GroupRank's groups in
+    # the task's query order; its records hold rerank_rules 2 and read back as their own runs.
+    for name in ("rank-r1-14b", "grouprank-32b"):
+        new = Spec(retriever="diver-4b", reranker=name)
+        old = spec_of_config({**new.record(), "rerank_rules": 2})
+        assert old.rerank_rules == 2 and old.folder() != new.folder() and "rerank-v2" in old.leaf, name
+        assert old.label.endswith(" [rerank_rules=2]") and not new.label.endswith("]"), (name, old.label)
+        assert RunSpec.from_key(old.key()) == old
+
+
+def test_a_gpt4_record_without_request_rules_is_of_the_earlier_request() -> None:
+    # GPT-4o's entry sent max_tokens 10240 and seed 42 before it sent what R2MED's script sends;
+    # its fresh generations recorded then lack request_rules and are another run.
+    from r2med_agent.experiment.spec import REQUEST_RULES
+
+    new = Spec(method="hyde", llm="gpt4")
+    record = new.record()
+    assert record["request_rules"] == REQUEST_RULES == 2 and "request_rules" in applicable(new)
+    del record["request_rules"]
+    old = spec_of_config(record)
+    assert old.request_rules == 1 and old.folder() != new.folder() and "request-v1" in old.leaf
+    assert old.label == "hyde/gpt4/bm25 [request_rules=1]" and new.folder() == "hyde/gpt4/bm25"
+    with pytest.raises(ConfigError, match="request_rules 1 names results of an earlier version's requests"):
+        cli_args(old)
+    from r2med_agent.runner import RunConfig
+
+    with pytest.raises(ConfigError, match="this version runs only request_rules 2"):
+        RunConfig(tasks=("sample",), method="hyde", llm="gpt4", request_rules=1)
+    # Entries that do not declare it, released generations and runs without an LLM keep theirs.
+    for spec in (Spec(method="hyde", llm="qwen-7b"), Spec(method="hyde", llm="gpt4", generations="r2med"), Spec(),
+                 Spec(method="hyde", llm="o3-mini")):
+        rec = spec.record()
+        del rec["request_rules"]
+        assert spec_of_config(rec) == spec and "request_rules" not in applicable(spec), spec
