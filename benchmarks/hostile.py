@@ -31,8 +31,16 @@ a JSON nested 3,000 deep; one request to a server trickling a byte a second (``t
 declared as 6 GB, or 1 GB on a ``file://`` mirror. Before: 7.15 GB and a MemoryError for the gzip,
 a RecursionError for the nesting, no end to the trickle, 1.09 GB and a MemoryError for the files.
 
-Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|templates|files|servers]``
-(without ``--only``: the templates, the servers, the corpora, then the files).
+Issue 39 item 11 (huge words outside MiniLM's own path; :func:`outside_minilm`): the same
+documents through the vLLM encoder's token ids (``VLLMEncoder.token_ids``: the tokenizer's work,
+no engine started), an API encoder's ``hf_tokenizer`` cut (``APIEncoder.truncate`` with MiniLM's
+WordPiece tokenizer at ``max_tokens: 256``; it also prints how many characters would be sent) and
+a cross-encoder's (query, document) pair tokenization at 512 tokens (``pair_token_ids``). Before,
+each tokenized the whole text (a 20 MB word: 15.6 s and 1.75 GB for the vLLM ids, 16 s for the
+pairs; a 50 MB word: 53 s and 3.27 GB for the API cut, which then sent all of it).
+
+Usage: ``python benchmarks/hostile.py [--mb 50] [--only bm25|minilm|vllm-ids|api-cut|pairs|templates|files|servers]``
+(without ``--only``: the templates, the servers, the corpora, item 11's cases, then the files).
 """
 
 from __future__ import annotations
@@ -94,9 +102,13 @@ def child(what: str, kind: str, mb: float) -> None:
         template_child(kind)
         return
     text = document(kind, int(mb * 1_000_000))
-    seconds = _bm25(text) if what == "bm25" else _minilm(text)
+    extra: dict = {}
+    if what in OUTSIDE_MINILM:
+        seconds, extra = OUTSIDE_MINILM[what](text)
+    else:
+        seconds = _bm25(text) if what == "bm25" else _minilm(text)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"what": what, "kind": kind, "seconds": seconds, "peak_mb": peak_mb}))
+    print(json.dumps({"what": what, "kind": kind, "seconds": seconds, "peak_mb": peak_mb, **extra}))
 
 
 def run_case(what: str, kind: str, mb: float, timeout_s: float) -> dict:
@@ -244,7 +256,7 @@ def files_cases(timeout_s: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=50.0, help="size of each document in MB (default 50)")
-    ap.add_argument("--only", choices=("bm25", "minilm", "templates", "files", "servers"),
+    ap.add_argument("--only", choices=("bm25", "minilm", *OUTSIDE_MINILM, "templates", "files", "servers"),
                     help="run one of the benchmarks (files: issue 39's files and GroupRank answers)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one case may take (default 900)")
     ap.add_argument("--child", nargs=3, metavar=("WHAT", "KIND", "MB"), help=argparse.SUPPRESS)
@@ -280,6 +292,7 @@ def main() -> None:
             verdict = "" if kind == "normal" or not ratio else ("met" if figure <= 2 * base else "NOT met")
             print(f"{what:7s} {kind:7s} time {row['seconds'] or 0:8.2f} s  peak RSS {row['peak_mb'] or 0:7.0f} MB  "
                   f"{measure}: {ratio} {verdict} {row.get('note', '')}".rstrip())
+    outside_minilm(args)
     if not args.only:
         files_cases(args.timeout)
 
@@ -450,6 +463,77 @@ def servers_main(timeout_s: float) -> None:
                     row = {"seconds": None, "peak_mb": None, "outcome": "no result (timed out or crashed)"}
             print(f"{what:11s} {kind:15s} time {row['seconds'] or 0:7.2f} s  peak RSS {row['peak_mb'] or 0:6.0f} MB  "
                   f"{row['outcome']}")
+
+
+
+# --------------------------------------------------------------------------- issue 39 item 11
+# Huge words outside MiniLM's own path: the vLLM encoder's token ids, an API encoder's
+# hf_tokenizer cut, a cross-encoder's pairs. Each beside normal text's time and memory.
+
+
+def _minilm_spec():
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
+
+    return get_encoder_spec("minilm")
+
+
+def _vllm_ids(text: str) -> tuple[float, dict]:
+    from r2med_agent.retrieval.dense.vllm import VLLMEncoder
+
+    encoder = VLLMEncoder(_minilm_spec(), device="cpu")
+    encoder.token_ids(["load the tokenizer first"], side="doc")
+    t0 = time.perf_counter()
+    ids = encoder.token_ids([text], side="doc")
+    return time.perf_counter() - t0, {"tokens": len(ids[0])}
+
+
+def _api_cut(text: str) -> tuple[float, dict]:
+    import dataclasses
+
+    from r2med_agent.retrieval.dense.api import APIEncoder
+    from r2med_agent.retrieval.dense.models import resolve_model_path
+    from r2med_agent.retrieval.dense.spec import get_encoder_spec
+
+    spec = dataclasses.replace(get_encoder_spec("voyage"), max_tokens=256, json_inputs=False,
+                               hf_tokenizer=resolve_model_path(_minilm_spec().model))
+    encoder = APIEncoder(spec)
+    encoder.truncate(["load the tokenizer first"])
+    t0 = time.perf_counter()
+    sent = encoder.truncate([text])
+    return time.perf_counter() - t0, {"sent_chars": len(sent[0])}
+
+
+def _pairs(text: str) -> tuple[float, dict]:
+    from transformers import AutoTokenizer
+
+    from r2med_agent.retrieval.dense.models import resolve_model_path
+    from r2med_agent.retrieval.rerank.cross_encoder import pair_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(_minilm_spec().model))
+    t0 = time.perf_counter()
+    ids, _ = pair_token_ids(tokenizer, [("what lowers blood sugar", text)], 512)
+    return time.perf_counter() - t0, {"tokens": len(ids[0])}
+
+
+OUTSIDE_MINILM = {"vllm-ids": _vllm_ids, "api-cut": _api_cut, "pairs": _pairs}
+"""Issue 39 item 11's cases: name -> (seconds, what else to print) of one document."""
+
+
+def outside_minilm(args: argparse.Namespace) -> None:
+    """Item 11's rows: time and peak memory of each case beside normal text's (target: within 2x)."""
+    for what in OUTSIDE_MINILM:
+        if args.only and what != args.only:
+            continue
+        rows = {kind: run_case(what, kind, args.mb, args.timeout) for kind in KINDS}
+        base_s, base_mb = rows["normal"]["seconds"], rows["normal"]["peak_mb"]
+        for kind, row in rows.items():
+            seconds, peak = row["seconds"], row["peak_mb"]
+            ratios = "" if kind == "normal" or not (seconds and peak and base_s and base_mb) else (
+                f"{seconds / base_s:.2f}x / {peak / base_mb:.2f}x normal "
+                + ("met" if peak <= 2 * base_mb else "NOT met"))
+            sent = f"  sends {row['sent_chars']:,} chars" if "sent_chars" in row else ""
+            print(f"{what:8s} {kind:7s} time {seconds or 0:8.2f} s  peak RSS {peak or 0:7.0f} MB  {ratios}"
+                  f"{sent} {row.get('note', '')}".rstrip())
 
 
 if __name__ == "__main__":

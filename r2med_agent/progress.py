@@ -156,10 +156,21 @@ class _PlainLines:
 
     lines: list[str]
     _stream: TextIO
+    _written_at: Any = None  # the count the last line was written at
+
+    def _count(self) -> Any:
+        """What a line reports: a last line at the same count would repeat the one before."""
+        raise NotImplementedError
 
     def _write(self, text: str) -> None:
         self.lines.append(text)
+        self._written_at = self._count()
         _print(_stamped(text), self._stream)
+
+    def _repeats(self) -> bool:
+        """Whether a line now would say what the last one said (a Ctrl-C right after a line:
+        the closing line printed it twice)."""
+        return bool(self.lines) and self._written_at == self._count()
 
 
 class GenerationProgress(_PlainLines):
@@ -227,7 +238,7 @@ class GenerationProgress(_PlainLines):
         """``n`` more generations done, with ``tokens`` output tokens between them."""
         self.n += n
         self.tokens += tokens
-        if not self.show:
+        if not self.show or self._closed:  # after close (a Ctrl-C), workers still finishing say nothing more
             return
         if self._tty:
             bar = self._draw_bar()
@@ -246,8 +257,11 @@ class GenerationProgress(_PlainLines):
     def fail(self, n: int = 1) -> None:
         """``n`` generations failed (counted apart: the work is not done)."""
         self.failed += n
-        if self.show and self._tty and self._draw_bar() is not None:
+        if self.show and self._tty and not self._closed and self._draw_bar() is not None:
             self._bar.set_postfix_str(f"{self.failed} failed", refresh=False)
+
+    def _count(self) -> Any:
+        return self.n, self.failed
 
     def line(self) -> str:
         """The plain progress line: done/total, percent, rate, ETA, tokens/s; with failures, how
@@ -266,7 +280,8 @@ class GenerationProgress(_PlainLines):
         return ", ".join(parts)
 
     def close(self) -> None:
-        """Finish: the bar is removed; in plain mode a final line is written."""
+        """Finish: the bar is removed; in plain mode a final line is written, unless the last
+        line already said the same (closed by a Ctrl-C right after it)."""
         if self._closed:
             return
         self._closed = True
@@ -276,7 +291,8 @@ class GenerationProgress(_PlainLines):
             if self._bar is not None:
                 self._bar.close()
             return
-        self._write(self.line())
+        if not self._repeats():
+            self._write(self.line())
 
     # -- vLLM: ``use_tqdm`` takes a tqdm-like factory -----------------------------------------
     @property
@@ -419,12 +435,16 @@ class StageProgress(_PlainLines):
         with self._lock:
             self.n += n
             now = self._clock()
-            if self.show and now - self._last >= self._interval and (self.total is None or self.n < self.total):
+            if self.show and not self._closed and now - self._last >= self._interval and (
+                    self.total is None or self.n < self.total):
                 self._last = now
                 self._write(self.line())
 
     def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
         pass
+
+    def _count(self) -> Any:
+        return self.n
 
     def line(self) -> str:
         """The plain line (:func:`_line_parts`); a total of 0 counts as none: the count and the
@@ -433,11 +453,12 @@ class StageProgress(_PlainLines):
         return ", ".join(_line_parts(self.desc, self.n, self.total or None, self.unit, elapsed))
 
     def close(self) -> None:
-        """Finish: a last line when the stage wrote any before (a long stage)."""
+        """Finish: a last line when the stage wrote any before (a long stage) and it would not
+        repeat the last one."""
         if self._closed:
             return
         self._closed = True
-        if self.show and self.lines:
+        if self.show and self.lines and not self._repeats():
             self._write(self.line())
 
 

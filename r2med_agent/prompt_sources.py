@@ -320,8 +320,9 @@ def _download(url: str, source: PromptSource) -> bytes:
                 break
     raise PromptSourceError(redact(
         f"cannot fetch the authors' prompts of {source.repo} at commit {source.commit}: {url}: {why}. "
-        f"Without network, import them from a clone: {source.offline_hint}; or run with --prompts own (the "
-        f"project's wording)"
+        f"Without network, import them from a clone: {source.offline_hint}; or fetch them from a mirror of the "
+        f"pinned files: {BASE_URL_ENV}=URL (each file at URL/{source.repo}/{source.commit}/PATH); or run with "
+        f"--prompts own (the project's wording)"
     ))
 
 

@@ -1,9 +1,10 @@
 """Rough LLM work of a grid entry: calls, prompt and output tokens per stage, API dollars and
-GPU-hours, for the dry run and ``reproduce`` (:func:`token_estimate`, :func:`gpu_hours`)."""
+GPU-hours, for the dry run and ``reproduce`` (:func:`token_estimate`, :func:`gpu_hours`); and the
+work of its dense encoders, documents and queries (:func:`encode_estimate`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ class Registries(Protocol):
     llms: Mapping[str, Any]
     rerankers: Mapping[str, Any]
     models: Mapping[str, Any]
+    encoders: Mapping[str, Any]
 
 
 def method_caps(entry: GridEntry) -> Any:
@@ -69,14 +71,22 @@ class TokenEstimate:
         prompt = "≤" if self.grows else "≈"
         line = (f"{self.label}: {self.calls:,} calls, {prompt}{self.prompt_tokens / 1e6:.1f}M prompt tokens, "
                 f"≤{self.output_tokens / 1e6:.1f}M output tokens")
-        if self.usd is not None:
-            line += f", ≤${self.usd:,.0f}"
-        elif self.api:
-            line += ", cost unknown (its llms entry has no price_in_per_mtok/price_out_per_mtok)"
-        if self.gpu_hours is not None:
-            hours = format_hours(self.gpu_hours)
-            line += f", {'' if hours.startswith('<') else '≤'}{hours} GPU-hours"
-        return line
+        return line + _cost_parts(self.usd, self.api, self.gpu_hours,
+                                  "its llms entry has no price_in_per_mtok/price_out_per_mtok")
+
+
+def _cost_parts(usd: float | None, api: bool, gpu_hours: float | None, no_price: str) -> str:
+    """The end of an estimate's line: ``, ≤$N`` (or, for an API without a price, why there is
+    none) and ``, ≤N GPU-hours``."""
+    line = ""
+    if usd is not None:
+        line += f", ≤${usd:,.0f}"
+    elif api:
+        line += f", cost unknown ({no_price})"
+    if gpu_hours is not None:
+        hours = format_hours(gpu_hours)
+        line += f", {'' if hours.startswith('<') else '≤'}{hours} GPU-hours"
+    return line
 
 
 def format_hours(hours: float) -> str:
@@ -191,3 +201,82 @@ def gpu_hours(params_b: float, prompt_tokens: int, output_tokens: int) -> float:
     """GPU-hours of an LLM stage from :data:`GPU_TOKENS_PER_S` (tensor-parallel GPUs count each)."""
     seconds = prompt_tokens * params_b / GPU_TOKENS_PER_S["prompt"] + output_tokens * params_b / GPU_TOKENS_PER_S["output"]
     return seconds / 3600
+
+
+ENCODER_TOKENS_PER_S = 5.0e4
+"""Rough throughput of a dense encoder on one 80 GB GPU in bf16, per billion parameters: a
+P-billion encoder embeds about 50,000/P tokens a second (2·P GFLOP a token plus attention over a
+few thousand tokens, at about 40% of an A100's 312 TFLOP/s: e5-mistral or SFR, 7.1B, ~7,000
+tokens/s). An assumption to plan with, not a measurement here; measure yours."""
+
+
+@dataclass(frozen=True)
+class EncodeEstimate:
+    """Upper-bound work of one dense encoder of an entry over the planned tasks
+    (:func:`encode_estimate`): every text at the encoder's limit.
+
+    Attributes:
+        encoder: the registry name.
+        docs, doc_tokens: the tasks' documents and their tokens. The embedding cache keeps a
+            corpus's embeddings per encoder, so every row of the encoder over the same tasks
+            shares them: a total counts them once (:attr:`doc_key`).
+        queries, query_tokens: the tasks' queries (every row embeds its own).
+        max_length: the tokens each document is counted at.
+        doc_usd, query_usd: dollars at the API's price (None: not an API, or no price known).
+        doc_hours, query_hours: GPU-hours of a local encoder of known size (None otherwise).
+        api: the encoder is a paid API: a missing price is said so.
+    """
+
+    encoder: str
+    tasks: tuple[str, ...]
+    docs: int
+    doc_tokens: int
+    queries: int
+    query_tokens: int
+    max_length: int
+    doc_usd: float | None = None
+    query_usd: float | None = None
+    doc_hours: float | None = None
+    query_hours: float | None = None
+    api: bool = False
+
+    @property
+    def doc_key(self) -> tuple[str, tuple[str, ...]]:
+        """What makes two rows' document embeddings the same cached ones."""
+        return self.encoder, self.tasks
+
+    def line(self) -> str:
+        tokens = (self.doc_tokens + self.query_tokens) / 1e6
+        line = (f"{self.encoder}: {self.docs:,} documents and {self.queries:,} queries, ≤{tokens:,.1f}M tokens "
+                f"(each document at {self.max_length:,}; the documents once for every row of this encoder)")
+        usd = None if self.doc_usd is None else self.doc_usd + (self.query_usd or 0.0)
+        hours = None if self.doc_hours is None else self.doc_hours + (self.query_hours or 0.0)
+        return line + _cost_parts(usd, self.api, hours, "configs/reproduce/models.yaml gives no price_per_mtok")
+
+
+def encode_estimate(name: str, spec: Any, tasks: Sequence[str], model: Any = None) -> EncodeEstimate | None:
+    """The work of encoder entry ``spec`` (as it runs on ``tasks``) over the tasks' documents and
+    queries, each text at its limit (``max_length``; an API's ``max_tokens``, or ``max_chars`` /
+    :data:`CHARS_PER_TOKEN`): GPU-hours from :data:`ENCODER_TOKENS_PER_S` for a local encoder of
+    known size (``model``: its ``models.yaml`` entry), dollars at its ``price_per_mtok`` for an API.
+    None when a task's counts are unknown."""
+    from r2med_agent.data import task_registry
+
+    registry = task_registry()
+    counts = [(getattr(registry.get(t), "docs", None), getattr(registry.get(t), "queries", None)) for t in tasks]
+    if not tasks or any(not d or not q for d, q in counts):
+        return None
+    docs, queries = sum(d for d, _ in counts), sum(q for _, q in counts)  # type: ignore[misc]
+    api = spec.kind == "api"
+    if api:
+        doc_len = query_len = int(spec.max_tokens or (spec.max_chars or 0) / CHARS_PER_TOKEN or spec.max_length)
+    else:
+        doc_len, query_len = spec.max_length_for("doc"), spec.max_length_for("query")
+    doc_tokens, query_tokens = docs * doc_len, queries * query_len
+    price = float(getattr(model, "price_per_mtok", 0.0) or 0.0)
+    usd = (doc_tokens * price / 1e6, query_tokens * price / 1e6) if api and price else (None, None)
+    size = float(getattr(model, "params_b", 0.0) or 0.0)
+    hours = ((doc_tokens * size / ENCODER_TOKENS_PER_S / 3600, query_tokens * size / ENCODER_TOKENS_PER_S / 3600)
+             if not api and size else (None, None))
+    return EncodeEstimate(name, tuple(tasks), docs, doc_tokens, queries, query_tokens, doc_len,
+                          usd[0], usd[1], hours[0], hours[1], api=api)

@@ -43,7 +43,7 @@ from typing import Any
 from r2med_agent.analysis.published import PublishedKey, benchmark_of, published_results
 from r2med_agent.analysis.results import NO_LLM
 from r2med_agent.config import build, load_yaml
-from r2med_agent.errors import ConfigError
+from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.experiment.spec import VERSION_MARKERS, RunSpec
 from r2med_agent.paths import configs_dir
 
@@ -312,7 +312,8 @@ def load_grid(name_or_path: str | Path, *, strict: bool | None = None) -> Grid:
             raise ConfigError(f"{path}: grid file does not exist")
     else:
         raise ConfigError(
-            f"unknown table '{name_or_path}'; allowed: {', '.join(TABLES)} (or a .yaml grid file)"
+            f"unknown table '{name_or_path}'{did_you_mean(str(name_or_path), TABLES)}; allowed: "
+            f"{', '.join(TABLES)} (or a .yaml grid file)"
         )
     doc = load_yaml(path)
     if not isinstance(doc, Mapping):

@@ -14,7 +14,13 @@ from r2med_agent.paths import configs_dir
 from r2med_agent.retrieval.fusion import member_names
 
 logger = logging.getLogger(__name__)
-from r2med_agent.analysis.estimates import TokenEstimate, method_caps, token_estimate
+from r2med_agent.analysis.estimates import (
+    EncodeEstimate,
+    TokenEstimate,
+    encode_estimate,
+    method_caps,
+    token_estimate,
+)
 from r2med_agent.analysis.grids import (
     BYTES_PER_PARAM,
     GPU_GIB,
@@ -40,6 +46,8 @@ class ModelInfo:
         note: shown by ``--dry-run``.
         dtype: the weights' type where the checkpoint ships in another than bf16 (``fp8``):
             the memory estimate uses it.
+        price_per_mtok: an embedding API's USD per million input tokens (0: none known), for
+            the encoding estimate (:func:`~r2med_agent.analysis.estimates.encode_estimate`).
     """
 
     name: str
@@ -47,6 +55,7 @@ class ModelInfo:
     gated: bool = False
     note: str = ""
     dtype: str = ""
+    price_per_mtok: float = 0.0
 
 
 def load_models() -> dict[str, ModelInfo]:
@@ -79,6 +88,9 @@ class Needs:
     versions no single environment has (:func:`split_recipe`)."""
     estimates: tuple[TokenEstimate, ...] = ()
     """LLM calls and tokens of the LLM stages (:func:`token_estimate`), where an entry has them."""
+    encoding: tuple[EncodeEstimate, ...] = ()
+    """The dense encoders' documents and queries (:func:`encode_estimate`), where the tasks'
+    counts are known."""
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -89,6 +101,7 @@ class Needs:
         out = list(self.setup)
         out.append(f"GPU: {'; '.join(self.gpu) if self.gpu else 'none (CPU only)'}")
         out += [f"tokens: {t}" for t in self.tokens]
+        out += [f"encoding: {e.line()}" for e in self.encoding]
         out.append(f"API keys: {', '.join(self.api_keys) if self.api_keys else 'none'}")
         out.append(f"hub access: {'; '.join(self.hub) if self.hub else 'none'}")
         out += [f"PROBLEM: {p}" for p in self.problems]
@@ -252,7 +265,7 @@ def entry_needs(
     split = found.split_environments(llm_spec if not released else None)
     estimates = tuple(token_estimate(entry, n_queries, reg, released=released)) if n_queries else ()
     return Needs(tuple(found.gpu), tuple(dict.fromkeys(found.keys)), tuple(found.hub), tuple(found.problems),
-                 tuple(found.setup), split, estimates)
+                 tuple(found.setup), split, estimates, tuple(found.encoding))
 
 
 class _NeedsFinder:
@@ -263,6 +276,8 @@ class _NeedsFinder:
 
         self.entry, self.reg, self.gpu_gib = entry, reg, gpu_gib
         self.on_bright = any(is_bright_task(t) for t in tasks)
+        self.tasks = tuple(tasks)
+        self.encoding: list[EncodeEstimate] = []
         self.gpu: list[str] = []
         self.keys: list[str] = []
         self.hub: list[str] = []
@@ -346,6 +361,7 @@ class _NeedsFinder:
             elif enc.kind == "api":
                 if enc.api_key_env:
                     self.keys.append(enc.api_key_env)
+                self.encodes(part, enc)
             else:
                 if self.on_bright and enc.bright:
                     enc = enc.on_bright()  # its settings on BRIGHT's tasks
@@ -360,6 +376,13 @@ class _NeedsFinder:
                              "(the run stops with the pip command otherwise)")
                 self.setup.append(line)
                 self.weights("encoder", part, repos, precision=precision)
+                self.encodes(part, enc)
+
+    def encodes(self, name: str, spec: Any) -> None:
+        """The encoder's work over the planned tasks, where their counts are known."""
+        estimate = encode_estimate(name, spec, self.tasks, self.reg.models.get(name))
+        if estimate is not None:
+            self.encoding.append(estimate)
 
     def reranker(self) -> None:
         entry = self.entry

@@ -320,21 +320,33 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
 
 
 def _total_line(planned: Sequence[PlannedRun]) -> str:
-    """The grand total of the LLM work of the configurations still to run ("" when they have none):
-    calls, tokens, GPU-hours of self-hosted models and dollars of priced APIs (the per-entry
-    estimates added up; upper bounds, as they are)."""
+    """The grand total of the LLM and encoding work of the configurations still to run ("" when
+    they have none): calls, tokens, GPU-hours of self-hosted models and dollars of priced APIs (the
+    per-entry estimates added up, each corpus's embeddings once per encoder; upper bounds, as they
+    are)."""
     from r2med_agent.analysis.estimates import format_hours
 
     estimates = [e for p in planned for e in p.needs.estimates]
-    if not estimates:
+    encoding = [e for p in planned for e in p.needs.encoding]
+    if not estimates and not encoding:
         return ""
     calls = sum(e.calls for e in estimates)
     p_in = sum(e.prompt_tokens for e in estimates)
     p_out = sum(e.output_tokens for e in estimates)
     hours = [e.gpu_hours for e in estimates if e.gpu_hours is not None]
     usd = [e.usd for e in estimates if e.usd is not None]
-    unpriced = sorted({e.label.split(" ")[0] for e in estimates if e.api and e.usd is None})
-    parts = [f"{calls:,} LLM calls", f"≤{p_in / 1e6:,.1f}M prompt tokens", f"≤{p_out / 1e6:,.1f}M output tokens"]
+    unpriced = sorted({e.label.split(" ")[0] for e in estimates if e.api and e.usd is None}
+                      | {e.encoder for e in encoding if e.api and e.doc_usd is None})
+    parts = [f"{calls:,} LLM calls", f"≤{p_in / 1e6:,.1f}M prompt tokens", f"≤{p_out / 1e6:,.1f}M output tokens"] \
+        if estimates else []
+    if encoding:  # a corpus is embedded once per encoder (the embedding cache), its queries per row
+        docs = {e.doc_key: e for e in encoding}.values()
+        tokens = sum(e.doc_tokens for e in docs) + sum(e.query_tokens for e in encoding)
+        parts.append(f"≤{tokens / 1e6:,.1f}M tokens to embed ({len(docs)} corpus encoding(s))")
+        hours += [e.doc_hours for e in docs if e.doc_hours is not None]
+        hours += [e.query_hours for e in encoding if e.query_hours is not None]
+        usd += [e.doc_usd for e in docs if e.doc_usd is not None]
+        usd += [e.query_usd for e in encoding if e.query_usd is not None]
     if hours:
         total = format_hours(sum(hours))
         parts.append(f"{'' if total.startswith('<') else '≤'}{total} GPU-hours (self-hosted models)")

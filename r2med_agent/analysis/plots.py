@@ -71,6 +71,24 @@ def _legend_below(fig: Any, handles: Sequence[Any], labels: Sequence[str], max_c
     return legend
 
 
+def row_colors(n: int) -> list[Any]:
+    """One colour per row, no two alike: matplotlib's ``tab10`` up to 10 rows; beyond, ``tab20``
+    (its pairs of a dark and a light shade) up to 20, and past 20, where ``tab20`` would start
+    over, ``n`` evenly spaced hues of ``hsv`` in three shades (the plots' legends tell them
+    apart by number too)."""
+    plt = _pyplot()
+    if n <= 20:
+        cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+        return [cmap(i) for i in range(n)]
+    import matplotlib.colors as mcolors
+
+    out = []
+    for i in range(n):
+        value = (1.0, 0.75, 0.5)[i % 3]  # neighbours differ in shade as well as hue
+        out.append((*mcolors.hsv_to_rgb((i / n, 0.85, value)), 1.0))
+    return out
+
+
 def per_task_figure(table: ComparisonTable) -> Any:
     """The per-task bars (a matplotlib Figure, :func:`plot_per_task`)."""
     plt = _pyplot()
@@ -80,7 +98,7 @@ def per_task_figure(table: ComparisonTable) -> Any:
     width = 0.8 / max(n, 1)
     fig = plt.figure(figsize=(max(7.0, 1.1 * len(groups) + 0.25 * n), 4.2), dpi=110, layout="constrained")
     ax = fig.subplots()
-    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    colors = row_colors(n)
     handles = []
     for i, r in enumerate(table.rows):
         xs, ys = [], []
@@ -89,7 +107,7 @@ def per_task_figure(table: ComparisonTable) -> Any:
             if v is not None:
                 xs.append(g - 0.4 + width * (i + 0.5))
                 ys.append(v)
-        color = cmap(i % cmap.N)
+        color = colors[i]
         handles.append(ax.bar(xs, ys, width=width, color=color))
         if with_avg and r.average is not None:
             ax.bar(
@@ -179,10 +197,10 @@ def quality_figure(table: ComparisonTable, axis: str = "auto") -> Any:
         xlabel += f"\nrows without a price left out: {', '.join(map(str, unpriced))}"
     fig = plt.figure(figsize=(7.5, 4.2), dpi=110, layout="constrained")
     ax = fig.subplots()
-    cmap = plt.get_cmap("tab10" if len(table.rows) <= 10 else "tab20")
+    colors = row_colors(max((r.index for r in table.rows), default=-1) + 1)
     handles, labels = [], []
     for r, x in shown:
-        color = cmap(r.index % cmap.N)
+        color = colors[r.index]
         handles.append(ax.scatter(
             [x],
             [r.average],

@@ -103,12 +103,24 @@ def render_html(
         baseline_label=table.rows[table.baseline].row.label if table.baseline is not None else "",
         sig_headers=sig_headers,
         sig_body=sig_body,
+        sig_note=significance_note(table),
         footnotes=table.footnotes(),
         plots=[(name, markupsafe.Markup(svg)) for name, svg in plots.items()],
         data_json=_json_for_script(data),
         missing=MISSING,
         markdown=render_markdown(table),
     )
+
+
+def significance_note(table: ComparisonTable) -> str:
+    """What a cell of the significance table shows, naming the test that ran: the difference of
+    means (with the bootstrap, its 95% interval, which only that test gives), the p-value and the
+    wins/ties/losses over queries."""
+    if table.test == "bootstrap":
+        return ("Per cell: difference of means against the baseline with its 95% bootstrap interval, the "
+                "p-value of the paired bootstrap test and wins/ties/losses over queries")
+    return ("Per cell: difference of means against the baseline, the p-value of the paired randomisation "
+            "(permutation) test and wins/ties/losses over queries")
 
 
 def _write_plot(draw: Any, path: Path) -> Path:

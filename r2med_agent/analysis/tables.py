@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from r2med_agent.errors import ConfigError
+from r2med_agent.errors import ConfigError, did_you_mean
 from r2med_agent.analysis.stats import EXACT_MAX_N, TESTS, PairedTest, compare_tasks
 
 logger = logging.getLogger(__name__)
@@ -297,8 +297,12 @@ def build_table(rows: Sequence[ResultRow], metric: str = "ndcg_at_10", options: 
     metric = metric_key(metric)  # ndcg@10, NDCG@10, ndcg_cut_10 -> ndcg_at_10
     known = {m for r in rows for t in r.tasks.values() for m in t.scores}
     if metric not in known:
-        raise ConfigError(f"no result file has metric '{metric}'; available: {', '.join(sorted(known))}")
+        spelt = {k.replace("_at_", "@"): k for k in known}
+        raise ConfigError(f"no result file has metric '{metric}'{did_you_mean(metric, [*known, *spelt])}; "
+                          f"available: {', '.join(sorted(known))}")
     columns = _columns(rows, opts.tasks)
+    if opts.tasks is not None:
+        rows = _rows_with_results(rows, metric, columns)
     base_index = _baseline_index(rows, opts.baseline)
     pub = (opts.published_scores or published_results()) if opts.published else None
     aliases = opts.published_aliases if opts.published_aliases is not None else (
@@ -346,6 +350,20 @@ def _columns(rows: Sequence[ResultRow], tasks: Sequence[str] | None) -> tuple[st
     if unknown:
         raise ConfigError(f"no results for task(s) {', '.join(unknown)}; tasks found: {', '.join(all_tasks)}")
     return tuple(tasks)
+
+
+def _rows_with_results(rows: Sequence[ResultRow], metric: str, columns: Sequence[str]) -> Sequence[ResultRow]:
+    """The rows with a result on at least one of the chosen task columns (``--tasks``): a row
+    with none of them would be a line of dashes; the rows left out are logged."""
+    has = [any(r.score(t, metric) is not None for t in columns) for r in rows]
+    kept = [r for r, h in zip(rows, has) if h]
+    left = [r.label for r, h in zip(rows, has) if not h]
+    if left:
+        logger.info("%d row(s) without a %s result on %s left out: %s", len(left), metric, ", ".join(columns),
+                    "; ".join(left))
+    if not kept:
+        raise ConfigError(f"no result has {metric} on {', '.join(columns)}")
+    return kept
 
 
 def _baseline_index(rows: Sequence[ResultRow], baseline: str | int | None) -> int | None:

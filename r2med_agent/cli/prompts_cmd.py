@@ -73,14 +73,27 @@ def fetch_command(
     names: Optional[list[str]] = typer.Argument(None, help="Sources to fetch (names or owner/repo, see `prompts "
                                                 "sources`); default: all of them."),
 ) -> None:
-    """Fetch the authors' prompts at their pinned commits into the cache now (runs fetch on first use)."""
+    """Fetch the authors' prompts at their pinned commits into the cache now (runs fetch on first use).
+    Every source that can be fetched is; each one that cannot is named on its own line, and the
+    command then exits non-zero."""
+    from r2med_agent.errors import PromptSourceError, R2MedError
     from r2med_agent.prompt_sources import base_url, ensure, sources_named
     from r2med_agent.redaction import redact
 
-    for source in sources_named(names or []):
-        ensure(source)
+    sources = sources_named(names or [])
+    failed: list[str] = []
+    for source in sources:
+        try:
+            ensure(source)
+        except R2MedError as e:
+            typer.secho(f"error: {source.short}: {redact(str(e))}", fg=typer.colors.RED, err=True)
+            failed.append(source.name)
+            continue
         typer.echo(f"{source.short}: {', '.join(source.folders)} at hand ({source.folder})")
     typer.echo(f"from {redact(base_url())}")
+    if failed:
+        raise PromptSourceError(f"{len(failed)} of {len(sources)} prompt source(s) could not be fetched: "
+                                f"{', '.join(failed)} (each said why above); the others are at hand")
 
 
 @prompts_app.command("sources")

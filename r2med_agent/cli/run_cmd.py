@@ -74,13 +74,13 @@ _RUN_OPTIONS: dict[str, tuple[Any, tuple[str, ...], str, str]] = {
     "allow_missing_candidates": (bool, ("--allow-missing-candidates",), "Retrieval",
                                  "Leave out (with a warning giving their number) candidate documents the task's corpus lacks, instead of stopping."),
     "output_dir": (Path, ("--output-dir", "-o"), "Output, cache and progress",
-                   "Root of the result tree: <output>/<method>/<llm>/<leaf>/<Task>.json|.run, one folder per run spec (docs/results.md)."),
+                   "Root of the result tree: one folder per run spec below it (method, llm, then a leaf), with <Task>.json and <Task>.run in it (docs/results.md)."),
     "use_cache": (bool, ("--cache/--no-cache",), "Output, cache and progress",
                   "Read and write the generation cache (default on); --no-cache does neither."),
     "refresh_cache": (bool, ("--refresh-cache",), "Output, cache and progress",
                       "Regenerate every text and overwrite the cached one."),
     "cache_path": (Optional[Path], ("--cache-path",), "Output, cache and progress",
-                   "Generation cache file (default: $R2MED_CACHE_DIR/generations.sqlite)."),
+                   "Generation cache file (default: generations.sqlite in $R2MED_CACHE_DIR)."),
     "chunk_size": (Optional[int], ("--chunk-size",), "Output, cache and progress",
                    "LLM cache misses per backend call (each generation is committed to the cache as it finishes); 0 = all in one call (one vLLM engine call). Default: the LLM entry's chunk_size (auto: vllm all, openai 256, local 4)."),
     "config": (Optional[Path], ("--config",), "Output, cache and progress",
@@ -106,7 +106,7 @@ def _option_type(hint: Any) -> tuple[Any, Any]:
     return (Optional[base] if optional else base), None
 
 
-_LIMITS = {"progress_interval": {"min": 0.0}}
+_LIMITS: dict[str, dict[str, Any]] = {}
 """Bounds that click checks on an option (a usage error, exit code 2)."""
 
 

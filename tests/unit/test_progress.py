@@ -87,6 +87,8 @@ def test_generation_lines_in_a_file_carry_the_time() -> None:
     p = GenerationProgress(4, "generating (smollm2)", stream=out, interval_s=10.0, show=True, clock=clock)
     clock.t = 10.0
     p.update(1)
+    clock.t = 12.0
+    p.update(1)  # before the interval: no line until the closing one (issue 39: never the same line twice)
     p.close()
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and all(re.match(_STAMP + r"generating \(smollm2\): \d/4 generations", x) for x in lines)
@@ -288,3 +290,57 @@ def test_the_overall_bar_stays_above_the_shard_bar_when_a_message_is_logged() ->
 
     assert row("loaded encoder minilm") < row("corpus shards") < row("encode minilm (doc)"), screen
     assert not any("loaded encoder" in line and "|" in line for line in screen), screen
+
+
+def test_work_that_finishes_after_an_interrupt_writes_no_line_after_the_last() -> None:
+    """Issue 39 item 18: after Ctrl-C a progress line printed twice (a real llama.cpp run in a log
+    file, interrupted after its second generation: "2/5 generations (40%) ... ETA" twice, the
+    interval line and the closing line). The closing line is left out when it would say what the
+    last line said; and a closed progress counts what still finishes (an HTTP batch's workers)
+    but writes nothing more, in a log file as on a terminal."""
+    clock, out = _Clock(), io.StringIO()
+    cut = GenerationProgress(5, "generating (m)", stream=out, interval_s=0.0, show=True, clock=clock)
+    clock.t = 20.0
+    cut.update(1)
+    clock.t = 36.0
+    cut.update(1)
+    cut.close()  # Ctrl-C right after the second line
+    assert [line.split(": ", 1)[1][:25] for line in cut.lines] == ["1/5 generations (20%), 0.", "2/5 generations (40%), 0."]
+    assert len(out.getvalue().splitlines()) == 2
+    stage_cut = StageProgress(total=10, desc="encode", unit="text", stream=out, interval_s=0.0, clock=clock)
+    stage_cut.update(3)
+    stage_cut.close()
+    assert len(stage_cut.lines) == 1
+
+    clock, out = _Clock(), io.StringIO()
+    gen = GenerationProgress(10, "generating (m)", stream=out, interval_s=10.0, show=True, clock=clock)
+    clock.t = 10.0
+    gen.update(3)  # a line at the interval
+    clock.t = 15.0
+    gen.update(1)
+    clock.t = 25.0
+    gen.close()  # the interrupt: the last line
+    clock.t = 40.0
+    gen.update(1)
+    gen.fail(1)
+    assert gen.n == 5 and gen.failed == 1
+    assert len(out.getvalue().splitlines()) == 2 and len(gen.lines) == 2
+
+    stage_out = io.StringIO()
+    stage = StageProgress(total=100, desc="encode", unit="text", stream=stage_out, interval_s=10.0, clock=clock)
+    clock.t += 10.0
+    stage.update(10)
+    stage.update(5)
+    stage.close()
+    clock.t += 30.0
+    stage.update(10)
+    assert stage.n == 25 and len(stage_out.getvalue().splitlines()) == 2
+
+    term = _Terminal()
+    bar = GenerationProgress(10, "generating (m)", stream=term, show=True, clock=clock)
+    bar.update(2)
+    bar.close()
+    after = term.getvalue()
+    bar.update(1)
+    bar.fail(1)
+    assert term.getvalue() == after  # nothing drawn after the bar is gone

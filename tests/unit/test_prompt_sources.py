@@ -319,3 +319,26 @@ def test_dry_runs_name_every_rows_prompt_source(tmp_path, monkeypatch) -> None:
             else:
                 assert p.prompts == "none (no LLM reads a prompt in this row)", p.entry.label
     assert seen == set(by_method.values()) | set(by_reranker.values())
+
+
+def test_prompts_fetch_fetches_every_good_source_and_names_every_bad_one(sources, tmp_path, monkeypatch, capsys) -> None:
+    """Issue 39 item 18: `prompts fetch` stopped at the first source it could not have and fetched
+    none of the others. Now each good source is fetched, each bad one gets its own error line
+    (which says how to do without network, R2MED_PROMPTS_BASE_URL's mirror included), and the
+    command exits non-zero (7)."""
+    r2med, _ = sources["R2MED"]
+    r1, r1_clone = sources["Search-R1"]
+    monkeypatch.setattr(ps, "FETCH_BACKOFF_S", 0.01)
+    monkeypatch.setenv(ps.BASE_URL_ENV, mirror_files(tmp_path / "mirror", r1, r1_clone).as_uri())  # R2MED's missing
+    assert list(ps.prompt_sources()) == ["R2MED", "Search-R1"]  # the bad source comes first
+    code = main(["prompts", "fetch"])
+    out = capsys.readouterr()
+    assert code == 7 and "Traceback" not in out.err
+    assert ps.at_hand(r1) and not ps.at_hand(r2med)
+    assert f"{r1.short}: search-r1 at hand" in out.out
+    errors = [line for line in out.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2, out.err
+    assert errors[0].startswith(f"error: {r2med.short}: cannot fetch") and "no such file" in errors[0]
+    assert f"{ps.BASE_URL_ENV}=URL" in errors[0] and "r2med-agent prompts import R2MED" in errors[0]
+    assert errors[1] == "error: 1 of 2 prompt source(s) could not be fetched: R2MED (each said why above); " \
+                        "the others are at hand"

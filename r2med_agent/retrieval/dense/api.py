@@ -17,6 +17,7 @@ from r2med_agent.net import MAX_REPLY_BYTES, DeadlineError, ReplyTooLarge, cappe
 from r2med_agent.redaction import redact, redact_url, remember_secret, remember_url_secrets
 from r2med_agent.retrieval.dense.models import _import_transformers, resolve_model_path
 from r2med_agent.retrieval.dense.spec import EncoderSpec, Side
+from r2med_agent.retrieval.dense.tokens import bounded_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,25 @@ def read_embeddings(response: Any, n: int) -> list[np.ndarray]:
             raise MalformedReplyError("an embedding has a number that is not finite, or another length than the others")
         rows.append(row)
     return rows
+
+
+def hf_token_cut(tokenizer: Any, texts: list[str], n: int) -> list[str]:
+    """Each text cut to ``n`` tokens of a transformers tokenizer as R2MED's reference cuts it
+    (``tokenizer(text)``, and a text of more than ``n`` ids becomes the decoding of its first
+    ``n``), but tokenizing a cut of each text
+    (:func:`~r2med_agent.retrieval.dense.tokens.bounded_token_ids`), so a huge one costs no more
+    than ``n`` allows, and never sending a text longer than the longest cut: one whose cut
+    still has no more than ``n`` tokens (a word WordPiece makes one ``[UNK]``, characters the
+    tokenizer deletes) is sent as the decoding of the tokens it gave, as an over-long text is."""
+
+    def ids_of(cut: list[str], _titles: list[str] | None) -> Any:
+        return tokenizer(cut, verbose=False)["input_ids"], None  # no "longer than the maximum" warning: counted here
+
+    bounded = bounded_token_ids(tokenizer, texts, n + 1, ids_of)
+    return [
+        tokenizer.decode(ids[:n]) if len(ids) > n or not whole else text
+        for ids, text, whole in zip(bounded.ids, bounded.texts, bounded.whole)
+    ]
 
 
 class APIEncoder:
@@ -130,23 +150,24 @@ class APIEncoder:
         return self._hf_token_cutter() is not None
 
     def truncate(self, texts: list[str]) -> list[str]:
-        """Cut each input to ``max_tokens`` tokens (or characters, see the field) and ``max_chars``."""
+        """Cut each input to ``max_tokens`` tokens (or characters, see the field) and ``max_chars``
+        (with an ``hf_tokenizer``: :func:`hf_token_cut`)."""
         spec = self.spec
         if spec.max_tokens:
             n = spec.max_tokens
             enc = self._token_encoding() if spec.tiktoken_encoding else None
             hf = None if spec.tiktoken_encoding else self._hf_token_cutter()
-            cut = []
-            for t in texts:
-                if enc is not None:
-                    ids = enc.encode(t, disallowed_special=())
-                    cut.append(enc.decode(ids[:n]) if len(ids) > n else t)
-                elif hf is not None:  # as the reference: tokenizer(text), decode(first n ids)
-                    ids = hf(t)["input_ids"]
-                    cut.append(hf.decode(ids[:n]) if len(ids) > n else t)
-                else:
-                    cut.append(t[:n])
-            texts = cut
+            if hf is not None:
+                texts = hf_token_cut(hf, texts, n)
+            else:
+                cut = []
+                for t in texts:
+                    if enc is not None:
+                        ids = enc.encode(t, disallowed_special=())
+                        cut.append(enc.decode(ids[:n]) if len(ids) > n else t)
+                    else:
+                        cut.append(t[:n])
+                texts = cut
         if spec.max_chars:
             texts = [t[: spec.max_chars] for t in texts]
         return texts

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -30,7 +29,13 @@ from r2med_agent.retrieval.dense.models import (
     resolve_model_path,
 )
 from r2med_agent.retrieval.dense.spec import EncoderSpec, Side
-from r2med_agent.retrieval.dense.tokens import encoder_token_ids, prefix_token_count
+from r2med_agent.retrieval.dense.tokens import (  # noqa: F401 - the bounds, re-exported
+    CHARS_PER_TOKEN_BOUND,
+    MAX_CHARS_PER_TOKEN,
+    bounded_token_ids,
+    encoder_token_ids,
+    prefix_token_count,
+)
 from r2med_agent.retrieval.dense.torch_utils import (
     _import_torch,
     pool,
@@ -44,47 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 logger = logging.getLogger(__name__)
-
-CHARS_PER_TOKEN_BOUND = 32
-"""Texts are cut to ``max_length`` times this many characters before the tokenizer sees them: a
-fast tokenizer tokenizes a whole text before truncating it, so one 50 MB document took gigabytes.
-A text whose cut still fills ``max_length`` tokens embeds exactly as before (the tokens past the
-cut are dropped by truncation anyway). A cut that falls short (a text of long "words" or of
-much whitespace) is tried again longer (:func:`_cuts`)."""
-
-MAX_CHARS_PER_TOKEN = 2048
-"""The longest cut: ``max_length`` times this many characters (half a million for a 256-token
-model), so no text costs more than that to tokenize, whatever it holds. Cuts grow fourfold from
-:data:`CHARS_PER_TOKEN_BOUND` characters per token until they fill ``max_length`` tokens; a text
-that does not by then is embedded from its cut (a word of a 512-token model takes at most a few
-dozen characters; only text of hundreds of kilobytes that the tokenizer drops, such as control
-characters, gets there). For a tokenizer that drops whitespace between words (BERT's, MiniLM's),
-runs of whitespace are first made one space, which changes no token."""
-
-_WHITESPACE_RUN = re.compile("[\t\n\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]{2,}")
-"""Two or more characters that a BERT tokenizer turns into spaces and splits words on (Unicode's
-White_Space without the control characters, which its normalizer deletes instead)."""
-
-
-def _cuts(max_length: int) -> list[int]:
-    """The lengths a text is cut to before tokenizing, shortest first (:data:`MAX_CHARS_PER_TOKEN`)."""
-    sizes = [max_length * CHARS_PER_TOKEN_BOUND]
-    while sizes[-1] < max_length * MAX_CHARS_PER_TOKEN:
-        sizes.append(min(sizes[-1] * 4, max_length * MAX_CHARS_PER_TOKEN))
-    return sizes
-
-
-def _drops_whitespace_runs(tokenizer: Any) -> bool:
-    """Whether a run of whitespace between words gives the tokens one space gives: a fast
-    tokenizer with BERT's normalizer (or none) and a pre-tokenizer that splits words on
-    whitespace and drops it (BERT, MiniLM and their kin)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return False
-    normalizer = type(backend.normalizer).__name__ if backend.normalizer is not None else None
-    pre = type(backend.pre_tokenizer).__name__ if backend.pre_tokenizer is not None else None
-    return normalizer in (None, "BertNormalizer") and pre in ("BertPreTokenizer", "Whitespace",
-                                                             "WhitespaceSplit")
 
 
 @dataclass
@@ -319,43 +283,15 @@ class HFEncoder:
         self, lo: _Loaded, texts: list[str], titles: Sequence[str] | None, max_length: int
     ) -> tuple[list[list[int]], list[list[int]] | None]:
         """Token ids per text, unpadded (plus segment ids for (title, text) pairs); each text and
-        title cut first (:func:`_cuts`), so the cost is bounded by ``max_length`` whatever a
-        text holds."""
+        title cut first (:func:`~r2med_agent.retrieval.dense.tokens.bounded_token_ids`), so the
+        cost is bounded by ``max_length`` whatever a text holds."""
 
-        def ids_of(rows: Sequence[int], size: int) -> Any:
-            return encoder_token_ids(
-                self.spec, lo.tokenizer, [texts[i][:size] for i in rows], max_length,
-                titles=[titles[i][:size] for i in rows] if titles is not None else None,
-                token_types=lo.uses_token_types, eos_id=lo.eos_id)
+        def ids_of(cut: list[str], cut_titles: list[str] | None) -> Any:
+            return encoder_token_ids(self.spec, lo.tokenizer, cut, max_length, titles=cut_titles,
+                                     token_types=lo.uses_token_types, eos_id=lo.eos_id)
 
-        def longer(i: int, size: int) -> bool:
-            return len(texts[i]) > size or (titles is not None and len(titles[i]) > size)
-
-        sizes = _cuts(max_length)
-        ids, types = ids_of(range(len(texts)), sizes[0])
-        short = [i for i in range(len(texts)) if longer(i, sizes[0]) and len(ids[i]) < max_length]
-        squeezed: list[int] = []
-        if short and _drops_whitespace_runs(lo.tokenizer):  # runs of whitespace made one space
-            texts, titles = list(texts), list(titles) if titles is not None else None
-            for i in short:
-                text = _WHITESPACE_RUN.sub(" ", texts[i])
-                title = _WHITESPACE_RUN.sub(" ", titles[i]) if titles is not None else None
-                if len(text) < len(texts[i]) or (title is not None and len(title) < len(titles[i])):
-                    texts[i] = text
-                    if titles is not None:
-                        titles[i] = title
-                    squeezed.append(i)
-        for size in sizes:  # the cut fell short: the same cut of squeezed texts, then longer ones
-            rows = squeezed if size == sizes[0] else short
-            if not rows:
-                continue
-            more_ids, more_types = ids_of(rows, size)
-            for n, i in enumerate(rows):
-                ids[i] = more_ids[n]
-                if types is not None and more_types is not None:
-                    types[i] = more_types[n]
-            short = [i for i in short if longer(i, size) and len(ids[i]) < max_length]
-        return ids, types
+        bounded = bounded_token_ids(lo.tokenizer, texts, max_length, ids_of, titles=titles)
+        return bounded.ids, bounded.types
 
     def _prefix_token_count(self, lo: _Loaded, prefix: str) -> int:
         if not prefix or not self.spec.pool_exclude_prefix:

@@ -36,7 +36,7 @@ import numpy as np
 from r2med_agent.errors import ConfigError, MissingExtraError
 from r2med_agent.retrieval.dense.models import _import_transformers, load_pretrained, resolve_model_path
 from r2med_agent.retrieval.dense.spec import BACKENDS, EncoderSpec, Side
-from r2med_agent.retrieval.dense.tokens import DECODED_TEXT_SLACK, encoder_token_ids
+from r2med_agent.retrieval.dense.tokens import DECODED_TEXT_SLACK, bounded_token_ids, encoder_token_ids
 from r2med_agent.retrieval.dense.torch_utils import resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -309,11 +309,18 @@ class VLLMEncoder:
     def token_ids(self, texts: Sequence[str], *, side: Side, prefix: str = "") -> list[list[int]]:
         """The token ids the model embeds: ``prefix + text`` cut on the right to ``max_length``
         (``max_length - 1`` plus EOS with ``append_eos``; DIVER's decoded-text cut with
-        ``truncation: decoded-text``), as the transformers path makes them."""
+        ``truncation: decoded-text``), as the transformers path makes them, each text cut first
+        (:func:`~r2med_agent.retrieval.dense.tokens.bounded_token_ids`) so that a huge one costs
+        no more than ``max_length`` allows."""
         spec = self.spec
         full = [prefix + t for t in texts] if prefix else list(texts)
         tokenizer = self._tokenizer(spec.hf_tokenizer or spec.model_for(side))
-        return encoder_token_ids(spec, tokenizer, full, spec.max_length_for(side))[0]
+        max_length = spec.max_length_for(side)
+
+        def ids_of(cut: list[str], _titles: list[str] | None) -> Any:
+            return encoder_token_ids(spec, tokenizer, cut, max_length)
+
+        return bounded_token_ids(tokenizer, full, max_length, ids_of).ids
 
     def encode(
         self,

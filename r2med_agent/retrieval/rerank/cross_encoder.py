@@ -35,6 +35,7 @@ from r2med_agent.retrieval.dense.models import (
     load_pretrained,
     resolve_model_path,
 )
+from r2med_agent.retrieval.dense.tokens import bounded_token_ids
 from r2med_agent.retrieval.dense.torch_utils import _import_torch, resolve_autocast, resolve_devices, resolve_dtype
 from r2med_agent.retrieval.fusion import ranked
 from r2med_agent.retrieval.rerank.spec import RerankerSpec
@@ -91,15 +92,7 @@ class _TransformersScorer:
         tokenizer, replicas, pad_id = self._load()
         dev, model = replicas[0]
         spec = self.spec
-        enc = tokenizer(
-            [q for q, _ in pairs],
-            [d for _, d in pairs],
-            truncation="longest_first",
-            max_length=spec.max_length,
-            padding=False,
-        )
-        ids: list[list[int]] = enc["input_ids"]
-        types: list[list[int]] | None = enc.get("token_type_ids")
+        ids, types = pair_token_ids(tokenizer, pairs, spec.max_length)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         order = np.argsort(-lengths, kind="stable")
         batches = _batches_by_budget(lengths[order].tolist(), spec.batch_size, spec.max_length)
@@ -144,6 +137,22 @@ class _TransformersScorer:
             if bar is not None:
                 bar.close()
         return out
+
+
+def pair_token_ids(
+    tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int
+) -> tuple[list[list[int]], list[list[int]] | None]:
+    """The (query, document) pairs' token ids (and segment ids where the tokenizer makes them),
+    cut together to ``max_length`` (``longest_first``), each query and document cut first
+    (:func:`~r2med_agent.retrieval.dense.tokens.bounded_token_ids`), so that a huge one costs no
+    more than ``max_length`` allows."""
+
+    def ids_of(docs: list[str], queries: list[str] | None) -> Any:
+        enc = tokenizer(queries, docs, truncation="longest_first", max_length=max_length, padding=False)
+        return enc["input_ids"], enc.get("token_type_ids")
+
+    bounded = bounded_token_ids(tokenizer, [d for _, d in pairs], max_length, ids_of, titles=[q for q, _ in pairs])
+    return bounded.ids, bounded.types
 
 
 def _load_tokenizer(spec: RerankerSpec) -> Any:

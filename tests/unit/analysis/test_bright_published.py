@@ -175,3 +175,61 @@ def test_dry_run_lists_every_row_of_brights_tables(tmp_path: Path) -> None:
         assert all("no command here" in line for line in without)
         listed += commands + len(without)
     assert listed == len(keys) == 13 + 65 + 10 + 14
+
+
+def test_the_bright_dry_run_totals_its_encoding_gpu_hours_and_api_dollars(tmp_path: Path) -> None:
+    """Issue 39 item 17: ``reproduce --table bright --dry-run`` gave no cost totals. Each row with a
+    dense encoder now says its documents, queries and tokens (every text at the encoder's limit:
+    e5-mistral and SFR at 4,096), its GPU-hours (a local model of known size) or dollars (an API at
+    its list price); the total counts each encoder's corpus once (the embedding cache shares it
+    between the rows), every row's queries, and adds the hours and dollars up. The reranking rows'
+    notes each name only what applies to them."""
+    from typer.testing import CliRunner
+
+    from r2med_agent.analysis.estimates import ENCODER_TOKENS_PER_S, format_hours
+    from r2med_agent.analysis.needs import load_models
+    from r2med_agent.cli.app import _register, app
+    from r2med_agent.data import task_registry
+
+    _register()
+    res = CliRunner().invoke(app, ["reproduce", "--table", "bright", "--dry-run", "--output-dir", str(tmp_path)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    out = res.output.splitlines()
+    registry = task_registry()
+    tasks = task_names("bright-all")
+    docs = sum(registry[t].docs for t in tasks)
+    queries = sum(registry[t].queries for t in tasks)
+    assert 1_300_000 < docs < 1_400_000
+    models = load_models()
+
+    def hours(tokens: int, name: str) -> float:
+        return tokens * models[name].params_b / ENCODER_TOKENS_PER_S / 3600
+
+    e5 = docs * 4096
+    e5_line = next(line for line in out if line.strip().startswith("encoding: bright-e5:"))
+    assert f"{docs:,} documents and {queries:,} queries" in e5_line and "each document at 4,096" in e5_line
+    assert f"≤{format_hours(hours(e5 + queries * 4096, 'bright-e5'))} GPU-hours" in e5_line
+    assert any(line.strip().startswith("encoding: bright-sf:") and "each document at 4,096" in line for line in out)
+    openai = next(line for line in out if line.strip().startswith("encoding: openai:"))
+    assert f"≤${(docs + queries) * 6000 * 0.13 / 1e6:,.0f}" in openai and "cost unknown" not in openai
+
+    total = next(line for line in out if line.startswith("total of the"))
+    encoders = ("bright-bge", "bright-inst-l", "bright-sbert", "bright-e5", "bright-sf", "bright-inst-xl",
+                "bright-grit", "bright-qwen")
+    from r2med_agent.retrieval.dense.spec import encoder_registry
+
+    specs = {name: encoder_registry()[name].on_bright() for name in encoders}
+    rows_per_encoder = 6  # the original queries and five LLMs' reasoning queries
+    want_hours = sum(hours(docs * s.max_length_for("doc") + rows_per_encoder * queries * s.max_length_for("query"), n)
+                     for n, s in specs.items())
+    want_usd = (docs + rows_per_encoder * queries) * 6000 * 0.13 / 1e6
+    assert f"≤{format_hours(want_hours)} GPU-hours" in total, total
+    assert f"≤${want_usd:,.0f}" in total, total
+    assert "no price for" not in total
+
+    notes = [line for line in out if line.strip().startswith("note:") and "no command here" in line]
+    minilm = [line for line in notes if "MiniLM checkpoint" in line]
+    llms = [line for line in notes if "rerank.py prompt for Gemini and GPT-4" in line]
+    assert len(minilm) == 4 and len(llms) == 6
+    assert not any("MiniLM" in line and "GPT-4" in line for line in notes)

@@ -494,3 +494,29 @@ def test_tables_at_80_columns_never_cut_a_figure(tmp_path, monkeypatch):
     for want in ("21,728,442", "3,950,616", "20.5000", "17286.00", "4,936", "224", "0/0/16", "<0.0001"):
         assert any(want in c for c in cells), want
     assert "MedXpertQA-" in text  # a long task name is given on two lines, its figures stay whole
+
+
+def test_cli_compare_tasks_lists_only_rows_with_a_result_on_those_tasks(cli, two_trees):
+    """Issue 39 item 18: ``--tasks sample`` listed HyDE's row, which has no sample result, as a
+    row of dashes. Rows without a result on any chosen task are left out (and logged); their
+    indexes are the shown rows' (as --baseline takes them)."""
+    a, b = two_trees
+    res = CliRunner().invoke(cli, ["compare", str(a), str(b), "--tasks", "sample", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    body = list(csv.reader(io.StringIO(res.output)))[1:]
+    assert len(body) == 2 and not any("hyde" in ",".join(row) for row in body)
+    table = build_table(load_results([a, b]), tasks=["sample"], baseline=1)
+    assert [r.row.label for r in table.rows] == ["none/none/bm25", "none/none/minilm"]
+    assert table.baseline == 1
+    assert len(build_table(load_results([a, b])).rows) == 3  # without --tasks: every row
+
+
+def test_a_misspelt_metric_or_table_gets_a_did_you_mean(cli, two_trees):
+    """Issue 39 item 18: ``--metric ndgc@10`` and ``--table brigth`` said only what exists."""
+    a, _ = two_trees
+    res = CliRunner().invoke(cli, ["compare", str(a), "--metric", "ndgc@10"])
+    assert isinstance(res.exception, ConfigError)
+    assert "no result file has metric 'ndgc@10' (did you mean 'ndcg@10'?)" in str(res.exception)
+    res = CliRunner().invoke(cli, ["reproduce", "--table", "brigth", "--dry-run"])
+    assert isinstance(res.exception, ConfigError)
+    assert "unknown table 'brigth' (did you mean 'bright'?)" in str(res.exception)

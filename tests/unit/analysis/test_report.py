@@ -557,3 +557,34 @@ def test_cli_report_reads_results_that_record_no_data_block(cli, tmp_path: Path)
     assert res.exit_code == 0, f"{res.output} {res.exception}"
     data = embedded_data((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     assert sorted(data["tasks"]["mini-med@dev"]["queries"]) == sorted(QRELS)[-1:]
+
+
+def test_the_significance_note_names_the_test_that_ran(tree: Path, tmp_path: Path):
+    """Issue 39 item 18: the note under the significance table named the bootstrap and a 95%
+    interval whatever ran; with the permutation test (the default) there is no interval."""
+    for test, says, never in (("permutation", "paired randomisation (permutation) test", "95%"),
+                              ("bootstrap", "95% bootstrap interval", "permutation")):
+        table = build_table(load_results([tree]), baseline=0, test=test, n_resamples=200)
+        page = write_report(table, tmp_path / test, tasks={"sample": make_task()}).read_text(encoding="utf-8")
+        note = re.search(r'<p class="notes">(Per cell:.*?)</p>', page, re.S)
+        assert note is not None
+        assert says in note.group(1) and never not in note.group(1), note.group(1)
+
+
+def test_every_row_of_a_long_table_gets_its_own_plot_colour(tmp_path: Path):
+    """Issue 39 item 18: past 20 rows the palette started over (row 20 drawn as row 0)."""
+    import matplotlib.pyplot as plt
+
+    from r2med_agent.analysis.report import per_task_figure
+
+    root = tmp_path / "results"
+    for i in range(23):
+        leaf = write_result(root, "hyde", "smollm2", "bm25", "sample", (MIXED, GOOD, WEAK)[i % 3],
+                            config={"sampling": {"temperature": round(0.05 * i, 2), "max_tokens": 64}})
+        leaf.rename(leaf.parent / f"bm25__v{i}")
+    table = build_table(load_results([root]))
+    assert len(table.rows) == 23
+    fig = per_task_figure(table)
+    colours = [tuple(round(c, 4) for c in bars.patches[0].get_facecolor()) for bars in fig.axes[0].containers]  # one task: one bar each
+    plt.close(fig)
+    assert len(colours) == 23 and len(set(colours)) == 23

@@ -662,13 +662,18 @@ def test_dry_runs_add_up_their_llm_work_and_never_print_zero_hours(tmp_path, gen
         text = format_plan(planned)
         assert "≤0 GPU-hours" not in text and "<run files>" not in text, table
         estimates = [e for p in planned if p.pending for e in p.needs.estimates]
-        if not estimates:
+        encoding = [e for p in planned if p.pending for e in p.needs.encoding]  # issue 39 item 17
+        if not estimates and not encoding:
             assert "total of the" not in text, table
             continue
         total = next(line for line in text.splitlines() if line.startswith("total of the"))
-        assert f"{sum(e.calls for e in estimates):,} LLM calls" in total, table
-        assert f"≤{sum(e.output_tokens for e in estimates) / 1e6:,.1f}M output tokens" in total, table
-        hours = [e.gpu_hours for e in estimates if e.gpu_hours is not None]
+        if estimates:
+            assert f"{sum(e.calls for e in estimates):,} LLM calls" in total, table
+            assert f"≤{sum(e.output_tokens for e in estimates) / 1e6:,.1f}M output tokens" in total, table
+        corpora = {e.doc_key: e for e in encoding}.values()  # a corpus is embedded once per encoder
+        hours = [e.gpu_hours for e in estimates if e.gpu_hours is not None] + \
+            [e.doc_hours for e in corpora if e.doc_hours is not None] + \
+            [e.query_hours for e in encoding if e.query_hours is not None]
         if hours:
             assert f"{format_hours(sum(hours))} GPU-hours" in total, table
         for p in planned:

@@ -291,3 +291,26 @@ def test_after_ctrl_c_a_finalizer_error_prints_no_traceback() -> None:
     assert proc.returncode == 130
     assert proc.stderr.strip() == "interrupted; finished work is cached and a re-run resumes"
 
+
+
+def test_run_help_at_80_columns_cuts_no_option_name():
+    """Issue 39 item 18: at 80 columns the last panel of `run --help` (output, cache and
+    progress) showed `--progress-inter…`: its type column (`<float range> [x>=0.0]`) and help
+    words too long to break left the names no room. Every option name of `run` is shown whole."""
+    import re
+
+    import typer
+    from typer.testing import CliRunner
+
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80"}).output
+    assert max(len(line) for line in out.splitlines()) <= 80
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    names = [n for p in command.params for n in (*p.opts, *p.secondary_opts)]
+    assert len(names) > 40
+    for name in names:
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-]|…)", out), name
+    cut = [line for line in out.splitlines() if re.match(r"│\s+-\S*…", line)]
+    assert not cut, cut

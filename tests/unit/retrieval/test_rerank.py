@@ -244,3 +244,42 @@ def test_a_classifier_config_over_weights_without_its_head_is_refused(tiny_cross
     with pytest.raises(ConfigError, match=r"reranker 'headless': .* has no trained classification head \(its "
                                           r"weights have no classifier\.bias, classifier\.weight\)"):
         rr.score_pairs(PAIRS[:2])
+
+
+def test_a_huge_query_or_document_is_cut_before_the_pair_is_tokenized(tiny_cross_encoder: dict[int, Path]) -> None:
+    """Issue 39 item 11: the pairs were tokenized whole (a 20 MB document: 16 s). Each side is cut
+    first (at most ``max_length`` x MAX_CHARS_PER_TOKEN characters reach the tokenizer), and the
+    pairs score as before: a huge word is the [UNK] it always was, a long document keeps the
+    tokens the tokenizer's own truncation keeps."""
+    import time
+
+    from r2med_agent.retrieval.dense.hf import MAX_CHARS_PER_TOKEN
+
+    spec = RerankerSpec(name="tiny", model=str(tiny_cross_encoder[1]), max_length=48, batch_size=2, backend="transformers")
+    rr = PairwiseReranker(spec, device="cpu")
+    rr.score_pairs([("q", "d")])
+    scorer = rr._scorer
+    tokenizer, replicas, pad_id = scorer._state
+    longest: list[int] = []
+
+    class Seen:
+        def __call__(self, *args, **kwargs):
+            longest.append(max(len(t) for arg in args for t in arg))
+            return tokenizer(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+    scorer._state = (Seen(), replicas, pad_id)
+    huge = "ACGT" * 1_500_000  # 6 MB, one word
+    long_doc = "Insulin lowers blood glucose by moving it into cells. " * 2_000
+    pairs = [("what lowers blood sugar", huge), (huge, "Insulin lowers blood glucose."),
+             ("what lowers blood sugar", long_doc), ("q", "d")]
+    t0 = time.perf_counter()
+    got = rr.score_pairs(pairs)
+    print(f"cross-encoder pairs with a 6 MB word: {time.perf_counter() - t0:.2f} s")
+    assert max(longest) <= 48 * MAX_CHARS_PER_TOKEN, longest
+    same = [("what lowers blood sugar", "ACGT" * 50), ("ACGT" * 50, "Insulin lowers blood glucose."),
+            ("what lowers blood sugar", long_doc[:5_000]), ("q", "d")]
+    want = reference_scores(tiny_cross_encoder[1], same, 48, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
