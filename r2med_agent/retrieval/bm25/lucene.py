@@ -6,8 +6,10 @@ with ``w = count * idf`` (a term repeated in the query is one clause boosted by 
 Anserini's bag-of-words query builds it) and ``normInv = 1 / (k1 * (1 - b + b * dl / avgdl))``,
 where ``dl`` is the document length as Lucene stores it, in one byte (exact below 24 tokens, then
 its 4 most significant bits: a 1,000-token document counts as 984), all in float32 in Lucene's
-order of operations and the terms summed in double. A search is one matrix product in double over
-the frequent terms' rows for all queries, then the other postings.
+order of operations and the terms summed in double. With numba installed a search is the pruned
+one of :mod:`~r2med_agent.retrieval.bm25.pruning` (one query at a time, skipping what cannot enter
+the top ``k``); without it, one matrix product in double over the frequent terms' rows for all
+queries, then the other postings. Both give the same results, bit for bit.
 """
 
 from __future__ import annotations
@@ -176,11 +178,11 @@ class _LuceneIndex(SavedArrays):
             tail = np.zeros(len(t) + 1)
             tail[:-1] = np.cumsum(bound[order][::-1])[::-1]
             budget = max(int((ends - starts).sum() * self.FIRST_BUDGET), 4 * k)
-            acc, cand, part, scratch = self._work_arrays()
-            c = pruning.maxscore(starts, ends, count[order] == 1, w[order], tail, indices, once,
-                                 denom, k, acc, cand, part, scratch, budget)
-            docs = cand[:c].copy()
-            hits, scores = _top_positive(part[:c].astype(np.float32), k, tie_rank[docs])
+            work = self._work_arrays()
+            c = pruning.maxscore((starts, ends, count[order] == 1, w[order], tail),
+                                 (indices, once, denom), work, k, budget)
+            docs = work[1][:c].copy()
+            hits, scores = _top_positive(work[2][:c].astype(np.float32), k, tie_rank[docs])
             return docs[hits], scores
 
         items = range(len(queries))

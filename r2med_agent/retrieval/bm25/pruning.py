@@ -190,28 +190,35 @@ def _scatter(starts: np.ndarray, ends: np.ndarray, once_only: np.ndarray, w: np.
     return nc
 
 
-def maxscore(
-    starts: np.ndarray, ends: np.ndarray, once_only: np.ndarray, w: np.ndarray, tail: np.ndarray,
-    indices: np.ndarray, once: np.ndarray, denom: np.ndarray, k: int, acc: np.ndarray,
-    cand: np.ndarray, part: np.ndarray, scratch: np.ndarray, first_budget: int,
-) -> int:
+def maxscore(clauses: tuple, postings: tuple, work: tuple, k: int, first_budget: int) -> int:
     """One query's candidates that can reach its top ``k``, with their exact double sums.
 
     Args:
-        starts, ends: each clause's posting range, clauses in descending order of bound.
-        once_only: per clause, True when the query holds its term once (its values are ``once``).
-        w: per clause, Lucene's float32 ``count * idf``.
-        tail: ``tail[m]`` the double sum of the bounds of clauses ``m..``, ``tail[n] == 0``.
-        indices, once, denom: the index's postings (documents ascending within a term).
+        clauses: ``(starts, ends, once_only, w, tail)``, in descending order of bound: each
+            clause's posting range; True where the query holds the term once (its values are
+            ``once``); Lucene's float32 ``count * idf``; ``tail[m]`` the double sum of the bounds
+            of clauses ``m..`` (``tail[n] == 0``).
+        postings: the index's ``(indices, once, denom)`` (documents ascending within a term).
+        work: ``(acc, cand, part, scratch)``, one slot per document: float64 zeros (left zeroed),
+            int64, float64, float64.
         k: the depth.
-        acc: float64 zeros, one per document; left zeroed.
-        cand, part, scratch: int64, float64 and float64 work arrays, one slot per document.
         first_budget: postings scattered before the first test of ``theta``.
 
     Returns the number ``c`` of candidates: ``cand[:c]`` (ascending) and their sums ``part[:c]``.
     """
+    m, nc, theta = _essential(clauses, postings, work, k, first_budget)
+    c = _collect(work, nc, clauses[4][m], _below(theta) if theta > 0 else 0.0)
+    return _look_up_rest(clauses, postings, work, k, c, m, theta)
+
+
+def _essential(clauses: tuple, postings: tuple, work: tuple, k: int, first_budget: int
+               ) -> tuple[int, int, np.float32]:
+    """Scatter clauses, largest bound first, until the rest cannot lift an untouched document to
+    ``theta``; (clauses scattered, documents touched, theta)."""
+    starts, ends, once_only, w, tail = clauses
+    indices, once, denom = postings
+    acc, cand, part, scratch = work
     n = len(starts)
-    n_docs = len(acc)
     nc = 0
     theta = np.float32(0.0)
     mid = 0.0  # below mid, a double rounds to a float32 below theta
@@ -219,8 +226,7 @@ def maxscore(
     scored = 0
     check = first_budget
     while m < n:
-        # the clauses up to the next test of theta, scattered a block of documents at a time (the
-        # block's accumulator stays in cache)
+        # the clauses up to the next test of theta
         g = m
         group = 0
         while g < n and (g == m or scored + group < check):
@@ -238,7 +244,14 @@ def maxscore(
                 mid = _below(theta)
             if tail[m] * _SLACK < mid:
                 break  # no document untouched so far can reach the top k
-    limit = tail[m]
+    return m, nc, theta
+
+
+def _collect(work: tuple, nc: int, limit: float, mid: float) -> int:
+    """Move the ``nc`` touched documents whose sum plus ``limit`` may reach ``mid`` to
+    ``cand``/``part``, ascending, and zero the accumulator; their number."""
+    acc, cand, part, _ = work
+    n_docs = len(acc)
     c = 0
     if 16 * nc > n_docs:  # read the accumulator in document order
         for d in range(n_docs):
@@ -248,17 +261,28 @@ def maxscore(
                 if (v + limit) * _SLACK >= mid:
                     cand[c], part[c] = d, v
                     c += 1
-    else:  # keep the touched documents that may reach theta, then sort them
-        for i in range(nc):
-            d = cand[i]
-            v = acc[d]
-            acc[d] = 0.0
-            if (v + limit) * _SLACK >= mid:
-                cand[c], part[c] = d, v
-                c += 1
-        order = np.argsort(cand[:c])
-        cand[:c], part[:c] = cand[:c][order], part[:c][order]
-    # the other clauses, looked up in the candidates; those that fall below theta are dropped
+        return c
+    for i in range(nc):  # keep the touched documents that may reach theta, then sort them
+        d = cand[i]
+        v = acc[d]
+        acc[d] = 0.0
+        if (v + limit) * _SLACK >= mid:
+            cand[c], part[c] = d, v
+            c += 1
+    order = np.argsort(cand[:c])
+    cand[:c], part[:c] = cand[:c][order], part[:c][order]
+    return c
+
+
+def _look_up_rest(clauses: tuple, postings: tuple, work: tuple, k: int, c: int, m: int,
+                  theta: np.float32) -> int:
+    """Add clauses ``m..`` to the ``c`` candidates, dropping those that fall below ``theta``;
+    the number left."""
+    starts, ends, once_only, w, tail = clauses
+    indices, once, denom = postings
+    _, cand, part, scratch = work
+    n = len(starts)
+    mid = _below(theta) if theta > 0 else 0.0
     for t in range(m, n):
         _add_clause(starts[t], ends[t], once_only[t], w[t], indices, once, denom, cand, part, c)
         if t + 1 == n:
@@ -290,4 +314,5 @@ if numba is not None:
     _jit = numba.njit(cache=True, nogil=True)
     _raise_theta, _below, _seek = _jit(_raise_theta), _jit(_below), _jit(_seek)
     _add_clause, _seed_theta, _scatter = _jit(_add_clause), _jit(_seed_theta), _jit(_scatter)
+    _essential, _collect, _look_up_rest = _jit(_essential), _jit(_collect), _jit(_look_up_rest)
     maxscore = _jit(maxscore)

@@ -60,8 +60,8 @@ def _kernels() -> list[str]:
 
 def _as_python(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the kernel and its helpers as plain Python (numba's ``py_func``)."""
-    for name in ("maxscore", "_scatter", "_add_clause", "_seed_theta", "_raise_theta", "_below",
-                 "_seek"):
+    for name in ("maxscore", "_essential", "_collect", "_look_up_rest", "_scatter", "_add_clause",
+                 "_seed_theta", "_raise_theta", "_below", "_seek"):
         monkeypatch.setattr(pruning, name, getattr(getattr(pruning, name), "py_func"))
 
 
@@ -115,8 +115,8 @@ def test_the_kernel_leaves_out_documents_that_cannot_reach_the_top_k(
         t = term[sel]
         tail = np.zeros(len(t) + 1)
         tail[:-1] = np.cumsum(bound[sel][::-1])[::-1]
-        c = pruning.maxscore(a["indptr"][t], a["indptr"][t + 1], count[sel] == 1, w[sel], tail,
-                             a["indices"], a["once"], a["denom"], 10, acc, cand, part, scratch, 50)
+        c = pruning.maxscore((a["indptr"][t], a["indptr"][t + 1], count[sel] == 1, w[sel], tail),
+                             (a["indices"], a["once"], a["denom"]), (acc, cand, part, scratch), 10, 50)
         assert (np.diff(cand[:c]) > 0).all()  # ascending, each document once
         assert not acc.any()
         kept += c
@@ -149,3 +149,18 @@ def test_retriever_runs_are_the_same_pruned_or_exhaustive(
     assert runs[0] == runs[1]
     assert list(runs[0].items()) == list(runs[1].items())
     assert all(list(a) == list(b) for a, b in zip(runs[0].values(), runs[1].values()))
+
+
+def test_postings_counted_in_chunks_equal_one_pass(corpus: list[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # indexing counts (term, document) pairs a chunk of documents at a time to bound its memory;
+    # the merged postings are the single pass's, dtypes included
+    from r2med_agent.retrieval.bm25 import ranking
+
+    docs, vocab = LuceneEnglishAnalyzer().fit(corpus, show_progress=False)
+    whole = ranking._postings(docs, len(vocab))
+    for chunk in (1, 997, 20_000):
+        monkeypatch.setattr(ranking, "_POSTINGS_CHUNK", chunk)
+        parts = ranking._postings(docs, len(vocab))
+        for a, b in zip(whole, parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
