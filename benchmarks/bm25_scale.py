@@ -4,7 +4,7 @@ Run through ``benchmarks/bm25.py --docs 61000,250000,1000000`` (a comma list of 
 the corpus and queries are built from text as ``bm25.py`` builds them (``write_task``: docstring
 sentences cut into 150-480-word passages; 100 queries of 100-600 words, and the same queries cut to
 their first 8 words), then each step runs in a process of its own, so that its peak resident memory
-(``ru_maxrss``) is its own:
+(``VmHWM`` of the process itself: ``ru_maxrss`` would keep the forking parent's) is its own:
 
 * ``ours-index``: the first run, ``load_task`` (parsing and validating the files, cold task cache)
   and ``BM25Retriever.for_task`` (analysis, indexing, saving);
@@ -12,7 +12,7 @@ their first 8 words), then each step runs in a process of its own, so that its p
   then the long queries and the 8-word queries searched to depth 100, each timed after 5 warm-up
   queries (the first search of a process loads the compiled kernel; the re-run counts it);
 * ``lucene-index``: Anserini's ``IndexCollection`` with one thread in a child JVM (its peak is the
-  child's), the same documents as a ``JsonCollection``;
+  JVM's, read while it runs), the same documents as a ``JsonCollection``;
 * ``lucene-search``: pyserini's ``batch_search`` with one thread (the JVM runs in that process), the
   same long and 8-word queries, after 5 warm-up queries.
 
@@ -38,10 +38,6 @@ _HERE = Path(__file__).resolve().parent
 _TOP = 100
 
 
-def _maxrss_mb(who: int = resource.RUSAGE_SELF) -> float:
-    return resource.getrusage(who).ru_maxrss / 1024  # Linux: kilobytes
-
-
 def _du(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -60,6 +56,8 @@ def stage(name: str, data: Path, work: Path, k1: float, b: float) -> dict:
     """One step, in this process; its numbers as a dict."""
     from bm25 import _TASK  # noqa: PLC0415  (benchmarks/bm25.py)
 
+    from lucene_peer import peak_rss_mb  # noqa: PLC0415
+
     from r2med_agent.data import load_task
     from r2med_agent.types import SearchRequest
 
@@ -72,7 +70,7 @@ def stage(name: str, data: Path, work: Path, k1: float, b: float) -> dict:
         out = {"load_s": load_w, "retriever_s": ret_w, "retriever_cpu": ret_c,
                "built": ret.built_index}
         if name == "ours-index":
-            out["rss_mb"] = _maxrss_mb()
+            out["rss_mb"] = peak_rss_mb()
             out["disk"] = _du(ret.index_dir)
             return out
         runs = {}
@@ -83,7 +81,7 @@ def stage(name: str, data: Path, work: Path, k1: float, b: float) -> dict:
             _, out[f"{kind}_warm_s"], _ = _timed(lambda: ret.search(reqs[:5], _TOP))
             runs[kind], out[f"{kind}_s"], out[f"{kind}_cpu"] = _timed(lambda: ret.search(reqs, _TOP))
         out["n"] = len(task.queries)
-        out["rss_mb"] = _maxrss_mb()
+        out["rss_mb"] = peak_rss_mb()
         out["runs"] = {kind: {q: list(r) for q, r in run.items()} for kind, run in runs.items()}
         return out
 
@@ -93,9 +91,9 @@ def stage(name: str, data: Path, work: Path, k1: float, b: float) -> dict:
     if name == "lucene-index":
         lucene_peer.write_collection(work / "collection", task.doc_ids, [d.text for d in task.corpus])
         del task
-        seconds = lucene_peer.build_index(work / "collection", work / "lucene", threads=1)
-        return {"index_s": seconds, "rss_mb": _maxrss_mb(resource.RUSAGE_CHILDREN),
-                "disk": _du(work / "lucene")}
+        peak: list[float] = []
+        seconds = lucene_peer.build_index(work / "collection", work / "lucene", threads=1, peak=peak)
+        return {"index_s": seconds, "rss_mb": peak[0], "disk": _du(work / "lucene")}
     qids = [q.query_id for q in task.queries]
     texts = {"long": [q.text for q in task.queries], "short": [_short(q.text) for q in task.queries]}
     del task
@@ -106,7 +104,7 @@ def stage(name: str, data: Path, work: Path, k1: float, b: float) -> dict:
         run, out[f"{kind}_s"], out[f"{kind}_cpu"] = _timed(
             lambda: searcher.batch_search(qs, qids, _TOP, threads=1))
         out["runs"][kind] = {q: [d for d, _ in hits] for q, hits in run.items()}
-    out["rss_mb"] = _maxrss_mb()
+    out["rss_mb"] = peak_rss_mb()
     return out
 
 
