@@ -37,6 +37,8 @@ breakdown is printed. Every cache lives in a temporary folder (``R2MED_CACHE_DIR
 the end.
 
 Usage: ``python benchmarks/bm25.py [--docs 61000] [--queries 100] [--subset 10] [--seed 13]``;
+``--docs 61000,250000,1000000`` prints one table across the sizes instead (``bm25`` beside Lucene,
+each step in its own process with its peak memory: ``benchmarks/bm25_scale.py``);
 ``taskset -c 0 python benchmarks/bm25.py`` holds every system to one core (unpinned, the JVM's
 garbage collector and compiler threads give pyserini a second core).
 """
@@ -164,7 +166,10 @@ def _pyserini_peer(task: Task, requests: list[SearchRequest], ours: Run,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=61_000, help="corpus size (R2MED max: 61,379)")
+    ap.add_argument("--docs", default="61000",
+                    help="corpus size (R2MED max: 61,379); a comma list (61000,250000,1000000) "
+                    "prints one table across the sizes, bm25 beside Lucene (benchmarks/bm25_scale.py)")
+    ap.add_argument("--no-lucene", action="store_true", help="with a list of sizes: bm25 alone")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--ref-queries", type=int, default=None,
                     help="queries timed for the gensim reference (default: all)")
@@ -174,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b", type=float, default=0.4)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    sizes = [int(x) for x in str(args.docs).split(",")]
+    if len(sizes) > 1:
+        import bm25_scale  # benchmarks/bm25_scale.py
+
+        return bm25_scale.scale(sizes, args.queries, args.seed, args.k1, args.b,
+                                with_lucene=not args.no_lucene)
+    args.docs = sizes[0]
 
     root = Path(tempfile.mkdtemp(prefix="r2med-bm25-bench-"))
     data_dir, index_root = root / "data", root / "indexes"

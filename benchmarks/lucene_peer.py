@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -116,18 +117,39 @@ def write_collection(folder: Path, doc_ids: Sequence[str], texts: Sequence[str])
             f.write(json.dumps({"id": i, "contents": t}, ensure_ascii=False) + "\n")
 
 
-def build_index(collection: Path, index: Path, threads: int = 1) -> float:
-    """Index ``collection`` with Anserini's ``IndexCollection`` in a child JVM; wall seconds."""
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """The peak resident memory of a process (``VmHWM``: its own, not a forking parent's), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def build_index(collection: Path, index: Path, threads: int = 1,
+                peak: list[float] | None = None) -> float:
+    """Index ``collection`` with Anserini's ``IndexCollection`` in a child JVM; wall seconds.
+    ``peak`` (a list) gets the JVM's peak resident memory in MB appended (read while it runs)."""
     java = Path(java_home() or "") / "bin" / "java"
     cmd = [str(java), "--add-modules", "jdk.incubator.vector", "-cp", str(_jar()),
            "io.anserini.index.IndexCollection", "-collection", "JsonCollection",
            "-generator", "DefaultLuceneDocumentGenerator", "-input", str(collection),
            "-index", str(index), "-threads", str(threads)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"Anserini IndexCollection failed:\n{proc.stderr[-2000:]}")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        high = 0.0
+        while proc.poll() is None:
+            try:
+                high = max(high, peak_rss_mb(proc.pid))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"Anserini IndexCollection failed:\n{err.read()[-2000:]}")
+    if peak is not None:
+        peak.append(high)
     return seconds
 
 

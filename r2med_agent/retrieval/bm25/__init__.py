@@ -14,6 +14,8 @@ One job per module (import from the module that holds a name):
   the top ``k`` in trec_eval's order).
 * :mod:`~r2med_agent.retrieval.bm25.lucene`: Lucene's ``BM25Similarity`` (``length_to_norm``,
   ``norm_to_length``, ``lucene_idf``, ``lucene_norm_inverse`` and its index).
+* :mod:`~r2med_agent.retrieval.bm25.pruning`: the lucene scoring's top-``k`` search that skips
+  what cannot enter the top ``k`` (MaxScore; compiled with numba when installed).
 * :mod:`~r2med_agent.retrieval.bm25.compat`: R2MED's gensim ``LuceneBM25Model`` scoring.
 * :mod:`~r2med_agent.retrieval.bm25.retriever`: :class:`BM25Retriever`, :class:`BM25Options`,
   ``MODES``, ``DEFAULT_K1``, ``DEFAULT_B``.

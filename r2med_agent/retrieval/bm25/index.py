@@ -37,7 +37,7 @@ __all__ = ["OpenedIndex", "SavedArrays", "ScoringIndex", "index_key", "load_save
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 4  # bump when the on-disk layout or the scoring code changes
+_FORMAT = 5  # bump when the on-disk layout or the scoring code changes
 _META = "meta.json"
 _DOC_IDS = "doc_ids.json"
 _TERMS = "terms.txt"  # the vocabulary, one term per line in id order (faster to load than JSON)

@@ -6,14 +6,19 @@ with ``w = count * idf`` (a term repeated in the query is one clause boosted by 
 Anserini's bag-of-words query builds it) and ``normInv = 1 / (k1 * (1 - b + b * dl / avgdl))``,
 where ``dl`` is the document length as Lucene stores it, in one byte (exact below 24 tokens, then
 its 4 most significant bits: a 1,000-token document counts as 984), all in float32 in Lucene's
-order of operations and the terms summed in double. A search is one matrix product in double over
-the frequent terms' rows for all queries, then the other postings.
+order of operations and the terms summed in double. With numba installed a search is the pruned
+one of :mod:`~r2med_agent.retrieval.bm25.pruning` (one query at a time, skipping what cannot enter
+the top ``k``); without it, one matrix product in double over the frequent terms' rows for all
+queries, then the other postings. Both give the same results, bit for bit.
 """
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
+from r2med_agent.retrieval.bm25 import pruning
 from r2med_agent.retrieval.bm25.analysis import AnalyzedTexts
 from r2med_agent.retrieval.bm25.index import SavedArrays
 from r2med_agent.retrieval.bm25.ranking import _bag_of_words, _map, _postings, _top_positive
@@ -88,18 +93,25 @@ class _LuceneIndex(SavedArrays):
     """
 
     _ARRAYS = ("indptr", "indices", "once", "denom", "idf", "norms", "norm_inv", "dense_terms",
-               "dense_once", "dense_denom")
+               "dense_once", "dense_denom", "max_denom")
     DENSE_BUDGET = 96 * 2**20
     DENSE_MIN_DF = 1 / 8
     QUERY_BLOCK = 64  # queries per matrix product (bounds the product's memory)
+    FIRST_BUDGET = 1 / 32  # pruned search: share of a query's postings scattered before theta
+    pruned = pruning.COMPILED  # the pruned search (compiled) or the exhaustive one (numpy)
 
     def __init__(self, arrays: dict[str, np.ndarray], params: dict[str, float],
                  vocab: dict[str, int]) -> None:
-        # plain ndarray views of memory-mapped files (slicing a np.memmap is slow)
-        super().__init__({n: np.asarray(a) for n, a in arrays.items()}, params, vocab)
+        # plain read-only ndarray views (slicing a np.memmap is slow), built or loaded alike (one
+        # signature of the compiled kernel)
+        views = {n: np.asarray(a).view() for n, a in arrays.items()}
+        for a in views.values():
+            a.flags.writeable = False
+        super().__init__(views, params, vocab)
         self.num_docs = int(params["num_docs"])
         self.dense_row = np.full(len(self.arrays["idf"]), -1, dtype=np.int64)
         self.dense_row[self.arrays["dense_terms"]] = np.arange(len(self.arrays["dense_terms"]))
+        self._scratch = threading.local()  # the pruned search's per-thread work arrays
 
     @classmethod
     def build(
@@ -132,12 +144,65 @@ class _LuceneIndex(SavedArrays):
             dense_denom[i, doc[lo:hi]] = denom[lo:hi]
         arrays = {"indptr": indptr, "indices": doc, "once": once, "denom": denom, "idf": idf,
                   "norms": norms, "norm_inv": norm_inv, "dense_terms": frequent.astype(np.int64),
-                  "dense_once": dense_once, "dense_denom": dense_denom}
+                  "dense_once": dense_once, "dense_denom": dense_denom,
+                  "max_denom": pruning.max_denominators(indptr, denom)}
         params = {"avgdl": float(avgdl), "doc_count": doc_count, "k1": k1, "b": b,
                   "num_docs": n_docs}
         return cls(arrays, params, vocab)
 
     def top_k(
+        self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
+        n_threads: int,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self.pruned:
+            return self._top_k_pruned(queries, k, tie_rank, show_progress, n_threads)
+        return self._top_k_exhaustive(queries, k, tie_rank, show_progress, n_threads)
+
+    def _top_k_pruned(
+        self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
+        n_threads: int,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The search of :mod:`~r2med_agent.retrieval.bm25.pruning`, one query at a time."""
+        a = self.arrays
+        indptr, indices, once, denom = a["indptr"], a["indices"], a["once"], a["denom"]
+        row, term, count, _ = _bag_of_words(queries, len(a["idf"]))
+        w = count.astype(np.float32) * a["idf"][term]  # Lucene's boosted idf of each clause
+        bound = (w - w / a["max_denom"][term]).astype(np.float64)  # its score at most
+        bounds = np.searchsorted(row, np.arange(len(queries) + 1)).tolist()
+
+        def one(q: int) -> tuple[np.ndarray, np.ndarray]:
+            lo, hi = bounds[q], bounds[q + 1]
+            order = lo + np.argsort(-bound[lo:hi], kind="stable")
+            t = term[order]
+            starts, ends = indptr[t], indptr[t + 1]
+            tail = np.zeros(len(t) + 1)
+            tail[:-1] = np.cumsum(bound[order][::-1])[::-1]
+            budget = max(int((ends - starts).sum() * self.FIRST_BUDGET), 4 * k)
+            work = self._work_arrays()
+            c = pruning.maxscore((starts, ends, count[order] == 1, w[order], tail),
+                                 (indices, once, denom), work, k, budget)
+            docs = work[1][:c].copy()
+            hits, scores = _top_positive(work[2][:c].astype(np.float32), k, tie_rank[docs])
+            return docs[hits], scores
+
+        items = range(len(queries))
+        if show_progress:
+            from r2med_agent.progress import stage_bar
+
+            items = stage_bar(items, desc="BM25 search", unit="query", leave=False)
+        return _map(one, items, n_threads)
+
+    def _work_arrays(self) -> tuple[np.ndarray, ...]:
+        """This thread's accumulator (zeros), candidate, sum and scratch arrays, one slot per
+        document."""
+        work = getattr(self._scratch, "arrays", None)
+        if work is None:
+            n = self.num_docs
+            work = (np.zeros(n), np.empty(n, dtype=np.int64), np.empty(n), np.empty(n))
+            self._scratch.arrays = work
+        return work
+
+    def _top_k_exhaustive(
         self, queries: AnalyzedTexts, k: int, tie_rank: np.ndarray, show_progress: bool,
         n_threads: int,
     ) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -12,13 +12,39 @@ import numpy as np
 from r2med_agent.retrieval.bm25.analysis import AnalyzedTexts
 
 
+_POSTINGS_CHUNK = 1 << 24  # tokens counted at a time (bounds the memory of indexing)
+
+
 def _postings(docs: AnalyzedTexts, n_terms: int) -> tuple[np.ndarray, ...]:
-    """(term, doc, tf) of every distinct (term, document) pair, term-major, documents ascending."""
+    """(term, doc, tf) of every distinct (term, document) pair, term-major, documents ascending.
+
+    Documents are counted in chunks of about ``_POSTINGS_CHUNK`` tokens, each chunk's pairs sorted
+    term-major; a stable sort by term then merges the chunks (already in document order), so the
+    memory held is a few bytes per posting plus one chunk's worth per token, not per token of the
+    whole corpus."""
     n_docs = len(docs)
-    doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), docs.lengths())
-    pair, tf = np.unique(docs.ids.astype(np.int64) * n_docs + doc_of, return_counts=True)
-    term = pair // n_docs
-    return term, (pair - term * n_docs).astype(np.int32), tf
+    lengths = docs.lengths()
+    offsets = docs.offsets
+    cuts = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), _POSTINGS_CHUNK), side="right") - 1
+    edges = np.unique(np.concatenate([[0], np.maximum(cuts, 0), [n_docs]])).tolist()
+    terms, doc_ids, tfs = [], [], []
+    for a, b in zip(edges[:-1], edges[1:]):
+        nd = b - a
+        doc_of = np.repeat(np.arange(nd, dtype=np.int64), lengths[a:b])
+        pair, tf = np.unique(docs.ids[offsets[a]:offsets[b]].astype(np.int64) * nd + doc_of,
+                             return_counts=True)
+        del doc_of
+        term = pair // nd
+        terms.append(term.astype(np.int32))
+        doc_ids.append((pair - term * nd + a).astype(np.int32))
+        tfs.append(tf.astype(np.int32))
+        del pair, term, tf
+    term, doc, tf = np.concatenate(terms), np.concatenate(doc_ids), np.concatenate(tfs)
+    del terms, doc_ids, tfs
+    if len(edges) > 2:
+        order = np.argsort(term, kind="stable")  # merges the chunks' sorted runs
+        term, doc, tf = term[order], doc[order], tf[order]
+    return term.astype(np.int64), doc, tf.astype(np.int64)
 
 
 def _bag_of_words(queries: AnalyzedTexts, n_terms: int) -> tuple[np.ndarray, ...]:
