@@ -62,7 +62,7 @@ BYTES_PER_PARAM = 2
 RUN_ARGS: tuple[str, ...] = tuple(
     f.name for f in fields(RunSpec)
     if f.name not in ("method", "llm", "retriever", "reranker", "generations", "prompts", "candidates", "entries",
-                      "loop_rules", "rerank_rules")
+                      "loop_rules", "rerank_rules", "encoder_rules")
 )
 SCORE_SOURCES = ("entries", "published")
 """Where a grid file's published scores come from: each entry's ``ndcg_at_10`` (checked against

@@ -10,7 +10,8 @@ declare, never their names:
   samples or a first pass, fuse its searches) and the sampling its generations use
   (:meth:`~r2med_agent.methods.base.Method.sampling`);
 - a retriever kind's ``combine``, ``has_model`` and ``settings``
-  (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`);
+  (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`), and an encoder entry's
+  ``encoder_rules`` (the version at which its settings last changed);
 - a reranker kind's ``has_model`` and ``published_formats``
   (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`);
 - an LLM entry's default sampling and backend, and the authors' prompt sources the run renders.
@@ -80,6 +81,14 @@ class Registries:
         from r2med_agent.retrieval.rerank.spec import reranker_registry
 
         return reranker_registry().get(name)
+
+    def encoder_rules(self, word: str) -> int:
+        """The version at which the encoder entry ``word`` last changed its settings (1: an
+        unknown word, a retriever that is no encoder, or an entry never changed)."""
+        from r2med_agent.retrieval.dense.spec import encoder_registry
+
+        entry = encoder_registry().get(word)
+        return entry.encoder_rules if entry is not None else 1
 
     def llm(self, name: str | None) -> Any:
         """The LLM entry ``name`` (None: none given, or unknown: reported where it is built)."""
@@ -177,6 +186,7 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     applies = {s for k in searched for s in k.settings}
     if "bm25_k1" not in applies:
         v["bm25_k1"] = v["bm25_b"] = None
+    _normalise_encoder_rules(v, reg, caps)
     models = [k.has_model for k in _kinds(reg, v["retriever"], v["loop_retriever"])]
     if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):
         v["precision"] = v["encoder_backend"] = None
@@ -184,6 +194,22 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     from r2med_agent.prompt_sources import resolve as resolve_prompts
 
     v["prompts_from"] = resolve_prompts(v["prompts_from"], v["method"], v["llm"], v["generations"], v["reranker"])
+
+
+def _searched_names(v: Mapping[str, Any], caps: Capabilities) -> list[str]:
+    """Every retriever word the run searches with: the retriever's members, the loop retriever's,
+    the first pass of a method that takes one."""
+    specs = (v["retriever"], v["loop_retriever"], v["first_pass"] if caps.needs_first_pass else None)
+    return [word for spec in specs for word in member_names(spec or "")]
+
+
+def _normalise_encoder_rules(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+    """An earlier version of the encoder entries names another run only where the run searches with
+    an entry whose settings changed since that version; elsewhere it is the current one."""
+    if v["encoder_rules"] == _default("encoder_rules"):
+        return
+    if not any(reg.encoder_rules(word) > v["encoder_rules"] for word in _searched_names(v, caps)):
+        v["encoder_rules"] = _default("encoder_rules")
 
 
 def _published(entry: Any) -> bool:
@@ -349,9 +375,10 @@ def spec_of_config(config: Mapping[str, Any], registries: Registries | None = No
     process without it.
 
     A config an earlier version wrote lacks the settings added since. It is read as those
-    versions' readers read it: the settings it lacks have their defaults, but ``loop_rules`` and
-    ``rerank_rules`` are 1 (the behaviour of its time) where the setting applies (an agentic
-    method's fresh loop; a reranker entry that follows a published reranker's code), and the
+    versions' readers read it: the settings it lacks have their defaults, but ``loop_rules``,
+    ``rerank_rules`` and ``encoder_rules`` are 1 (the behaviour of its time) where the setting
+    applies (an agentic method's fresh loop; a reranker entry that follows a published reranker's
+    code; an encoder entry whose settings changed since, ``diver-4b``), and the
     whole is resolved against the registries (settings that played no part set back to their
     defaults; its sampling overrides kept as recorded), so it names the folder and row it always
     did. Such a config whose method this process does not know is not understood (ConfigError).
@@ -359,7 +386,7 @@ def spec_of_config(config: Mapping[str, Any], registries: Registries | None = No
     spec = RunSpec.from_record(config)
     if all(f.name in config for f in fields(RunSpec)):
         return spec
-    markers = {name: 1 for name in ("loop_rules", "rerank_rules") if name not in config}
+    markers = {name: 1 for name in ("loop_rules", "rerank_rules", "encoder_rules") if name not in config}
     return _resolve(replace(spec, **markers), registries or Registries(), explicit_sampling=True)
 
 
@@ -384,6 +411,8 @@ def applicable(spec: RunSpec, registries: Registries | None = None) -> list[str]
     entry = reg.reranker(spec.reranker)
     if entry is None or not _published(entry):
         skip.add("rerank_rules")
+    if not any(reg.encoder_rules(word) > 1 for word in _searched_names(vars(spec), caps)):
+        skip.add("encoder_rules")
     return [f.name for f in fields(RunSpec) if f.name not in skip]
 
 
@@ -428,6 +457,9 @@ def cli_args(spec: RunSpec, candidates_path: str | None = None) -> list[str]:
         if name == "rerank_rules":
             raise ConfigError(f"rerank_rules {value} names results of an earlier version's rerankers, which this "
                               "version does not run")
+        if name == "encoder_rules":
+            raise ConfigError(f"encoder_rules {value} names results of an earlier version's encoder entries, which "
+                              "this version does not run")
         flag = SPEC_FLAGS.get(name, "--" + name.replace("_", "-"))
         if isinstance(value, bool):
             out += [flag] if value else []

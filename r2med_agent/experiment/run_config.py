@@ -16,7 +16,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import DEFAULT_METRICS, metrics_within_depth
 from r2med_agent.experiment.resolve import resolve
-from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, RunSpec
+from r2med_agent.experiment.spec import ENCODER_RULES, LOOP_RULES, RERANK_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.names import member_names
 
@@ -93,6 +93,9 @@ class RunConfig(RunSpec):
         if self.rerank_rules != RERANK_RULES:
             raise ConfigError(f"rerank_rules {self.rerank_rules} names results of an earlier version's rerankers; "
                               f"this version runs only rerank_rules {RERANK_RULES}")
+        if self.encoder_rules != ENCODER_RULES:
+            raise ConfigError(f"encoder_rules {self.encoder_rules} names results of an earlier version's encoder "
+                              f"entries; this version runs only encoder_rules {ENCODER_RULES}")
         object.__setattr__(self, "tasks", tuple(self.tasks))
         if self.chunk_size is not None and self.chunk_size < 0:
             raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")

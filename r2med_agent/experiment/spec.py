@@ -41,7 +41,7 @@ from r2med_agent.names import DEFAULT_RERANK_K, DEFAULT_RRF_K, DEFAULT_TOP_K, fu
 from r2med_agent.types import SAMPLING_KNOBS, canonical_sampling
 
 __all__ = ["DEFAULT_RERANK_K", "DEFAULT_TOP_K", "EMPTY_GENERATION", "FINAL_MODES", "GENERATION_SOURCES",
-           "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES", "RunSpec", "SAMPLING_FLAGS",
+           "ENCODER_RULES", "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES", "RunSpec", "SAMPLING_FLAGS",
            "SPEC_FLAGS", "OPTION_GROUPS", "field_help", "spec_options"]
 
 FINAL_MODES = ("default", "fuse")
@@ -66,6 +66,13 @@ Rank-R1's and Rank1's entries, the ``groupwise``/``setwise`` kinds and the ``rea
 formats): 1 before they followed their authors' code (docs/protocol.md, "Rerankers as their
 authors ran them"), 2 since. Records of such runs that lack the setting were written by version 1
 (:func:`r2med_agent.experiment.resolve.spec_of_config`)."""
+
+ENCODER_RULES = 2
+"""The version of the shipped encoder entries' behaviour this code runs: 1 before ``diver-4b``
+embedded DIVER's raw queries (it prepended the web-search instruction of DIVER's later code, now
+``diver-4b-instructed``), 2 since. An entry states the version at which its settings last changed
+(``EncoderSpec.encoder_rules``); records of runs with such an entry that lack the setting were
+written by version 1 (:func:`r2med_agent.experiment.resolve.spec_of_config`)."""
 
 OWN_PROMPTS = "own"
 """``prompts_from`` of a run that renders the project's own wording (the identity's default)."""
@@ -132,6 +139,8 @@ class RunSpec:
             current one runs, an earlier one names results an earlier version made.
         rerank_rules: the version of the published LLM rerankers' behaviour
             (:data:`RERANK_RULES`); as ``loop_rules``.
+        encoder_rules: the version of the shipped encoder entries' behaviour
+            (:data:`ENCODER_RULES`); as ``loop_rules``.
     """
 
     method: str = field(default="none", metadata=_option(
@@ -244,6 +253,10 @@ class RunSpec:
     rerank_rules: int = field(default=RERANK_RULES, metadata=_help(
         "Version of the published LLM rerankers' behaviour (GroupRank, ReasonRank, Rank-R1, Rank1): 2 follows "
         "their authors' code (this version runs only it); 1 names results of earlier versions, made before."))
+    encoder_rules: int = field(default=ENCODER_RULES, metadata=_help(
+        "Version of the shipped encoder entries' behaviour: 2 runs diver-4b on DIVER's raw queries, as its code "
+        "stood when its numbers were made (this version runs only it); 1 names results of earlier versions, made "
+        "with diver-4b's instructed queries (now diver-4b-instructed)."))
 
     def __post_init__(self) -> None:
         _canonical(self)
@@ -290,15 +303,15 @@ class RunSpec:
         """The spec of a recorded config, as it was recorded: this version's :meth:`record`, or
         the ``config`` block an earlier version wrote (keys that are not settings are ignored; a
         setting an earlier version did not record has its default, which is what such runs did).
-        Nothing is looked up: a record whose version markers (``loop_rules``, ``rerank_rules``)
-        are missing is upgraded by :func:`r2med_agent.experiment.resolve.spec_of_config`."""
+        Nothing is looked up: a record whose version markers (``loop_rules``, ``rerank_rules``,
+        ``encoder_rules``) are missing is upgraded by :func:`r2med_agent.experiment.resolve.spec_of_config`."""
         names = {f.name for f in fields(RunSpec)}
         kwargs = {k: v for k, v in record.items() if k in names}
         for key in ("fusion_weights", "fusion_depth"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
         for key in ("sampling", "rerank_k", "top_k", "samples", "rrf_k", "loop_rules", "rerank_rules",
-                    "prompts_from", "generations", "first_pass", "final", "fusion", "retriever", "method"):
+                    "encoder_rules", "prompts_from", "generations", "first_pass", "final", "fusion", "retriever", "method"):
             if kwargs.get(key) is None:
                 kwargs.pop(key, None)  # an earlier version's null: the default
         if kwargs.get("generations") in RELEASED_SOURCES:
@@ -434,6 +447,8 @@ def _check_own_values(spec: RunSpec) -> None:
         raise ConfigError(f"loop_rules must be a loop version from 1 to {LOOP_RULES}, got {spec.loop_rules!r}")
     if spec.rerank_rules not in range(1, RERANK_RULES + 1) or isinstance(spec.rerank_rules, bool):
         raise ConfigError(f"rerank_rules must be a reranker version from 1 to {RERANK_RULES}, got {spec.rerank_rules!r}")
+    if spec.encoder_rules not in range(1, ENCODER_RULES + 1) or isinstance(spec.encoder_rules, bool):
+        raise ConfigError(f"encoder_rules must be an encoder version from 1 to {ENCODER_RULES}, got {spec.encoder_rules!r}")
 
 
 def _set(spec: RunSpec, name: str, value: Any) -> None:
@@ -511,4 +526,5 @@ _TOKENS: dict[str, Any] = {
     "rerank_max_length": lambda v, s: f"rml{v}",
     "loop_rules": lambda v, s: f"loops-v{v}",
     "rerank_rules": lambda v, s: f"rerank-v{v}",
+    "encoder_rules": lambda v, s: f"encoders-v{v}",
 }
