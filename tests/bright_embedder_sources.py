@@ -1,7 +1,9 @@
 """What the reasoning embedders' authors ran on BRIGHT, written out byte for byte with the
-repository, commit and file of each string (read through the project's search tools: the pinned
-copies of the authors' code lack these files). Shared by the tests of the entries' ``bright:``
-blocks; nothing here imports the project."""
+repository, commit and file of each string, so that the unit tests of the entries' ``bright:``
+blocks run without the pinned copies of the authors' code. FlagEmbedding's and ReasonIR's values
+are checked against the authors' files in those copies (tests/conformance/test_embed_bright.py);
+RaDeR's have no pinned copy (read through the project's search tools). Nothing here imports the
+project."""
 
 from __future__ import annotations
 

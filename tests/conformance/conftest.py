@@ -35,7 +35,8 @@ def reference_root() -> Path | None:
 
 
 def reference_repo(owner_repo: str) -> Path:
-    """The pinned copy of ``owner/repo`` (``owner+repo@<commit>``); skips the test without it."""
+    """The pinned copy of ``owner/repo`` (``owner+repo@<commit>``) directly under the copies'
+    folder (never one under :data:`OLDER`); skips the test without it."""
     root = reference_root()
     if root is None:
         pytest.skip(f"no copies of the authors' code: set {ENV_VAR} to the folder of <owner>+<repo>@<commit> copies")
@@ -46,6 +47,24 @@ def reference_repo(owner_repo: str) -> Path:
     if not found:
         pytest.skip(f"no copy of {owner_repo} under {ENV_VAR} ({prefix}<commit>)")
     return found[-1]
+
+
+OLDER = "older"
+"""The folder, under the copies' folder, of copies at earlier commits than the newest
+(``older/AQ-MedAI+Diver@d067dff107fc``): :func:`reference_repo` never looks there, so the copy
+it takes by prefix is always the newest; :func:`older_reference_repo` names one by its commit."""
+
+
+def older_reference_repo(owner_repo: str, commit: str) -> Path:
+    """The pinned copy of ``owner/repo`` at ``commit`` (12 hex) under :data:`OLDER`, named
+    explicitly; skips the test without it."""
+    root = reference_root()
+    if root is None:
+        pytest.skip(f"no copies of the authors' code: set {ENV_VAR} to the folder of <owner>+<repo>@<commit> copies")
+    folder = root / OLDER / f"{owner_repo.replace('/', '+')}@{commit}"
+    if not folder.is_dir():
+        pytest.skip(f"no copy of {owner_repo} at {commit} under {ENV_VAR}/{OLDER}")
+    return folder
 
 
 def reference_commit(folder: Path) -> str:

@@ -13,10 +13,11 @@ BRIGHT code where the pinned copies hold it.
   recorder of what ``ReasonIRModel.encode`` is given (``test_embed_reasonir.py`` runs ``encode``).
 
 The instruction strings themselves (FlagEmbedding's ``evaluation/bright/prompts.py``, ReasonIR's
-``evaluation/bright/configs/reasonir/``) are not in the pinned copies: the cases use the values
-recorded in ``tests/bright_embedder_sources.py`` (checked there against the project's entries), and
-compare them with the pinned files whenever a copy holds them. RaDeR's BRIGHT code has no pinned
-copy: ``tests/unit/retrieval/test_bright_encoder_settings.py`` checks it against its recipe.
+``evaluation/bright/configs/reasonir/``) are recorded in ``tests/bright_embedder_sources.py``, which
+the unit tests check against the project's entries without the copies; here those recorded values
+are checked against the authors' files in the pinned copies, and the ReasonIR cases read the
+configurations from the copy itself. RaDeR's BRIGHT code has no pinned copy:
+``tests/unit/retrieval/test_bright_encoder_settings.py`` checks it against its recipe.
 """
 
 from __future__ import annotations
@@ -167,12 +168,7 @@ def test_the_authors_embedder_on_a_bright_task_tokenizes_and_embeds_as_the_entry
 
 
 def test_the_recorded_flagembedding_instructions_are_the_pinned_files() -> None:
-    flag = reference_repo(FLAG)
-    path = flag / "FlagEmbedding" / "evaluation" / "bright" / "prompts.py"
-    if not path.is_file():
-        pytest.skip(f"the pinned copy {flag.name} has no FlagEmbedding/evaluation/bright/prompts.py "
-                    "(the values are recorded in tests/bright_embedder_sources.py)")
-    prompts = load_reference_module(flag, "FlagEmbedding/evaluation/bright/prompts.py")
+    prompts = load_reference_module(reference_repo(FLAG), "FlagEmbedding/evaluation/bright/prompts.py")
     assert prompts.BrightShortInstructions == FLAG_BRIGHT_SHORT
     assert prompts.BrightLongInstructions == FLAG_BRIGHT_LONG
 
@@ -224,18 +220,18 @@ def diver() -> types.ModuleType:
     return load_reference_module(reference_repo("AQ-MedAI/Diver"), "Retriever/retrievers.py", stubs=stubs)
 
 
-def _reasonir_config(key: str) -> dict[str, dict[str, str]]:
-    """ReasonIR's ``configs/reasonir/<key>.json``: the pinned copy's when it has it, else the values
-    recorded in tests/bright_embedder_sources.py."""
+def _reasonir_folder() -> Path:
+    """ReasonIR's ``evaluation/bright/configs/reasonir/`` in the pinned copy (a failure without it)."""
     root = reference_repo("facebookresearch/ReasonIR")
-    path = root / "evaluation" / "bright" / "configs" / "reasonir" / f"{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
-    short, long = REASONIR_QUERY[key]
-    out = {"instructions": {"query": short, "document": REASONIR_DOC}}
-    if long:
-        out["instructions_long"] = {"query": long, "document": REASONIR_DOC}
-    return out
+    folder = root / "evaluation" / "bright" / "configs" / "reasonir"
+    if not folder.is_dir():
+        pytest.fail(f"the pinned copy {root.name} has no evaluation/bright/configs/reasonir", pytrace=False)
+    return folder
+
+
+def _reasonir_config(key: str) -> dict[str, dict[str, str]]:
+    """ReasonIR's ``configs/reasonir/<key>.json``, read from the pinned copy."""
+    return json.loads((_reasonir_folder() / f"{key}.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("name", ["reasonir-8b", "reasonir-8b-prompt-excluded"])
@@ -269,11 +265,7 @@ def test_reasonirs_bright_function_gives_the_model_what_the_entry_gives_it(
 
 
 def test_the_recorded_reasonir_configs_are_the_pinned_files() -> None:
-    root = reference_repo("facebookresearch/ReasonIR")
-    folder = root / "evaluation" / "bright" / "configs" / "reasonir"
-    if not folder.is_dir():
-        pytest.skip(f"the pinned copy {root.name} has no evaluation/bright/configs/reasonir "
-                    "(the values are recorded in tests/bright_embedder_sources.py)")
+    folder = _reasonir_folder()
     for key in KEYS:
         config = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
         short, long = REASONIR_QUERY[key]

@@ -2,8 +2,9 @@
 project's Qwen3 entries.
 
 - Its instruction template (``run_mteb.sh``: ``"Instruct: {}\\nQuery:"``, through
-  ``Qwen3Embedding.format_instruction``) with DIVER's one instruction is ``diver-4b``'s query
-  prefix: DIVER-Retriever-4B (fine-tuned from Qwen3-Embedding-4B) keeps its base model's format,
+  ``Qwen3Embedding.format_instruction``) with DIVER's one instruction is ``diver-4b-instructed``'s
+  query prefix (DIVER's code since its commit 95b111b; ``diver-4b`` embeds raw queries, as that code
+  did before): DIVER-Retriever-4B (fine-tuned from Qwen3-Embedding-4B) keeps its base model's format,
   no space after ``Query:``. The ``qwen3-embedding-*`` entries follow ReasonEmbed's runs, whose
   published numbers they stand beside: the same template plus a space (checked here exactly).
 - Its ``TransformersTextEmbedder`` (left padding, the tokenizer's own truncation with its appended
@@ -64,7 +65,7 @@ def test_divers_query_format_is_qwen3_embeddings_template(qwen: types.SimpleName
     wrapper = object.__new__(qwen.module.Qwen3Embedding)
     wrapper.instruction_template = template
     own = wrapper.format_instruction(DIVER_INSTRUCTION, "query")
-    assert get_encoder_spec("diver-4b").query_prefix == own
+    assert get_encoder_spec("diver-4b-instructed").query_prefix == own
     # ReasonEmbed's runs of Qwen3-Embedding: the template with a space after "Query:".
     for name in ("qwen3-embedding-8b", "qwen3-embedding-4b"):
         spec = get_encoder_spec(name)

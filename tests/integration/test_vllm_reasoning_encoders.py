@@ -136,19 +136,21 @@ def test_reasoning_entries_same_vectors_on_vllm(arch: str, tmp_path: Path, one_e
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_diver_same_tokens_and_vectors_on_vllm(tmp_path: Path, one_engine: None) -> None:
-    # diver-4b as DIVER's own code runs it: the engine gets the decoded-text cut's tokens (with
+    # DIVER's own code (its instructed queries, diver-4b-instructed: the longer strings; diver-4b
+    # differs only in leaving queries raw): the engine gets the decoded-text cut's tokens (with
     # the tokenizer's appended EOS) and a context of max_length plus the slack they may need.
     from r2med_agent.retrieval.dense.tokens import DECODED_TEXT_SLACK
 
     folder = tmp_path / "tiny-diver"
     _, tok = _tiny_model("qwen3", folder, _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"]), head_dim=32)
-    spec = dataclasses.replace(get_encoder_spec("diver-4b"), model=str(folder), max_length=MAX_LENGTH, batch_size=2)
+    spec = dataclasses.replace(get_encoder_spec("diver-4b-instructed"), model=str(folder), max_length=MAX_LENGTH,
+                               batch_size=2)
     assert resolve_backend(spec, "vllm") == "vllm"
     prefixes = _prefixes(spec, "nano-PMC-Clinical")
     vl = make_encoder(spec, EncoderOptions(device="cpu", backend="vllm", show_progress=False))
     assert isinstance(vl, VLLMEncoder) and vl.engine_kwargs(spec.model)["max_model_len"] == MAX_LENGTH + DECODED_TEXT_SLACK
     ids = vl.token_ids(QUERIES, side="query", prefix=prefixes.query)
-    assert ids == [tok(_diver_cut(tok, DIVER_QUERY.format(q), MAX_LENGTH))["input_ids"] for q in QUERIES]
+    assert ids == [tok(_diver_cut(tok, DIVER_QUERY["diver-4b-instructed"].format(q), MAX_LENGTH))["input_ids"] for q in QUERIES]
     assert len(ids[2]) > MAX_LENGTH  # cut by decoding, then the tokenizer's EOS on top
     assert vl.token_ids(DOCS, side="doc", prefix=prefixes.doc) == [
         tok(_diver_cut(tok, DIVER_DOC.format(d), MAX_LENGTH))["input_ids"] for d in DOCS]

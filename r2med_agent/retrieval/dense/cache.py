@@ -53,7 +53,8 @@ CACHE_FORMAT = 2
 """2: documents are encoded as ``Doc.full_text`` (title + " " + text), no longer the text alone."""
 
 # Fields of EncoderSpec that do not change document embeddings (query side, batching, API access,
-# the transformers version check, engine settings, the entry's description of its source). The
+# the transformers version check, engine settings, the entry's description of its source and the
+# version of its behaviour, which its results record). The
 # backend enters the key as resolved at run time (``doc_runtime_fields``), not as the entry's ``auto``;
 # the ``bright`` block as the settings it makes (a BRIGHT task's documents are encoded with the
 # entry's BRIGHT settings, whose fields are in the key).
@@ -62,7 +63,7 @@ _QUERY_ONLY_FIELDS = frozenset(
         "name", "query_model", "query_max_length", "query_prefix", "query_instructions",
         "instruction_format", "instruction_on", "batch_size", "base_url", "api_key_env",
         "doc_instructions", "doc_instruction_format", "doc_prefix", "transformers",
-        "backend", "engine_kwargs", "reference", "bright",
+        "backend", "engine_kwargs", "reference", "bright", "encoder_rules",
     }
 )
 # Fields added after caches were first written, with the value every earlier entry had: at that

@@ -41,7 +41,7 @@ BACKENDS = ("auto", "transformers", "vllm")
 DEFAULT_SHARD_SIZE = 8192
 """Documents per embedding-cache shard (:class:`EncoderOptions.shard_size`)."""
 
-BRIGHT_FIXED = frozenset({"name", "kind", "bright", "model", "query_model", "doc_model"})
+BRIGHT_FIXED = frozenset({"name", "kind", "bright", "model", "query_model", "doc_model", "encoder_rules"})
 """Fields an entry's ``bright`` block cannot set (:attr:`EncoderSpec.bright`)."""
 
 
@@ -126,6 +126,11 @@ class EncoderSpec:
     reference: str = ""
     """Where the entry's settings come from (repository at a commit, file and function), as
     ``reproduce --dry-run`` shows it. A description only: it changes no vector."""
+    encoder_rules: int = 1
+    """The version of the shipped entries' behaviour (the run spec's ``encoder_rules``,
+    :data:`~r2med_agent.experiment.spec.ENCODER_RULES`) at which this entry's settings last
+    changed: a result recorded before it, with the entry's earlier settings, reads back as another
+    run (``diver-4b``: 2, since its queries are DIVER's raw ones)."""
     doc_title_pair: bool = False
     """Encode documents as a (title, text) token pair (MedCPT's article encoder; empty titles)."""
     trust_remote_code: bool = False

@@ -190,9 +190,11 @@ def test_dry_run_sizes_an_fp8_checkpoint_by_its_dtype_and_shows_the_models_note(
 
 
 def test_dry_run_shows_divers_own_first_stage_wherever_a_row_reranks_diver():
-    """Every row over DIVER-Retriever-4B runs DIVER's own retrieval (its code's prompts, 16,384
-    tokens cut by decoding, top 100, no expansion or BM25 fusion) and says so with its source;
-    ReasonEmbed's setting of the same model is its own row, beside its own 32.23."""
+    """Every row over DIVER-Retriever-4B runs DIVER's own retrieval as its code stood when the
+    published numbers were made (raw queries, its document prompt, 16,384 tokens cut by decoding,
+    top 100, no expansion or BM25 fusion) and says so with its source; DIVER's later code
+    (instructed queries) is its own row beside the same 42.9, with its own source; ReasonEmbed's
+    setting of the same model is its own row, beside its own 32.23."""
     grid = load_grid("frontier")
     planned = plan(grid, ReproduceOptions())
     blocks: dict[str, str] = {}
@@ -200,17 +202,26 @@ def test_dry_run_shows_divers_own_first_stage_wherever_a_row_reranks_diver():
         blocks[p.entry.label] = format_plan([p])
     over_diver = [label for label in blocks if label.startswith("none/none/diver-4b/")]
     assert len(over_diver) == 8  # GroupRank-32B, 3 zero-shot groupwise, ReasonRank 32B/7B, Rank-R1, DeepSeek
-    divers = ('first stage: diver-4b (AQ-MedAI/Diver-Retriever-4B): query "Instruct: Given a web search query, '
-              'retrieve relevant passages that answer the query\\nQuery:{query}" for every task; document '
+    divers = ('first stage: diver-4b (AQ-MedAI/Diver-Retriever-4B): query "{query}"; document '
               '"Represent this text:{document}"; 16384 tokens, cut by decoding the first tokens back to text; '
               'last-token pooling, L2-normalised; original queries, no expansion; no fusion')
+    source = "settings from AQ-MedAI/Diver@d067dff107fc Retriever/retrievers.py, Qwen3EmbeddingModel"
     for label in over_diver:
         text = blocks[label]
         assert divers in text, text
         assert "its top 100 reranked by " + label.rsplit("/", 1)[1] in text
-        assert "settings from AQ-MedAI/Diver@95b111b0adad Retriever/retrievers.py, Qwen3EmbeddingModel" in text
+        assert source in text
     (alone,) = [p for p in planned if p.entry.label == "none/none/diver-4b"]
     assert alone.published_average == pytest.approx(0.429) and "retrieval: diver-4b (" in blocks[alone.entry.label]
+    assert source in blocks[alone.entry.label]
+    (instructed,) = [p for p in planned if p.entry.label == "none/none/diver-4b-instructed"]
+    assert instructed.published_average == pytest.approx(0.429)
+    text = blocks[instructed.entry.label]
+    assert ('retrieval: diver-4b-instructed (AQ-MedAI/Diver-Retriever-4B): query "Instruct: Given a web search '
+            'query, retrieve relevant passages that answer the query\\nQuery:{query}" for every task; document '
+            '"Represent this text:{document}"; 16384 tokens') in text
+    assert "settings from AQ-MedAI/Diver@95b111b0adad Retriever/retrievers.py, Qwen3EmbeddingModel" in text
+    assert "95b111b (2026-01-21), after 42.9 was published" in text
     (variant,) = [p for p in planned if p.entry.label == "none/none/diver-4b-reasonembed"]
     assert variant.published_average == pytest.approx(0.3223)
     text = blocks[variant.entry.label]

@@ -1,12 +1,11 @@
 """The reasoning embedders on BRIGHT's tasks: each entry's ``bright:`` block (``EncoderSpec.bright``)
 against the settings its authors' BRIGHT code used, recorded here with their source.
 
-The sources are read through the project's search tools; the pinned copies the conformance suite
-imports lack them (FlagEmbedding's ``evaluation/bright``, ReasonIR's ``evaluation/bright``, RaDeR),
-so their strings are written out in ``tests/bright_embedder_sources.py``, byte for byte, each with
-its repository, commit and file.
-``tests/conformance/test_embed_bright.py`` compares what the pinned copies do hold (ReasonEmbed's
-BRIGHT scripts, ReasonIR's ``retrieval_reasonir`` as DIVER's repository carries it).
+The sources' strings are written out in ``tests/bright_embedder_sources.py``, byte for byte, each
+with its repository, commit and file, so that these tests need no copy of the authors' code;
+``tests/conformance/test_embed_bright.py`` checks them against the pinned copies (FlagEmbedding's
+and ReasonIR's ``evaluation/bright``; RaDeR has none) and runs what they hold (ReasonEmbed's BRIGHT
+scripts, ReasonIR's ``retrieval_reasonir`` as DIVER's repository carries it).
 
 Also here: how the block is validated, which tasks it applies to, that it keeps the R2MED
 embedding caches' keys and enters a user entry's identity, the other-tokenizer setting RaDeR's
@@ -114,12 +113,16 @@ def test_rader_runs_raders_own_bright_code() -> None:
     assert (spec.hf_tokenizer, spec.append_eos, spec.trust_remote_code, spec.max_length) == ("", False, True, 512)
 
 
-def test_diver_needs_no_block_and_diver_reasonembed_has_no_bright_run() -> None:
-    diver = get_encoder_spec("diver-4b")
+@pytest.mark.parametrize(("name", "query"), [
+    ("diver-4b", ""),  # DIVER's code when its README's numbers were made: raw queries
+    ("diver-4b-instructed", "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"),
+])
+def test_diver_needs_no_block_and_diver_reasonembed_has_no_bright_run(name: str, query: str) -> None:
+    diver = get_encoder_spec(name)
     assert not diver.bright  # its own settings are DIVER's BRIGHT code (Qwen3EmbeddingModel)
     for task, _, _ in _bright_tasks():
         p = _prefixes(settings_for_task(diver, task), task)
-        assert p.query == "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+        assert p.query == query
         assert p.doc == "Represent this text:"
     assert not get_encoder_spec("diver-4b-reasonembed").bright
 

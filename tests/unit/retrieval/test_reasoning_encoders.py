@@ -1,7 +1,8 @@
 """The post-paper reasoning retrievers of ``configs/encoders.yaml`` (ReasonEmbed, DIVER, RaDeR,
 ReasonIR, Qwen3-Embedding): their settings as the ReasonEmbed authors ran them on R2MED
-(VectorSpaceLab/agentic-search, ``ReasonEmbed/evaluation_r2med/``), DIVER's as its own code runs
-it (``diver-4b``), and each pipeline on a tiny random model of the same architecture class against
+(VectorSpaceLab/agentic-search, ``ReasonEmbed/evaluation_r2med/``), DIVER's as its own code ran it
+when its numbers were made (``diver-4b``: raw queries) and runs it since its commit 95b111b
+(``diver-4b-instructed``), and each pipeline on a tiny random model of the same architecture class against
 an independent computation of the authors' recipe: FlagEmbedding's decoder-only embedder (format
 the query, tokenise as the tokenizer does, last token, L2) checked by hand and with
 sentence-transformers' last-token pipeline; DIVER's (its fixed prompts, the decoded-text cut,
@@ -116,13 +117,18 @@ def test_reasonir_entries_are_its_sentence_transformers_recipe(name: str, exclud
         assert (p.query, p.doc, p.expansion) == (want, REASONIR_DOC_PROMPT, ""), task
 
 
-# AQ-MedAI/Diver Retriever/retrievers.py, Qwen3EmbeddingModel: embed_queries and embed_docs.
-DIVER_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:{}"
+# AQ-MedAI/Diver Retriever/retrievers.py, Qwen3EmbeddingModel: embed_queries and embed_docs. Until
+# commit 95b111b (2026-01-21) embed_queries embedded the raw queries (diver-4b); since, the
+# instructed strings it builds (diver-4b-instructed).
+DIVER_QUERY = {"diver-4b": "{}",
+               "diver-4b-instructed": "Instruct: Given a web search query, retrieve relevant passages that answer "
+                                      "the query\nQuery:{}"}
 DIVER_DOC = "Represent this text:{}"
 
 
-def test_diver_entry_is_divers_own_code() -> None:
-    spec = get_encoder_spec("diver-4b")
+@pytest.mark.parametrize("name", sorted(DIVER_QUERY))
+def test_diver_entry_is_divers_own_code(name: str) -> None:
+    spec = get_encoder_spec(name)
     assert (spec.model, spec.backend, spec.pooling, spec.normalize, spec.append_eos) == (
         "AQ-MedAI/Diver-Retriever-4B", "auto", "last-token", True, False)
     assert (spec.max_length, spec.query_max_length, spec.truncation, spec.precision) == (16384, None, "decoded-text", "auto")
@@ -131,7 +137,7 @@ def test_diver_entry_is_divers_own_code() -> None:
     # One instruction for every task, R2MED's or a user's own.
     for task, family, domain in [*((t, "", "") for t, _ in _registry_tasks()), ("my-cardiology", "qa", "cardiology")]:
         p = instruction_prefixes(spec, task, family, domain)
-        assert (p.query, p.doc, p.expansion) == (DIVER_QUERY.format(""), DIVER_DOC.format(""), "")
+        assert (p.query, p.doc, p.expansion) == (DIVER_QUERY[name].format(""), DIVER_DOC.format(""), "")
 
 
 @pytest.mark.parametrize("name", [*sorted(LAST_TOKEN_ENTRIES), "reasonir-8b", "reasonir-8b-prompt-excluded"])
@@ -287,15 +293,16 @@ def _diver_cut(tok, text: str, limit: int) -> str:
     return tok.decode(ids[:limit]) if len(ids) > limit else text
 
 
+@pytest.mark.parametrize("name", sorted(DIVER_QUERY))
 @pytest.mark.parametrize("limit", [MAX_LENGTH, 12])
-def test_diver_encodes_as_its_own_code_does(limit: int, tmp_path: Path) -> None:
+def test_diver_encodes_as_its_own_code_does(limit: int, name: str, tmp_path: Path) -> None:
     # A tiny random Qwen3 whose tokenizer appends <|endoftext|> as Qwen3-Embedding's does: the
     # strings DIVER's Qwen3EmbeddingModel builds, cut by decoding, tokenized again with the
     # tokenizer's own special tokens and nothing cut (vLLM's embed), last token, L2.
     tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
     folder = tmp_path / "tiny-diver"
     model, tok = _tiny_model("qwen3", folder, tok)
-    spec = dataclasses.replace(get_encoder_spec("diver-4b"), model=str(folder), max_length=limit, batch_size=2)
+    spec = dataclasses.replace(get_encoder_spec(name), model=str(folder), max_length=limit, batch_size=2)
     prefixes = _prefixes(spec, "PMC-Clinical")
     enc = HFEncoder(spec, device="cpu")
     got_q = enc.encode(QUERIES, side="query", prefix=prefixes.query)
@@ -311,8 +318,8 @@ def test_diver_encodes_as_its_own_code_does(limit: int, tmp_path: Path) -> None:
 
     cut = 0
     for row, query in zip(got_q, QUERIES):
-        np.testing.assert_allclose(row, diver(DIVER_QUERY.format(query)), atol=1e-5)
-        cut += len(tok.encode(DIVER_QUERY.format(query), add_special_tokens=False)) > limit
+        np.testing.assert_allclose(row, diver(DIVER_QUERY[name].format(query)), atol=1e-5)
+        cut += len(tok.encode(DIVER_QUERY[name].format(query), add_special_tokens=False)) > limit
         # ReasonEmbed's format (a space after "Query:") is another vector (unless both are cut inside the prompt).
         assert limit < MAX_LENGTH or not np.allclose(row, diver("Instruct: Given a web search query, retrieve relevant passages "
                                           "that answer the query\nQuery: " + query), atol=1e-4)
@@ -437,7 +444,7 @@ def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Pat
     task = load_task("sample", data_dir=data, allow_count_mismatch=True)
     assert [q.query_id for q in task.queries] == list(THREE)
     want = [tok(s)["input_ids"] for s in decoded_text_cut(
-        tok, [DIVER_QUERY.format(q.text) for q in task.queries] + [DIVER_DOC.format(d.text) for d in task.corpus], 40)]
+        tok, [DIVER_QUERY["diver-4b"].format(q.text) for q in task.queries] + [DIVER_DOC.format(d.text) for d in task.corpus], 40)]
     assert sorted(map(tuple, seen)) == sorted(map(tuple, want))  # every text, as DIVER's code gives it
     assert sum(len(x) > 40 for x in seen) > 0  # cut texts: 40 tokens, then the tokenizer's EOS
     (record,) = (tmp_path / "res").glob("none/none/tiny-diver__*smollm2-groupwise*/sample.json")
