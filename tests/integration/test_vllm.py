@@ -39,8 +39,12 @@ from tests.vllm_server import ENGINE_SETTINGS, VLLMServer, reasoning_model, set_
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-R1_REGEX = r"<search> [a-z]{3,10}( [a-z]{3,10})?</search>"
-O1_REGEX = r"<\|begin_search_query\|>[a-z]{3,10}( [a-z]{3,10})?<\|end_search_query\|>"
+# The forced query starts with a word of the sample corpus, so that whether a search finds a
+# document does not hang on which word the model picks greedily under a given instruction (with
+# Search-o1's multi-hop instruction SmolLM2 picked words no document holds).
+FIRST_WORD = "(diabetes|insulin|blood|fever|heart)"
+R1_REGEX = r"<search> " + FIRST_WORD + r"( [a-z]{3,10})?</search>"
+O1_REGEX = r"<\|begin_search_query\|>" + FIRST_WORD + r"( [a-z]{3,10})?<\|end_search_query\|>"
 QUERIES = 2
 MAX_TOKENS = 16
 
