@@ -139,6 +139,11 @@ class _BoundedLoader(yaml.SafeLoader):
         return nodes, text
 
 
+
+# YAML's own timestamps, whatever another library registered on SafeLoader (a test run that
+# imported such a library read '2001-02-30' as a string and never said which line was wrong).
+_BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.constructor.SafeConstructor.construct_yaml_timestamp)
+
 def read_yaml(path: Path) -> Any:
     """Parse a YAML file; unreadable, non-UTF-8 or malformed files raise ConfigError with file:line.
 
