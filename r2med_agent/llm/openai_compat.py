@@ -120,8 +120,13 @@ class _Reporter:
     def __init__(self, on_done: Finished | None) -> None:
         self.on_done = on_done
         self.error: Exception | None = None
+        self._seen: set[int] = set()
 
     def __call__(self, index: int, task: asyncio.Future[Any]) -> None:
+        """Idempotent per index: the batch calls it again for every done task before it ends."""
+        if index in self._seen:
+            return
+        self._seen.add(index)
         if self.on_done is None or self.error is not None or task.cancelled() or task.exception() is not None:
             return
         try:
@@ -234,7 +239,14 @@ class OpenAICompatBackend:
         progress = for_backend(len(prompts), f"{self.spec.name}")
         last_reply = [time.monotonic()]
 
+        counted: set[int] = set()
+
         def finished(task: asyncio.Future[Any]) -> None:
+            # Idempotent: run again for every done task before the batch closes, because asyncio
+            # can report a task done (to ``asyncio.wait``) before its done-callbacks have run.
+            if id(task) in counted:
+                return
+            counted.add(id(task))
             last_reply[0] = time.monotonic()
             if task.cancelled() or task.exception() is not None:
                 progress.fail(1)  # counted apart: a batch whose requests failed is not "done"
@@ -242,6 +254,8 @@ class OpenAICompatBackend:
                 progress.update(1, task_completion_tokens(task))
 
         heartbeat = asyncio.ensure_future(self._heartbeat(last_reply))
+        tasks: list[asyncio.Future[Any]] = []
+        reported = _Reporter(on_done)
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort, n))
@@ -249,7 +263,6 @@ class OpenAICompatBackend:
             ]
             for t in tasks:
                 t.add_done_callback(finished)
-            reported = _Reporter(on_done)
             for i, t in enumerate(tasks):
                 t.add_done_callback(functools.partial(reported, i))
             pending: set[asyncio.Future[Generation]] = set(tasks)
@@ -264,6 +277,10 @@ class OpenAICompatBackend:
                     break
         finally:
             heartbeat.cancel()
+            for i, t in enumerate(tasks):
+                if t.done():  # callbacks asyncio has queued but not yet run (see ``finished``)
+                    finished(t)
+                    reported(i, t)
             progress.close()
             for client in clients.values():
                 await client.close()
