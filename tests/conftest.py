@@ -47,6 +47,7 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -263,3 +264,28 @@ def python_sigint():  # noqa: ANN201
     yield
     signal.signal(signal.SIGINT, previous)
 
+
+
+ENGINE_FIXTURES = frozenset({"vllm_model_dir", "vllm_server", "one_engine"})
+"""Fixtures whose tests start (or stand beside) a real vLLM engine."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``-n 2``, as the README and CI run the suite): every test that starts a vLLM
+    engine runs on one worker, one engine at a time as on a single process (two engines at once
+    would not fit a small machine), and every other test file stays whole on one worker, so a
+    module's fixtures (a Lucene index, a model, a server) are built once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        engine = item.get_closest_marker("vllm") is not None or ENGINE_FIXTURES & set(
+            getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("vllm-engines" if engine else item.nodeid.split("::")[0]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N`` schedules by the groups above (xdist's ``--dist loadgroup``) without saying so."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    return LoadGroupScheduling(config, log)

@@ -114,20 +114,30 @@ _NEW_TURN_NOTES = {
 
 
 class _Reporter:
-    """A done-callback of a batch's request tasks that passes each success to ``on_done`` (its
-    index and output) and keeps the first error ``on_done`` raises (asyncio would only log it)."""
+    """The done-callback of a batch's request tasks: counts each in the progress (a failed or
+    cancelled one apart: a batch whose requests failed is not "done"), passes each success to
+    ``on_done`` (its index and output) and keeps the first error ``on_done`` raises (asyncio
+    would only log it). Idempotent per index: the batch calls it again for every done task
+    before it closes, because ``asyncio.wait`` can see a task done before its done-callbacks ran
+    (a progress line once said 6 of 12 failed requests)."""
 
-    def __init__(self, on_done: Finished | None) -> None:
+    def __init__(self, on_done: Finished | None, progress: Any, last_reply: list[float]) -> None:
         self.on_done = on_done
+        self.progress = progress
+        self.last_reply = last_reply
         self.error: Exception | None = None
         self._seen: set[int] = set()
 
     def __call__(self, index: int, task: asyncio.Future[Any]) -> None:
-        """Idempotent per index: the batch calls it again for every done task before it ends."""
         if index in self._seen:
             return
         self._seen.add(index)
-        if self.on_done is None or self.error is not None or task.cancelled() or task.exception() is not None:
+        self.last_reply[0] = time.monotonic()
+        if task.cancelled() or task.exception() is not None:
+            self.progress.fail(1)
+            return
+        self.progress.update(1, task_completion_tokens(task))
+        if self.on_done is None or self.error is not None:
             return
         try:
             self.on_done(index, task.result())
@@ -137,6 +147,19 @@ class _Reporter:
     def raise_error(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+async def _wait_for_batch(tasks: list[asyncio.Future[Any]]) -> None:
+    """Wait for every request of a batch; after an authentication or unreachable-server error
+    the others are cancelled (each would be refused the same way)."""
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        if any(isinstance(t.exception(), (AuthError, UnreachableError)) for t in done if not t.cancelled()):
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            return
 
 
 class _NotSent(Exception):
@@ -239,47 +262,21 @@ class OpenAICompatBackend:
         progress = for_backend(len(prompts), f"{self.spec.name}")
         last_reply = [time.monotonic()]
 
-        counted: set[int] = set()
-
-        def finished(task: asyncio.Future[Any]) -> None:
-            # Idempotent: run again for every done task before the batch closes, because asyncio
-            # can report a task done (to ``asyncio.wait``) before its done-callbacks have run.
-            if id(task) in counted:
-                return
-            counted.add(id(task))
-            last_reply[0] = time.monotonic()
-            if task.cancelled() or task.exception() is not None:
-                progress.fail(1)  # counted apart: a batch whose requests failed is not "done"
-            else:
-                progress.update(1, task_completion_tokens(task))
-
         heartbeat = asyncio.ensure_future(self._heartbeat(last_reply))
         tasks: list[asyncio.Future[Any]] = []
-        reported = _Reporter(on_done)
+        reported = _Reporter(on_done, progress, last_reply)
         try:
             tasks = [
                 asyncio.ensure_future(self._one(m, params, clients, self._pool, limit, key, abort, n))
                 for m in prompts
             ]
-            for t in tasks:
-                t.add_done_callback(finished)
             for i, t in enumerate(tasks):
                 t.add_done_callback(functools.partial(reported, i))
-            pending: set[asyncio.Future[Generation]] = set(tasks)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-                if any(isinstance(t.exception(), (AuthError, UnreachableError))
-                       for t in done if not t.cancelled()):
-                    # Every other request would be refused the same way: stop now.
-                    for t in pending:
-                        t.cancel()
-                    await asyncio.gather(*pending, return_exceptions=True)
-                    break
+            await _wait_for_batch(tasks)
         finally:
             heartbeat.cancel()
             for i, t in enumerate(tasks):
-                if t.done():  # callbacks asyncio has queued but not yet run (see ``finished``)
-                    finished(t)
+                if t.done():  # callbacks asyncio has queued but not yet run (see _Reporter)
                     reported(i, t)
             progress.close()
             for client in clients.values():

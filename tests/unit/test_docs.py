@@ -221,9 +221,19 @@ README_FIRST = (
 )
 
 
+README_TESTS = "python -m pytest -q -n 2"
+"""The README's second command: the test suite on two pytest-xdist workers."""
+
+
 def test_readme_starts_with_the_two_first_commands():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"```bash\n{README_FIRST}\npython -m pytest -q\n```" in text
+    assert f"```bash\n{README_FIRST}\n{README_TESTS}\n```" in text
+
+
+def test_ci_runs_the_readmes_test_command():
+    """`.ci/run` ends with the README's test command, whatever options it exports before it."""
+    lines = [ln for ln in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines() if ln.strip()]
+    assert lines[-1] == README_TESTS
 
 
 def _readme_first_command() -> str:
