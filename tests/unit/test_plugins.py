@@ -112,3 +112,12 @@ def test_a_failing_plugin_fails_every_read_with_one_line(fresh, tmp_path: Path, 
             get_method("hyde")
         assert str(err.value) == ("plugin 'toy_broken' (toy_broken) of distribution toy_broken 0.1 failed to load: "
                                   "RuntimeError: no GPU here")
+
+
+def test_modules_named_by_the_environment_load_as_plugins(fresh, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "toy_env_plugin.py").write_text(
+        "from r2med_agent.plugins import register\nregister('llm-backends', 'env-toy', 'x.y:Z')\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(plugins.PLUGIN_ENV, " toy_env_plugin , ")
+    assert BACKENDS.origin("env-toy") is None
+    assert "env-toy" in BACKENDS and BACKENDS.origin("env-toy") == "plugin module 'toy_env_plugin'"
