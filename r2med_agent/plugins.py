@@ -171,16 +171,22 @@ def register(group: str, name: str, entry: Any, *, replace: bool = False) -> Non
 # --------------------------------------------------------------------------- discovery
 
 _state: dict[str, Any] = {"loaded": False, "error": None, "current": None}
-_extra_modules: list[str] = []
 
 
 def add_plugin_modules(modules: Iterable[str]) -> None:
-    """Load these modules as plugins too (``--plugin``); loaded now when plugins already are."""
-    names = [m.strip() for m in modules if m.strip()]
-    _extra_modules.extend(names)
+    """Load these modules as plugins too (``--plugin``): they join ``$R2MED_PLUGINS``, so the
+    processes this one starts load them as well; loaded now when the plugins already are."""
+    given = _env_modules()
+    names = [m.strip() for m in modules if m.strip() and m.strip() not in given]
+    if names:
+        os.environ[PLUGIN_ENV] = ",".join([*given, *names])
     if _state["loaded"]:
         for name in names:
-            _load(name, lambda name=name: importlib.import_module(name), f"plugin module '{name}'")
+            _load_module(name)
+
+
+def _env_modules() -> list[str]:
+    return [m.strip() for m in os.environ.get(PLUGIN_ENV, "").split(",") if m.strip()]
 
 
 def _who() -> str:
@@ -189,7 +195,7 @@ def _who() -> str:
 
 def load_plugins() -> None:
     """Load every plugin once: the entry points of :data:`ENTRY_POINT_GROUP`, then the modules of
-    ``$R2MED_PLUGINS`` and ``--plugin``. A failure is raised again on every later read.
+    ``$R2MED_PLUGINS`` (where ``--plugin`` adds its own). A failure is raised again on every later read.
 
     Raises:
         PluginError: a plugin fails to import or to register (one line naming the plugin and
@@ -205,17 +211,19 @@ def load_plugins() -> None:
             dist = ep.dist
             where = f"plugin '{ep.name}' ({ep.value}) of distribution " + (
                 f"{dist.metadata['Name']} {dist.version}" if dist is not None else "(unknown)")
-            _load(ep.name, ep.load, where)
-        env = [m for m in os.environ.get(PLUGIN_ENV, "").split(",") if m.strip()]
-        for name in [*env, *_extra_modules]:
-            name = name.strip()
-            _load(name, lambda name=name: importlib.import_module(name), f"plugin module '{name}'")
+            _load(ep.load, where)
+        for name in _env_modules():
+            _load_module(name)
     except PluginError as e:
         _state["error"] = e
         raise
 
 
-def _load(name: str, load: Callable[[], Any], where: str) -> None:
+def _load_module(name: str) -> None:
+    _load(lambda: importlib.import_module(name), f"plugin module '{name}'")
+
+
+def _load(load: Callable[[], Any], where: str) -> None:
     previous, _state["current"] = _state["current"], where
     try:
         target = load()

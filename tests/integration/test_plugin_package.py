@@ -110,7 +110,7 @@ def test_a_separate_package_runs_through_the_cli_and_reads_back_without_it(toy: 
             "from r2med_agent.retrieval.registry import retriever_names; "
             "print('keywords' in METHODS, 'reverse' in RERANKER_KINDS, 'word-overlap' in retriever_names())")
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "R2MED_PLUGINS": ""})
     assert plain.stdout.split() == ["False", "False", "False"], plain.stderr
 
 

@@ -4,6 +4,7 @@ tests/integration/test_plugin_package.py."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS, RerankerKind, rer
 def fresh(monkeypatch: pytest.MonkeyPatch):
     """Plugins not loaded yet, and every registry put back as it was after the test."""
     monkeypatch.setattr(plugins, "_state", {"loaded": False, "error": None, "current": None})
-    monkeypatch.setattr(plugins, "_extra_modules", [])
+    monkeypatch.setenv(plugins.PLUGIN_ENV, "")  # set, so that the test's own changes are undone
     saved = {group: (dict(registry(group)._entries), dict(registry(group)._origins)) for group in plugins.GROUPS}
     yield
     for group, (entries, origins) in saved.items():
@@ -93,13 +94,13 @@ def test_entry_points_load_once_lazily_when_a_registry_is_read(fresh, tmp_path: 
                                 "def setup():\n    CALLS.append(1)\n    register('llm-backends', 'toy', 'x.y:Z')\n",
           value="toy_callable:setup")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.delenv(plugins.PLUGIN_ENV, raising=False)
     assert "toy_module" not in sys.modules  # nothing loaded at import or at the path change
     assert "t" in METHODS and "toy" in BACKENDS  # the first read loads both
     assert METHODS.origin("t") == "plugin 'toy_module' (toy_module) of distribution toy_module 0.1"
     assert len(METHODS) and sys.modules["toy_callable"].CALLS == [1]  # once
     plugins.add_plugin_modules(["toy_module"])  # already imported: a second import registers nothing
     assert sys.modules["toy_callable"].CALLS == [1]
+    assert os.environ[plugins.PLUGIN_ENV] == "toy_module"  # the processes this one starts load it too
 
 
 def test_a_failing_plugin_fails_every_read_with_one_line(fresh, tmp_path: Path, monkeypatch) -> None:
