@@ -35,8 +35,18 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    plugin: list[str] = typer.Option(
+        [], "--plugin", metavar="MODULE",
+        help="Import MODULE as a plugin that registers components (methods, retrievers, rerankers, encoders, "
+             "LLM backends); repeatable. $R2MED_PLUGINS (comma-separated) does the same; installed "
+             "distributions' 'r2med_agent.plugins' entry points always load.",
+    ),
 ) -> None:
     """Reasoning-augmented medical retrieval on R2MED: query expansion and search agents over BM25 and dense indexes, scored with trec_eval."""
+    from r2med_agent.plugins import add_plugin_modules, load_plugins
+
+    add_plugin_modules(plugin)
+    load_plugins()  # every command: an installed plugin that fails says so at once
 
 
 def _flag_type(self: TyperOption, ctx: Any) -> str | None:
@@ -60,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     # Records go above a progress bar on screen, not into it (progress.log_handler).
     logging.basicConfig(level=logging.WARNING, handlers=[progress.log_handler(sys.stderr)])
     logging.getLogger("r2med_agent").setLevel(logging.INFO)
-    _register()
     try:
+        _register()
         # Standalone mode: click prints usage errors (unknown option, bad value) as one message
         # with exit code 2 and handles --help; our own errors propagate to the handler below.
         app(args=argv, standalone_mode=True)

@@ -1,7 +1,9 @@
 """The LLM registry: ``configs/llms.yaml`` (plus the user's ``llms:`` section) read into
 :class:`LLMSpec`, and :func:`make_backend`, which turns a spec into a backend.
 
-Adding a backend is one class plus one line in :data:`BACKENDS`. Backends import their heavy
+Adding a backend is one class, registered as ``register("llm-backends", name, cls)``
+(:mod:`r2med_agent.plugins`) from your own package, or as one line in :data:`BACKENDS` for a
+built-in one; an entry with ``backend: name`` then builds it. Backends import their heavy
 dependencies (vllm, llama_cpp) lazily, so reading the registry never needs them.
 """
 
@@ -16,18 +18,28 @@ from urllib.parse import urlparse
 from r2med_agent.config import load_registry, lookup
 from r2med_agent.llm.base import LLM
 from r2med_agent.llm.parsing import ReasoningFormat
+from r2med_agent.plugins import PluginError, Registry
 from r2med_agent.redaction import redact_url
 from r2med_agent.types import SAMPLING_KNOBS, SamplingParams, sampling_problems
 
-Backend = Literal["vllm", "openai", "local", "python"]
+Backend = str
+"""A name of :data:`BACKENDS`: ``vllm``, ``openai``, ``local``, ``python`` or a registered one."""
 
-BACKENDS: dict[str, str] = {
+
+def _check_backend(registry: Registry[Any], name: str, backend: Any) -> Any:
+    if not (callable(backend) or (isinstance(backend, str) and ":" in backend)):
+        raise PluginError(f"LLM backend '{name}' must be a class taking the LLMSpec, or its 'module:Class' path, "
+                          f"got {backend!r}")
+    return backend
+
+
+BACKENDS: Registry[Any] = Registry("llm-backends", {
     "vllm": "r2med_agent.llm.vllm_backend:VLLMBackend",
     "openai": "r2med_agent.llm.openai_compat:OpenAICompatBackend",
     "local": "r2med_agent.llm.local:LlamaCppBackend",
     "python": "r2med_agent.api:PythonLLM",  # a function registered with r2med_agent.api
-}
-"""Backend name -> ``module:class``; the class takes the spec as its only argument."""
+}.items(), _check_backend)
+"""Backend name -> its class or ``module:class`` path; the class takes the spec as its only argument."""
 
 PROMPT_PATH_BACKENDS = ("vllm",)
 """The backends that read an entry's ``prompt_path`` (``run --llm-prompt``); for the others the
@@ -60,7 +72,8 @@ class LLMSpec:
 
     backend: Backend
     """``vllm`` (offline vLLM engine), ``openai`` (any OpenAI-compatible HTTP endpoint:
-    OpenAI, ``vllm serve``, ``llama_cpp.server``, SGLang) or ``local`` (llama.cpp in-process)."""
+    OpenAI, ``vllm serve``, ``llama_cpp.server``, SGLang), ``local`` (llama.cpp in-process) or
+    another name of :data:`BACKENDS` (a registered backend)."""
 
     model: str
     """The model: a Hugging Face id or local directory (vllm), the served model name (openai),
@@ -216,6 +229,8 @@ class LLMSpec:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        if self.backend not in BACKENDS:
+            problems.append(f"backend {self.backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
         if not self.model:
             problems.append("model must not be empty")
         problems += sampling_problems(self.default_sampling())
@@ -302,8 +317,10 @@ def get_llm_spec(name: str) -> LLMSpec:
 
 def make_backend(spec: LLMSpec) -> LLM:
     """Build the (uncached) backend for ``spec``; its heavy dependencies import lazily."""
-    module_name, _, class_name = BACKENDS[spec.backend].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = BACKENDS[spec.backend]
+    if isinstance(cls, str):
+        module_name, _, class_name = cls.partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
     return cls(spec)
 
 

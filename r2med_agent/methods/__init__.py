@@ -1,6 +1,7 @@
 """Methods: how a query becomes what the retriever searches with.
 
-A new method is one class plus one line in :data:`METHODS`. Single-shot expansion methods
+A new method is one class, registered: a line in :data:`METHODS` for a built-in one,
+``register("methods", name, cls)`` (:mod:`r2med_agent.plugins`) from your own package. Single-shot expansion methods
 (``none``, ``hyde``, ``query2doc``, ``lamer``) implement :class:`ExpansionMethod`'s
 ``build_prompts`` / ``to_requests``; agentic methods (``search-r1``, ``search-o1``) have
 ``agentic = True`` and ``run(...)``.
@@ -14,13 +15,21 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.methods.agentic import SearchO1, SearchR1
 from r2med_agent.methods.base import ExpansionMethod, NoneMethod
 from r2med_agent.methods.expansion import HyDE, LameR, Query2Doc, Reason
+from r2med_agent.plugins import PluginError, Registry
 
 __all__ = [
     "METHODS", "ExpansionMethod", "HyDE", "LameR", "NoneMethod", "Query2Doc", "Reason", "SearchO1", "SearchR1",
     "get_method",
 ]
 
-METHODS: dict[str, type[Any]] = {
+
+def _check_method(registry: Registry[type[Any]], name: str, cls: type[Any]) -> type[Any]:
+    if not isinstance(cls, type):
+        raise PluginError(f"method '{name}' must be a class (an ExpansionMethod or an agentic method), got {cls!r}")
+    return cls
+
+
+METHODS: Registry[type[Any]] = Registry("methods", {
     # Single-shot query expansion (r2med_agent/methods/expansion.py).
     "none": NoneMethod,
     "hyde": HyDE,
@@ -31,7 +40,7 @@ METHODS: dict[str, type[Any]] = {
     # Agentic reasoning-search loops (r2med_agent/methods/agentic.py): one line per method here.
     "search-r1": SearchR1,
     "search-o1": SearchO1,
-}
+}.items(), _check_method)
 """Method registry: name -> class. Classes are constructed with no required arguments."""
 
 

@@ -16,7 +16,10 @@ hybrid       ``hakari-hybrid[-safeguard]``, rebuilt with    fixed   yes
              the ``harrier`` encoder
 run-files    ``candidates``: TREC run files (``run         fixed   no
              --candidates``), reranked as given
-python:NAME  :func:`register_retriever` (this process)      as registered
+encoders     :data:`ENCODERS`: encoders registered from Python   own     no
+             or a plugin (``register("encoders", ...)``)
+NAME         ``register("retrievers", NAME, kind)`` or    as registered
+             :func:`register_retriever` (a plugin, Python)
 ============ ============================================ ======= ========= ==========================
 
 Every kind declares how it combines a request's query with an LLM's expansion (``combine``):
@@ -34,8 +37,9 @@ apply); ``settings`` names the other run settings that apply to it. The run spec
 declarations to set settings that do not apply back to their defaults, never a retriever's name.
 
 A new kind of retriever is one module (a class with ``name`` and ``search(requests, k)``, the
-:class:`~r2med_agent.retrieval.base.Retriever` protocol) plus one line in :data:`RETRIEVER_KINDS`:
-``"mine": RetrieverKind(names, build, combine="text")``, where ``names()`` lists its words and
+:class:`~r2med_agent.retrieval.base.Retriever` protocol) registered from your own package,
+``register("retrievers", "mine", RetrieverKind(names, build, combine="text"))``
+(:mod:`r2med_agent.plugins`; a built-in kind is one line in :data:`RETRIEVER_KINDS`), where ``names()`` lists its words and
 ``build(word, task, options)`` makes the retriever of one word over a task's corpus, reading what
 it needs from the :class:`RetrieverOptions`. Modules are imported inside ``build``, so listing
 the names stays cheap.
@@ -56,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from r2med_agent.errors import ConfigError, did_you_mean
+from r2med_agent.plugins import PluginError, Registry
 from r2med_agent.retrieval.base import Retriever
 from r2med_agent.retrieval.bm25.retriever import BM25Options
 from r2med_agent.retrieval.dense.spec import EncoderOptions
@@ -67,7 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from r2med_agent.types import Task
 
 __all__ = [
-    "BM25_SPECS", "COMBINES", "RETRIEVER_KINDS", "RUN_FILES", "RetrieverKind", "RetrieverOptions", "make_retriever",
+    "BM25_SPECS", "COMBINES", "ENCODERS", "RETRIEVER_KINDS", "RUN_FILES", "RetrieverKind", "RetrieverOptions", "make_retriever",
     "register_retriever", "retriever_kind", "retriever_names", "unregister_retriever",
 ]
 
@@ -212,7 +217,49 @@ def _build_run_files(word: str, task: Task, options: RetrieverOptions) -> Retrie
     return CandidateRunRetriever.for_task(task, given, files.allow_missing)  # type: ignore[union-attr]
 
 
-RETRIEVER_KINDS: dict[str, RetrieverKind] = {
+def _word_owner(word: str, but: str | None = None) -> str | None:
+    """The kind (other than ``but``) whose names list ``word``, read without loading plugins."""
+    return next((key for key, kind in RETRIEVER_KINDS.registered().items() if key != but and word in kind.names()), None)
+
+
+def _check_word(name: str, but: str | None = None) -> None:
+    if not name or "+" in name or "/" in name:
+        raise PluginError(f"retriever name {name!r} must be non-empty, without '+' or '/'")
+    owner = _word_owner(name, but)
+    if owner is not None:
+        raise PluginError(f"retriever name '{name}' is taken by the registry (kind {owner}); choose another")
+
+
+def _check_kind(registry: Registry[RetrieverKind], key: str, kind: RetrieverKind) -> RetrieverKind:
+    if not isinstance(kind, RetrieverKind):
+        raise PluginError(f"retriever kind '{key}' must be a RetrieverKind, got {type(kind).__name__}")
+    for word in kind.names():
+        _check_word(word, but=key)
+    return kind
+
+
+def _check_encoder(registry: Registry[Callable[[], Any]], name: str, factory: Callable[[], Any]) -> Callable[[], Any]:
+    if not callable(factory):
+        raise PluginError(f"encoder '{name}' must be a function of no arguments returning an encoder, got {factory!r}")
+    _check_word(name, but="encoders")
+    return factory
+
+
+ENCODERS: Registry[Callable[[], Any]] = Registry("encoders", prepare=_check_encoder)
+"""Encoder name -> a function of no arguments that returns the encoder (an object with ``spec`` and
+``encode(texts, side=, prefix=, titles=)``, :class:`~r2med_agent.retrieval.dense.spec.Encoder`);
+each name is a ``--retriever`` word, a dense retriever over that encoder (its embeddings are not
+cached: the registry cannot tell when its weights change)."""
+
+
+def _build_registered_encoder(word: str, task: Task, options: RetrieverOptions) -> Retriever:
+    from r2med_agent.retrieval.dense.index import DenseRetriever
+
+    encoder_options = EncoderOptions(use_cache=False, show_progress=options.encoder.show_progress)
+    return DenseRetriever.for_task(task, ENCODERS[word](), encoder_options)
+
+
+RETRIEVER_KINDS: Registry[RetrieverKind] = Registry("retrievers", {
     "bm25": RetrieverKind(lambda: list(BM25_SPECS), _build_bm25, combine="own", settings=("bm25_k1", "bm25_b")),
     "dense": RetrieverKind(_encoder_names, _build_dense, combine="own", has_model=True,
                            settings=("exclude_identical_ids",), encoders=lambda word: [word]),
@@ -220,12 +267,10 @@ RETRIEVER_KINDS: dict[str, RetrieverKind] = {
     "hybrid": RetrieverKind(_rebuilt_names, _build_candidates, combine="fixed", has_model=True,
                             encoders=_hybrid_encoders),
     "run-files": RetrieverKind(lambda: [RUN_FILES], _build_run_files, combine="fixed"),
-}
+    "encoders": RetrieverKind(lambda: list(ENCODERS), _build_registered_encoder, combine="own"),
+}.items(), _check_kind)
 """Kind -> its names, builder and declarations, in the order :func:`retriever_names` lists them;
-:func:`register_retriever` adds a ``python:<name>`` kind per name."""
-
-PYTHON_KIND = "python:"
-"""Prefix of the kinds :func:`register_retriever` adds."""
+``register("retrievers", ...)`` and :func:`register_retriever` add kinds."""
 
 
 def retriever_names() -> list[str]:
@@ -255,18 +300,15 @@ def register_retriever(name: str, factory: Callable[[Task], Retriever], *, combi
         has_model: ``--precision`` and ``--encoder-backend`` change what it does.
         settings: other run settings that apply to it.
     """
-    if not name or "+" in name or "/" in name:
-        raise ConfigError(f"retriever name {name!r} must be non-empty, without '+' or '/'")
-    if any(name in kind.names() for key, kind in RETRIEVER_KINDS.items() if key != PYTHON_KIND + name):
-        raise ConfigError(f"retriever name '{name}' is taken by the registry; choose another")
-    RETRIEVER_KINDS[PYTHON_KIND + name] = RetrieverKind(
+    RETRIEVER_KINDS.register(name, RetrieverKind(
         lambda: [name], lambda word, task, options: factory(task), combine=combine, has_model=has_model,
-        settings=tuple(settings))
+        settings=tuple(settings)), replace=True)
 
 
 def unregister_retriever(name: str) -> None:
-    """Forget a name of :func:`register_retriever` (nothing happens for an unknown name)."""
-    RETRIEVER_KINDS.pop(PYTHON_KIND + name, None)
+    """Forget a name of :func:`register_retriever` (nothing happens for an unknown or a built-in name)."""
+    if RETRIEVER_KINDS.origin(name) not in (None, "built in"):
+        del RETRIEVER_KINDS[name]
 
 
 def make_retriever(spec: str, task: Task, *, options: RetrieverOptions | None = None, **keywords: Any) -> Retriever:

@@ -17,8 +17,9 @@ setwise             yes      no        yes           ``rerank-setwise``
 
 A new kind is one module (a class following the
 :class:`~r2med_agent.retrieval.rerank.spec.Reranker` protocol, with a builder
-``build(entry, options) -> reranker``) plus one line here, ``"mine": RerankerKind(build=...,
-...)``; docs/rerankers.md, "Adding a reranker". The built-in kinds name their builders by import
+``build(entry, options) -> reranker``) registered as ``register("rerankers", "mine",
+RerankerKind(build=..., ...))`` (:mod:`r2med_agent.plugins`), from your own package or, for a
+built-in kind, as one line here; docs/rerankers.md, "Adding a reranker". The built-in kinds name their builders by import
 path (``module:attribute``), so this table sits below the classes it lists and importing it loads
 none of them; a kind registered from Python may give the builder itself.
 """
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from r2med_agent.plugins import PluginError, Registry
 
 __all__ = ["RERANKER_KINDS", "RerankerKind", "RerankerOptions", "llm_kinds", "reranker_kind"]
 
@@ -155,7 +158,15 @@ def _setwise_work(entry: Any, k: int, doc: float, n_queries: int) -> tuple[str, 
 
 _FACTORY = "r2med_agent.retrieval.rerank.factory"
 
-RERANKER_KINDS: dict[str, RerankerKind] = {
+
+
+def _check_kind(registry: Registry[RerankerKind], name: str, kind: RerankerKind) -> RerankerKind:
+    if not isinstance(kind, RerankerKind):
+        raise PluginError(f"reranker kind '{name}' must be a RerankerKind, got {type(kind).__name__}")
+    return kind
+
+
+RERANKER_KINDS: Registry[RerankerKind] = Registry("rerankers", {
     "cross-encoder": RerankerKind(f"{_FACTORY}:build_cross_encoder", has_model=True,
                                   about="a scoring model over (query, document) pairs"),
     "listwise": RerankerKind(f"{_FACTORY}:build_llm_reranker", uses_llm=True, batches_tasks=True,
@@ -172,7 +183,7 @@ RERANKER_KINDS: dict[str, RerankerKind] = {
     "setwise": RerankerKind(f"{_FACTORY}:build_setwise", uses_llm=True, batches_tasks=True,
                             prompt_folder="rerank-setwise", published_formats=("default",), work=_setwise_work,
                             about="an LLM picks the best of small sets in a heap sort, Rank-R1's way"),
-}
+}.items(), _check_kind)
 """Kind -> its declaration, in the order listings show them."""
 
 
