@@ -437,9 +437,9 @@ def reproduce(grid: Grid, opts: ReproduceOptions, ray: str | None = None) -> Com
     planned = plan(grid, opts)
     _have_prompts(planned)
     if ray is not None:
-        from r2med_agent.grids.cluster import build_jobs, ray_address, run_on_ray
+        from r2med_agent.grids.cluster import run_grid
 
-        run_on_ray(build_jobs(planned, opts), ray_address(ray))
+        run_grid(planned, opts, ray)
         return results_table(grid, opts, plan(grid, opts))
     for i, p in enumerate(planned):
         if not p.pending:

@@ -52,13 +52,9 @@ def build_jobs(planned: Sequence[Any], opts: Any) -> list[RowJob]:
     from r2med_agent.methods import get_method
     from r2med_agent.methods.base import capabilities
 
-    output = Path(opts.output_dir)
-    if output.is_absolute():
-        raise ConfigError(f"--ray: give --output-dir relative to this folder, not {output} (result files "
-                          "record it as given, and workers write theirs in their own scratch folders)")
     user = user_config_path()
     options = RowOptions(
-        output_dir=str(output), data_dir=str(opts.data_dir) if opts.data_dir else None,
+        output_dir=str(opts.output_dir), data_dir=str(opts.data_dir) if opts.data_dir else None,
         data_root=str(Path(opts.data_dir).resolve()) if opts.data_dir else None,
         allow_count_mismatch=opts.allow_count_mismatch,
         candidates=str(Path(opts.candidates).resolve()) if opts.candidates else None,
@@ -120,6 +116,15 @@ def cluster_gpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("GPU", 0))
+
+
+def run_grid(planned: Sequence[Any], opts: Any, address: str, log: Callable[[str], None] = logger.info) -> None:
+    """Run the pending rows of ``planned`` on the Ray cluster at ``address`` (``reproduce --ray``)."""
+    output = Path(opts.output_dir)
+    if output.is_absolute():
+        raise ConfigError(f"--ray: give --output-dir relative to this folder, not {output} (result files "
+                          "record it as given, and workers write theirs in their own scratch folders)")
+    run_on_ray(build_jobs(planned, opts), ray_address(address), log)
 
 
 def run_on_ray(jobs: Sequence[RowJob], address: str | None, log: Callable[[str], None] = logger.info) -> None:
