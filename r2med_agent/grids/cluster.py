@@ -184,6 +184,7 @@ def write_output(out: RowOutput, output_dir: Path) -> None:
     generation cache, its embedding folders under the cache directory (each whole, where
     missing), then its result files under ``output_dir``, each written atomically."""
     from r2med_agent.llm import default_cache_path
+    from r2med_agent.io import atomic_write_bytes
     from r2med_agent.llm.cache import GenerationCache
     from r2med_agent.paths import cache_dir
 
@@ -197,31 +198,15 @@ def write_output(out: RowOutput, output_dir: Path) -> None:
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{folder}.", suffix=".tmp"))
         for rel, data in out.embeddings.items():
             if rel.startswith(f"{folder}/"):
-                _write_bytes(tmp / rel.split("/", 1)[1], data)
+                atomic_write_bytes(tmp / rel.split("/", 1)[1], data)
         try:
             os.replace(tmp, root / folder)
         except OSError:  # another writer was first: theirs is the same
             shutil.rmtree(tmp, ignore_errors=True)
     # The result file (.json) last, after the run files: it is what marks a row done.
     for rel in sorted(out.files, key=lambda r: r.endswith(".json")):
-        _write_bytes(output_dir / rel, out.files[rel])
+        atomic_write_bytes(output_dir / rel, out.files[rel])
 
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    from r2med_agent.io import set_default_mode, temp_prefix
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        set_default_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def schedule_text(planned: Sequence[Any], opts: Any, address: str, gpus: int | None = None) -> str:
