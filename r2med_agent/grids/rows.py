@@ -7,8 +7,8 @@ generations the driver has and those of the row it depends on), its result tree 
 embedding cache live there; task data, hub snapshots and the authors' prompts are read from the
 node's own cache. It returns everything it made (:class:`RowOutput`); only the driver writes the
 result tree and the caches. A row killed mid-run and retried on the same node finds the
-generations its first attempt committed in the same scratch folder (keyed by the row), so at
-most the requests in flight are sent again.
+generations its first attempt committed in the same scratch folder (keyed by the row and the
+grid run), so at most the requests in flight are sent again.
 """
 
 from __future__ import annotations
@@ -121,10 +121,12 @@ def resolve_row(job: RowJob):  # -> RunConfig (imported lazily: workers import i
     return cfg
 
 
-def scratch_dir(job: RowJob) -> Path:
-    """The row's scratch folder on this node (the same for a retry of the row)."""
+def scratch_dir(job: RowJob, run: str = "") -> Path:
+    """The row's scratch folder on this node for the grid run ``run`` (the driver's Ray job):
+    the same for a retry of the row, another for the next run (which starts from the driver's
+    caches, never from what a cancelled run left behind)."""
     digest = hashlib.sha256(f"{job.spec_key}\n{','.join(job.tasks)}".encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"r2med-ray-{os.getuid()}" / digest
+    return Path(tempfile.gettempdir()) / f"r2med-ray-{os.getuid()}" / f"{digest}-{run or 'local'}"
 
 
 def run_row(job: RowJob, seed: Sequence[CacheRecord], *stages: RowOutput) -> RowOutput:
@@ -133,8 +135,10 @@ def run_row(job: RowJob, seed: Sequence[CacheRecord], *stages: RowOutput) -> Row
     from r2med_agent.llm import default_cache_path
     from r2med_agent.llm.cache import GenerationCache
 
+    import ray
+
     start = time.monotonic()
-    scratch = scratch_dir(job)
+    scratch = scratch_dir(job, ray.get_runtime_context().get_job_id())
     with _in_scratch(scratch, job.options):
         shutil.rmtree(Path(job.options.output_dir), ignore_errors=True)  # a killed attempt's files
         seeded = [*seed, *(r for s in stages for r in s.records)]

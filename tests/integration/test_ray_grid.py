@@ -1,7 +1,8 @@
 """``reproduce --ray`` on a real two-node Ray cluster on this machine (``-m ray``): a small grid
 whose HyDE rows share one LLM's generations (an OpenAI-compatible server on loopback) gives the
 sequential run's files byte for byte and its request count; a worker SIGKILLed mid-row is
-retried and the grid completes; a driver killed and run again resumes from the caches."""
+retried and the grid completes; Ctrl-C cancels the grid's tasks and the cluster runs the next
+grid; a driver killed and run again resumes from the caches."""
 
 from __future__ import annotations
 
@@ -148,6 +149,30 @@ def test_a_worker_killed_mid_row_is_retried(cluster, sequential, server, tmp_pat
     assert stats["generations"] + stats["cache_hits"] == requests and stats["cache_hits"] >= 3
     # The generations committed before the kill were kept: only the request in flight is sent again.
     assert requests <= len(server.requests) - before <= requests + 1
+
+
+def test_ctrl_c_cancels_the_grids_tasks_and_leaves_the_cluster_usable(cluster, server, tmp_path):
+    before = len(server.requests)
+    server.delay_s = 0.4
+    try:
+        proc = _reproduce(tmp_path, _setup(tmp_path, server.base_url), "--ray", cluster.address)
+        deadline = time.monotonic() + 180
+        while len(server.requests) < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode != 0, out
+        deadline = time.monotonic() + 30
+        while cluster.row_workers() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert cluster.row_workers() == []  # the row's task was cancelled, its worker ended
+        sent = len(server.requests)
+        time.sleep(2)
+        assert len(server.requests) == sent < before + 12  # nothing more is asked
+    finally:
+        server.delay_s = 0.0
+    assert not list((tmp_path / "results").glob(MAKER))  # no partial result
+    # The next test runs a whole grid on the same cluster.
 
 
 def test_a_driver_killed_and_run_again_resumes_from_the_caches(cluster, sequential, server, tmp_path):
