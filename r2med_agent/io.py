@@ -28,7 +28,13 @@ from r2med_agent.errors import ConfigError, DataError, DiskFullError
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that a killed process never leaves a half-written file.
+    """Write ``text`` to ``path`` (UTF-8) so that a killed process never leaves a half-written
+    file (:func:`atomic_write_bytes`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that a killed process never leaves a half-written file.
 
     A regular file (or a new one) is written through a temporary file in the same folder and
     ``os.replace``. A symlink is followed: its target is written the same way, the link stays. A
@@ -44,11 +50,10 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     if target.exists() and not target.is_file():
         if target.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(given))
-        with open(target, "w", encoding="utf-8") as f:  # a device or FIFO: written in place
-            f.write(text)
+        with open(target, "wb") as f:  # a device or FIFO: written in place
+            f.write(data)
         return given
     target.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -36,7 +36,8 @@ missing):
 Tiers that must not pass by skipping (:data:`REQUIRED_TIERS`): every test of the conformance
 suite (``tests/conformance/``) skips with the reason when the pinned copies of the authors' code,
 Java 21+, pyserini or the SmolLM2 test model are missing, and the real-Lucene parity tests
-(``tests/integration/test_lucene_parity.py``) when pyserini or Java 21+ is. With
+(``tests/integration/test_lucene_parity.py``) when pyserini or Java 21+ is, and the Ray grid
+tests (``tests/integration/test_ray_grid.py``, ``R2MED_REQUIRE_RAY``) when ray is. With
 ``R2MED_REQUIRE_CONFORMANCE=1`` or ``R2MED_REQUIRE_LUCENE=1`` (CI sets both), any skip in that tier,
 at collection or in a test, is reported as a failure with the skip's reason.
 """
@@ -156,6 +157,7 @@ def fault_proxy(llama_server: LlamaCppServer) -> Iterator[FaultProxy]:
 REQUIRED_TIERS = {
     "R2MED_REQUIRE_CONFORMANCE": ("conformance",),
     "R2MED_REQUIRE_LUCENE": ("integration", "test_lucene_parity.py"),
+    "R2MED_REQUIRE_RAY": ("integration", "test_ray_grid.py"),
 }
 """The switch that requires a tier -> the tier's path under ``tests/`` (a folder or a file)."""
 _TESTS = Path(__file__).resolve().parent

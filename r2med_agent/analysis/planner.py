@@ -424,14 +424,23 @@ def _run_one(entry: GridEntry, opts: ReproduceOptions, tasks: Sequence[str]) -> 
                                     opts.candidates))
 
 
-def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
+def reproduce(grid: Grid, opts: ReproduceOptions, ray: str | None = None) -> ComparisonTable:
     """Run every entry's pending tasks, then compare the grid's results with the paper.
+
+    Args:
+        ray: run the pending rows as tasks on the Ray cluster at this address
+            (:mod:`r2med_agent.grids.cluster`); None: one after another in this process.
 
     Returns:
         The comparison table (rows in grid order, published scores beside ours).
     """
     planned = plan(grid, opts)
     _have_prompts(planned)
+    if ray is not None:
+        from r2med_agent.grids.cluster import run_grid
+
+        run_grid(planned, opts, ray)
+        return results_table(grid, opts, plan(grid, opts))
     for i, p in enumerate(planned):
         if not p.pending:
             logger.info("[%d/%d] %s: results exist, skipped", i + 1, len(planned), p.entry.label)

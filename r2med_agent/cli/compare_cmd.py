@@ -161,6 +161,8 @@ def reproduce_command(
     allow_count_mismatch: bool = typer.Option(False, "--allow-count-mismatch", help="Use --data-dir copies whose query or document counts differ from the registry's (as `run --allow-count-mismatch`)."),
     candidates: Optional[Path] = typer.Option(None, "--candidates", help="First-stage run files for the grid's entries that rerank given runs (frontier: ReasonRank's runs/ folder); checked against the hash each entry holds."),
     fmt: str = typer.Option("rich", "--format", help="Closing table: rich, md or csv."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run the pending rows as tasks on a Ray cluster: an address (ray://... or host:port), 'auto' (the running cluster), 'env' ($RAY_ADDRESS) or 'local' (starts one on this machine); docs/cluster.md."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="With --dry-run --ray: the GPUs to schedule on instead of the cluster's."),
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
     from r2med_agent.data import task_names
@@ -181,7 +183,12 @@ def reproduce_command(
     )
     if dry_run:
         typer.echo(f"{grid.title} ({grid.path.name})")
-        typer.echo(format_plan(plan(grid, opts)), nl=False)
+        planned = plan(grid, opts)
+        typer.echo(format_plan(planned), nl=False)
         typer.echo(unlisted_published(grid), nl=False)
+        if ray is not None:
+            from r2med_agent.grids.cluster import schedule_text
+
+            typer.echo(schedule_text(planned, opts, ray, gpus))
         return
-    _emit(reproduce(grid, opts), _format_for(fmt, None), None)
+    _emit(reproduce(grid, opts, ray=ray), _format_for(fmt, None), None)
