@@ -12,9 +12,18 @@ import sys
 import time
 from pathlib import Path
 
-from tests.llm_server import LOOPBACK, free_port
+from tests.llm_server import free_port
 
 OBJECT_STORE = str(80 * 2**20)  # bytes; Ray's least is 75 MiB
+
+
+def node_ip() -> str:
+    """The address Ray gives this machine: ``ray.init`` turns 127.0.0.1 into it (the interface of
+    the default route, or loopback without one), so the nodes must be started on it too, or a
+    client that was given 127.0.0.1 connects elsewhere and finds no cluster."""
+    import ray.util
+
+    return str(ray.util.get_node_ip_address())
 
 
 class RayCluster:
@@ -27,7 +36,8 @@ class RayCluster:
     def __init__(self, root: Path, logs: Path, head_cpus: int = 2, worker_cpus: int = 1) -> None:
         self.root, self.logs = root, logs
         self.port = free_port()
-        self.address = f"{LOOPBACK}:{self.port}"
+        self.ip = node_ip()
+        self.address = f"{self.ip}:{self.port}"
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
         self.env.pop("RAY_ADDRESS", None)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -39,7 +49,7 @@ class RayCluster:
 
     def _start_nodes(self, head_cpus: int, worker_cpus: int) -> None:
         common = ["--block", "--disable-usage-stats", "--object-store-memory", OBJECT_STORE, "--num-gpus", "0",
-                  "--node-ip-address", LOOPBACK]
+                  "--node-ip-address", self.ip]
         self._start(["--head", f"--port={self.port}", "--include-dashboard=false", f"--temp-dir={self.root}",
                      f"--num-cpus={head_cpus}", *_ports(), *common], "head")
         self._wait_nodes(1)
@@ -58,7 +68,7 @@ class RayCluster:
         while time.monotonic() < end:
             self._check_alive()
             try:
-                socket.create_connection((LOOPBACK, self.port), timeout=1).close()
+                socket.create_connection((self.ip, self.port), timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.5)
