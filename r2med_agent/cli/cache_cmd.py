@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.errors import ConfigError, DataError
 
 cache_app = typer.Typer(

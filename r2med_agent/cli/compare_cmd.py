@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.errors import ConfigError
 
 _RESULTS_HELP = "Result directories (the runner's --output-dir, or any folder inside it). Default: results."

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 
 prompts_app = typer.Typer(
     help="Prompt files: the authors' prompts at pinned commits (fetch, list, import from a clone), or a "

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.experiment.spec import field_help as _field_help
 
 
