@@ -151,7 +151,7 @@ FILES_CASES = {
 
 
 def _grouprank(kind: str) -> None:
-    from r2med_agent.retrieval.rerank.groupwise import grouprank_answer, parse_group_scores
+    from r2med_agent.rerank.groupwise import grouprank_answer, parse_group_scores
 
     scores = ", ".join(f'"[{i}]": {i % 10}' for i in range(1, 11))
     text = ("The passages differ in how closely they match. " * 45 + f"<answer>{{{scores}}}</answer>"
@@ -217,7 +217,7 @@ def files_child(what: str, kind: str) -> None:
     import r2med_agent.config  # noqa: F401 - imported first: the figures are the cases' alone
     import r2med_agent.data  # noqa: F401
     import r2med_agent.llm.cache_repair  # noqa: F401
-    import r2med_agent.retrieval.rerank.groupwise  # noqa: F401
+    import r2med_agent.rerank.groupwise  # noqa: F401
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -507,7 +507,7 @@ def _pairs(text: str) -> tuple[float, dict]:
     from transformers import AutoTokenizer
 
     from r2med_agent.retrieval.dense.models import resolve_model_path
-    from r2med_agent.retrieval.rerank.cross_encoder import pair_token_ids
+    from r2med_agent.rerank.cross_encoder import pair_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(_minilm_spec().model))
     t0 = time.perf_counter()

@@ -47,7 +47,7 @@ def _forced(spec) -> str | None:  # noqa: ANN001 - RerankerSpec
 def _user_config(path: Path, backend: str, names: list[str], model: str, base_url: str | None) -> dict[str, str]:
     """A user config whose rerankers are the shipped entries over the vLLM engine or server;
     returns shipped name -> its copy's name."""
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from r2med_agent.rerank.spec import get_reranker_spec
     from tests.vllm_server import ENGINE_SETTINGS
 
     # The server's engine settings (tests/vllm_server.py), both without prefix caching.

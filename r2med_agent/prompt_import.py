@@ -126,7 +126,7 @@ def run_prompt_folders(method: str, generations: str, reranker: str) -> list[str
     adds none."""
     folders = [method] if generations == "fresh" and _generates(method) else []
     if reranker:
-        from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+        from r2med_agent.rerank.spec import get_reranker_spec
 
         try:
             folder = get_reranker_spec(reranker).prompt_folder

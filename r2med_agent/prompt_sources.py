@@ -168,7 +168,7 @@ def renderers(method: str, llm: str | None, generations: str, reranker: str | No
 
     out: list[tuple[str, str | None]] = [(f, llm) for f in run_prompt_folders(method, generations, "")]
     if reranker:
-        from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+        from r2med_agent.rerank.spec import get_reranker_spec
 
         try:
             entry = get_reranker_spec(reranker)

@@ -204,7 +204,7 @@ class Registries:
     def load(cls) -> Registries:
         from r2med_agent.llm.registry import load_llm_specs
         from r2med_agent.retrieval.dense.spec import encoder_registry
-        from r2med_agent.retrieval.rerank.spec import reranker_registry
+        from r2med_agent.rerank.spec import reranker_registry
 
         return cls(load_llm_specs(), encoder_registry(), reranker_registry(), load_models())
 

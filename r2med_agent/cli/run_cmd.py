@@ -343,7 +343,7 @@ def rerankers_command(
     """List the reranker registry: kind (cross-encoder, listwise, pointwise-reasoning, groupwise,
     setwise), model (a cross-encoder's checkpoint, an LLM reranker's LLM) and input format."""
     from r2med_agent.config import set_user_config
-    from r2med_agent.retrieval.rerank.spec import reranker_registry
+    from r2med_agent.rerank.spec import reranker_registry
 
     if config is not None:
         set_user_config(config)

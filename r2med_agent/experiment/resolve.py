@@ -13,7 +13,7 @@ declare, never their names:
   (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`), and an encoder entry's
   ``encoder_rules`` (the version at which its settings last changed);
 - a reranker kind's ``has_model`` and ``published_formats``
-  (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`);
+  (:data:`~r2med_agent.rerank.kinds.RERANKER_KINDS`);
 - an LLM entry's default sampling and backend, and the authors' prompt sources the run renders.
 
 A setting that does not apply is set back to its default and an explicit default is dropped, so
@@ -80,7 +80,7 @@ class Registries:
         """The reranker entry ``name`` (None: none given, or unknown: reported where it is built)."""
         if not name:
             return None
-        from r2med_agent.retrieval.rerank.spec import reranker_registry
+        from r2med_agent.rerank.spec import reranker_registry
 
         return reranker_registry().get(name)
 

@@ -284,7 +284,7 @@ def model_precisions(cfg: RunConfig) -> dict[str, str]:
     """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
     or its registry entry's; on a CPU everything runs in float32), by registry name."""
     from r2med_agent.retrieval.dense.spec import encoder_registry
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from r2med_agent.rerank.spec import get_reranker_spec
 
     encoders = encoder_registry()
     names = {p for spec in (cfg.retriever, cfg.loop_retriever or "") for p in member_names(spec)}

@@ -11,8 +11,8 @@ from r2med_agent.config import build
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
 from r2med_agent.llm.registry import LLMSpec
-from r2med_agent.retrieval.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import SamplingParams, SearchRequest
 from tests.result_trees import read_trec_run
 from tests.sample_subset import sample_subset

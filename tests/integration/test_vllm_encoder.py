@@ -141,7 +141,7 @@ def test_encoders_command_lists_vllm_support() -> None:
     from typer.testing import CliRunner
 
     import r2med_agent.cli.run_cmd  # noqa: F401  (registers the command)
-    from r2med_agent.cli.app import app
+    from r2med_agent.cli.common import app
 
     result = CliRunner().invoke(app, ["encoders"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output

@@ -182,8 +182,8 @@ def _component_names() -> set[str]:
     from r2med_agent.methods import METHODS
     from r2med_agent.retrieval import retriever_names
     from r2med_agent.retrieval.registry import RETRIEVER_KINDS
-    from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS
-    from r2med_agent.retrieval.rerank.spec import reranker_registry
+    from r2med_agent.rerank.kinds import RERANKER_KINDS
+    from r2med_agent.rerank.spec import reranker_registry
 
     return ({"none"} | set(METHODS) | set(RETRIEVER_KINDS) | set(retriever_names()) | set(RERANKER_KINDS)
             | set(reranker_registry()) | set(load_registry("llms", LLMSpec)))
@@ -241,8 +241,8 @@ def test_the_runner_imports_no_concrete_component() -> None:
     modules = _modules()
     runner = "r2med_agent.experiment.runner"
     allowed = {"r2med_agent.methods", "r2med_agent.methods.base", "r2med_agent.retrieval",
-               "r2med_agent.retrieval.base", "r2med_agent.retrieval.registry", "r2med_agent.retrieval.rerank",
-               "r2med_agent.retrieval.rerank.base", "r2med_agent.retrieval.rerank.kinds", "r2med_agent.llm",
+               "r2med_agent.retrieval.base", "r2med_agent.retrieval.registry", "r2med_agent.rerank",
+               "r2med_agent.rerank.base", "r2med_agent.rerank.kinds", "r2med_agent.llm",
                "r2med_agent.llm.base", "r2med_agent.llm.registry"}
     concrete = sorted(m for m in _imports(runner, modules[runner], modules)
                       if m.split(".")[1] in ("methods", "retrieval", "llm") and m not in allowed)

@@ -176,7 +176,8 @@ def test_configure_refuses_a_negative_interval() -> None:
 def test_run_help_says_progress_is_on_with_lines_in_a_file() -> None:
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "400"}).output

@@ -22,7 +22,8 @@ from tests.result_trees import GOOD, MIXED, WEAK, ranking, read_json, write_resu
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app

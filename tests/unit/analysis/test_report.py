@@ -347,7 +347,8 @@ def test_legends_fit_their_plots_in_chromium_and_in_the_pngs(tmp_path: Path):
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app

@@ -37,7 +37,8 @@ def write_rerank_result(out: Path, task: str, reranker: str, config: dict | None
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app

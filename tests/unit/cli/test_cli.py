@@ -189,9 +189,10 @@ def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
     entries of your own go."""
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
-    from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS
-    from r2med_agent.retrieval.rerank.spec import reranker_registry
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
+    from r2med_agent.rerank.kinds import RERANKER_KINDS
+    from r2med_agent.rerank.spec import reranker_registry
 
     config = tmp_path / "mine.yaml"
     config.write_text("rerankers:\n  my-ce: {model: /models/my-cross-encoder}\n")
@@ -219,7 +220,8 @@ def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
 def test_flags_have_no_bool_tag_in_help():
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
@@ -302,7 +304,8 @@ def test_run_help_at_80_columns_cuts_no_option_name():
     import typer
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80"}).output

@@ -13,7 +13,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
 from r2med_agent.retrieval.dense.torch_utils import precision_record, resolve_autocast, resolve_dtype
-from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+from r2med_agent.rerank.spec import get_reranker_spec
 
 # What the reference's utils.py loads each model in: from_pretrained's default (float32) unless it
 # says otherwise; BMRetriever's encode runs under torch.cuda.amp.autocast (fp16); GritLM with

@@ -135,7 +135,7 @@ def test_rankllama_length_is_the_producing_scripts_and_a_run_can_set_it(monkeypa
                                                                         tmp_path: Path) -> None:
     import r2med_agent.retrieval as retrieval
     from r2med_agent.retrieval import make_reranker
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from r2med_agent.rerank.spec import get_reranker_spec
 
     # R2MED's first commit, src/eval_reranker.py: max_length=1024 for its "llama" (RankLLaMA) run
     assert get_reranker_spec("rankllama").max_length == 1024

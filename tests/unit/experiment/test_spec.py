@@ -145,7 +145,8 @@ def _parse_run_args(args: list[str]) -> dict:
     command generates from the spec's fields), without running."""
     import typer
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
     from r2med_agent.cli.run_cmd import spec_values
 
     _register()

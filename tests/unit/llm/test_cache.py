@@ -833,7 +833,8 @@ def test_cli_import_stats_export_roundtrip(tmp_path, capsys):
 def test_cli_help_texts():
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     runner = CliRunner()

@@ -961,7 +961,7 @@ def test_trace_show_renders(tmp_path):
     from typer.testing import CliRunner
 
     import r2med_agent.cli.trace_cmd  # noqa: F401  (registers the command)
-    from r2med_agent.cli.app import app
+    from r2med_agent.cli.common import app
 
     traces = _traces()
     path = tmp_path / "Biology.traces.jsonl"

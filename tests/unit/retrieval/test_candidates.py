@@ -224,7 +224,8 @@ def test_candidate_names_are_retrievers() -> None:
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app

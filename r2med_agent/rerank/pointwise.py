@@ -2,7 +2,7 @@
 pair of every query of every task in ONE ``generate`` call, and a second call reads the
 judgment's probability where the backend gives log-probabilities. The default format ends with
 ``Relevant: yes`` or ``no`` (:func:`judge`); Rank1's stops at its judgment token (:func:`rank1`).
-Ties keep the first-stage order (:func:`~r2med_agent.retrieval.rerank.llm_jobs.sort_by_score`)."""
+Ties keep the first-stage order (:func:`~r2med_agent.rerank.llm_jobs.sort_by_score`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from r2med_agent.progress import part as progress_part
-from r2med_agent.retrieval.rerank import formats
-from r2med_agent.retrieval.rerank.answers import judgment_prefix, parse_judgment, yes_probability
-from r2med_agent.retrieval.rerank.llm_jobs import PromptingReranker, RerankQuery, sort_by_score
+from r2med_agent.rerank import formats
+from r2med_agent.rerank.answers import judgment_prefix, parse_judgment, yes_probability
+from r2med_agent.rerank.llm_jobs import PromptingReranker, RerankQuery, sort_by_score
 from r2med_agent.types import Generation, Message, SamplingParams, TraceStep
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def judge(reranker: PromptingReranker, queries: list[RerankQuery]) -> None:
 
 
 def rank1(reranker: PromptingReranker, queries: list[RerankQuery]) -> None:
-    """Rank1 (:mod:`~r2med_agent.retrieval.rerank.formats`): all pairs in one call that stops
+    """Rank1 (:mod:`~r2med_agent.rerank.formats`): all pairs in one call that stops
     at the judgment token; the score is P(true) of that token. With log-probabilities of the
     generation (vLLM), as Rank1 does: read at the stop, and the answers lacking both tokens
     among the top ones are ended by force in one more call restricted to the two tokens.

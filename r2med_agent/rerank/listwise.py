@@ -1,5 +1,5 @@
 """Listwise reranking (``kind: listwise``): windows slide from the bottom of each query's top
-``k`` up (:func:`~r2med_agent.retrieval.rerank.answers.window_positions`), and each window is
+``k`` up (:func:`~r2med_agent.rerank.answers.window_positions`), and each window is
 re-ordered by the model's permutation; ONE ``generate`` call per window position for all queries
 of all tasks. The formats' prompts and answer reading: ReasonRank's rewritten numbers and answer
 block, InsertRank's first-stage scores beside each candidate."""
@@ -10,9 +10,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from r2med_agent.retrieval.rerank import formats
-from r2med_agent.retrieval.rerank.answers import read_window, window_positions
-from r2med_agent.retrieval.rerank.llm_jobs import PromptingReranker, RerankQuery
+from r2med_agent.rerank import formats
+from r2med_agent.rerank.answers import read_window, window_positions
+from r2med_agent.rerank.llm_jobs import PromptingReranker, RerankQuery
 from r2med_agent.types import Message, TraceStep
 
 logger = logging.getLogger(__name__)

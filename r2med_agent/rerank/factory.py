@@ -1,5 +1,5 @@
 """The reranker of a registry entry (:func:`make_reranker`), built by its kind's declared builder
-(:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`), and the builders of the built-in kinds."""
+(:data:`~r2med_agent.rerank.kinds.RERANKER_KINDS`), and the builders of the built-in kinds."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.rerank.kinds import RerankerOptions
-from r2med_agent.retrieval.rerank.spec import Reranker, RerankerSpec, get_reranker_spec
+from r2med_agent.rerank.kinds import RerankerOptions
+from r2med_agent.rerank.spec import Reranker, RerankerSpec, get_reranker_spec
 
 __all__ = ["build_cross_encoder", "build_groupwise", "build_llm_reranker", "build_setwise", "make_reranker"]
 
@@ -18,7 +18,7 @@ def make_reranker(name: str, *, options: RerankerOptions | None = None, **keywor
 
     Args:
         name: the entry's name.
-        options: what the run passes (:class:`~r2med_agent.retrieval.rerank.kinds.RerankerOptions`:
+        options: what the run passes (:class:`~r2med_agent.rerank.kinds.RerankerOptions`:
             precision and ``max_length`` overrides of a kind with a model, device, backend,
             progress; the LLM kinds' ``llm``, ``cache_path``, ``use_cache``, ``refresh``,
             ``chunk_size``, ``prompts_dir``). Each kind reads what applies to it.
@@ -46,9 +46,9 @@ def make_reranker(name: str, *, options: RerankerOptions | None = None, **keywor
 
 
 def build_cross_encoder(spec: RerankerSpec, options: RerankerOptions) -> Reranker:
-    """A cross-encoder (:class:`~r2med_agent.retrieval.rerank.cross_encoder.PairwiseReranker`), at
+    """A cross-encoder (:class:`~r2med_agent.rerank.cross_encoder.PairwiseReranker`), at
     the run's precision and ``max_length`` where it sets them."""
-    from r2med_agent.retrieval.rerank.cross_encoder import PairwiseReranker
+    from r2med_agent.rerank.cross_encoder import PairwiseReranker
 
     if options.precision is not None:
         spec = dataclasses.replace(spec, precision=options.precision)  # type: ignore[arg-type]
@@ -64,21 +64,21 @@ def _llm_options(options: RerankerOptions) -> dict[str, Any]:
 
 def build_llm_reranker(spec: RerankerSpec, options: RerankerOptions) -> Reranker:
     """A listwise or pointwise-reasoning LLM reranker
-    (:class:`~r2med_agent.retrieval.rerank.llm.LLMReranker`)."""
-    from r2med_agent.retrieval.rerank.llm import LLMReranker
+    (:class:`~r2med_agent.rerank.llm.LLMReranker`)."""
+    from r2med_agent.rerank.llm import LLMReranker
 
     return LLMReranker(spec, **_llm_options(options))  # type: ignore[return-value]
 
 
 def build_groupwise(spec: RerankerSpec, options: RerankerOptions) -> Reranker:
-    """GroupRank's groupwise reranker (:class:`~r2med_agent.retrieval.rerank.groupwise.GroupwiseReranker`)."""
-    from r2med_agent.retrieval.rerank.groupwise import GroupwiseReranker
+    """GroupRank's groupwise reranker (:class:`~r2med_agent.rerank.groupwise.GroupwiseReranker`)."""
+    from r2med_agent.rerank.groupwise import GroupwiseReranker
 
     return GroupwiseReranker(spec, **_llm_options(options))  # type: ignore[return-value]
 
 
 def build_setwise(spec: RerankerSpec, options: RerankerOptions) -> Reranker:
-    """Rank-R1's setwise reranker (:class:`~r2med_agent.retrieval.rerank.setwise.SetwiseReranker`)."""
-    from r2med_agent.retrieval.rerank.setwise import SetwiseReranker
+    """Rank-R1's setwise reranker (:class:`~r2med_agent.rerank.setwise.SetwiseReranker`)."""
+    from r2med_agent.rerank.setwise import SetwiseReranker
 
     return SetwiseReranker(spec, **_llm_options(options))  # type: ignore[return-value]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent.retrieval.rerank import groupwise as gw
+from r2med_agent.rerank import groupwise as gw
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FENCED_RE = re.compile(r"```json\s*([\s\S]+?)\s*```")
@@ -90,7 +90,7 @@ def test_the_readers_give_what_they_gave():
 
 
 _CHILD = """
-from r2med_agent.retrieval.rerank.groupwise import grouprank_answer, parse_group_scores
+from r2med_agent.rerank.groupwise import grouprank_answer, parse_group_scores
 for text in ('{"[1]"' + ' ' * 100_000, '[1]' + ' ' * 100_000, '```json' + ' ' * 100_000 + 'x',
              '{' * 100_000, '<answer>' * 20_000, '<answer>{1' + ' ' * 100_000):
     parse_group_scores(text, 10)

@@ -55,9 +55,9 @@ from typing import Any
 
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.rerank.answers import cut_words
-from r2med_agent.retrieval.rerank.llm import LLMReranker
-from r2med_agent.retrieval.rerank.llm_jobs import (
+from r2med_agent.rerank.answers import cut_words
+from r2med_agent.rerank.llm import LLMReranker
+from r2med_agent.rerank.llm_jobs import (
     RerankJob,
     RerankOutput,
     RerankQuery,
@@ -271,7 +271,7 @@ def grouprank_text(text: str, max_chars: int) -> str:
 
 
 class JobReranker(LLMReranker):
-    """The setup of :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker` (its LLM built on first
+    """The setup of :class:`~r2med_agent.rerank.llm.LLMReranker` (its LLM built on first
     use, shared with the run, its sampling) for kinds with their own prompt folder and loop;
     subclasses set ``KIND`` and ``PROMPT_FOLDER`` and write :meth:`_rerank` and :meth:`_stats`."""
 
@@ -354,7 +354,7 @@ class JobReranker(LLMReranker):
 class GroupwiseReranker(JobReranker):
     """GroupRank's groupwise reranker over an LLM of the registry (see the module docstring).
 
-    Args: as :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker`.
+    Args: as :class:`~r2med_agent.rerank.llm.LLMReranker`.
     """
 
     KIND = "groupwise"

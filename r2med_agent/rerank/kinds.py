@@ -16,7 +16,7 @@ setwise             yes      no        yes           ``rerank-setwise``
 =================== ======== ========= ============= ========================================
 
 A new kind is one module (a class following the
-:class:`~r2med_agent.retrieval.rerank.spec.Reranker` protocol, with a builder
+:class:`~r2med_agent.rerank.spec.Reranker` protocol, with a builder
 ``build(entry, options) -> reranker``) plus one line here, ``"mine": RerankerKind(build=...,
 ...)``; docs/rerankers.md, "Adding a reranker". The built-in kinds name their builders by import
 path (``module:attribute``), so this table sits below the classes it lists and importing it loads
@@ -123,7 +123,7 @@ class RerankerKind:
 
 
 def _listwise_work(entry: Any, k: int, doc: float, n_queries: int) -> tuple[str, int, int]:
-    from r2med_agent.retrieval.rerank.llm import window_positions
+    from r2med_agent.rerank.llm import window_positions
 
     windows = window_positions(k, entry.window, entry.step)
     calls = n_queries * len(windows)
@@ -153,7 +153,7 @@ def _setwise_work(entry: Any, k: int, doc: float, n_queries: int) -> tuple[str, 
     return f"{entry.name} (≈{per_query} comparisons of {size} per query)", calls, int(calls * (size * doc + 300))
 
 
-_FACTORY = "r2med_agent.retrieval.rerank.factory"
+_FACTORY = "r2med_agent.rerank.factory"
 
 RERANKER_KINDS: dict[str, RerankerKind] = {
     "cross-encoder": RerankerKind(f"{_FACTORY}:build_cross_encoder", has_model=True,

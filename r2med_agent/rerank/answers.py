@@ -1,7 +1,7 @@
 """Reading an LLM reranker's answers: a listwise window's order (repaired into a permutation),
 a pointwise yes/no judgment and its probability, and the windows a listwise reranker reads.
 Pure functions of text; the rerankers that use them are in
-:mod:`~r2med_agent.retrieval.rerank.llm`."""
+:mod:`~r2med_agent.rerank.llm`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from r2med_agent.retrieval.rerank import formats
+from r2med_agent.rerank import formats
 from r2med_agent.types import Generation
 
 JUDGMENT_MARKER = "Relevant:"

@@ -10,7 +10,7 @@ import pytest
 
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.retrieval.rerank.llm import (
+from r2med_agent.rerank.llm import (
     LLMReranker,
     RerankJob,
     judgment_prefix,
@@ -19,7 +19,7 @@ from r2med_agent.retrieval.rerank.llm import (
     window_positions,
     yes_probability,
 )
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import Doc, Generation, SamplingParams, SearchRequest, Task
 from tests.fakes import ScriptedLLM
 
@@ -201,7 +201,7 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
     from typer.testing import CliRunner
 
     import r2med_agent.cli.trace_cmd  # noqa: F401  (registers the command)
-    from r2med_agent.cli.app import app
+    from r2med_agent.cli.common import app
     from r2med_agent.compare import build_table, load_results
     from r2med_agent.config import set_user_config
     from r2med_agent.methods.loop import read_traces

@@ -18,8 +18,8 @@ import pytest
 
 from r2med_agent.errors import ConfigError, DataError, MissingExtraError
 from r2med_agent.retrieval import make_reranker
-from r2med_agent.retrieval.rerank.cross_encoder import PairwiseReranker
-from r2med_agent.retrieval.rerank.spec import RerankerSpec, get_reranker_spec, reranker_registry
+from r2med_agent.rerank.cross_encoder import PairwiseReranker
+from r2med_agent.rerank.spec import RerankerSpec, get_reranker_spec, reranker_registry
 from r2med_agent.types import SearchRequest
 
 torch = pytest.importorskip("torch")
@@ -197,7 +197,7 @@ def test_reranker_check_reads_no_weights(tiny_cross_encoder: dict[int, Path], tm
 
 
 def test_vllm_is_used_for_one_logit_heads_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import r2med_agent.retrieval.rerank.cross_encoder as rerank
+    import r2med_agent.rerank.cross_encoder as rerank
 
     monkeypatch.setattr(rerank, "_vllm_usable", lambda: True)  # as on a GPU machine with vLLM
     assert make_reranker("bge-reranker").backend == "vllm"

@@ -23,7 +23,7 @@ sort is a chain of choices per query, so queries advance together: each round se
 comparison of every query still sorting, over all tasks, in ONE ``generate`` call, through the
 generation cache. The query and the documents are cut to ``max_query_tokens`` and
 ``max_doc_tokens`` tokens of the model's tokenizer, as Rank-R1's script cuts them (1024 each on
-BRIGHT; :mod:`~r2med_agent.retrieval.rerank.tokens`), or, without ``max_doc_tokens``, the
+BRIGHT; :mod:`~r2med_agent.rerank.tokens`), or, without ``max_doc_tokens``, the
 documents to ``max_doc_words`` words.
 """
 
@@ -35,8 +35,8 @@ import re
 from collections.abc import Generator
 from typing import Any
 
-from r2med_agent.retrieval.rerank.groupwise import JobReranker
-from r2med_agent.retrieval.rerank.llm_jobs import RerankQuery
+from r2med_agent.rerank.groupwise import JobReranker
+from r2med_agent.rerank.llm_jobs import RerankQuery
 from r2med_agent.types import TraceStep
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ HOW = ("pattern", "answer_tag", "unanswered")
 class SetwiseReranker(JobReranker):
     """Rank-R1's setwise reranker over an LLM of the registry (see the module docstring).
 
-    Args: as :class:`~r2med_agent.retrieval.rerank.llm.LLMReranker`.
+    Args: as :class:`~r2med_agent.rerank.llm.LLMReranker`.
     """
 
     KIND = "setwise"

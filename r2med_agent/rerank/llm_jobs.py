@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from r2med_agent.errors import DataError
 from r2med_agent.retrieval.fusion import ranked
-from r2med_agent.retrieval.rerank.base import RerankJob, RerankOutput  # the batch protocol's records
+from r2med_agent.rerank.base import RerankJob, RerankOutput  # the batch protocol's records
 from r2med_agent.types import Generation, Message, Run, SamplingParams, SearchRequest, Task, Trace, TraceStep
 
 @dataclass
@@ -69,9 +69,9 @@ class RerankQuery:
 
 
 class PromptingReranker(Protocol):
-    """What the ways of reranking with an LLM (:mod:`~r2med_agent.retrieval.rerank.listwise`,
-    :mod:`~r2med_agent.retrieval.rerank.pointwise`) use of their reranker
-    (:class:`~r2med_agent.retrieval.rerank.llm.LLMReranker`)."""
+    """What the ways of reranking with an LLM (:mod:`~r2med_agent.rerank.listwise`,
+    :mod:`~r2med_agent.rerank.pointwise`) use of their reranker
+    (:class:`~r2med_agent.rerank.llm.LLMReranker`)."""
 
     name: str
     format: str

@@ -10,7 +10,7 @@ from typing import Literal, Protocol, runtime_checkable
 from r2med_agent.config import load_registry
 from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval.dense.spec import Precision, _specifier, weights_dtype_name
-from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS, RerankerKind, llm_kinds, reranker_kind
+from r2med_agent.rerank.kinds import RERANKER_KINDS, RerankerKind, llm_kinds, reranker_kind
 from r2med_agent.types import Run, SearchRequest
 
 __all__ = ["Reranker", "RerankerSpec", "follows_published_code", "get_reranker_spec", "reranker_registry"]
@@ -26,13 +26,13 @@ class RerankerSpec:
     """HF id, local folder or ``resource:<package>/<folder>`` of the cross-encoder, or of the LoRA
     adapter when ``base_model`` is set (empty for the LLM kinds)."""
     kind: str = "cross-encoder"
-    """A kind of :data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`, which declares what it
+    """A kind of :data:`~r2med_agent.rerank.kinds.RERANKER_KINDS`, which declares what it
     can do. ``cross-encoder``: a scoring model (these fields below ``model``); ``listwise``: an LLM
     orders sliding windows of candidates; ``pointwise-reasoning``: an LLM reasons about each
-    (query, document) pair and judges it (see :mod:`r2med_agent.retrieval.rerank.llm`);
+    (query, document) pair and judges it (see :mod:`r2med_agent.rerank.llm`);
     ``groupwise``: an LLM scores groups of candidates, GroupRank's way
-    (:mod:`~r2med_agent.retrieval.rerank.groupwise`); ``setwise``: an LLM picks the most relevant
-    of small sets in a heap sort, Rank-R1's way (:mod:`~r2med_agent.retrieval.rerank.setwise`)."""
+    (:mod:`~r2med_agent.rerank.groupwise`); ``setwise``: an LLM picks the most relevant
+    of small sets in a heap sort, Rank-R1's way (:mod:`~r2med_agent.rerank.setwise`)."""
     llm: str = ""
     """The LLM registry name of the LLM kinds."""
     window: int = 20
@@ -48,7 +48,7 @@ class RerankerSpec:
     """Listwise and setwise: when set, each candidate is cut to this many tokens of the reranker's
     LLM's own tokenizer instead of ``max_doc_words`` (its tokens turned back into text, as
     ReasonRank (512) and Rank-R1 (1024) cut them; see
-    :mod:`~r2med_agent.retrieval.rerank.tokens`); 0: ``max_doc_words``."""
+    :mod:`~r2med_agent.rerank.tokens`); 0: ``max_doc_words``."""
     max_query_tokens: int = 0
     """Setwise: when set, the query is cut the same way to this many tokens (Rank-R1: 1024); 0:
     not cut."""
@@ -127,7 +127,7 @@ class RerankerSpec:
     ``reasonrank`` (listwise): ReasonRank's trained format, reasoning in ``<think>``, the order in
     ``<answer>``; ``insertrank`` (listwise): each candidate shown with its first-stage score;
     ``rank1`` (pointwise-reasoning): Rank1's raw-text format, scored by P(true) of the judgment
-    token (see :mod:`r2med_agent.retrieval.rerank.llm`)."""
+    token (see :mod:`r2med_agent.rerank.llm`)."""
 
     @property
     def dtype(self) -> str:
@@ -152,7 +152,7 @@ class RerankerSpec:
 
     @property
     def kind_of(self) -> RerankerKind:
-        """The declaration of this entry's kind (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`)."""
+        """The declaration of this entry's kind (:data:`~r2med_agent.rerank.kinds.RERANKER_KINDS`)."""
         return reranker_kind(self.kind)
 
     @property

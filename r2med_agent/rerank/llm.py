@@ -25,7 +25,7 @@ first-stage order.
 
 **Published formats** (``format:`` of the entry): ReasonRank's and InsertRank's listwise prompts
 and Rank1's pointwise one, with their own answer reading and scores
-(:mod:`~r2med_agent.retrieval.rerank.formats`); InsertRank's scores are those of the run being
+(:mod:`~r2med_agent.rerank.formats`); InsertRank's scores are those of the run being
 reranked.
 
 Batching, as the reasoning loops: the listwise reranker makes ONE ``generate`` call per window
@@ -43,8 +43,8 @@ from typing import Any
 
 from r2med_agent import prompt_templates as prompts
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.rerank import formats, listwise, pointwise, tokens
-from r2med_agent.retrieval.rerank.answers import (
+from r2med_agent.rerank import formats, listwise, pointwise, tokens
+from r2med_agent.rerank.answers import (
     JUDGMENT_MARKER,
     Repair,
     cut_words,
@@ -57,15 +57,15 @@ from r2med_agent.retrieval.rerank.answers import (
     window_positions,
     yes_probability,
 )
-from r2med_agent.retrieval.rerank.listwise import SCORE_DECIMALS
-from r2med_agent.retrieval.rerank.llm_jobs import (
+from r2med_agent.rerank.listwise import SCORE_DECIMALS
+from r2med_agent.rerank.llm_jobs import (
     RerankJob,
     RerankOutput,
     RerankQuery,
     generation_stats,
     ranked_requests,
 )
-from r2med_agent.retrieval.rerank.pointwise import TOP_LOGPROBS
+from r2med_agent.rerank.pointwise import TOP_LOGPROBS
 from r2med_agent.types import Message, Run, SamplingParams, SearchRequest, Task
 
 __all__ = [
@@ -75,9 +75,9 @@ __all__ = [
     "reasonrank_permutation", "window_positions", "yes_probability",
 ]
 """The LLM reranker and the names it is built from: reading answers
-(:mod:`~r2med_agent.retrieval.rerank.answers`), jobs and per-query state
-(:mod:`~r2med_agent.retrieval.rerank.llm_jobs`), and its two ways of reranking
-(:mod:`~r2med_agent.retrieval.rerank.listwise`, :mod:`~r2med_agent.retrieval.rerank.pointwise`)."""
+(:mod:`~r2med_agent.rerank.answers`), jobs and per-query state
+(:mod:`~r2med_agent.rerank.llm_jobs`), and its two ways of reranking
+(:mod:`~r2med_agent.rerank.listwise`, :mod:`~r2med_agent.rerank.pointwise`)."""
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class LLMReranker:
 
     def passage_cut(self) -> tokens.PassageCut:
         """The token cut of the LLM's tokenizer (loaded once; see
-        :mod:`~r2med_agent.retrieval.rerank.tokens`): the built LLM's entry, else the registry's."""
+        :mod:`~r2med_agent.rerank.tokens`): the built LLM's entry, else the registry's."""
         if self._cut is None:
             spec = getattr(self._llm, "spec", None) if self._llm is not None else None
             if spec is None:

@@ -14,9 +14,9 @@ import pytest
 
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.retrieval.rerank import formats
-from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank import formats
+from r2med_agent.rerank.llm import LLMReranker, RerankJob
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import Doc, Generation, Query, SearchRequest, Task
 from tests.fakes import ScriptedLLM
 
@@ -267,7 +267,7 @@ def test_reading_a_gguf_vocabulary_prints_no_context_warning(smollm2_spec, capfd
     n_ctx_train (0)" line is printed by neither (both load it through ``load_vocab``; the
     reranker's path printed it until it did)."""
     from r2med_agent.methods.loop import load_token_cut
-    from r2med_agent.retrieval.rerank.tokens import load_passage_cut
+    from r2med_agent.rerank.tokens import load_passage_cut
 
     cut = load_token_cut(smollm2_spec)
     assert cut("one two three four five six", 2) != "one two three four five six"
@@ -394,7 +394,7 @@ def test_format_entries_run_end_to_end_with_the_local_model(name, tmp_path, smol
 
 
 def test_reasonrank_strict_reading_takes_every_number_and_leaves_unreadable_windows() -> None:
-    from r2med_agent.retrieval.rerank.llm import reasonrank_permutation
+    from r2med_agent.rerank.llm import reasonrank_permutation
 
     assert reasonrank_permutation("[2] > [1], and 3 is poor", 4)[0] == [1, 0, 2, 3]  # every number counts
     order, repair, readable = reasonrank_permutation("[\u00b2] > [1]", 3)  # int() refuses "²"
@@ -432,7 +432,7 @@ def test_passages_are_cut_by_the_entrys_own_tokenizer_and_repaired_by_ftfy(caplo
     """smollm2's GGUF vocabulary (the local entry), ftfy's repair, and the warned fallback when an
     entry's tokenizer cannot be loaded (recorded in the stats)."""
     from r2med_agent.llm.registry import get_llm_spec
-    from r2med_agent.retrieval.rerank.tokens import WORDS, load_passage_cut
+    from r2med_agent.rerank.tokens import WORDS, load_passage_cut
 
     spec = RerankerSpec(name="rr", kind="listwise", format="reasonrank", llm="smollm2", max_doc_tokens=6, fix_text=True)
     reranker = LLMReranker(spec, llm=CachedLLM(ScriptedLLM(lambda m, p: ""), "scripted"))

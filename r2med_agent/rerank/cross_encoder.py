@@ -38,7 +38,7 @@ from r2med_agent.retrieval.dense.models import (
 from r2med_agent.retrieval.dense.tokens import bounded_token_ids
 from r2med_agent.retrieval.dense.torch_utils import _import_torch, resolve_autocast, resolve_devices, resolve_dtype
 from r2med_agent.retrieval.fusion import ranked
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import Run, SearchRequest
 
 __all__ = ["PairwiseReranker", "check_model_files", "merge_adapter"]

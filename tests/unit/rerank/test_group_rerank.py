@@ -13,15 +13,15 @@ import pytest
 
 from r2med_agent.llm.cache import GenerationCache
 from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.retrieval.rerank.groupwise import (
+from r2med_agent.rerank.groupwise import (
     GroupwiseReranker,
     make_groups,
     parse_group_scores,
     pass_rng,
 )
-from r2med_agent.retrieval.rerank.llm import RerankJob
-from r2med_agent.retrieval.rerank.setwise import SetwiseReranker, heapsort_selection, parse_choice
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank.llm import RerankJob
+from r2med_agent.rerank.setwise import SetwiseReranker, heapsort_selection, parse_choice
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import Doc, Query, SearchRequest, Task
 from tests.fakes import ScriptedLLM
 
@@ -314,7 +314,7 @@ def test_spec_validation_and_factory() -> None:
         RerankerSpec(name="x", kind="groupwise", llm="smollm2", passes=0)
     with pytest.raises(ValueError, match="num_child"):
         RerankerSpec(name="x", kind="setwise", llm="smollm2", num_child=20)
-    from r2med_agent.retrieval.rerank.factory import make_reranker
+    from r2med_agent.rerank.factory import make_reranker
 
     gw, sw = make_reranker("smollm2-groupwise"), make_reranker("smollm2-setwise")
     assert isinstance(gw, GroupwiseReranker) and isinstance(sw, SetwiseReranker)
@@ -381,7 +381,7 @@ def test_group_and_set_rerankers_run_end_to_end_with_the_local_model(tmp_path, s
 
 
 def test_grouprank_reading_zeroes_a_group_where_its_script_fails() -> None:
-    from r2med_agent.retrieval.rerank.groupwise import grouprank_pairs
+    from r2med_agent.rerank.groupwise import grouprank_pairs
 
     group = ["a", "b", "c"]
     assert grouprank_pairs('<answer>```json\n{"[2]": 7, "[1]": 3}\n```</answer>', group) == [("b", 0.7), ("a", 0.3)]

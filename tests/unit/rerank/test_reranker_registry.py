@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS, RerankerKind, RerankerOptions
-from r2med_agent.retrieval.rerank.spec import RerankerSpec, follows_published_code, get_reranker_spec
+from r2med_agent.rerank.kinds import RERANKER_KINDS, RerankerKind, RerankerOptions
+from r2med_agent.rerank.spec import RerankerSpec, follows_published_code, get_reranker_spec
 from r2med_agent.types import Run, SearchRequest
 
 
@@ -128,7 +128,7 @@ def test_the_built_in_kinds_declare_what_they_do() -> None:
 
 def test_a_builder_must_batch_as_its_kind_declares(monkeypatch: pytest.MonkeyPatch) -> None:
     from r2med_agent.config import register_entry
-    from r2med_agent.retrieval.rerank.factory import make_reranker
+    from r2med_agent.rerank.factory import make_reranker
 
     from r2med_agent import config
 
