@@ -189,9 +189,9 @@ def _cache(kind: str, folder: Path) -> None:
     import random as rnd
 
     from r2med_agent.errors import DataError
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cache_repair import repair
-    from r2med_agent.llm.records import CacheRecord, Use, build_request
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.repair import repair
+    from r2med_agent.llm.cache.records import CacheRecord, Use, build_request
     from r2med_agent.types import Generation
 
     path = folder / "gen.sqlite"
@@ -216,7 +216,7 @@ def files_child(what: str, kind: str) -> None:
     """One case of :data:`FILES_CASES` in this process: seconds (of the case alone) and peak RSS."""
     import r2med_agent.config  # noqa: F401 - imported first: the figures are the cases' alone
     import r2med_agent.data  # noqa: F401
-    import r2med_agent.llm.cache_repair  # noqa: F401
+    import r2med_agent.llm.cache.repair  # noqa: F401
     import r2med_agent.rerank.groupwise  # noqa: F401
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import replace
 
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.llm.registry import LLMSpec
 from r2med_agent.rerank.factory import make_reranker
 from r2med_agent.types import SearchRequest

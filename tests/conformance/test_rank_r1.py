@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.prompt_import import import_clone, write_prompts
 from r2med_agent.rerank import setwise
 from r2med_agent.rerank.llm import RerankJob

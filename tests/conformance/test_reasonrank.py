@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.prompt_import import import_clone, write_prompts
 from r2med_agent.rerank import formats
 from r2med_agent.rerank.llm import LLMReranker, RerankJob, ranked_requests, read_window

@@ -66,8 +66,8 @@ def _bounded(fn: Any, limit_s: float, server: ScriptedServer) -> tuple[float, Ba
 
 
 def _cached(url: str, tmp_path: Path, **fields: Any) -> Any:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     spec = openai_spec([url], model="m", server="openai", backoff_initial_s=0.01, **fields)
     return CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
@@ -284,7 +284,7 @@ def test_no_key_and_no_url_password_in_any_output_stream_or_file(tmp_path: Path)
     (``http://user:secret@host``; httpx sends it as ``Authorization: Basic ...``). Two runs of
     the CLI; neither secret (nor the Basic form of user and password) in stdout, stderr or any
     file written."""
-    from tests.unit.llm.test_cache import write_task_dir
+    from tests.unit.llm.cache.test_cache import write_task_dir
 
     data = write_task_dir(tmp_path / "data")
     with ScriptedServer(lambda srv, h, path, body, attempt: echo_headers(h, 400)) as srv:

@@ -225,8 +225,8 @@ def test_real_local_generation_with_stderr_in_a_file(tmp_path: Path, smollm2_ggu
 def test_each_sample_s_progress_says_which_sample_it_counts(tmp_path: Path, capsys) -> None:
     """Item 11: ``--samples 8`` on a backend that draws one sample per call showed eight
     identical bars."""
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.types import SamplingParams
     from tests.fakes import ScriptedLLM
 

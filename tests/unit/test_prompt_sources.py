@@ -264,7 +264,7 @@ def test_cache_import_stores_released_texts_under_the_authors_prompts(sources, t
     from r2med_agent.data import load_task
     from r2med_agent.llm import default_sampling, get_llm_spec, make_llm
     from r2med_agent.methods.expansion import HyDE
-    from tests.unit.llm.test_cache import R2MED_ROWS, write_task_dir
+    from tests.unit.llm.cache.test_cache import R2MED_ROWS, write_task_dir
 
     source, clone = sources["R2MED"]
     monkeypatch.setenv(ps.BASE_URL_ENV, mirror_files(tmp_path / "mirror", source, clone).as_uri())

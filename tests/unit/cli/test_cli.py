@@ -253,7 +253,7 @@ def test_trace_show_lists_ids_in_natural_order(tmp_path, capsys):
 def test_cache_stats_counts_queries_and_generations_apart(tmp_path, capsys):
     import json
 
-    from r2med_agent.llm.cache import CacheRecord, GenerationCache, Use, build_request
+    from r2med_agent.llm.cache.store import CacheRecord, GenerationCache, Use, build_request
     from r2med_agent.types import Generation
 
     cache = GenerationCache(tmp_path / "g.sqlite")

@@ -14,8 +14,8 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.evaluation import read_trec_run
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.paths import resources_dir
 from r2med_agent.runner import RunConfig, run_experiment
 from tests.fakes import ScriptedLLM

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.evaluation import read_trec_run
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.retrieval.dense.index import drop_identical_ids
 from r2med_agent.runner import RunConfig, run_experiment
 from tests.fakes import ScriptedLLM

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.types import Generation, SamplingParams, SearchRequest
 from tests.fakes import ScriptedLLM
 

@@ -190,7 +190,7 @@ def test_a_template_reaching_python_internals_is_refused_with_file_and_line(tmp_
 
 def test_a_run_with_an_unsafe_template_stops_before_any_work(tmp_path, monkeypatch, capsys):
     from r2med_agent.cli.app import main
-    from tests.unit.llm.test_cache import write_task_dir
+    from tests.unit.llm.cache.test_cache import write_task_dir
 
     marker = tmp_path / "PWNED"
     prompts = tmp_path / "prompts"

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.rerank.groupwise import (
     GroupwiseReranker,
     make_groups,

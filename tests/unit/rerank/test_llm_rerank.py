@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.rerank.llm import (
     LLMReranker,
     RerankJob,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.rerank import formats
 from r2med_agent.rerank.llm import LLMReranker, RerankJob
 from r2med_agent.rerank.spec import RerankerSpec

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from r2med_agent.errors import DataError
 
-logger = logging.getLogger("r2med_agent.llm.cache")
+logger = logging.getLogger("r2med_agent.llm.cache.store")
 
 UNSAVED = ".unsaved-"
 """What a file of generations that could not be written has after the cache file's name."""

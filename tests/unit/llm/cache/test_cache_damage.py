@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.cli.app import main
-from r2med_agent.llm.cache import GenerationCache
+from r2med_agent.llm.cache.store import GenerationCache
 from r2med_agent.llm.registry import get_llm_spec
-from r2med_agent.llm.records import Use
+from r2med_agent.llm.cache.records import Use
 from tests.fakes import ScriptedLLM
-from tests.unit.llm.test_cache import record
+from tests.unit.llm.cache.test_cache import record
 
 ROWS = 2000
 
@@ -66,7 +66,7 @@ def test_cache_stats_on_a_damaged_cache_is_one_line(sound, tmp_path, capsys, how
 
 @pytest.mark.parametrize("how", ["random", "zeros"])
 def test_a_run_on_a_damaged_cache_is_one_line(sound, tmp_path, capsys, monkeypatch, how):
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     path = damaged(sound, tmp_path, how)
 
@@ -131,7 +131,7 @@ def test_a_cache_cut_to_nothing_is_named_in_a_warning(tmp_path, caplog, capsys):
 
 
 def test_generations_a_damaged_cache_refuses_are_kept_beside_it_and_repaired_in(sound, tmp_path, capsys):
-    from r2med_agent.llm.cache import CacheDamagedError
+    from r2med_agent.llm.cache.store import CacheDamagedError
 
     path = damaged(sound, tmp_path, "zeros")
     with pytest.raises(CacheDamagedError) as err:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r2med_agent.errors import DataError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cache_damage import is_damage, read_unsaved
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.damage import is_damage, read_unsaved
 
 __all__ = ["RepairReport", "repair"]
 
@@ -251,7 +251,7 @@ def _page_rows(path: Path) -> dict[str, list[tuple]]:
 
 def _new_columns(table: str) -> list[str]:
     with contextlib.closing(sqlite3.connect(":memory:")) as mem:
-        from r2med_agent.llm.cache import _SCHEMA
+        from r2med_agent.llm.cache.store import _SCHEMA
 
         mem.executescript(_SCHEMA)
         return [r[1] for r in mem.execute(f"PRAGMA table_info({table})")]

@@ -39,20 +39,13 @@ from r2med_agent.llm.base import (
     generate_reporting,
     samples_reporting,
 )
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.dispatch import Dispatch, LLMStats
-from r2med_agent.llm.keys import (
-    RequestBuilder,
-    engine_options,
-    generation_options,
-    join_reasoning,
-    json_safe,
-    wire_settings,
-)
-from r2med_agent.llm.leases import LEASE_TTL_S, LeaseOwner
-from r2med_agent.llm.records import CacheRecord, Use, request_key
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.dispatch import Dispatch, LLMStats
+from r2med_agent.llm.cache.keys import RequestBuilder, engine_options, generation_options, join_reasoning, json_safe, wire_settings
+from r2med_agent.llm.cache.leases import LEASE_TTL_S, LeaseOwner
+from r2med_agent.llm.cache.records import CacheRecord, Use, request_key
 from r2med_agent.llm.servers import resolve_server
-from r2med_agent.llm.sharing import LeaseTiming, Produce, SharedMisses
+from r2med_agent.llm.cache.sharing import LeaseTiming, Produce, SharedMisses
 from r2med_agent.progress import current_part as progress_label
 from r2med_agent.progress import part as progress_part
 from r2med_agent.types import Generation, Message, SamplingParams
@@ -61,9 +54,9 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE", "DEFAULT_CHUNK_SIZES", "CachedLLM", "LLMStats", "LazyBackend", "RequestBuilder",
     "close_backend", "engine_options", "generation_options", "join_reasoning", "json_safe", "wire_settings",
 ]
-"""The wrapper's names; its parts live beside it: key building in :mod:`~r2med_agent.llm.keys`,
-backend dispatch and the write queue in :mod:`~r2med_agent.llm.dispatch`, waiting for other runs
-in :mod:`~r2med_agent.llm.sharing`."""
+"""The wrapper's names; its parts live beside it: key building in :mod:`~r2med_agent.llm.cache.keys`,
+backend dispatch and the write queue in :mod:`~r2med_agent.llm.cache.dispatch`, waiting for other runs
+in :mod:`~r2med_agent.llm.cache.sharing`."""
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +145,7 @@ class CachedLLM:
 
     Runs sharing a cache file never send the same request twice: misses are leased in the cache
     before the backend call, and misses another live run holds are waited for (the class
-    attributes below tune it; see :mod:`~r2med_agent.llm.sharing`).
+    attributes below tune it; see :mod:`~r2med_agent.llm.cache.sharing`).
     """
 
     lease_ttl_s: float = LEASE_TTL_S
@@ -329,7 +322,7 @@ class CachedLLM:
         uses_of: Mapping[str, Sequence[Use]],
     ) -> tuple[dict[str, Generation], float]:
         """``produce`` (one backend call per chunk) the ``misses`` no other run is generating;
-        wait for the rest (:class:`~r2med_agent.llm.sharing.SharedMisses`; rows others write are
+        wait for the rest (:class:`~r2med_agent.llm.cache.sharing.SharedMisses`; rows others write are
         added to ``hits``). Without a cache, or on ``refresh``, every miss is produced here."""
         if self.cache is None or self.refresh or not misses:
             return produce(list(misses), None) if misses else ({}, 0.0)

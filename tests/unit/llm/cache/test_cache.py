@@ -15,19 +15,12 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.errors import ConfigError, LLMError
-from r2med_agent.llm.cache import (
-    CacheRecord,
-    GenerationCache,
-    Use,
-    build_request,
-    canonical_json,
-    request_key,
-)
-from r2med_agent.llm.cached import CachedLLM, LLMStats
+from r2med_agent.llm.cache.store import CacheRecord, GenerationCache, Use, build_request, canonical_json, request_key
+from r2med_agent.llm.cache.wrapper import CachedLLM, LLMStats
 from r2med_agent.types import Generation, SamplingParams
 from tests.fakes import ScriptedLLM
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 def msgs(q: str, system: str = "You are a helpful assistant.") -> list[dict[str, str]]:
@@ -528,8 +521,8 @@ def test_spec_supplies_format_and_template_kwargs(tmp_path):
 WORKER = textwrap.dedent(
     """
     import sys, time
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.types import SamplingParams
     from tests.fakes import ScriptedLLM
 
@@ -614,8 +607,8 @@ def test_two_processes_share_one_cache(tmp_path):
 
 # -- export / import (library) ---------------------------------------------------------------------
 
-from r2med_agent.llm.cache_io import ExportSelection, export_r2med, import_r2med, natural_key  # noqa: E402
-from r2med_agent.llm.cached import RequestBuilder  # noqa: E402
+from r2med_agent.llm.cache.transfer import ExportSelection, export_r2med, import_r2med, natural_key  # noqa: E402
+from r2med_agent.llm.cache.wrapper import RequestBuilder  # noqa: E402
 from r2med_agent.errors import DataError  # noqa: E402
 
 # Two rows in R2MED's query_with_hydoc.jsonl layout (shortened from the reference's Biology demo).
@@ -720,7 +713,7 @@ def test_export_errors_and_newest_wins_within_one_configuration(tmp_path):
 
 
 def test_export_refuses_to_mix_configurations_and_filters_pick_one(tmp_path):
-    from r2med_agent.llm.cache_io import settings_hash
+    from r2med_agent.llm.cache.transfer import settings_hash
 
     llm, backend = make(tmp_path, reasoning_format="plain")
     meta = [{"task": "T", "query_id": q, "method": "hyde"} for q in ("1", "2")]
@@ -931,7 +924,7 @@ def test_api_key_and_url_never_stored(tmp_path, monkeypatch):
 
 def test_importing_llm_package_loads_no_heavy_dependency():
     code = (
-        "import sys, r2med_agent.llm, r2med_agent.llm.cache_io, r2med_agent.cli.cache_cmd\n"
+        "import sys, r2med_agent.llm, r2med_agent.llm.cache.transfer, r2med_agent.cli.cache_cmd\n"
         "print(sorted(m for m in ('openai', 'llama_cpp', 'vllm', 'torch') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -1089,7 +1082,7 @@ def test_real_local_model_through_the_cache(tmp_path):
 
 
 def test_continuation_of_a_final_assistant_message_is_part_of_the_key():
-    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.cache.wrapper import RequestBuilder
     from r2med_agent.llm.registry import LLMSpec
 
     convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>so"}]
@@ -1117,7 +1110,7 @@ def test_continuation_of_a_final_assistant_message_is_part_of_the_key():
 
 def test_vllm_engine_settings_that_change_outputs_are_part_of_the_key():
     # An eager engine once served 12 hits made by a compiled one, whose outputs differ.
-    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.cache.wrapper import RequestBuilder
     from r2med_agent.llm.registry import LLMSpec
 
     convo = [{"role": "user", "content": "q"}]

@@ -1,6 +1,6 @@
 """Key building: how a prompt becomes the request record hashed into its cache key.
 
-:class:`RequestBuilder` is what :class:`~r2med_agent.llm.cached.CachedLLM` keys with, and what
+:class:`RequestBuilder` is what :class:`~r2med_agent.llm.cache.wrapper.CachedLLM` keys with, and what
 the importer of published caches keys rows it did not generate with. Besides the messages and
 the sampling, a key holds every setting of the registry entry that changes what the model
 generates (:func:`generation_options`); never a URL, an API key or ``extra_body``'s content.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r2med_agent.llm.parsing import check_format, split_reasoning
-from r2med_agent.llm.records import build_request, canonical_json, request_key
+from r2med_agent.llm.cache.records import build_request, canonical_json, request_key
 from r2med_agent.llm.registry import with_system_prompt
 from r2med_agent.llm.servers import resolve_server
 from r2med_agent.llm.wire import key_params, unsent_token_limit

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r2med_agent.errors import DataError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.keys import RequestBuilder
-from r2med_agent.llm.records import CacheRecord, Use, canonical_json, request_key
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.keys import RequestBuilder
+from r2med_agent.llm.cache.records import CacheRecord, Use, canonical_json, request_key
 from r2med_agent.types import Generation, Message, SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -41,24 +41,16 @@ from typing import Any
 
 from r2med_agent.errors import DataError, DiskFullError
 from r2med_agent.io import free_bytes
-from r2med_agent.llm.cache_damage import CacheDamagedError, is_damage, keep_unsaved, reports_damage, warn_if_emptied
-from r2med_agent.llm.leases import LEASE_TTL_S, LeaseClaim, LeaseOwner, lease_live
-from r2med_agent.llm.records import (
-    KEY_VERSION,
-    CacheRecord,
-    ModelStats,
-    Use,
-    build_request,
-    canonical_json,
-    request_key,
-)
+from r2med_agent.llm.cache.damage import CacheDamagedError, is_damage, keep_unsaved, reports_damage, warn_if_emptied
+from r2med_agent.llm.cache.leases import LEASE_TTL_S, LeaseClaim, LeaseOwner, lease_live
+from r2med_agent.llm.cache.records import KEY_VERSION, CacheRecord, ModelStats, Use, build_request, canonical_json, request_key
 
 __all__ = [
     "KEY_VERSION", "LEASE_TTL_S", "SCHEMA_VERSION", "CacheRecord", "GenerationCache", "LeaseClaim", "LeaseOwner",
     "ModelStats", "Use", "build_request", "canonical_json", "request_key",
 ]
-"""The cache's names; the records and leases it stores live in :mod:`~r2med_agent.llm.records`
-and :mod:`~r2med_agent.llm.leases`."""
+"""The cache's names; the records and leases it stores live in :mod:`~r2med_agent.llm.cache.records`
+and :mod:`~r2med_agent.llm.cache.leases`."""
 
 logger = logging.getLogger(__name__)
 

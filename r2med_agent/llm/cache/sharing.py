@@ -1,7 +1,7 @@
 """Runs sharing one generation cache never send the same request twice.
 
-Before its backend call, a :class:`~r2med_agent.llm.cached.CachedLLM` leases its misses in the
-cache (:meth:`~r2med_agent.llm.cache.GenerationCache.claim`): those it claims it generates,
+Before its backend call, a :class:`~r2med_agent.llm.cache.wrapper.CachedLLM` leases its misses in the
+cache (:meth:`~r2med_agent.llm.cache.store.GenerationCache.claim`): those it claims it generates,
 keeping the leases alive with a heartbeat while it does; those another live run holds it waits
 for and reads when that run writes them. A key whose owner died or gave up (no row, no live
 lease) is claimed again and generated here; after :attr:`LeaseTiming.wait_s` every key still
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from r2med_agent.errors import DiskFullError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.leases import LeaseOwner
-from r2med_agent.llm.records import CacheRecord, Use
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.leases import LeaseOwner
+from r2med_agent.llm.cache.records import CacheRecord, Use
 from r2med_agent.types import Generation
 
 logger = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from typing import Any
 
 from r2med_agent.errors import LLMError
 from r2med_agent.llm.base import LLM, Finished, PartialBatchError, generate_reporting, samples_reporting
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.keys import RequestBuilder
-from r2med_agent.llm.leases import LeaseOwner
-from r2med_agent.llm.records import CacheRecord, Use
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.keys import RequestBuilder
+from r2med_agent.llm.cache.leases import LeaseOwner
+from r2med_agent.llm.cache.records import CacheRecord, Use
 from r2med_agent.progress import tracking
 from r2med_agent.types import Generation, Message, SamplingParams
 

@@ -4,7 +4,7 @@ A lease names its owner (host, pid, the pid's start time, and a token per claim)
 heartbeat the owner refreshes. On the same host the owner's process decides at once (gone, or a
 pid now belonging to a process started at another time, means dead); from another host, a
 heartbeat older than the lease's time to live. The SQL side is
-:meth:`r2med_agent.llm.cache.GenerationCache.claim`; the waiting side,
+:meth:`r2med_agent.llm.cache.store.GenerationCache.claim`; the waiting side,
 :class:`SharedMisses`.
 """
 

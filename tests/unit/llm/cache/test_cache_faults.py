@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.errors import DiskFullError
-from r2med_agent.llm.cache import CacheRecord, GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import CacheRecord, GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.types import Generation, SamplingParams
 from tests.fakes import ScriptedLLM
 
@@ -44,7 +44,7 @@ class NullContent(ScriptedLLM):
 def test_an_empty_reply_is_counted_warned_and_not_cached(tmp_path, caplog, empty):
     backend = NullContent(empty)
     llm = CachedLLM(backend, "fake-model", "plain", GenerationCache(tmp_path / "g.sqlite"))
-    with caplog.at_level(logging.WARNING, logger="r2med_agent.llm.cached"):
+    with caplog.at_level(logging.WARNING, logger="r2med_agent.llm.cache.wrapper"):
         out = llm.generate(prompts("a", "b", "c"), SamplingParams())
     assert [g.text for g in out] == ["text of a", empty or "", "text of c"]
     assert [g.finish_reason for g in out] == ["stop", "error", "stop"]
@@ -114,7 +114,7 @@ def test_a_full_disk_raises_one_clear_error_and_keeps_earlier_rows(small_disk):
 
 def test_cli_import_on_a_full_disk_exits_6_with_one_message(small_disk, tmp_path, capsys):
     from r2med_agent.cli.app import main
-    from tests.unit.llm.test_cache import R2MED_ROWS, write_task_dir
+    from tests.unit.llm.cache.test_cache import R2MED_ROWS, write_task_dir
 
     data = write_task_dir(tmp_path / "data")
     rows = [{**r, "hy_doc": r["hy_doc"] + " y" * 400_000} for r in R2MED_ROWS]  # ~0.8 MB each

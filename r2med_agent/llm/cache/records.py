@@ -1,6 +1,6 @@
 """The generation cache's records: the request record hashed into a key, and what is stored
 under it (a generation, the queries it served, per-model totals). No storage here: the SQLite
-file is :mod:`r2med_agent.llm.cache`."""
+file is :mod:`r2med_agent.llm.cache.store`."""
 
 from __future__ import annotations
 

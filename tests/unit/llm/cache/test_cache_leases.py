@@ -12,20 +12,20 @@ import textwrap
 import time
 from pathlib import Path
 
-from r2med_agent.llm.cache import CacheRecord, GenerationCache, LeaseOwner, request_key
-from r2med_agent.llm.leases import _pid_start, _proc_stat
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import CacheRecord, GenerationCache, LeaseOwner, request_key
+from r2med_agent.llm.cache.leases import _pid_start, _proc_stat
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.types import Generation, SamplingParams
 from tests.fakes import ScriptedLLM
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 WORKER = textwrap.dedent(
     """
     import logging, os, sys, time
     from pathlib import Path
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.types import Generation, SamplingParams
     from tests.fakes import ScriptedLLM
 
@@ -219,7 +219,7 @@ def test_texts_leased_by_a_live_run_are_waited_for_not_generated(tmp_path, monke
         else:
             cache.release(holder)
 
-    monkeypatch.setattr("r2med_agent.llm.sharing.time.sleep", poll)
+    monkeypatch.setattr("r2med_agent.llm.cache.sharing.time.sleep", poll)
     out = llm.generate(prompts(4), SamplingParams())
     assert [g.text for g in out] == [f"gen {i}" for i in range(4)]
     assert [len(c) for c in backend.calls] == [2, 1]  # its own two, then the one given up
@@ -248,7 +248,7 @@ def test_samples_leased_by_another_run_are_waited_for(tmp_path, monkeypatch):
         rec = CacheRecord.from_generation(request_key(req), req, Generation(text="theirs", final="theirs"))
         cache.put_many([rec], release=holder)
 
-    monkeypatch.setattr("r2med_agent.llm.sharing.time.sleep", poll)
+    monkeypatch.setattr("r2med_agent.llm.cache.sharing.time.sleep", poll)
     out = llm.generate_samples(prompts(2), params, 2)
     # Prompt "1" is still drawn (its sample 0 is missing) but the leased sample is not stored
     # over the other run's: it comes from that run.
