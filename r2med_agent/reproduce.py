@@ -8,8 +8,8 @@ their published scores; :func:`plan` says what each run needs and which of its t
 
 from __future__ import annotations
 
-from r2med_agent.analysis.grids import TABLES, Grid, GridEntry, load_grid, load_grids
-from r2med_agent.analysis.planner import PlannedRun, ReproduceOptions, format_plan, plan, reproduce, results_table
+from r2med_agent.grids.grid import TABLES, Grid, GridEntry, load_grid, load_grids
+from r2med_agent.grids.planner import PlannedRun, ReproduceOptions, format_plan, plan, reproduce, results_table
 
 __all__ = [
     "TABLES", "Grid", "GridEntry", "PlannedRun", "ReproduceOptions", "format_plan", "load_grid", "load_grids", "plan",

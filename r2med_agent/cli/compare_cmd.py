@@ -164,7 +164,7 @@ def reproduce_command(
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
     from r2med_agent.data import task_names
-    from r2med_agent.analysis.planner import unlisted_published
+    from r2med_agent.grids.planner import unlisted_published
     from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce
 
     if (table_name is None) == (grid_file is None):

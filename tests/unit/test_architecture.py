@@ -126,7 +126,7 @@ def test_no_method_name_in_the_runner_or_the_analysis() -> None:
     from r2med_agent.methods import METHODS
 
     spelt = []
-    for folder in ("experiment", "analysis"):
+    for folder in ("experiment", "analysis", "grids"):
         for path in (PACKAGE / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Constant) and node.value in set(METHODS) - {"none"}:

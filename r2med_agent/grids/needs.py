@@ -14,19 +14,8 @@ from r2med_agent.paths import configs_dir
 from r2med_agent.retrieval.fusion import member_names
 
 logger = logging.getLogger(__name__)
-from r2med_agent.analysis.estimates import (
-    EncodeEstimate,
-    TokenEstimate,
-    encode_estimate,
-    method_caps,
-    token_estimate,
-)
-from r2med_agent.analysis.grids import (
-    BYTES_PER_PARAM,
-    GPU_GIB,
-    GridEntry,
-    released_llms,
-)
+from r2med_agent.grids.estimates import EncodeEstimate, TokenEstimate, encode_estimate, method_caps, token_estimate
+from r2med_agent.grids.grid import BYTES_PER_PARAM, GPU_GIB, GridEntry, released_llms
 
 # ----------------------------------------------------------------------------------------------
 # What an entry needs
@@ -47,7 +36,7 @@ class ModelInfo:
         dtype: the weights' type where the checkpoint ships in another than bf16 (``fp8``):
             the memory estimate uses it.
         price_per_mtok: an embedding API's USD per million input tokens (0: none known), for
-            the encoding estimate (:func:`~r2med_agent.analysis.estimates.encode_estimate`).
+            the encoding estimate (:func:`~r2med_agent.grids.estimates.encode_estimate`).
     """
 
     name: str

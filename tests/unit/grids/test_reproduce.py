@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from r2med_agent import reproduce as rep
-from r2med_agent.analysis import planner
-from r2med_agent.analysis.grids import RUN_ARGS
-from r2med_agent.analysis.needs import Registries, entry_needs, weights_gib
-from r2med_agent.analysis.planner import task_option
+from r2med_agent.grids import planner
+from r2med_agent.grids.grid import RUN_ARGS
+from r2med_agent.grids.needs import Registries, entry_needs, weights_gib
+from r2med_agent.grids.planner import task_option
 from r2med_agent.analysis.results import r2med_tasks
 from r2med_agent.compare import PublishedKey, published_results
 from r2med_agent.experiment.resolve import resolve
@@ -582,7 +582,7 @@ def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path)
 def test_no_grid_scores_released_generations_as_several_samples(tmp_path):
     """Issue 30 item 1: an entry with several samples per query generates them, in every grid and
     whatever its ``generations`` says: R2MED's released files hold one text per query."""
-    from r2med_agent.analysis.grids import GridEntry
+    from r2med_agent.grids.grid import GridEntry
 
     entry = GridEntry(method="hyde", llm="qwen-7b", retriever="bm25", args={"samples": 4})
     assert entry.generations_mode("r2med") == "fresh"
@@ -660,7 +660,7 @@ def test_dry_runs_add_up_their_llm_work_and_never_print_zero_hours(tmp_path, gen
     run (calls, tokens, GPU-hours, dollars: the rows' estimates added up); no row reads "≤0
     GPU-hours"; a fresh agentic row has its estimate; an API reranker (InsertRank over DeepSeek)
     its cost; rows over given run files name the folder they come in."""
-    from r2med_agent.analysis.estimates import format_hours
+    from r2med_agent.grids.estimates import format_hours
 
     for table, grid in load_grids().items():
         planned = plan(grid, ReproduceOptions(output_dir=tmp_path, generations=generations))

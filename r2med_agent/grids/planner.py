@@ -20,9 +20,9 @@ from r2med_agent.experiment.store import (
 )
 
 logger = logging.getLogger(__name__)
-from r2med_agent.analysis.first_stage import first_stage_lines
-from r2med_agent.analysis.grids import GPU_GIB, Grid, GridEntry, reference_line
-from r2med_agent.analysis.needs import Needs, Registries, dataset_repos, entry_needs
+from r2med_agent.grids.first_stage import first_stage_lines
+from r2med_agent.grids.grid import GPU_GIB, Grid, GridEntry, reference_line
+from r2med_agent.grids.needs import Needs, Registries, dataset_repos, entry_needs
 from r2med_agent.analysis.tables import ComparisonTable, build_table
 
 # ----------------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def _total_line(planned: Sequence[PlannedRun]) -> str:
     they have none): calls, tokens, GPU-hours of self-hosted models and dollars of priced APIs (the
     per-entry estimates added up, each corpus's embeddings once per encoder; upper bounds, as they
     are)."""
-    from r2med_agent.analysis.estimates import format_hours
+    from r2med_agent.grids.estimates import format_hours
 
     estimates = [e for p in planned for e in p.needs.estimates]
     encoding = [e for p in planned for e in p.needs.encoding]

@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from r2med_agent.analysis.grids import GridEntry
+from r2med_agent.grids.grid import GridEntry
 from r2med_agent.methods.base import capabilities
 
 
 class Registries(Protocol):
-    """The registries an estimate reads (:class:`r2med_agent.analysis.needs.Registries` has them)."""
+    """The registries an estimate reads (:class:`r2med_agent.grids.needs.Registries` has them)."""
 
     llms: Mapping[str, Any]
     rerankers: Mapping[str, Any]
