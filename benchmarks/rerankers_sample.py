@@ -74,7 +74,7 @@ def _user_config(path: Path, backend: str, names: list[str], model: str, base_ur
 
 
 def _run(name: str, k: int, out: Path) -> dict:
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     cfg = RunConfig(tasks=("sample",), reranker=name, rerank_k=k, output_dir=out / "results",
                     cache_path=out / f"{name}.sqlite", show_progress=False)

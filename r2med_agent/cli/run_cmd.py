@@ -160,7 +160,7 @@ def run_command(**options: Any) -> None:
     from r2med_agent import progress as progress_display
     from r2med_agent.config import set_user_config
     from r2med_agent.data import local_task_names, task_names
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     task, data_dir, config = options["task"], options["data_dir"], options["config"]
     if config is not None:

@@ -129,7 +129,7 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     import json
 
     from r2med_agent.config import set_user_config
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     set_cpu_env()
     user = tmp_path / "config.yaml"

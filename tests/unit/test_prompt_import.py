@@ -454,7 +454,7 @@ def test_the_run_records_the_import_and_its_commit(tmp_path) -> None:
 def test_dry_run_says_whose_prompts_each_fresh_row_renders(tmp_path, monkeypatch) -> None:
     """A row renders the authors' prompts at their pinned commit unless it asks for its own
     wording; with its own wording, $R2MED_PROMPTS_DIR's imports are what it renders."""
-    from r2med_agent.reproduce import ReproduceOptions, format_plan, load_grid, plan
+    from r2med_agent.api import ReproduceOptions, format_plan, load_grid, plan
 
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     clone = r2med_clone(tmp_path)

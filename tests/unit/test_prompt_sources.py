@@ -203,7 +203,7 @@ def test_which_runs_render_the_authors_prompts(sources) -> None:
 
 
 def test_the_two_wordings_are_two_runs_with_their_own_folders_labels_and_commands(sources) -> None:
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     commit = sources["R2MED"][0].commit
     authors = resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from=None))
@@ -241,7 +241,7 @@ def test_the_record_names_the_pinned_files(sources) -> None:
 
 
 def test_a_task_the_authors_have_no_prompt_for_stops_before_the_llm(sources, tmp_path, monkeypatch) -> None:
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     source, clone = sources["R2MED"]
     monkeypatch.setenv(ps.BASE_URL_ENV, mirror_files(tmp_path / "mirror", source, clone).as_uri())
@@ -288,7 +288,7 @@ def test_dry_runs_name_every_rows_prompt_source(tmp_path, monkeypatch) -> None:
     """`reproduce --dry-run` of the frontier and the paper's grids: every row says whose prompts
     it renders (the authors' at repo@commit, with whether they are at hand), the zero-shot
     groupwise rows GroupRank's, as their published rows did; a row without a prompt says none."""
-    from r2med_agent.reproduce import ReproduceOptions, format_plan, load_grid, plan
+    from r2med_agent.api import ReproduceOptions, format_plan, load_grid, plan
 
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(prompts.ENV_VAR, raising=False)

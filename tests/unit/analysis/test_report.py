@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from r2med_agent.compare import build_table, load_results
+from r2med_agent.api import build_table, load_results
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.analysis.report import drilldown_data, write_report
 from tests.browser import CHROMIUM, PageReport, load_page

@@ -127,7 +127,7 @@ def test_llm_without_method_is_an_error_not_a_silent_bm25_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("typed", ["HyDE", "HYDE", "hyde", " Search_R1 "])
 def test_method_names_ignore_case(typed):
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     cfg = RunConfig(tasks=("sample",), method=typed, llm="smollm2")
     assert cfg.method == ("search-r1" if "R1" in typed else "hyde")

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from r2med_agent import reproduce as rep
+from r2med_agent import api as rep
 from r2med_agent.grids import planner
 from r2med_agent.grids.grid import RUN_ARGS
 from r2med_agent.grids.needs import Registries, entry_needs, weights_gib
 from r2med_agent.grids.planner import task_option
 from r2med_agent.analysis.results import r2med_tasks
-from r2med_agent.compare import PublishedKey, published_results
+from r2med_agent.api import PublishedKey, published_results
 from r2med_agent.experiment.resolve import resolve
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec
 from r2med_agent.paths import resources_dir
-from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, load_grids, plan, reproduce
+from r2med_agent.api import TABLES, ReproduceOptions, format_plan, load_grid, load_grids, plan, reproduce
 from tests.result_trees import QRELS, ranking, write_r2med_task, write_result
 
 RUN = {"q1": ranking("d1", "d5"), "q2": ranking("d8", "d2"), "q3": ranking("d3"), "q4": ranking("d9")}
@@ -507,7 +507,7 @@ def test_run_args_are_runner_fields_and_run_flags(cli):
 
     import typer
 
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     run = typer.main.get_command(cli).commands["run"]
@@ -545,7 +545,7 @@ def test_reproduce_scores_released_generations_without_an_llm(cli, tmp_path, mon
 
 
 def test_beyond_grid_sets_each_entry_beside_the_best_published_average(tmp_path):
-    from r2med_agent.reproduce import ReproduceOptions, format_plan, plan
+    from r2med_agent.api import ReproduceOptions, format_plan, plan
 
     pub = csv_ndcg()
     averages = {k: sum(v.values()) / len(v) for k, v in pub.items() if len(v) == 8}

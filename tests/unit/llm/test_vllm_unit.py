@@ -170,7 +170,7 @@ def test_lazy_backend_close_closes_a_built_backend_only() -> None:
 def test_runner_closes_the_llm_it_built_also_on_errors(monkeypatch, tmp_path, fail: bool) -> None:
     import r2med_agent.llm as llm_pkg
     from r2med_agent.llm.cache.wrapper import CachedLLM
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     backend = _Closable(lambda m, p: "fever anemia")
     real_make = llm_pkg.make_llm
@@ -200,7 +200,7 @@ def test_runner_closes_the_llm_it_built_also_on_errors(monkeypatch, tmp_path, fa
 
 def test_runner_leaves_an_llm_passed_in_open(tmp_path) -> None:
     from r2med_agent.llm.cache.wrapper import CachedLLM
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     backend = _Closable(lambda m, p: "fever")
     cfg = RunConfig(tasks=("sample",), method="hyde", llm="smollm2", output_dir=tmp_path, show_progress=False)
@@ -358,7 +358,7 @@ def test_cli_seed_none_reaches_the_runner_and_a_bad_seed_exits_2(monkeypatch, tm
     from typer.testing import CliRunner
 
     from r2med_agent.cli import app
-    import r2med_agent.runner as runner
+    import r2med_agent.api as runner
 
     seen: list[Any] = []
     monkeypatch.setattr(runner, "run_experiment", lambda cfg, llm=None: seen.append(cfg) or (_ for _ in ()).throw(SystemExit(0)))
@@ -377,7 +377,7 @@ def test_cli_seed_none_reaches_the_runner_and_a_bad_seed_exits_2(monkeypatch, tm
 def test_loops_send_the_entry_seed_or_the_cli_one(monkeypatch, tmp_path, method, entry_seed, cli, sent) -> None:
     from r2med_agent import config
     from r2med_agent.llm.cache.wrapper import CachedLLM
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     user = tmp_path / "c.yaml"
     user.write_text(f"llms:\n  s:\n    backend: local\n    model: x.gguf\n    seed: {'null' if entry_seed is None else entry_seed}\n", encoding="utf-8")
@@ -398,7 +398,7 @@ def test_loops_send_the_entry_seed_or_the_cli_one(monkeypatch, tmp_path, method,
 
 # -- split environments ---------------------------------------------------------------------
 def test_dry_run_flags_rows_whose_llm_and_retriever_need_separate_environments() -> None:
-    from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+    from r2med_agent.api import ReproduceOptions, load_grid, plan
 
     def flagged(table: str) -> tuple[int, int, list[Any]]:
         runs = plan(load_grid(table), ReproduceOptions(tasks=("Biology",), generations="fresh"))
@@ -500,7 +500,7 @@ def test_prompt_path_rendered_sends_the_template_text_to_generate(monkeypatch, p
 def test_prompt_path_is_part_of_the_generation_key_and_set_by_the_run(monkeypatch, tmp_path) -> None:
     import r2med_agent.llm as llm_pkg
     from r2med_agent.llm.cache.wrapper import RequestBuilder, generation_options
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     chat = LLMSpec(name="m", backend="vllm", model="m")
     rendered = LLMSpec(name="m", backend="vllm", model="m", prompt_path="rendered")

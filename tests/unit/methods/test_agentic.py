@@ -690,7 +690,7 @@ def test_step_statistics_count_the_backend_calls_of_the_cache_wrapper(tmp_path):
 def test_runner_summary_records_the_loop_steps(tmp_path, monkeypatch):
     from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.llm.registry import LLMSpec
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec",
                         lambda name: LLMSpec(name="scripted", backend="local", model="scripted"))
@@ -1291,7 +1291,7 @@ class SystemPromptBackend:
 
 def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, specs=None, **fields):
     from r2med_agent.llm.registry import LLMSpec
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     spec = LLMSpec(name="m", backend="vllm", model=model, **fields)  # the registry's default system prompt
     assert spec.system_prompt == "You are a helpful assistant."

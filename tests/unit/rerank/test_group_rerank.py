@@ -340,7 +340,7 @@ def test_group_and_set_rerankers_run_end_to_end_with_the_local_model(tmp_path, s
     from r2med_agent.data import load_task
     from r2med_agent.methods.loop import read_traces
     from r2med_agent.retrieval import make_retriever
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     task = load_task("sample")
     requests = [SearchRequest(q.query_id, q.text) for q in task.queries[:2]]

@@ -202,11 +202,11 @@ def test_llm_rerankers_run_end_to_end_with_the_local_model(tmp_path, smollm2_spe
 
     import r2med_agent.cli.trace_cmd  # noqa: F401  (registers the command)
     from r2med_agent.cli.common import app
-    from r2med_agent.compare import build_table, load_results
+    from r2med_agent.api import build_table, load_results
     from r2med_agent.config import set_user_config
     from r2med_agent.methods.loop import read_traces
     from r2med_agent.analysis.report import drilldown_data
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     data = tmp_path / "data" / "Biology"  # a tiny stand-in in R2MED layout
     data.mkdir(parents=True)

@@ -361,7 +361,7 @@ def test_format_entries_run_end_to_end_with_the_local_model(name, tmp_path, smol
     """``run`` with each shipped offline entry (SmolLM2 on llama.cpp): the result, its traces and
     stats; the second run is served by the cache (no generate call)."""
     from r2med_agent.methods.loop import read_traces
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     cfg = RunConfig(tasks=("Biology",), reranker=name, rerank_k=3, data_dir=_tiny_data(tmp_path),
                     allow_count_mismatch=True, output_dir=tmp_path / "res", cache_path=tmp_path / "gen.sqlite",

@@ -200,7 +200,7 @@ def test_r2med_embedding_caches_keep_their_keys_and_bright_ones_get_their_own() 
 def test_the_block_is_part_of_a_user_entrys_identity(tmp_path: Path) -> None:
     from r2med_agent.config import set_user_config
     from r2med_agent.experiment.runner import entries_in_use
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     hashes = []
     for length in (8192, 4096):

@@ -463,7 +463,7 @@ def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
 
     from r2med_agent.config import set_user_config
     from r2med_agent.experiment.runner import entries_in_use
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     hashes = []
     for truncation in ("decoded-text", "tokens"):

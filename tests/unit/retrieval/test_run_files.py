@@ -15,7 +15,7 @@ from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.evaluation import evaluate, read_trec_run
 from r2med_agent.retrieval import make_retriever
 from r2med_agent.retrieval.run_files import find_candidate_files, read_ranked_run
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.api import RunConfig, run_experiment
 from r2med_agent.types import SearchRequest
 from tests.unit.experiment.test_fidelity import ReversingReranker
 
