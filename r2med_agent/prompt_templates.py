@@ -1,7 +1,7 @@
 """Find, render and hash the prompt templates: the Jinja environment over the prompts folder.
 
-The templates live in the repository's top-level ``prompts/`` folder (installed as the data
-package ``r2med_agent.prompts``; ``r2med_agent.paths.prompts_dir()`` finds it in a checkout, an
+The templates live in the repository's top-level ``prompts/`` folder (a wheel carries it as
+``r2med_agent/_data/prompts``; ``r2med_agent.paths.prompts_dir()`` finds it in a checkout, an
 editable install and a wheel alike): one sub-folder per method (``hyde/``, ``query2doc/``,
 ``lamer/``, ...) with one template per task family (``qa.j2``, ``exam.j2``, ``treatment.j2``,
 ``case.j2``); files whose name starts with ``_`` are shared pieces that the family templates

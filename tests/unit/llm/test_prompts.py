@@ -106,15 +106,13 @@ def test_templates_ship_in_package_folder():
 
 
 def test_repo_prompts_folder_holds_no_code():
-    """The repository's prompts/ folder holds templates, example files and its README; its
-    ``__init__.py`` (which makes it the data package r2med_agent.prompts) is a docstring only.
-    The code is r2med_agent.prompt_templates, importable from a checkout without installing."""
-    folder = Path(__file__).resolve().parents[3] / "r2med_agent" / "prompts"
+    """The repository's top-level prompts/ folder holds templates, example files and its README,
+    no code, and is the folder this checkout renders from. The code is r2med_agent.prompt_templates,
+    importable from a checkout without installing."""
+    folder = Path(__file__).resolve().parents[3] / "prompts"
     kinds = {p.suffix for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    assert kinds <= {".j2", ".yaml", ".md", ".py"}
-    assert [p.name for p in folder.rglob("*.py")] == ["__init__.py"]
-    body = ast.parse((folder / "__init__.py").read_text(encoding="utf-8")).body
-    assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    assert kinds == {".j2", ".yaml", ".md"}
+    assert prompts_dir() == folder
     assert Path(prompt_templates.__file__).parent.name == "r2med_agent"
 
 
