@@ -317,7 +317,7 @@ TEMPLATES = {
 
 def template_child(case: str) -> None:
     """Render one of :data:`TEMPLATES` in this process; print seconds, peak memory and outcome."""
-    from r2med_agent import prompt_templates
+    from r2med_agent.prompts import templates as prompt_templates
     from r2med_agent.errors import ConfigError
 
     with tempfile.TemporaryDirectory() as folder:
@@ -388,7 +388,7 @@ def server_child(what: str, kind: str, url: str) -> None:
     logging.disable(logging.WARNING)
     import openai  # noqa: F401 - imports before the clock starts
 
-    from r2med_agent import prompt_sources  # noqa: F401
+    from r2med_agent.prompts import sources as prompt_sources  # noqa: F401
     from r2med_agent.retrieval.dense import api  # noqa: F401
 
     t0 = time.perf_counter()
@@ -415,7 +415,7 @@ def server_child(what: str, kind: str, url: str) -> None:
                                        max_tokens=None, tiktoken_encoding="", json_inputs=False, batch_size=64)
             api.APIEncoder(spec, timeout_s=3.0).encode([f"text {i}" for i in range(256)], side="doc")
         else:
-            from r2med_agent import prompt_sources
+            from r2med_agent.prompts import sources as prompt_sources
 
             with tempfile.TemporaryDirectory() as tmp:
                 os.environ["R2MED_CACHE_DIR"] = tmp

@@ -243,7 +243,7 @@ class ImportTarget:
     allow_missing_qrels_docs: bool = False
     allow_count_mismatch: bool = False
     prompts_from: str | None = None
-    """``authors`` or ``own``; None: the run's default (r2med_agent.prompt_sources.natural)."""
+    """``authors`` or ``own``; None: the run's default (r2med_agent.prompts.sources.natural)."""
 
 
 def import_for_method(cache, file: Path, target: ImportTarget):
@@ -273,7 +273,7 @@ def import_for_method(cache, file: Path, target: ImportTarget):
         params = replace(params, **sampling_overrides)
     from r2med_agent.experiment.resolve import resolve
     from r2med_agent.experiment.spec import RunSpec
-    from r2med_agent.prompt_sources import check_tasks, run_prompts
+    from r2med_agent.prompts.sources import check_tasks, run_prompts
 
     cls = get_method(method)
     if cls.agentic or not cls.uses_llm:

@@ -143,7 +143,7 @@ def _kinds(reg: Registries, *specs: str | None) -> list[Any]:
 
 def _check_choices(v: dict[str, Any]) -> None:
     """Settings with a fixed set of values, checked even where they play no part."""
-    from r2med_agent.prompt_sources import check_value
+    from r2med_agent.prompts.sources import check_value
     from r2med_agent.retrieval.dense.spec import BACKENDS, PRECISIONS
 
     if v["precision"] is not None and v["precision"] not in PRECISIONS:
@@ -195,7 +195,7 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):
         v["precision"] = v["encoder_backend"] = None
     _normalise_reference_options(v, reg, caps, entry)
-    from r2med_agent.prompt_sources import resolve as resolve_prompts
+    from r2med_agent.prompts.sources import resolve as resolve_prompts
 
     v["prompts_from"] = resolve_prompts(v["prompts_from"], v["method"], v["llm"], v["generations"], v["reranker"])
 
@@ -486,8 +486,8 @@ def _prompts_args(spec: RunSpec) -> list[str]:
     Raises:
         ConfigError: the spec names the authors' prompts at commits this version does not pin.
     """
-    from r2med_agent.prompt_sources import AUTHORS, OWN
-    from r2med_agent.prompt_sources import resolve as resolve_prompts
+    from r2med_agent.prompts.sources import AUTHORS, OWN
+    from r2med_agent.prompts.sources import resolve as resolve_prompts
 
     if spec.prompts_from == resolve_prompts(None, spec.method, spec.llm, spec.generations, spec.reranker):
         return []

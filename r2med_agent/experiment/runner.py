@@ -202,7 +202,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     from r2med_agent.data import load_task
     from r2med_agent.data.load import generic_prompt_note
     from r2med_agent.methods import get_method
-    from r2med_agent.prompt_sources import check_tasks, run_prompts
+    from r2med_agent.prompts.sources import check_tasks, run_prompts
 
     method = get_method(cfg.method)()
     if method.uses_llm and cfg.generations == "fresh":  # released texts need no registry entry

@@ -244,7 +244,7 @@ def _prompts_line(spec: RunSpec) -> str:
     """Whose prompts a row renders: the authors' (each source's repo@commit, its files, and
     whether they are at hand), the imports or the user's own files in $R2MED_PROMPTS_DIR, or the
     project's; "none" when it renders none (no LLM, or released generations only)."""
-    from r2med_agent.prompt_sources import describe
+    from r2med_agent.prompts.sources import describe
 
     return describe(spec) or "none (no LLM reads a prompt in this row)"
 
@@ -446,7 +446,7 @@ def reproduce(grid: Grid, opts: ReproduceOptions) -> ComparisonTable:
 def _have_prompts(planned: Sequence[PlannedRun]) -> None:
     """The authors' prompts of every row that will run, fetched (or refused) before the first
     row starts: a grid never stops hours in for want of a prompt file."""
-    from r2med_agent.prompt_sources import ensure, split_folders
+    from r2med_agent.prompts.sources import ensure, split_folders
 
     needed = {}
     for p in planned:

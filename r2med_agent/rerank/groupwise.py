@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.errors import ConfigError
 from r2med_agent.rerank.answers import cut_words
 from r2med_agent.rerank.llm import LLMReranker

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.errors import ConfigError
 from r2med_agent.rerank import formats, listwise, pointwise, tokens
 from r2med_agent.rerank.answers import (

@@ -229,7 +229,7 @@ def test_reasoning_prompt_import_renders_what_reason_py_sends(bright_repo: Path,
     from types import SimpleNamespace
 
     from r2med_agent.methods import get_method
-    from r2med_agent.prompt_import import import_clone, write_prompts
+    from r2med_agent.prompts.importer import import_clone, write_prompts
     from r2med_agent.types import Doc, Query, Task
 
     sent: list[dict] = []

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from r2med_agent.llm.cache.wrapper import CachedLLM
-from r2med_agent.prompt_import import import_clone, write_prompts
+from r2med_agent.prompts.importer import import_clone, write_prompts
 from r2med_agent.rerank.groupwise import GroupwiseReranker
 from r2med_agent.rerank.llm import RerankJob
 from r2med_agent.rerank.spec import get_reranker_spec

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from r2med_agent.llm.cache.wrapper import CachedLLM
-from r2med_agent.prompt_import import import_clone, write_prompts
+from r2med_agent.prompts.importer import import_clone, write_prompts
 from r2med_agent.rerank import formats
 from r2med_agent.rerank.llm import LLMReranker, RerankJob
 from r2med_agent.rerank.spec import RerankerSpec, get_reranker_spec

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from r2med_agent.llm.cache.wrapper import CachedLLM
-from r2med_agent.prompt_import import import_clone, write_prompts
+from r2med_agent.prompts.importer import import_clone, write_prompts
 from r2med_agent.rerank import setwise
 from r2med_agent.rerank.llm import RerankJob
 from r2med_agent.rerank.setwise import SetwiseReranker, parse_choice

@@ -132,7 +132,7 @@ def test_a_trickling_embeddings_server_is_bounded(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_trickling_prompt_mirror_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from r2med_agent import prompt_sources
+    from r2med_agent.prompts import sources as prompt_sources
 
     monkeypatch.setattr(prompt_sources, "FETCH_TIMEOUT_S", 2.0)
     monkeypatch.setattr(prompt_sources, "FETCH_ATTEMPTS", 1)
@@ -192,7 +192,7 @@ def test_embeddings_over_the_cap_are_refused(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_prompt_file_over_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A declared 6 GB file (a MemoryError traceback) and a 1 GB file on a file:// mirror
     (1.09 GB of memory): refused at 16 MiB, nothing written."""
-    from r2med_agent import prompt_sources
+    from r2med_agent.prompts import sources as prompt_sources
 
     monkeypatch.setattr(prompt_sources, "FETCH_ATTEMPTS", 1)
     declared = lambda srv, h, path, body, attempt: send(h, 200, b"x", {"Content-Length": str(6 * 10**9)})  # noqa: E731
@@ -333,7 +333,7 @@ def _encoder(url: str, monkeypatch: pytest.MonkeyPatch, timeout_s: float = 30.0)
 
 def _source(srv: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A pinned source of one file, fetched from ``srv`` into a cache under ``tmp_path``."""
-    from r2med_agent import prompt_sources
+    from r2med_agent.prompts import sources as prompt_sources
 
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(prompt_sources.BASE_URL_ENV, srv.base_url.removesuffix("/v1"))

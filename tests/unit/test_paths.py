@@ -17,7 +17,7 @@ from r2med_agent.paths import DATA_FOLDERS, configs_dir, data_dir, prompts_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_WHERE = ("from r2med_agent import prompt_templates; from r2med_agent.paths import configs_dir, prompts_dir; "
+_WHERE = ("from r2med_agent.prompts import templates as prompt_templates; from r2med_agent.paths import configs_dir, prompts_dir; "
           "print(prompts_dir()); print(configs_dir()); "
           "print(prompt_templates.render('hyde/qa.j2', query='QQ', domain='biology').splitlines()[0])")
 

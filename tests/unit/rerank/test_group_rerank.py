@@ -66,7 +66,7 @@ def test_groupwise_prompt_keeps_grouprank_format() -> None:
     exact: documents as prepare_groups_one_epoch lays them out (newlines to one space, cut to
     max_doc_chars, "[i]. text" and a blank line each), the <reason> and <answer> parts and the JSON
     example. The authors' own text, imported from a clone, is rendered byte for byte in
-    tests/unit/test_prompt_import.py::test_grouprank_system_and_user_prompts."""
+    tests/unit/prompts/test_import.py::test_grouprank_system_and_user_prompts."""
     spec = RerankerSpec(name="g", kind="groupwise", llm="x", max_doc_chars=12)
     texts = ["alpha\n\n\nbeta gamma delta", "short", "tabs\tand  spaces stay\nhere"]
     reranker = GroupwiseReranker(spec, llm=object())

@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from r2med_agent import prompt_sources as ps
+from r2med_agent.prompts import sources as ps
 from tests.prompt_mirror import mirror_files
-from tests.unit.test_prompt_import import HYDE
-from tests.unit.test_prompt_sources import _hyde_text, sources  # noqa: F401 - the fixture
+from tests.unit.prompts.test_import import HYDE
+from tests.unit.prompts.test_sources import _hyde_text, sources  # noqa: F401 - the fixture
 
 AUTHORS = HYDE["Stack-Biology"].format(TEXT="Why?")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.cli.app import main
 from r2med_agent.types import Doc, Query, Task
 
@@ -501,7 +501,7 @@ REAL = [Path(p) for p in os.environ.get("R2MED_REFERENCE_CLONES", "").split(os.p
                     "ReasonRank, rank1, Diver or llm-rankers (joined by the path separator) to check their real files")
 @pytest.mark.parametrize("clone", REAL, ids=[p.name for p in REAL])
 def test_real_clone_renders_the_reference_prompt(clone, tmp_path) -> None:
-    from r2med_agent.prompt_import import import_clone
+    from r2med_agent.prompts.importer import import_clone
 
     imported = import_clone(clone)
     out = tmp_path / "ref-prompts"

@@ -1,6 +1,6 @@
 """The readers of ``prompts import``: one per reference repository, each turning the prompts
-its code builds into the project's template files (see :mod:`~r2med_agent.prompt_import`), read
-statically through :mod:`~r2med_agent.prompt_ast`."""
+its code builds into the project's template files (see :mod:`~r2med_agent.prompts.importer`), read
+statically through :mod:`~r2med_agent.prompts.static_python`."""
 
 from __future__ import annotations
 
@@ -11,20 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.prompt_ast import (
-    CloneFile,
-    Piece,
-    clone_commit,
-    exact_template,
-    format_pieces,
-    jinja_literal,
-    jinja_source,
-    param_exprs,
-    parse_file,
-    returned_value,
-    str_constants,
-    string_pieces,
-)
+from r2med_agent.prompts.static_python import CloneFile, Piece, clone_commit, exact_template, format_pieces, jinja_literal, jinja_source, param_exprs, parse_file, returned_value, str_constants, string_pieces
 
 FAMILIES = ("qa", "exam", "treatment", "case")
 

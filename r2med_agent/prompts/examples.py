@@ -11,7 +11,7 @@ reference repository turns them into the project's examples files with::
 
 The file is read with :mod:`ast` and :func:`ast.literal_eval`: its code never runs. The result is
 ``<out>/query2doc/examples/<family>.yaml``, a mapping from task name to that task's examples,
-which :func:`r2med_agent.prompt_templates.load_examples` looks up by task before the package's per-domain
+which :func:`r2med_agent.prompts.templates.load_examples` looks up by task before the package's per-domain
 or per-family examples.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.prompt_ast import read_python
+from r2med_agent.prompts.static_python import read_python
 
 QUERY_LABEL = re.compile(r"(?:Post|Exam|Case):[ \t]?(.*)$")
 """A line that opens an example's query (the reference's labels)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompt_templates
+from r2med_agent.prompts import templates as prompt_templates
 from r2med_agent.errors import ConfigError
 from r2med_agent.paths import prompts_dir
 
@@ -107,13 +107,13 @@ def test_templates_ship_in_package_folder():
 
 def test_repo_prompts_folder_holds_no_code():
     """The repository's top-level prompts/ folder holds templates, example files and its README,
-    no code, and is the folder this checkout renders from. The code is r2med_agent.prompt_templates,
+    no code, and is the folder this checkout renders from. The code is r2med_agent.prompts.templates,
     importable from a checkout without installing."""
     folder = Path(__file__).resolve().parents[3] / "prompts"
     kinds = {p.suffix for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert kinds == {".j2", ".yaml", ".md"}
     assert prompts_dir() == folder
-    assert Path(prompt_templates.__file__).parent.name == "r2med_agent"
+    assert Path(prompt_templates.__file__).parent == folder.parent / "r2med_agent" / "prompts"
 
 
 # -- overrides ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ On first use (:func:`ensure`) the files are fetched from ``$R2MED_PROMPTS_BASE_U
 <file>`` (default https://raw.githubusercontent.com; a ``file://`` folder or a local server in the
 same layout works too) into ``<cache>/reference-prompts/<owner>+<repo>@<commit>/files/``, each
 checked against its pinned hash before anything is written, then read by the importer of
-``r2med-agent prompts import`` (:data:`~r2med_agent.prompt_import.READERS`, never running them) into
+``r2med-agent prompts import`` (:data:`~r2med_agent.prompts.importer.READERS`, never running them) into
 a templates folder beside them; later runs find them there. :func:`install_clone` does the same from
 a user's clone checked out at the commit (``r2med-agent prompts import <clone>``), the way to work
 without network. A source is any READERS entry: a new one is an entry of the YAML file.
@@ -76,7 +76,7 @@ class PromptSource:
         name: the key in ``configs/pinned/prompt_sources.yaml``.
         repo: ``owner/name`` on GitHub.
         commit: the full 40-hex commit.
-        reader: the :data:`~r2med_agent.prompt_import.READERS` entry that reads the files.
+        reader: the :data:`~r2med_agent.prompts.importer.READERS` entry that reads the files.
         folders: the prompt folders the import gives (``hyde``, ``rerank-groupwise`` ...).
         files: path in the repository -> SHA-256 of the file at ``commit``.
         about: one line for listings.
@@ -127,7 +127,7 @@ def prompt_sources() -> dict[str, PromptSource]:
     """
     from r2med_agent.config import read_yaml
     from r2med_agent.paths import configs_dir
-    from r2med_agent.prompt_readers import READERS
+    from r2med_agent.prompts.readers import READERS
 
     path = configs_dir() / SOURCES_FILE
     doc = read_yaml(path)
@@ -164,7 +164,7 @@ def source_of_folder(folder: str) -> PromptSource | None:
 def renderers(method: str, llm: str | None, generations: str, reranker: str | None) -> list[tuple[str, str | None]]:
     """``(prompt folder, LLM that reads it)`` for each prompt folder a run renders: its method's
     when it generates fresh, its reranker's (read by the entry's ``llm``)."""
-    from r2med_agent.prompt_import import run_prompt_folders
+    from r2med_agent.prompts.importer import run_prompt_folders
 
     out: list[tuple[str, str | None]] = [(f, llm) for f in run_prompt_folders(method, generations, "")]
     if reranker:
@@ -379,9 +379,9 @@ def _write_file(path: Path, data: bytes) -> None:
 def _templates(source: PromptSource) -> Path:
     """The templates folder of ``source``, imported from its verified files (made once per
     content: ``templates-<hash>``; one already there is checked against the import, and made
-    again when it differs: :func:`~r2med_agent.prompt_cache.install`)."""
-    from r2med_agent.prompt_cache import install
-    from r2med_agent.prompt_import import READERS
+    again when it differs: :func:`~r2med_agent.prompts.cache.install`)."""
+    from r2med_agent.prompts.cache import install
+    from r2med_agent.prompts.importer import READERS
 
     imported = READERS[source.reader][1](source.folder / "files")
     imported.reference, imported.commit = source.repo, source.commit
@@ -412,7 +412,7 @@ def install_clone(clone: str | os.PathLike[str]) -> PromptSource:
         ConfigError: the folder holds no pinned source's files.
         PromptSourceError: its git HEAD is another commit, or a file differs from the pinned one.
     """
-    from r2med_agent.prompt_ast import clone_commit
+    from r2med_agent.prompts.static_python import clone_commit
 
     root = Path(clone).expanduser()
     if not root.is_dir():
@@ -497,7 +497,7 @@ def run_prompts(spec: Any, own_dir: Path | None = None) -> RunPrompts:
         )
     dirs = {s.name: ensure(s) for s in dict.fromkeys(wanted)}
     method_dir = reranker_dir = own_dir
-    from r2med_agent.prompt_import import run_prompt_folders
+    from r2med_agent.prompts.importer import run_prompt_folders
 
     method_folders = set(run_prompt_folders(spec.method, spec.generations, ""))
     for folder, _, src in folders:
@@ -514,7 +514,7 @@ def run_prompts(spec: Any, own_dir: Path | None = None) -> RunPrompts:
 def describe(spec: Any, prompts_dir: Any = None) -> str:
     """One phrase for ``reproduce --dry-run``: whose prompts a row renders, with each authors'
     source, its files and whether they are at hand ("" when the row renders none)."""
-    from r2med_agent.prompt_import import describe as describe_own
+    from r2med_agent.prompts.importer import describe as describe_own
 
     folders = split_folders(spec)
     if not folders:
@@ -558,7 +558,7 @@ def sources_named(names: Sequence[str]) -> list[PromptSource]:
 
 NO_TASK_PROMPT = "the_reference_has_no_prompt_for_this_task"
 """What an imported per-task template renders for a task its reference has no prompt for
-(:func:`~r2med_agent.prompt_import.read_r2med`)."""
+(:func:`~r2med_agent.prompts.importer.read_r2med`)."""
 
 
 def check_tasks(run: RunPrompts, method: str, tasks: Sequence[Any]) -> None:
@@ -568,7 +568,7 @@ def check_tasks(run: RunPrompts, method: str, tasks: Sequence[Any]) -> None:
     Raises:
         ConfigError: naming the task, the source and ``--prompts own``.
     """
-    from r2med_agent import prompt_templates as prompts
+    from r2med_agent.prompts import templates as prompts
     from r2med_agent.data import base_task_name
 
     src = next((s for s in run.sources if method in s.folders), None)

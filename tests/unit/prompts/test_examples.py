@@ -9,8 +9,8 @@ import pytest
 
 from r2med_agent.cli.app import main
 from r2med_agent.errors import DataError
-from r2med_agent.prompt_examples import read_reference_examples, split_pairs
-from r2med_agent.prompt_templates import load_examples
+from r2med_agent.prompts.examples import read_reference_examples, split_pairs
+from r2med_agent.prompts.templates import load_examples
 
 SOURCE = '''
 import os

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r2med_agent.errors import DataError
-from r2med_agent.prompt_templates import EXACT_MARK
+from r2med_agent.prompts.templates import EXACT_MARK
 
 Piece = tuple[str, str]
 """One part of a prompt: ``("text", literal)``, ``("expr", Jinja expression)`` or ``("code",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompt_sandbox, prompt_templates
+from r2med_agent.prompts import sandbox as prompt_sandbox
+from r2med_agent.prompts import templates as prompt_templates
 from r2med_agent.errors import ConfigError
 
 _LOOPS = ("more than 1,000,000 loop iterations", "rendering took more than 5 s")  # whichever comes first
@@ -123,7 +124,7 @@ def test_a_run_with_an_old_jinja2_stops_before_any_work(tmp_path):
 def test_pyproject_requires_the_fixed_jinja2():
     import tomllib
 
-    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text(encoding="utf-8"))
     assert "jinja2>=3.1.6" in pyproject["project"]["dependencies"]
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def install(imported: Any, target: Path, source: str) -> Path:
     """``target``, holding exactly the templates of ``imported`` (an
-    :class:`~r2med_agent.prompt_import.ImportedPrompts` of the pinned source named ``source``).
+    :class:`~r2med_agent.prompts.importer.ImportedPrompts` of the pinned source named ``source``).
 
     A folder already there that matches is kept. One that differs (a template edited, a line
     appended, a file replaced by a link, a template added) is made again in its place, with a
@@ -46,7 +46,7 @@ def differs(folder: Path, templates: Mapping[str, str]) -> str | None:
     A template missing, changed, a link or not a regular file, and any file the import did not
     write (the template loader would find it) count; the import's record is not rendered and may
     differ."""
-    from r2med_agent.prompt_import import RECORD
+    from r2med_agent.prompts.importer import RECORD
 
     for rel, text in templates.items():
         path = folder / rel
@@ -70,7 +70,7 @@ def _write(imported: Any, target: Path) -> None:
     """Write ``imported`` into a temporary folder beside ``target`` and rename it into place; a
     ``target`` already there is renamed aside first and removed after."""
     from r2med_agent.io import remove_stale_temps, temp_prefix
-    from r2med_agent.prompt_import import write_prompts
+    from r2med_agent.prompts.importer import write_prompts
 
     folder = target.parent
     remove_stale_temps(folder)

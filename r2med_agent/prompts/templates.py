@@ -108,7 +108,7 @@ def search_path(prompts_dir: PathLike | None = None) -> list[Path]:
 
 @lru_cache(maxsize=16)
 def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
-    from r2med_agent.prompt_sandbox import BoundedSandbox
+    from r2med_agent.prompts.sandbox import BoundedSandbox
 
     return BoundedSandbox(
         loader=jinja2.FileSystemLoader(list(paths), encoding="utf-8"),
@@ -123,7 +123,7 @@ def _environment(paths: tuple[str, ...]) -> jinja2.Environment:
 def environment(prompts_dir: PathLike | None = None) -> jinja2.Environment:
     """The Jinja environment over :func:`search_path` (cached per search path).
 
-    Jinja's immutable sandbox with resource limits (:mod:`r2med_agent.prompt_sandbox`; it refuses a
+    Jinja's immutable sandbox with resource limits (:mod:`r2med_agent.prompts.sandbox`; it refuses a
     jinja2 older than 3.1.6), ``StrictUndefined``, no autoescaping, trailing newlines kept,
     ``trim_blocks`` on. Templates are re-read when their file changes on disk.
     """
@@ -197,7 +197,7 @@ def check_folder(folder: PathLike) -> None:
         ConfigError: a template names an attribute the sandbox refuses (file and line), or the
             jinja2 imported is older than the sandbox needs.
     """
-    from r2med_agent.prompt_sandbox import check_jinja2
+    from r2med_agent.prompts.sandbox import check_jinja2
 
     check_jinja2()
     env = jinja2.sandbox.ImmutableSandboxedEnvironment()
@@ -278,7 +278,7 @@ def render(template_path: str, /, *, prompts_dir: PathLike | None = None, **vari
         ConfigError: unknown template, syntax error, a variable the template needs is missing, or
             the template went past a limit on time, size or depth (file and line).
     """
-    from r2med_agent.prompt_sandbox import TemplateLimit, render_bounded
+    from r2med_agent.prompts.sandbox import TemplateLimit, render_bounded
 
     template = _get_template(template_path, prompts_dir)
     try:

@@ -10,7 +10,7 @@ The clone's Python files are parsed with :mod:`ast`; nothing in them is imported
 recognised repository gives the templates of the methods it defines (see :data:`READERS`); every
 template renders, through the project's template variables, the text the reference's own code
 builds for the same question and documents, byte for byte: its first line is
-:data:`~r2med_agent.prompt_templates.EXACT_MARK`, which tells the methods to keep the rendered
+:data:`~r2med_agent.prompts.templates.EXACT_MARK`, which tells the methods to keep the rendered
 text's trailing whitespace (the shipped templates have it dropped). What the reference builds
 around the prompt (the documents' own layout, the chat template) stays the project's.
 
@@ -27,27 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.prompt_readers import (
-    BRIGHT_FILES,
-    BRIGHT_REPO,
-    READERS,
-    ImportedPrompts,
-    read_bright,
-    read_grouprank,
-    read_r2med,
-    read_rank1,
-    read_rank_r1,
-    read_reasonrank,
-    read_search_o1,
-    read_search_r1,
-)
-from r2med_agent.prompt_templates import ENV_VAR
+from r2med_agent.prompts.readers import BRIGHT_FILES, BRIGHT_REPO, READERS, ImportedPrompts, read_bright, read_grouprank, read_r2med, read_rank1, read_rank_r1, read_reasonrank, read_search_o1, read_search_r1
+from r2med_agent.prompts.templates import ENV_VAR
 
 __all__ = ["BRIGHT_FILES", "BRIGHT_REPO", "READERS", "RECORD", "ImportedPrompts", "describe", "import_clone",
            "imported_prompts", "read_bright", "read_grouprank", "read_r2med", "read_rank1", "read_rank_r1",
            "read_reasonrank", "read_search_o1", "read_search_r1", "run_prompt_folders", "write_prompts"]
-"""The import's names; the readers of each reference are in :mod:`~r2med_agent.prompt_readers`,
-the static reading of a clone's Python in :mod:`~r2med_agent.prompt_ast`."""
+"""The import's names; the readers of each reference are in :mod:`~r2med_agent.prompts.readers`,
+the static reading of a clone's Python in :mod:`~r2med_agent.prompts.static_python`."""
 
 RECORD = ".r2med-import.json"
 """The file in an imported prompts folder that says where its templates came from."""
@@ -106,7 +93,7 @@ def imported_prompts(folders: Iterable[str], prompts_dir: Any = None) -> list[di
     """The imports behind the prompt folders a run renders (``hyde``, ``rerank-groupwise`` ...):
     ``{reference, commit, folders}`` of each import in the overriding folder (``prompts_dir``,
     else ``$R2MED_PROMPTS_DIR``) that wrote one of them; [] when the prompts are the project's."""
-    from r2med_agent.prompt_templates import search_path
+    from r2med_agent.prompts.templates import search_path
 
     paths = search_path(prompts_dir)
     if len(paths) < 2:
@@ -148,7 +135,7 @@ def _generates(method: str) -> bool:
 def describe(folders: Sequence[str], prompts_dir: Any = None) -> str:
     """One phrase for ``reproduce --dry-run``: whose prompts a run rendering ``folders`` uses:
     the reference's (imported), the user's own files, or the project's own."""
-    from r2med_agent.prompt_templates import search_path
+    from r2med_agent.prompts.templates import search_path
 
     imports = imported_prompts(folders, prompts_dir)
     if imports:

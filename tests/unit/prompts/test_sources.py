@@ -1,11 +1,11 @@
-"""The authors' prompts at pinned commits (r2med_agent.prompt_sources): fetched once over a real
+"""The authors' prompts at pinned commits (r2med_agent.prompts.sources): fetched once over a real
 loopback HTTP server or from a ``file://`` mirror into the cache, checked against their pinned
 hashes, imported, reused; a clone at the pinned commit in their place; and the three ways it
 goes wrong (no network and no clone, a mirror or clone at another commit, a changed file), each
 one line, before any work, with nothing written.
 
 The sources here are this test's own: fake clones of R2MED and Search-R1 in the references'
-layouts (tests/unit/test_prompt_import.py), pinned at their git commits with their files'
+layouts (tests/unit/prompts/test_import.py), pinned at their git commits with their files'
 hashes, in place of configs/pinned/prompt_sources.yaml. The real pins are checked against the authors'
 files in tests/conformance/test_prompt_sources_pins.py."""
 
@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompt_sources as ps
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import sources as ps
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError, PromptSourceError
 from r2med_agent.experiment.resolve import cli_args, resolve
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.types import Query
 from tests.prompt_mirror import LoopbackMirror, closed_port_url, mirror_files
-from tests.unit.test_prompt_import import HYDE, git_commit, r2med_clone, search_r1_clone, task
+from tests.unit.prompts.test_import import HYDE, git_commit, r2med_clone, search_r1_clone, task
 
 
 def _pin(name: str, repo: str, reader: str, clone: Path, folders: tuple[str, ...], files: tuple[str, ...]) -> ps.PromptSource:

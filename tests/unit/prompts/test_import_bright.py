@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.methods import get_method
-from r2med_agent.prompt_import import BRIGHT_FILES, BRIGHT_REPO, READERS, import_clone, write_prompts
+from r2med_agent.prompts.importer import BRIGHT_FILES, BRIGHT_REPO, READERS, import_clone, write_prompts
 from r2med_agent.types import Doc, Query, Task
-from tests.unit.test_prompt_import import GUARD, _no_env_override, run_import, write  # noqa: F401  (autouse)
+from tests.unit.prompts.test_import import GUARD, _no_env_override, run_import, write  # noqa: F401  (autouse)
 
 REASON = GUARD + '''
 if __name__ == '__main__':
@@ -40,7 +40,7 @@ def _theirs(source: str, query: str) -> str:
 
 
 def test_the_reader_is_registered_with_brights_repo_commit_and_files() -> None:
-    from r2med_agent.prompt_sources import prompt_sources, source_of_folder
+    from r2med_agent.prompts.sources import prompt_sources, source_of_folder
 
     assert READERS["BRIGHT"][0] == BRIGHT_FILES == ("reason.py",)
     pin = prompt_sources()["BRIGHT"]
