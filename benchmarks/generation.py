@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from r2med_agent.llm import GenerationCache, default_sampling, make_llm, resolve_chunk_size, resolve_spec
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.llm.local import resolve_gguf
 from r2med_agent.methods import get_method
 from r2med_agent.types import Generation, Query, Task

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.llm.registry import LLMSpec, make_backend
 from r2med_agent.methods import get_method
 from r2med_agent.types import Query, SamplingParams, Task

@@ -73,7 +73,7 @@ def small_grid(delay: float) -> None:
 def frontier(gpus: int = 8, gpu_gib: float = 80.0) -> None:
     from r2med_agent.grids.cluster import build_jobs, row_hours
     from r2med_agent.grids.schedule import idle_share, longest_chain, pack
-    from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+    from r2med_agent.api import ReproduceOptions, load_grid, plan
 
     grid = load_grid("frontier")
     opts = ReproduceOptions(output_dir=Path("results"), tasks=grid.tasks, gpu_gib=gpu_gib)

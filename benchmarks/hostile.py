@@ -151,7 +151,7 @@ FILES_CASES = {
 
 
 def _grouprank(kind: str) -> None:
-    from r2med_agent.retrieval.rerank.groupwise import grouprank_answer, parse_group_scores
+    from r2med_agent.rerank.groupwise import grouprank_answer, parse_group_scores
 
     scores = ", ".join(f'"[{i}]": {i % 10}' for i in range(1, 11))
     text = ("The passages differ in how closely they match. " * 45 + f"<answer>{{{scores}}}</answer>"
@@ -189,9 +189,9 @@ def _cache(kind: str, folder: Path) -> None:
     import random as rnd
 
     from r2med_agent.errors import DataError
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cache_repair import repair
-    from r2med_agent.llm.records import CacheRecord, Use, build_request
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.repair import repair
+    from r2med_agent.llm.cache.records import CacheRecord, Use, build_request
     from r2med_agent.types import Generation
 
     path = folder / "gen.sqlite"
@@ -216,8 +216,8 @@ def files_child(what: str, kind: str) -> None:
     """One case of :data:`FILES_CASES` in this process: seconds (of the case alone) and peak RSS."""
     import r2med_agent.config  # noqa: F401 - imported first: the figures are the cases' alone
     import r2med_agent.data  # noqa: F401
-    import r2med_agent.llm.cache_repair  # noqa: F401
-    import r2med_agent.retrieval.rerank.groupwise  # noqa: F401
+    import r2med_agent.llm.cache.repair  # noqa: F401
+    import r2med_agent.rerank.groupwise  # noqa: F401
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -317,7 +317,7 @@ TEMPLATES = {
 
 def template_child(case: str) -> None:
     """Render one of :data:`TEMPLATES` in this process; print seconds, peak memory and outcome."""
-    from r2med_agent import prompt_templates
+    from r2med_agent.prompts import templates as prompt_templates
     from r2med_agent.errors import ConfigError
 
     with tempfile.TemporaryDirectory() as folder:
@@ -388,7 +388,7 @@ def server_child(what: str, kind: str, url: str) -> None:
     logging.disable(logging.WARNING)
     import openai  # noqa: F401 - imports before the clock starts
 
-    from r2med_agent import prompt_sources  # noqa: F401
+    from r2med_agent.prompts import sources as prompt_sources  # noqa: F401
     from r2med_agent.retrieval.dense import api  # noqa: F401
 
     t0 = time.perf_counter()
@@ -415,7 +415,7 @@ def server_child(what: str, kind: str, url: str) -> None:
                                        max_tokens=None, tiktoken_encoding="", json_inputs=False, batch_size=64)
             api.APIEncoder(spec, timeout_s=3.0).encode([f"text {i}" for i in range(256)], side="doc")
         else:
-            from r2med_agent import prompt_sources
+            from r2med_agent.prompts import sources as prompt_sources
 
             with tempfile.TemporaryDirectory() as tmp:
                 os.environ["R2MED_CACHE_DIR"] = tmp
@@ -507,7 +507,7 @@ def _pairs(text: str) -> tuple[float, dict]:
     from transformers import AutoTokenizer
 
     from r2med_agent.retrieval.dense.models import resolve_model_path
-    from r2med_agent.retrieval.rerank.cross_encoder import pair_token_ids
+    from r2med_agent.rerank.cross_encoder import pair_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(_minilm_spec().model))
     t0 = time.perf_counter()

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, root: Path) -> int:
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     data_dir = root / "data"
     t0 = time.perf_counter()

@@ -24,9 +24,9 @@ import os
 import time
 from dataclasses import replace
 
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.llm.registry import LLMSpec
-from r2med_agent.retrieval.rerank.factory import make_reranker
+from r2med_agent.rerank.factory import make_reranker
 from r2med_agent.types import SearchRequest
 
 ENGINE = {"gpu_memory_utilization": 0.05, "max_model_len": 2048, "engine_kwargs": {"enforce_eager": True}}
@@ -36,7 +36,7 @@ WAYS = ("shipped", "one query at a time")
 def _jobs(n_queries: int, k: int):
     from r2med_agent.data import load_task
     from r2med_agent.retrieval import make_retriever
-    from r2med_agent.retrieval.rerank.llm import RerankJob
+    from r2med_agent.rerank.llm import RerankJob
 
     task = load_task("sample")
     requests = [SearchRequest(q.query_id, q.text) for q in task.queries[:n_queries]]

@@ -47,7 +47,7 @@ def _forced(spec) -> str | None:  # noqa: ANN001 - RerankerSpec
 def _user_config(path: Path, backend: str, names: list[str], model: str, base_url: str | None) -> dict[str, str]:
     """A user config whose rerankers are the shipped entries over the vLLM engine or server;
     returns shipped name -> its copy's name."""
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from r2med_agent.rerank.spec import get_reranker_spec
     from tests.vllm_server import ENGINE_SETTINGS
 
     # The server's engine settings (tests/vllm_server.py), both without prefix caching.
@@ -74,7 +74,7 @@ def _user_config(path: Path, backend: str, names: list[str], model: str, base_ur
 
 
 def _run(name: str, k: int, out: Path) -> dict:
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     cfg = RunConfig(tasks=("sample",), reranker=name, rerank_k=k, output_dir=out / "results",
                     cache_path=out / f"{name}.sqlite", show_progress=False)

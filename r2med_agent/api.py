@@ -1,7 +1,7 @@
 """Score your own encoder, retriever or LLM from Python, through the same runner as the CLI.
 
 Each function runs one configuration over one or more tasks and returns the runner's
-:class:`~r2med_agent.runner.ExperimentResult`. The results land in the usual result tree
+:class:`~r2med_agent.experiment.runner.ExperimentResult`. The results land in the usual result tree
 (``<output_dir>/<method>/<llm>/<retriever>/<Task>.json``, ``.run``, ...), so ``r2med-agent
 compare`` and ``report`` read them beside every other run, and generations of your LLM go
 through the generation cache like any other model's (a re-run makes no call).
@@ -25,6 +25,12 @@ Documents are seen as ``Doc.full_text`` (title + " " + text) everywhere.
 folder, each named after its folder; without either, the packaged ``sample``. Errors are the
 CLI's ConfigError and DataError, with each option named as the keyword these functions take
 (``allow_count_mismatch=True``, ``data_dir``), not as its CLI flag.
+
+The module is also the public Python API of ``run``, ``compare`` and ``reproduce``
+(docs/python-api.md): :class:`RunConfig`, :func:`run_experiment`, :func:`load_results`,
+:func:`build_table`, :func:`load_grid`, :func:`plan`, :func:`reproduce` and the rest of
+``_PUBLIC``, each imported from the module that defines it on first use, so importing this
+module never loads the whole pipeline.
 """
 
 from __future__ import annotations
@@ -43,7 +49,35 @@ from r2med_agent.types import Generation, Message, Run, SamplingParams, SearchRe
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PythonLLM", "evaluate_encoder", "evaluate_llm", "evaluate_retriever"]
+# The public names of run, compare and reproduce, and the module each is defined in.
+_PUBLIC = {
+    "r2med_agent.experiment.run_config": ("RunConfig",),
+    "r2med_agent.experiment.runner": ("ExperimentResult", "TaskOutcome", "run_experiment"),
+    "r2med_agent.experiment.spec": ("DEFAULT_TOP_K", "RunSpec"),
+    "r2med_agent.analysis.published": ("PublishedKey", "PublishedResults", "published_results"),
+    "r2med_agent.analysis.render": ("FORMATS", "print_rich", "render"),
+    "r2med_agent.analysis.results": ("ResultRow", "TaskResult", "load_results"),
+    "r2med_agent.analysis.tables": ("ComparisonTable", "TableOptions", "TableRow", "build_table", "find_row"),
+    "r2med_agent.grids.grid": ("TABLES", "Grid", "GridEntry", "load_grid", "load_grids"),
+    "r2med_agent.grids.planner": ("PlannedRun", "ReproduceOptions", "format_plan", "plan", "reproduce",
+                                  "results_table"),
+}
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+
+__all__ = ["PythonLLM", "evaluate_encoder", "evaluate_llm", "evaluate_retriever", *sorted(_HOME)]
+
+
+def __getattr__(name: str) -> Any:
+    """``from r2med_agent.api import RunConfig``: the name from the module that defines it."""
+    if name in _HOME:
+        import importlib
+
+        return getattr(importlib.import_module(_HOME[name]), name)
+    raise AttributeError(f"module 'r2med_agent.api' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
 
 _LLM_FUNCTIONS: dict[str, Callable[[list[list[Message]]], Sequence[str]]] = {}
 
@@ -259,11 +293,11 @@ def evaluate_llm(
 
 def run_options() -> tuple[str, ...]:
     """The keyword options every ``evaluate_*`` function passes to the runner: the fields of
-    :class:`~r2med_agent.runner.RunConfig` (``data_dir``, ``output_dir``, ``top_k``,
+    :class:`~r2med_agent.experiment.run_config.RunConfig` (``data_dir``, ``output_dir``, ``top_k``,
     ``method``, ``llm``, ``use_cache``, ``show_progress``, ...)."""
     import dataclasses
 
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.experiment.run_config import RunConfig
 
     return tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("tasks", "retriever"))
 
@@ -276,7 +310,7 @@ def _api_words(message: str) -> str:
     (``--allow-count-mismatch`` -> ``allow_count_mismatch=True``, ``--task NAME`` -> ``tasks=NAME``)."""
     import dataclasses
 
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.experiment.run_config import RunConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 
@@ -306,7 +340,8 @@ def _run(tasks: str | Sequence[str] | None, *, retriever: str, **options: Any) -
 
 def _run_options(tasks: str | Sequence[str] | None, *, retriever: str, **options: Any) -> Any:
     from r2med_agent.data import local_task_names, task_names
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.experiment.run_config import RunConfig
+    from r2med_agent.experiment.runner import run_experiment
 
     unknown = sorted(set(options) - set(run_options()))
     if unknown:

@@ -8,7 +8,7 @@ group          entry                                                        regi
 ============== ============================================================ ==========================
 ``methods``    a method class (:class:`~r2med_agent.methods.ExpansionMethod`) ``methods.METHODS``
 ``retrievers`` a :class:`~r2med_agent.retrieval.registry.RetrieverKind`      ``RETRIEVER_KINDS``
-``rerankers``  a :class:`~r2med_agent.retrieval.rerank.kinds.RerankerKind`   ``RERANKER_KINDS``
+``rerankers``  a :class:`~r2med_agent.rerank.kinds.RerankerKind`             ``RERANKER_KINDS``
 ``encoders``   a function of no arguments returning an encoder               ``ENCODERS``
                (:class:`~r2med_agent.retrieval.dense.spec.Encoder`)
 ``llm-backends`` a backend class, or its ``"module:Class"`` path, built with ``BACKENDS``
@@ -57,7 +57,7 @@ PLUGIN_ENV = "R2MED_PLUGINS"
 GROUPS: dict[str, str] = {
     "methods": "r2med_agent.methods:METHODS",
     "retrievers": "r2med_agent.retrieval.registry:RETRIEVER_KINDS",
-    "rerankers": "r2med_agent.retrieval.rerank.kinds:RERANKER_KINDS",
+    "rerankers": "r2med_agent.rerank.kinds:RERANKER_KINDS",
     "encoders": "r2med_agent.retrieval.registry:ENCODERS",
     "llm-backends": "r2med_agent.llm.registry:BACKENDS",
 }

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from r2med_agent.prompt_sources import PromptSource
+from r2med_agent.prompts.sources import PromptSource
 
 
 def mirror_files(root: Path, source: PromptSource, files_from: Path, *, commit: str | None = None) -> Path:

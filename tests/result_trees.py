@@ -1,7 +1,7 @@
 """Build result trees in the runner's layout for the compare/report/reproduce tests.
 
 Scores come from the real evaluation (pytrec_eval) of hand-written runs, and the files are written
-the way r2med_agent.runner writes them: ``<root>/<method>/<llm>/<retriever>[__<reranker>]/<Task>.json``
+the way r2med_agent.api writes them: ``<root>/<method>/<llm>/<retriever>[__<reranker>]/<Task>.json``
 (R2MED's keys plus per_query, config and stats), ``<Task>.run`` and, when given,
 ``<Task>.generations.jsonl`` / ``<Task>.traces.jsonl``.
 """
@@ -127,7 +127,7 @@ def runconfig_record(
     """The ``config`` block the runner writes for this configuration (its own record function),
     in the project's own wording (the folders these trees write have no prompts token)."""
     from r2med_agent.experiment.run_config import config_record
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     cfg = RunConfig(
         tasks=(task,), method=method, llm=None if llm == "none" else llm, retriever=retriever,

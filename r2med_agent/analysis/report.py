@@ -155,7 +155,7 @@ def write_report(
     """Write the plots and ``report.html`` into ``out_dir``; returns the HTML file.
 
     Args:
-        table: the comparison (see :func:`r2med_agent.compare.build_table`).
+        table: the comparison (see :func:`r2med_agent.analysis.tables.build_table`).
         out_dir: folder to write into (created).
         tasks: loaded tasks by name, for query texts, qrels and document texts in the drill-down.
         cost_axis: x axis of the quality/cost plot (COST_AXES).

@@ -35,9 +35,7 @@ settings are all defaults."""
 
 def grid_aliases() -> dict[Any, PublishedKey]:
     """Run specs -> published names of every package reproduction grid entry."""
-    from r2med_agent.analysis.grids import (
-        load_grids,  # the grids name the runs behind each published row
-    )
+    from r2med_agent.grids.grid import load_grids
 
     return {key: e.published_key for grid in load_grids().values() for e in grid.entries for key in e.row_keys()}
 

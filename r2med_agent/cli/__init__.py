@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from r2med_agent.cli.app import app, main
+from r2med_agent.cli.app import main
+from r2med_agent.cli.common import app
 
 __all__ = ["app", "main"]

@@ -4,63 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 import typer
-from typer.core import TyperOption
 
 from r2med_agent import progress
+from r2med_agent.cli.common import app
 from r2med_agent.errors import R2MedError
 from r2med_agent.redaction import redact
 
-app = typer.Typer(
-    name="r2med-agent",
-    help="Reasoning-augmented medical retrieval on R2MED: query expansion and search agents over BM25 and dense indexes, scored with trec_eval.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        from r2med_agent import __version__
-
-        typer.echo(f"r2med-agent {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
-    plugin: list[str] = typer.Option(
-        [], "--plugin", metavar="MODULE",
-        help="Import MODULE as a plugin that registers components (methods, retrievers, rerankers, encoders, "
-             "LLM backends); repeatable. $R2MED_PLUGINS (comma-separated) does the same; installed "
-             "distributions' 'r2med_agent.plugins' entry points always load.",
-    ),
-) -> None:
-    """Reasoning-augmented medical retrieval on R2MED: query expansion and search agents over BM25 and dense indexes, scored with trec_eval."""
-    from r2med_agent.plugins import add_plugin_modules, load_plugins
-
-    add_plugin_modules(plugin)
-    load_plugins()  # every command: an installed plugin that fails says so at once
-
-
-def _flag_type(self: TyperOption, ctx: Any) -> str | None:
-    """No type column for on/off flags (typer shows ``<bool>`` beside ``--no-cache``, which takes
-    no value); every other option keeps its ``<int>``, ``<path>``, ... tag."""
-    return None if self.is_flag else _option_type(self, ctx)
-
-
-_option_type = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
-
 
 def _register() -> None:
-    # Imported here so each module adds its commands to ``app`` (explicit list, no discovery magic).
+    # Imported here so each module adds its commands to ``app`` (explicit list, no discovery magic);
+    # the command modules import ``app`` from cli/common.py, never this module.
     from r2med_agent.cli import cache_cmd, compare_cmd, prompts_cmd, results_cmd, run_cmd, trace_cmd  # noqa: F401
 
 

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.errors import ConfigError, DataError
 
 cache_app = typer.Typer(
@@ -106,7 +106,7 @@ def repair_command(
     into a new file at its path, the damaged file is renamed aside (<name>.damaged-<time>), nothing
     is deleted. Run it when no run is using the cache."""
     from r2med_agent.llm import default_cache_path
-    from r2med_agent.llm.cache_repair import repair
+    from r2med_agent.llm.cache.repair import repair
 
     report = repair(cache_path or default_cache_path())
     counted = report.counted["generations"]
@@ -162,7 +162,7 @@ def export_command(
     """
     from r2med_agent.config import set_user_config
     from r2med_agent.io import write_output
-    from r2med_agent.llm.cache_io import ExportSelection, export_r2med
+    from r2med_agent.llm.cache.transfer import ExportSelection, export_r2med
 
     if fmt != "r2med":
         raise ConfigError(f"--format {fmt!r} is not supported; allowed: r2med")
@@ -243,14 +243,14 @@ class ImportTarget:
     allow_missing_qrels_docs: bool = False
     allow_count_mismatch: bool = False
     prompts_from: str | None = None
-    """``authors`` or ``own``; None: the run's default (r2med_agent.prompt_sources.natural)."""
+    """``authors`` or ``own``; None: the run's default (r2med_agent.prompts.sources.natural)."""
 
 
 def import_for_method(cache, file: Path, target: ImportTarget):
     """Rebuild the requests ``target.method`` sends for ``target.task`` with ``target.llm`` and
     import ``file`` under them.
 
-    Returns the :class:`~r2med_agent.llm.cache_io.ImportReport`.
+    Returns the :class:`~r2med_agent.llm.cache.transfer.ImportReport`.
     """
     task, method, llm = target.task, target.method, target.llm
     sampling_overrides, sample_index = target.sampling_overrides, target.sample_index
@@ -258,8 +258,8 @@ def import_for_method(cache, file: Path, target: ImportTarget):
 
     from r2med_agent.data import load_task
     from r2med_agent.llm import default_sampling, get_llm_spec
-    from r2med_agent.llm.cache_io import import_r2med
-    from r2med_agent.llm.keys import RequestBuilder
+    from r2med_agent.llm.cache.transfer import import_r2med
+    from r2med_agent.llm.cache.keys import RequestBuilder
     from r2med_agent.methods import METHODS, get_method
     from r2med_agent.types import SearchRequest
 
@@ -273,7 +273,7 @@ def import_for_method(cache, file: Path, target: ImportTarget):
         params = replace(params, **sampling_overrides)
     from r2med_agent.experiment.resolve import resolve
     from r2med_agent.experiment.spec import RunSpec
-    from r2med_agent.prompt_sources import check_tasks, run_prompts
+    from r2med_agent.prompts.sources import check_tasks, run_prompts
 
     cls = get_method(method)
     if cls.agentic or not cls.uses_llm:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.errors import ConfigError
 
 _RESULTS_HELP = "Result directories (the runner's --output-dir, or any folder inside it). Default: results."
@@ -39,7 +39,7 @@ def _load_table(
     seed: int,
     cost: bool,
 ):
-    from r2med_agent.compare import build_table, load_results
+    from r2med_agent.api import build_table, load_results
 
     rows = load_results(results or [Path("results")], require_scored=True)
     found = sorted({name for row in rows for name in row.tasks})
@@ -58,7 +58,7 @@ def _load_table(
 
 
 def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
-    from r2med_agent.compare import FORMATS
+    from r2med_agent.api import FORMATS
 
     if fmt is None:
         if out is None or str(out) == "-":
@@ -70,7 +70,7 @@ def _format_for(fmt: Optional[str], out: Optional[Path]) -> str:
 
 
 def _emit(table, fmt: str, out: Optional[Path]) -> None:
-    from r2med_agent.compare import print_rich, render
+    from r2med_agent.api import print_rich, render
     from r2med_agent.io import write_output
 
     if out is not None and str(out) != "-":
@@ -166,8 +166,8 @@ def reproduce_command(
 ) -> None:
     """Run every configuration of one of the paper's tables and compare it with the published scores."""
     from r2med_agent.data import task_names
-    from r2med_agent.analysis.planner import unlisted_published
-    from r2med_agent.reproduce import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce
+    from r2med_agent.grids.planner import unlisted_published
+    from r2med_agent.api import TABLES, ReproduceOptions, format_plan, load_grid, plan, reproduce
 
     if (table_name is None) == (grid_file is None):
         raise ConfigError(f"give exactly one of --table ({', '.join(TABLES)}) or --grid FILE")

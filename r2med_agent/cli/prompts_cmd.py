@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 
 prompts_app = typer.Typer(
     help="Prompt files: the authors' prompts at pinned commits (fetch, list, import from a clone), or a "
@@ -25,7 +25,7 @@ def import_examples_command(
     force: bool = typer.Option(False, "--force", help="Replace examples files that already exist there."),
 ) -> None:
     """Turn the reference's per-task Query2Doc examples into examples files keyed by task."""
-    from r2med_agent.prompt_examples import read_reference_examples, write_examples
+    from r2med_agent.prompts.examples import read_reference_examples, write_examples
 
     imported = read_reference_examples(source)
     written = write_examples(imported, out, force=force)
@@ -50,13 +50,13 @@ def import_command(
 ) -> None:
     """Import a reference's own prompts: into the cache at the pinned commit, or into --out."""
     if out is None:
-        from r2med_agent.prompt_sources import install_clone
+        from r2med_agent.prompts.sources import install_clone
 
         source = install_clone(clone)
         typer.echo(f"{source.short}: {', '.join(source.folders)} at hand for runs with the authors' prompts "
                    f"({source.folder})")
         return
-    from r2med_agent.prompt_import import import_clone, write_prompts
+    from r2med_agent.prompts.importer import import_clone, write_prompts
 
     imported = import_clone(clone)
     written = write_prompts(imported, out, force=force)
@@ -77,7 +77,7 @@ def fetch_command(
     Every source that can be fetched is; each one that cannot is named on its own line, and the
     command then exits non-zero."""
     from r2med_agent.errors import PromptSourceError, R2MedError
-    from r2med_agent.prompt_sources import base_url, ensure, sources_named
+    from r2med_agent.prompts.sources import base_url, ensure, sources_named
     from r2med_agent.redaction import redact
 
     sources = sources_named(names or [])
@@ -100,7 +100,7 @@ def fetch_command(
 def sources_command() -> None:
     """List the authors' prompts the project fetches: repository, pinned commit, folders, whether at hand."""
     from r2med_agent.cli.run_cmd import print_listing
-    from r2med_agent.prompt_sources import listing
+    from r2med_agent.prompts.sources import listing
 
     print_listing("the authors' prompts (configs/pinned/prompt_sources.yaml)",
                   ["name", "repo@commit", "prompt folders", "at hand", "what"], listing())

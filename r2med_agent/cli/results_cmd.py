@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 
 results_app = typer.Typer(
     help="List result folders with the settings of their runs; move results written by earlier versions "

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.experiment.spec import field_help as _field_help
 
 
@@ -160,7 +160,7 @@ def run_command(**options: Any) -> None:
     from r2med_agent import progress as progress_display
     from r2med_agent.config import set_user_config
     from r2med_agent.data import local_task_names, task_names
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     task, data_dir, config = options["task"], options["data_dir"], options["config"]
     if config is not None:
@@ -343,7 +343,7 @@ def rerankers_command(
     """List the reranker registry: kind (cross-encoder, listwise, pointwise-reasoning, groupwise,
     setwise), model (a cross-encoder's checkpoint, an LLM reranker's LLM) and input format."""
     from r2med_agent.config import set_user_config
-    from r2med_agent.retrieval.rerank.spec import reranker_registry
+    from r2med_agent.rerank.spec import reranker_registry
 
     if config is not None:
         set_user_config(config)

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from r2med_agent.cli.app import app
+from r2med_agent.cli.common import app
 from r2med_agent.errors import ConfigError
 
 trace_app = typer.Typer(

@@ -13,7 +13,7 @@ declare, never their names:
   (:data:`~r2med_agent.retrieval.registry.RETRIEVER_KINDS`), and an encoder entry's
   ``encoder_rules`` (the version at which its settings last changed);
 - a reranker kind's ``has_model`` and ``published_formats``
-  (:data:`~r2med_agent.retrieval.rerank.kinds.RERANKER_KINDS`);
+  (:data:`~r2med_agent.rerank.kinds.RERANKER_KINDS`);
 - an LLM entry's default sampling and backend, and the authors' prompt sources the run renders.
 
 A setting that does not apply is set back to its default and an explicit default is dropped, so
@@ -80,7 +80,7 @@ class Registries:
         """The reranker entry ``name`` (None: none given, or unknown: reported where it is built)."""
         if not name:
             return None
-        from r2med_agent.retrieval.rerank.spec import reranker_registry
+        from r2med_agent.rerank.spec import reranker_registry
 
         return reranker_registry().get(name)
 
@@ -143,7 +143,7 @@ def _kinds(reg: Registries, *specs: str | None) -> list[Any]:
 
 def _check_choices(v: dict[str, Any]) -> None:
     """Settings with a fixed set of values, checked even where they play no part."""
-    from r2med_agent.prompt_sources import check_value
+    from r2med_agent.prompts.sources import check_value
     from r2med_agent.retrieval.dense.spec import BACKENDS, PRECISIONS
 
     if v["precision"] is not None and v["precision"] not in PRECISIONS:
@@ -195,7 +195,7 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):
         v["precision"] = v["encoder_backend"] = None
     _normalise_reference_options(v, reg, caps, entry)
-    from r2med_agent.prompt_sources import resolve as resolve_prompts
+    from r2med_agent.prompts.sources import resolve as resolve_prompts
 
     v["prompts_from"] = resolve_prompts(v["prompts_from"], v["method"], v["llm"], v["generations"], v["reranker"])
 
@@ -486,8 +486,8 @@ def _prompts_args(spec: RunSpec) -> list[str]:
     Raises:
         ConfigError: the spec names the authors' prompts at commits this version does not pin.
     """
-    from r2med_agent.prompt_sources import AUTHORS, OWN
-    from r2med_agent.prompt_sources import resolve as resolve_prompts
+    from r2med_agent.prompts.sources import AUTHORS, OWN
+    from r2med_agent.prompts.sources import resolve as resolve_prompts
 
     if spec.prompts_from == resolve_prompts(None, spec.method, spec.llm, spec.generations, spec.reranker):
         return []

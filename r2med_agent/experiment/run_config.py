@@ -154,7 +154,7 @@ class RunConfig(RunSpec):
 def _check_prompt_sources(cfg: RunConfig) -> None:
     """A spec that names the authors' prompts at commits this version does not pin names results
     of an earlier version; it cannot run."""
-    from r2med_agent.prompt_sources import AUTHORS, OWN, resolve
+    from r2med_agent.prompts.sources import AUTHORS, OWN, resolve
 
     if cfg.prompts_from == OWN:
         return
@@ -176,12 +176,12 @@ def prompts_in_use(cfg: RunConfig) -> str | None:
     generates = method is not None and capabilities(method).uses_llm and cfg.generations == "fresh"
     if not (generates or cfg.reranker):
         return None
-    from r2med_agent.prompt_sources import split_folders
+    from r2med_agent.prompts.sources import split_folders
 
     folders = split_folders(cfg)
     if folders and all(src is not None for _, _, src in folders):
         return None  # every prompt is the authors'
-    from r2med_agent import prompt_templates as prompts
+    from r2med_agent.prompts import templates as prompts
 
     folders = prompts.search_path(cfg.prompts_dir)
     if len(folders) < 2:
@@ -284,7 +284,7 @@ def model_precisions(cfg: RunConfig) -> dict[str, str]:
     """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
     or its registry entry's; on a CPU everything runs in float32), by registry name."""
     from r2med_agent.retrieval.dense.spec import encoder_registry
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from r2med_agent.rerank.spec import get_reranker_spec
 
     encoders = encoder_registry()
     names = {p for spec in (cfg.retriever, cfg.loop_retriever or "") for p in member_names(spec)}
@@ -316,8 +316,8 @@ def _prompts_import(cfg: RunConfig) -> list[dict[str, Any]]:
     folders and pinned files, ``pinned: true``), then the imports of ``prompts import --out``
     behind its own-wording folders (reference, commit, folders); [] when every prompt is the
     project's or the user's own."""
-    from r2med_agent.prompt_import import imported_prompts
-    from r2med_agent.prompt_sources import RunPrompts, split_folders
+    from r2med_agent.prompts.importer import imported_prompts
+    from r2med_agent.prompts.sources import RunPrompts, split_folders
 
     folders = split_folders(cfg)
     sources = tuple(dict.fromkeys(s for _, _, s in folders if s is not None))

@@ -202,7 +202,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     from r2med_agent.data import load_task
     from r2med_agent.data.load import generic_prompt_note
     from r2med_agent.methods import get_method
-    from r2med_agent.prompt_sources import check_tasks, run_prompts
+    from r2med_agent.prompts.sources import check_tasks, run_prompts
 
     method = get_method(cfg.method)()
     if method.uses_llm and cfg.generations == "fresh":  # released texts need no registry entry
@@ -409,7 +409,7 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
 def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
     """A reranker that batches tasks (the LLM rerankers) over every task at once; the run's own
     LLM is shared when the reranker's kind uses an LLM and its entry names the run's."""
-    from r2med_agent.retrieval.rerank.base import RerankJob
+    from r2med_agent.rerank.base import RerankJob
 
     cfg, reranker, entry = ctx.cfg, ctx.reranker, ctx.reranker_entry
     if ctx.llm is not None and entry is not None and entry.kind_of.uses_llm and cfg.llm == entry.llm:

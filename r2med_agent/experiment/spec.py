@@ -137,8 +137,8 @@ class RunSpec:
         samples: generations per query (methods that support samples).
         prompts: hash of the prompt templates in use when they are not the shipped ones.
         prompts_from: ``own`` (the project's wording) or the authors' sources the run renders,
-            ``owner/repo@<12 hex>`` joined by ``+`` (:mod:`r2med_agent.prompt_sources`); given as
-            ``authors``, or None for the run's default (:func:`~r2med_agent.prompt_sources.natural`).
+            ``owner/repo@<12 hex>`` joined by ``+`` (:mod:`r2med_agent.prompts.sources`); given as
+            ``authors``, or None for the run's default (:func:`~r2med_agent.prompts.sources.natural`).
         first_pass: the first-pass retriever of methods that show a first pass in their prompt.
         retriever: ``bm25``, ``bm25-compat``, an encoder name, or a '+'-joined fusion
             (``candidates`` when ``candidates`` is set).

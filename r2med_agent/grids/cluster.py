@@ -46,7 +46,7 @@ def ray_address(given: str) -> str | None:
 
 def build_jobs(planned: Sequence[Any], opts: Any) -> list[RowJob]:
     """The pending rows of a plan as jobs, each with its resources and stage producer."""
-    from r2med_agent.analysis.needs import Registries
+    from r2med_agent.grids.needs import Registries
     from r2med_agent.config import user_config_path
     from r2med_agent.experiment.spec import RunSpec
     from r2med_agent.methods import get_method
@@ -86,7 +86,7 @@ def row_hours(p: Any, gpus: float) -> float:
 def schedule_lines(planned: Sequence[Any], jobs: Sequence[RowJob], total_gpus: int, gpu_gib: float) -> list[str]:
     """``--dry-run --ray``: the stages, each row's request and the estimated makespan on
     ``total_gpus`` GPUs beside the sequential total."""
-    from r2med_agent.analysis.estimates import format_hours
+    from r2med_agent.grids.estimates import format_hours
 
     at = {j.index: n for n, j in enumerate(jobs)}
     hours = [row_hours(planned[j.index], j.resources.num_gpus) for j in jobs]
@@ -142,7 +142,7 @@ def _drive(jobs: Sequence[RowJob], log: Callable[[str], None]) -> None:
     import ray
 
     from r2med_agent.llm import default_cache_path
-    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cache.store import GenerationCache
 
     with GenerationCache(default_cache_path()) as cache:
         seed = ray.put(list(cache.iter_records()))
@@ -185,7 +185,7 @@ def write_output(out: RowOutput, output_dir: Path) -> None:
     missing), then its result files under ``output_dir``, each written atomically."""
     from r2med_agent.llm import default_cache_path
     from r2med_agent.io import atomic_write_bytes
-    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cache.store import GenerationCache
     from r2med_agent.paths import cache_dir
 
     with GenerationCache(default_cache_path()) as cache:

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from r2med_agent.llm.records import CacheRecord, Use
+from r2med_agent.llm.cache.records import CacheRecord, Use
 
 SHARED_CACHES = ("hub", "tasks", "reference-prompts")
 """Folders of the node's cache directory a worker reads in place (downloads and fetched prompts,
@@ -133,7 +133,7 @@ def run_row(job: RowJob, seed: Sequence[CacheRecord], *stages: RowOutput) -> Row
     """Run one row in its scratch folder (the Ray task's body) and return what it made."""
     from r2med_agent.experiment.runner import run_experiment
     from r2med_agent.llm import default_cache_path
-    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cache.store import GenerationCache
 
     import ray
 

@@ -1,7 +1,7 @@
 """LLMs: the registry (``configs/llms.yaml``), the backends, and the cache wrapper.
 
 ``make_llm(name)`` is the one entry point: it builds the registry entry's backend and wraps it in
-:class:`~r2med_agent.llm.cached.CachedLLM` (generation cache + reasoning-output parsing + stats).
+:class:`~r2med_agent.llm.cache.wrapper.CachedLLM` (generation cache + reasoning-output parsing + stats).
 Importing this package never imports openai, llama_cpp or vllm; backends load them when built.
 """
 
@@ -15,15 +15,8 @@ from typing import Any, Literal
 from r2med_agent.config import build
 from r2med_agent.errors import ConfigError
 from r2med_agent.llm.base import LLM
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_CHUNK_SIZES,
-    CachedLLM,
-    LazyBackend,
-    LLMStats,
-    RequestBuilder,
-)
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import DEFAULT_CHUNK_SIZE, DEFAULT_CHUNK_SIZES, CachedLLM, LazyBackend, LLMStats, RequestBuilder
 from r2med_agent.llm.parsing import REASONING_FORMATS, split_reasoning
 from r2med_agent.llm.registry import LLMSpec, get_llm_spec, load_llm_specs, make_backend
 from r2med_agent.paths import cache_dir
@@ -94,7 +87,7 @@ def make_llm(
         overrides: spec fields to change for this run (e.g. ``{"max_tokens": 64}``).
         chunk_size: misses per backend call, each committed to the cache when done (None or
             0: all at once; ``auto``: the entry's ``chunk_size``, whose own ``auto`` is
-            ``DEFAULT_CHUNK_SIZES`` of its backend); see :mod:`r2med_agent.llm.cached` for the
+            ``DEFAULT_CHUNK_SIZES`` of its backend); see :mod:`r2med_agent.llm.cache.wrapper` for the
             trade-off.
 
     Raises:

@@ -82,7 +82,7 @@ class LLM(Protocol):
     options as keywords: ``sample_index`` (which sample of each prompt this is),
     ``template_hash`` (:data:`TemplateHashes`) and ``meta`` (one :data:`PromptMeta` per prompt).
     They describe the request for the generation cache: the caching wrapper
-    (:class:`~r2med_agent.llm.cached.CachedLLM`) keys and stores its rows by them; a backend
+    (:class:`~r2med_agent.llm.cache.wrapper.CachedLLM`) keys and stores its rows by them; a backend
     accepts them and generates the same text whatever they are.
 
     A backend whose batch partly fails raises :class:`PartialBatchError` with the outputs it did

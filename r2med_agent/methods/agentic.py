@@ -78,7 +78,7 @@ def _templates_hash(method: str, extra: Sequence[str], prompts_dir: Path | None 
 
     A single loop call batches all tasks, so the key carries the method's whole template set.
     """
-    from r2med_agent.prompt_templates import template_hash
+    from r2med_agent.prompts.templates import template_hash
 
     h = hashlib.sha256()
     for name in (*FAMILIES, *extra):
@@ -135,14 +135,14 @@ class SearchR1(ReasoningLoop):
         return self._hash
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
-        from r2med_agent.prompt_templates import render
+        from r2med_agent.prompts.templates import render
 
         text = render(f"search-r1/{task.family}.j2", prompts_dir=self.prompts_dir, query=question_mark(query.text),
                       domain=task.domain)
         return [{"role": "user", "content": text}]
 
     def invalid_turn(self, traj: Trajectory) -> str | None:
-        from r2med_agent.prompt_templates import render
+        from r2med_agent.prompts.templates import render
 
         return "\n" + render("search-r1/invalid.j2", prompts_dir=self.prompts_dir).strip() + "\n"
 
@@ -275,7 +275,7 @@ class SearchO1(ReasoningLoop):
         return self._hash
 
     def initial_messages(self, task: Task, query: Query) -> list[Message]:
-        from r2med_agent.prompt_templates import render
+        from r2med_agent.prompts.templates import render
 
         text = render(f"search-o1/{task.family}.j2", prompts_dir=self.prompts_dir, query=query.text,
                       domain=task.domain, max_searches=self.max_searches, qwq=self.qwq)
@@ -312,7 +312,7 @@ class SearchO1(ReasoningLoop):
     def condense_messages(
         self, traj: Trajectory, body: str, query: str, docs: Sequence[Doc]
     ) -> list[Message]:
-        from r2med_agent.prompt_templates import render
+        from r2med_agent.prompts.templates import render
 
         # The running text plus this step's body, which ends with the query just issued.
         reasoning = traj.text + body

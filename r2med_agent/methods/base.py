@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.types import Combine, Generation, Message, Query, Run, SamplingParams, SearchRequest, Task
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ class ExpansionMethod(Method):
 
         Each conversation is the user message only; the LLM backend adds the registry's system
         prompt. Trailing whitespace of the rendered template is dropped, except from a template
-        that renders exactly (an imported reference prompt, :func:`~r2med_agent.prompt_templates.renders_exactly`).
+        that renders exactly (an imported reference prompt, :func:`~r2med_agent.prompts.templates.renders_exactly`).
 
         Args:
             task: the task whose queries get prompts.

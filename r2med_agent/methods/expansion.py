@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.errors import DataError
 from r2med_agent.methods.base import ExpansionMethod
 from r2med_agent.types import Run, Task

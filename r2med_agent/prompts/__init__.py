@@ -1,4 +1,5 @@
-"""Prompt templates (Jinja files and example YAML), installed as the data package r2med_agent.prompts.
-
-No code lives here: r2med_agent.prompt_templates finds, renders and hashes these files.
-"""
+"""The prompt code (the templates themselves are data, in the repository's top-level
+``prompts/``): finding, rendering and hashing templates (templates) in a bounded sandbox
+(sandbox); the authors' prompts at pinned commits (sources), fetched into the prompt cache
+(cache); and ``prompts import``, reading a reference clone's code statically (static_python)
+with one reader per repository (readers, importer) and Query2Doc's few-shot examples (examples)."""

@@ -6,7 +6,7 @@
 added, is :mod:`r2med_agent.retrieval.registry`. BM25 is :mod:`r2med_agent.retrieval.bm25`, dense
 retrieval :mod:`r2med_agent.retrieval.dense`, the query text of a request
 :mod:`r2med_agent.retrieval.query`, fusion :mod:`r2med_agent.retrieval.fusion` and the rerankers
-:mod:`r2med_agent.retrieval.rerank`; NanoR2MED's shipped candidate rankings and the hybrid list
+:mod:`r2med_agent.rerank`; NanoR2MED's shipped candidate rankings and the hybrid list
 rebuilt from them are :mod:`r2med_agent.retrieval.candidates` (``nano-bm25``, ``hakari-hybrid``,
 ...).
 """
@@ -26,7 +26,7 @@ from r2med_agent.retrieval.registry import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from r2med_agent.retrieval.rerank.spec import Reranker
+    from r2med_agent.rerank.spec import Reranker
 
 __all__ = [
     "BM25_SPECS", "Retriever", "RetrieverOptions", "make_retriever", "make_reranker", "register_retriever",
@@ -37,6 +37,6 @@ __all__ = [
 def make_reranker(name: str, **opts: Any) -> Reranker:
     """The reranker registered as ``name`` in ``configs/rerankers.yaml`` (options: ``device``,
     ``backend``, ``show_progress``, ``precision``)."""
-    from r2med_agent.retrieval.rerank.factory import make_reranker as _make
+    from r2med_agent.rerank.factory import make_reranker as _make
 
     return _make(name, **opts)

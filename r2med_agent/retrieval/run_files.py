@@ -183,7 +183,7 @@ class CandidateRunRetriever:
         """Each request's query's candidates, the first ``k`` in the file's order (the request's
         text plays no part: the list was made for the task's own query). The queries come in the
         order the file lists them (requests it lacks after them), the order GroupRank's shuffles
-        run through (:mod:`~r2med_agent.retrieval.rerank.groupwise`)."""
+        run through (:mod:`~r2med_agent.rerank.groupwise`)."""
         asked = {r.query_id for r in requests}
         order = [q for q in self.run if q in asked] + [r.query_id for r in requests if r.query_id not in self.run]
         return {q: dict(list(self.run.get(q, {}).items())[:k]) for q in dict.fromkeys(order)}

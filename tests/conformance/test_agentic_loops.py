@@ -27,7 +27,7 @@ from r2med_agent.methods.agentic import (
     previous_steps,
 )
 from r2med_agent.methods.loop import Trajectory, parse_output
-from r2med_agent.prompt_import import read_search_o1, read_search_r1, write_prompts
+from r2med_agent.prompts.importer import read_search_o1, read_search_r1, write_prompts
 from r2med_agent.types import Query, Task
 from tests.conformance.conftest import load_reference_module, reference_repo, stub
 from tests.conformance.reference_blocks import reference_block, reference_functions
@@ -249,7 +249,7 @@ def test_search_o1_previous_steps_as_run_search_o1_shortens_them(search_o1) -> N
 
 def test_search_o1_reason_in_documents_prompt(search_o1, o1_prompts) -> None:
     ref = load_reference_module(search_o1, "scripts/prompts.py")
-    from r2med_agent import prompt_templates as prompts
+    from r2med_agent.prompts import templates as prompts
 
     for prev, query, docs in (("Step 1: a", "iron", "**Web Page 1:**\n{}\n"), ("", "", ""),
                               ("Ünïcödé {x} {{y}}", "q {0}", " ".join(["doc"] * 20_000))):

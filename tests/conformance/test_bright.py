@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from r2med_agent.cli.app import _register, app
+from r2med_agent.cli.app import _register
+from r2med_agent.cli.common import app
 from tests.bright_fixture import EXCLUDED_FIRST, make_bright
 from tests.result_trees import read_trec_run
 from tests.conformance.conftest import load_reference_module, reference_repo, run_reference_script, stub
@@ -228,7 +229,7 @@ def test_reasoning_prompt_import_renders_what_reason_py_sends(bright_repo: Path,
     from types import SimpleNamespace
 
     from r2med_agent.methods import get_method
-    from r2med_agent.prompt_import import import_clone, write_prompts
+    from r2med_agent.prompts.importer import import_clone, write_prompts
     from r2med_agent.types import Doc, Query, Task
 
     sent: list[dict] = []

@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.prompt_import import import_clone, write_prompts
-from r2med_agent.retrieval.rerank.groupwise import GroupwiseReranker
-from r2med_agent.retrieval.rerank.llm import RerankJob
-from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+from r2med_agent.llm.cache.wrapper import CachedLLM
+from r2med_agent.prompts.importer import import_clone, write_prompts
+from r2med_agent.rerank.groupwise import GroupwiseReranker
+from r2med_agent.rerank.llm import RerankJob
+from r2med_agent.rerank.spec import get_reranker_spec
 from tests.conformance.conftest import load_reference_module, reference_repo, stub
 from tests.conformance.rerank_inputs import (
     as_run,
@@ -135,7 +135,7 @@ def test_grouprank_prompts_groups_reading_and_means_match_the_authors(diver, imp
 def test_grouprank_reads_each_answer_as_the_authors(diver) -> None:
     """Reading alone, over the answers above and more: GroupRank's ``_extract_rerank_output`` and its
     mapping of keys to documents (which raises where the group scores 0)."""
-    from r2med_agent.retrieval.rerank.groupwise import grouprank_pairs
+    from r2med_agent.rerank.groupwise import grouprank_pairs
 
     mod, _ = _authors(diver, None, lambda p: "")
     ranker = mod.GroupReranker.__new__(mod.GroupReranker)

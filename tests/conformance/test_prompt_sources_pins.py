@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompt_sources as ps
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import sources as ps
+from r2med_agent.prompts import templates as prompts
 from tests.conformance.conftest import reference_commit, reference_repo
 from tests.prompt_mirror import LoopbackMirror, mirror_files
 

@@ -22,7 +22,7 @@ import pytest
 from r2med_agent.data import REFERENCE_NAMES, get_task_spec, load_task
 from r2med_agent.llm.parsing import split_reasoning
 from r2med_agent.llm.registry import get_llm_spec
-from r2med_agent.prompt_import import read_r2med, write_prompts
+from r2med_agent.prompts.importer import read_r2med, write_prompts
 from r2med_agent.types import Doc, Query, Task
 from tests.conformance.conftest import load_reference_module, reference_repo, stub
 

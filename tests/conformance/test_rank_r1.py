@@ -23,12 +23,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.prompt_import import import_clone, write_prompts
-from r2med_agent.retrieval.rerank import setwise
-from r2med_agent.retrieval.rerank.llm import RerankJob
-from r2med_agent.retrieval.rerank.setwise import SetwiseReranker, parse_choice
-from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+from r2med_agent.llm.cache.wrapper import CachedLLM
+from r2med_agent.prompts.importer import import_clone, write_prompts
+from r2med_agent.rerank import setwise
+from r2med_agent.rerank.llm import RerankJob
+from r2med_agent.rerank.setwise import SetwiseReranker, parse_choice
+from r2med_agent.rerank.spec import get_reranker_spec
 from tests.conformance.conftest import load_reference_module, reference_repo, stub
 from tests.conformance.rerank_inputs import (
     HOSTILE_DOCS,
@@ -163,7 +163,7 @@ def test_rank_r1_truncation(rank_r1, tokenizer, length) -> None:
     SmolLM2's byte-level tokenizer and MiniLM's lossy WordPiece one, on every hostile text."""
     from r2med_agent.config import build
     from r2med_agent.llm.registry import LLMSpec
-    from r2med_agent.retrieval.rerank.tokens import load_passage_cut
+    from r2med_agent.rerank.tokens import load_passage_cut
 
     tok = smol_tokenizer() if tokenizer == "smol" else minilm_tokenizer()
     folder = str(smol_dir()) if tokenizer == "smol" else tok.name_or_path

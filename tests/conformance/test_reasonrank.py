@@ -22,11 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.prompt_import import import_clone, write_prompts
-from r2med_agent.retrieval.rerank import formats
-from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob, ranked_requests, read_window
-from r2med_agent.retrieval.rerank.spec import RerankerSpec, get_reranker_spec
+from r2med_agent.llm.cache.wrapper import CachedLLM
+from r2med_agent.prompts.importer import import_clone, write_prompts
+from r2med_agent.rerank import formats
+from r2med_agent.rerank.llm import LLMReranker, RerankJob, ranked_requests, read_window
+from r2med_agent.rerank.spec import RerankerSpec, get_reranker_spec
 from r2med_agent.retrieval.run_files import CandidateRunRetriever, read_ranked_run
 from r2med_agent.types import Doc, Query, SearchRequest, Task
 from tests.conformance.conftest import load_reference_module, reference_repo, stub

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompt_sources as ps
+from r2med_agent.prompts import sources as ps
 from r2med_agent.cli.app import main
 from tests.conformance.conftest import reference_repo
 from tests.prompt_mirror import LoopbackMirror, closed_port_url, mirror_files

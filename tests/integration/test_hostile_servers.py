@@ -66,8 +66,8 @@ def _bounded(fn: Any, limit_s: float, server: ScriptedServer) -> tuple[float, Ba
 
 
 def _cached(url: str, tmp_path: Path, **fields: Any) -> Any:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     spec = openai_spec([url], model="m", server="openai", backoff_initial_s=0.01, **fields)
     return CachedLLM(make_backend(spec), spec, cache=GenerationCache(tmp_path / "g.sqlite"), chunk_size=None)
@@ -132,7 +132,7 @@ def test_a_trickling_embeddings_server_is_bounded(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_trickling_prompt_mirror_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from r2med_agent import prompt_sources
+    from r2med_agent.prompts import sources as prompt_sources
 
     monkeypatch.setattr(prompt_sources, "FETCH_TIMEOUT_S", 2.0)
     monkeypatch.setattr(prompt_sources, "FETCH_ATTEMPTS", 1)
@@ -192,7 +192,7 @@ def test_embeddings_over_the_cap_are_refused(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_prompt_file_over_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A declared 6 GB file (a MemoryError traceback) and a 1 GB file on a file:// mirror
     (1.09 GB of memory): refused at 16 MiB, nothing written."""
-    from r2med_agent import prompt_sources
+    from r2med_agent.prompts import sources as prompt_sources
 
     monkeypatch.setattr(prompt_sources, "FETCH_ATTEMPTS", 1)
     declared = lambda srv, h, path, body, attempt: send(h, 200, b"x", {"Content-Length": str(6 * 10**9)})  # noqa: E731
@@ -284,7 +284,7 @@ def test_no_key_and_no_url_password_in_any_output_stream_or_file(tmp_path: Path)
     (``http://user:secret@host``; httpx sends it as ``Authorization: Basic ...``). Two runs of
     the CLI; neither secret (nor the Basic form of user and password) in stdout, stderr or any
     file written."""
-    from tests.unit.llm.test_cache import write_task_dir
+    from tests.unit.llm.cache.test_cache import write_task_dir
 
     data = write_task_dir(tmp_path / "data")
     with ScriptedServer(lambda srv, h, path, body, attempt: echo_headers(h, 400)) as srv:
@@ -333,7 +333,7 @@ def _encoder(url: str, monkeypatch: pytest.MonkeyPatch, timeout_s: float = 30.0)
 
 def _source(srv: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A pinned source of one file, fetched from ``srv`` into a cache under ``tmp_path``."""
-    from r2med_agent import prompt_sources
+    from r2med_agent.prompts import sources as prompt_sources
 
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(prompt_sources.BASE_URL_ENV, srv.base_url.removesuffix("/v1"))

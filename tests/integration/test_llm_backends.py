@@ -107,7 +107,7 @@ def test_every_llm_takes_the_protocols_request_options() -> None:
     import inspect
 
     from r2med_agent.llm.base import SamplingLLM
-    from r2med_agent.llm.cached import CachedLLM, LazyBackend
+    from r2med_agent.llm.cache.wrapper import CachedLLM, LazyBackend
     from r2med_agent.llm.local import LlamaCppBackend
     from r2med_agent.llm.openai_compat import OpenAICompatBackend
     from r2med_agent.llm.vllm_backend import VLLMBackend
@@ -145,8 +145,8 @@ def test_sampling_params_from_spec_with_overrides() -> None:
 def test_cache_key_holds_what_is_sent_never_where_it_runs() -> None:
     from dataclasses import replace
 
-    from r2med_agent.llm.cache import canonical_json
-    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.cache.store import canonical_json
+    from r2med_agent.llm.cache.wrapper import RequestBuilder
     from r2med_agent.llm.openai_compat import OpenAICompatBackend
 
     params = SamplingParams(
@@ -992,8 +992,8 @@ def test_http_dead_base_url_costs_a_few_probes_and_every_prompt_succeeds(fault_p
 
 @pytest.mark.slow
 def test_one_rejected_prompt_keeps_the_batch_in_the_cache(fault_proxy: FaultProxy, tmp_path) -> None:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     spec = openai_spec([fault_proxy.base_url], max_concurrency=2)
     prompts = _prompts_of_growing_length(4)
@@ -1032,8 +1032,8 @@ def test_ctrl_c_during_an_http_batch_keeps_every_reply_that_arrived(
     import signal
     import threading
 
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     spec = openai_spec([fault_proxy.base_url], max_concurrency=1)
     prompts = _prompts_of_growing_length(6)
@@ -1213,8 +1213,8 @@ def test_separate_reasoning_from_a_real_server_never_reaches_the_query(
 ) -> None:
     """The real server's answer with a reasoning field added (as vLLM's reasoning parsers and
     DeepSeek's API return it) goes through the backend, the cache and HyDE's request."""
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.methods import get_method
     from r2med_agent.retrieval.query import bm25_query_text
     from r2med_agent.types import Query, Task

@@ -48,8 +48,8 @@ def test_http_malformed_200_reply_is_retried(fault_proxy: FaultProxy, fault: str
 def test_http_malformed_replies_that_persist_fail_alone_and_the_good_ones_are_cached(
     fault_proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     # No retries: the two requests that meet a fault fail for good.
     spec = openai_spec([fault_proxy.base_url], max_concurrency=4, max_retries=0)
@@ -79,8 +79,8 @@ def test_http_malformed_replies_that_persist_fail_alone_and_the_good_ones_are_ca
 def test_http_null_content_is_a_failed_generation_counted_and_never_cached(
     fault_proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     spec = openai_spec([fault_proxy.base_url], max_concurrency=1)
     backend = make_backend(spec)
@@ -123,8 +123,8 @@ def test_http_mistyped_200_reply_is_retried(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", MISTYPED)
 def test_http_mistyped_replies_that_persist_fail_alone_and_the_good_ones_are_cached(kind: str, tmp_path: Path) -> None:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     bad = MISTYPED[kind]
     spec = openai_spec(["http://127.0.0.1:9/v1"], model="m", server="openai", max_retries=1, backoff_initial_s=0.01)
@@ -154,7 +154,7 @@ def test_a_run_whose_server_sends_a_mistyped_reply_exits_with_one_message_and_re
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from r2med_agent.cli.app import main
-    from tests.unit.llm.test_cache import write_task_dir
+    from tests.unit.llm.cache.test_cache import write_task_dir
 
     data = write_task_dir(tmp_path / "data")
     monkeypatch.setenv("R2MED_CACHE_DIR", str(tmp_path / "cache"))
@@ -221,8 +221,8 @@ def test_progress_never_says_done_when_the_requests_failed(capsys: pytest.Captur
                                                            tmp_path: Path) -> None:
     """Every request timed out: the last progress line said ``12/12 generations (100%), done``."""
     from r2med_agent import progress
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     was = progress.enabled()
     progress.configure(enabled=True)
@@ -257,8 +257,8 @@ def test_local_prompt_over_n_ctx_fails_alone_and_the_others_are_cached(
     from dataclasses import replace
 
     from r2med_agent import progress
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     spec = replace(smollm2_spec, n_ctx=512)
     prompts = _prompts(4)
@@ -363,7 +363,7 @@ def test_auto_on_a_server_that_does_not_say_uses_the_chat_api_with_one_notice(
     fault_proxy: FaultProxy, fresh_detection: None, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from r2med_agent.llm.cached import RequestBuilder
+    from r2med_agent.llm.cache.wrapper import RequestBuilder
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a tokenizer lookup would fail at once
     fault_proxy.opaque = True

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from r2med_agent.config import build
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.llm.registry import LLMSpec
-from r2med_agent.retrieval.rerank.llm import LLMReranker, RerankJob
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank.llm import LLMReranker, RerankJob
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import SearchRequest
 from tests.vllm_model import engine_spec
 

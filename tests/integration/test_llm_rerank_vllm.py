@@ -8,11 +8,11 @@ import math
 import pytest
 
 from r2med_agent.config import build
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.llm.registry import LLMSpec
-from r2med_agent.retrieval.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
-from r2med_agent.retrieval.rerank.spec import RerankerSpec
+from r2med_agent.rerank.llm import TOP_LOGPROBS, LLMReranker, RerankJob, judgment_prefix
+from r2med_agent.rerank.spec import RerankerSpec
 from r2med_agent.types import SamplingParams, SearchRequest
 from tests.result_trees import read_trec_run
 from tests.sample_subset import sample_subset
@@ -129,7 +129,7 @@ def test_run_with_samples_and_pointwise_reranker_on_vllm_end_to_end(vllm_model_d
     import json
 
     from r2med_agent.config import set_user_config
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     set_cpu_env()
     user = tmp_path / "config.yaml"

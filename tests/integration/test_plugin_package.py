@@ -106,7 +106,7 @@ def test_a_separate_package_runs_through_the_cli_and_reads_back_without_it(toy: 
     assert sorted((r["method"], r["llm"], r["retriever"], r["reranker"]) for r in rows.values()) == [
         ("keywords", "parrot", "word-overlap+hash-64", ""), ("keywords", "parrot", "word-overlap+hash-64", "upside-down")]
     assert float(rows["upside-down"]["sample"]) == pytest.approx(record["test"]["ndcg_at_10"], abs=5e-5), rows
-    code = ("from r2med_agent.methods import METHODS; from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS; "
+    code = ("from r2med_agent.methods import METHODS; from r2med_agent.rerank.kinds import RERANKER_KINDS; "
             "from r2med_agent.retrieval.registry import retriever_names; "
             "print('keywords' in METHODS, 'reverse' in RERANKER_KINDS, 'word-overlap' in retriever_names())")
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

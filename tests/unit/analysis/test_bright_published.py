@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent.analysis.grids import load_grid
+from r2med_agent.grids.grid import load_grid
 from r2med_agent.analysis.published import AVERAGE_TASKS, PublishedKey, PublishedResults, benchmark_of, published_results
 from r2med_agent.analysis.results import load_results, r2med_tasks
 from r2med_agent.analysis.tables import build_table
@@ -160,7 +160,8 @@ def test_dry_run_lists_every_row_of_brights_tables(tmp_path: Path) -> None:
     each it does not."""
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     keys = {(r["kind"], r["method"], r["llm"], r["retriever"], r["reranker"]) for r in rows(FILES[0])}
@@ -186,9 +187,10 @@ def test_the_bright_dry_run_totals_its_encoding_gpu_hours_and_api_dollars(tmp_pa
     notes each name only what applies to them."""
     from typer.testing import CliRunner
 
-    from r2med_agent.analysis.estimates import ENCODER_TOKENS_PER_S, format_hours
-    from r2med_agent.analysis.needs import load_models
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.grids.estimates import ENCODER_TOKENS_PER_S, format_hours
+    from r2med_agent.grids.needs import load_models
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
     from r2med_agent.data import task_registry
 
     _register()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from r2med_agent.analysis.render import render_csv, render_markdown
 from r2med_agent.analysis.results import r2med_tasks, split_leaf
 from r2med_agent.analysis.tables import BETTER_MARK, MISSING, PARTIAL_MARK, WORSE_MARK
-from r2med_agent.compare import PublishedKey, build_table, load_results, render
+from r2med_agent.api import PublishedKey, build_table, load_results, render
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.paths import resources_dir
 from tests.result_trees import GOOD, MIXED, WEAK, ranking, read_json, write_result
@@ -22,7 +22,8 @@ from tests.result_trees import GOOD, MIXED, WEAK, ranking, read_json, write_resu
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent.analysis.grids import load_grid
-from r2med_agent.analysis.planner import ReproduceOptions, format_plan, plan
+from r2med_agent.grids.grid import load_grid
+from r2med_agent.grids.planner import ReproduceOptions, format_plan, plan
 from r2med_agent.analysis.published import AVERAGE_TASK, PublishedKey, PublishedResults, published_results
 from r2med_agent.analysis.results import load_results, r2med_tasks
 from r2med_agent.analysis.tables import build_table
@@ -164,8 +164,8 @@ def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
     """The calls of the frontier rerankers as their algorithms make them (876 R2MED queries, top
     100): GroupRank 5 groups x 6 passes, ReasonRank 9 windows, Rank1 100 pairs, Rank-R1's heap
     sort about 25 comparisons of 20; GPU-hours from the stated throughput assumption."""
-    from r2med_agent.analysis.estimates import GPU_TOKENS_PER_S, gpu_hours, token_estimate
-    from r2med_agent.analysis.needs import Registries
+    from r2med_agent.grids.estimates import GPU_TOKENS_PER_S, gpu_hours, token_estimate
+    from r2med_agent.grids.needs import Registries
 
     reg = Registries.load()
     grid = load_grid("frontier")
@@ -232,7 +232,7 @@ def test_dry_run_shows_divers_own_first_stage_wherever_a_row_reranks_diver():
 def test_each_reranker_row_states_how_it_compares_with_its_authors_run(tmp_path: Path):
     """Every reranker row of the frontier grid has its status (docs/protocol.md, "Rerankers as
     their authors ran them"): the dry run prints it, and the results table gives it a footnote."""
-    from r2med_agent.analysis.planner import results_table
+    from r2med_agent.grids.planner import results_table
 
     grid = load_grid("frontier")
     assert all(e.differences is not None for e in grid.entries if e.reranker)
@@ -242,7 +242,7 @@ def test_each_reranker_row_states_how_it_compares_with_its_authors_run(tmp_path:
         block = next(b for b in blocks if b.split("  (")[0].split("] ", 1)[-1] == e.label
                      and (not e.candidates) == ("--candidates" not in b))
         assert (f"    status: {e.status}" in block) == (e.differences is not None), e.label
-    from r2med_agent.analysis.grids import GridEntry
+    from r2med_agent.grids.grid import GridEntry
 
     assert GridEntry(method="none", retriever="bm25", differences=()).status == "as the authors ran it"
     insert = next(e for e in grid.entries if e.reranker == "insertrank-r1")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from r2med_agent.compare import build_table, load_results
+from r2med_agent.api import build_table, load_results
 from r2med_agent.evaluation import read_trec_run, trec_sorted
 from r2med_agent.analysis.report import drilldown_data, write_report
 from tests.browser import CHROMIUM, PageReport, load_page
@@ -347,7 +347,8 @@ def test_legends_fit_their_plots_in_chromium_and_in_the_pngs(tmp_path: Path):
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app

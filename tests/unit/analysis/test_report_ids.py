@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from r2med_agent.analysis.report import write_report
-from r2med_agent.compare import build_table, load_results
+from r2med_agent.api import build_table, load_results
 from tests.result_trees import make_task, ranking, write_result
 from tests.unit.analysis.test_report import clean_page, embedded_data
 

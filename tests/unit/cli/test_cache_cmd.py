@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.errors import DataError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cache_io import ExportSelection, export_r2med
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.transfer import ExportSelection, export_r2med
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.types import SamplingParams
 from tests.fakes import ScriptedLLM
 

@@ -127,7 +127,7 @@ def test_llm_without_method_is_an_error_not_a_silent_bm25_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("typed", ["HyDE", "HYDE", "hyde", " Search_R1 "])
 def test_method_names_ignore_case(typed):
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     cfg = RunConfig(tasks=("sample",), method=typed, llm="smollm2")
     assert cfg.method == ("search-r1" if "R1" in typed else "hyde")
@@ -189,9 +189,10 @@ def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
     entries of your own go."""
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
-    from r2med_agent.retrieval.rerank.kinds import RERANKER_KINDS
-    from r2med_agent.retrieval.rerank.spec import reranker_registry
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
+    from r2med_agent.rerank.kinds import RERANKER_KINDS
+    from r2med_agent.rerank.spec import reranker_registry
 
     config = tmp_path / "mine.yaml"
     config.write_text("rerankers:\n  my-ce: {model: /models/my-cross-encoder}\n")
@@ -219,7 +220,8 @@ def test_rerankers_are_listed_like_llms_and_encoders(tmp_path, capsys):
 def test_flags_have_no_bool_tag_in_help():
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
@@ -251,7 +253,7 @@ def test_trace_show_lists_ids_in_natural_order(tmp_path, capsys):
 def test_cache_stats_counts_queries_and_generations_apart(tmp_path, capsys):
     import json
 
-    from r2med_agent.llm.cache import CacheRecord, GenerationCache, Use, build_request
+    from r2med_agent.llm.cache.store import CacheRecord, GenerationCache, Use, build_request
     from r2med_agent.types import Generation
 
     cache = GenerationCache(tmp_path / "g.sqlite")
@@ -302,7 +304,8 @@ def test_run_help_at_80_columns_cuts_no_option_name():
     import typer
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "80"}).output

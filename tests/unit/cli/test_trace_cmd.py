@@ -22,7 +22,8 @@ def _trace_file(tmp_path: Path) -> Path:
 
 
 def test_trace_show_header_is_not_cut_at_80_columns(tmp_path: Path) -> None:
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     res = CliRunner().invoke(app, ["trace", "show", str(_trace_file(tmp_path))], env={"COLUMNS": "80"})
@@ -37,7 +38,8 @@ def test_trace_show_header_is_not_cut_at_80_columns(tmp_path: Path) -> None:
 def test_trace_show_takes_the_result_folder(tmp_path: Path) -> None:
     """Issue 30 item 8: `trace show <result folder>` shows the trajectories of every task in it
     (``--task`` picks some); a folder above the result folders names those that have traces."""
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     folder = tmp_path / "results" / "search-o1" / "smollm2" / "bm25"
@@ -66,7 +68,8 @@ def test_the_documented_trace_show_commands_run_on_string_query_ids(tmp_path: Pa
     documented placeholder)."""
     import shlex
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     folder = tmp_path / "results" / "search-o1" / "smollm2" / "bm25"

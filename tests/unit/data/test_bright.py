@@ -60,7 +60,8 @@ def test_twelve_tasks_and_eight_long_ones_named_apart_from_r2meds() -> None:
 def test_tasks_lists_them_with_their_sizes() -> None:
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     out = CliRunner().invoke(app, ["tasks"], env={"COLUMNS": "200"}).output

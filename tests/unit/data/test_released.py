@@ -14,10 +14,10 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.evaluation import read_trec_run
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.paths import resources_dir
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.api import RunConfig, run_experiment
 from tests.fakes import ScriptedLLM
 from tests.unit.data.test_data import CORPUS, QRELS, QUERIES, FakeHub, _jsonl_bytes, closed_port
 
@@ -230,7 +230,7 @@ def test_hub_file_at_the_pinned_revision_from_a_loopback_hub(tmp_path, monkeypat
 
 def test_compare_labels_released_rows_and_matches_the_published_row(tmp_path, capsys) -> None:
     from r2med_agent.analysis.tables import published_key
-    from r2med_agent.compare import load_results
+    from r2med_agent.api import load_results
 
     for generations in ("r2med", "fresh"):
         leaf = tmp_path / "hyde" / ("qwen-7b@r2med" if generations == "r2med" else "qwen-7b") / "bm25-compat"

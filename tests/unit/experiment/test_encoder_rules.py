@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.cli.app import main
-from r2med_agent.compare import build_table, load_results
+from r2med_agent.api import build_table, load_results
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.resolve import applicable, cli_args, resolve, spec_of_config
 from r2med_agent.experiment.spec import ENCODER_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
-from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+from r2med_agent.api import ReproduceOptions, load_grid, plan
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
-from r2med_agent.runner import RunConfig
+from r2med_agent.api import RunConfig
 from tests.result_trees import GOOD, write_result
 
 

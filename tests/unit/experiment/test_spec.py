@@ -13,7 +13,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.resolve import applicable, cli_args, resolve, spec_of_config
 from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, RunSpec
 from r2med_agent.experiment.store import legacy_leaf
-from r2med_agent.runner import RunConfig
+from r2med_agent.api import RunConfig
 
 
 def Spec(**kw) -> RunSpec:  # noqa: N802 - reads as the spec it makes
@@ -145,7 +145,8 @@ def _parse_run_args(args: list[str]) -> dict:
     command generates from the spec's fields), without running."""
     import typer
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
     from r2med_agent.cli.run_cmd import spec_values
 
     _register()
@@ -240,7 +241,7 @@ def test_a_record_of_the_single_qa_search_o1_keeps_its_version() -> None:
     assert RunSpec.from_key(old.key()) == old
     with pytest.raises(ConfigError, match="loop_rules 2 names results of an earlier version"):
         cli_args(old)
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     with pytest.raises(ConfigError, match="this version runs only loop_rules 3"):
         RunConfig(tasks=("sample",), method="search-o1", llm="smollm2", loop_rules=2)
@@ -316,7 +317,7 @@ def test_a_record_without_rerank_rules_is_of_the_earlier_rerankers() -> None:
     assert "rerank_rules" in applicable(new)
     with pytest.raises(ConfigError, match="rerank_rules 1 names results of an earlier version's rerankers"):
         cli_args(old)
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     with pytest.raises(ConfigError, match="this version runs only rerank_rules 3"):
         RunConfig(tasks=("sample",), reranker="grouprank-32b", rerank_rules=1)
@@ -357,7 +358,7 @@ def test_a_gpt4_record_without_request_rules_is_of_the_earlier_request() -> None
     assert old.label == "hyde/gpt4/bm25 [request_rules=1]" and new.folder() == "hyde/gpt4/bm25"
     with pytest.raises(ConfigError, match="request_rules 1 names results of an earlier version's requests"):
         cli_args(old)
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     with pytest.raises(ConfigError, match="this version runs only request_rules 2"):
         RunConfig(tasks=("sample",), method="hyde", llm="gpt4", request_rules=1)

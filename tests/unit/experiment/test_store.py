@@ -14,7 +14,7 @@ from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.resolve import resolve
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.experiment.store import SPEC_FILE, ResultStore, legacy_leaf
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.api import RunConfig, run_experiment
 
 
 def _run(out: Path, **kw) -> Path:

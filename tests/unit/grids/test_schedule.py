@@ -8,13 +8,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from r2med_agent.analysis.needs import Registries
+from r2med_agent.grids.needs import Registries
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.grids.cluster import build_jobs, write_output
 from r2med_agent.grids.rows import RowJob, RowOptions, RowOutput, resolve_row
 from r2med_agent.grids.schedule import idle_share, longest_chain, pack, row_resources, stage_key
-from r2med_agent.llm.records import CacheRecord, Use
-from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+from r2med_agent.llm.cache.records import CacheRecord, Use
+from r2med_agent.api import ReproduceOptions, load_grid, plan
 
 
 def test_rows_with_equal_generating_settings_share_one_stage():
@@ -79,14 +79,15 @@ def test_the_driver_writes_caches_then_result_files(tmp_path, monkeypatch):
     write_output(out, tmp_path / "results")
     assert (tmp_path / "results" / "a" / "b" / "x.json").read_bytes() == b"{}\n"
     assert (tmp_path / "cache" / "embeddings" / "enc__abc" / "meta.json").exists()
-    from r2med_agent.llm.cache import GenerationCache
+    from r2med_agent.llm.cache.store import GenerationCache
 
     with GenerationCache(tmp_path / "cache" / "generations.sqlite") as cache:
         assert cache.get("k1") is not None and cache.uses()[0][0].query_id == "q1"
 
 
 def test_dry_run_with_gpus_prints_the_frontier_schedule(tmp_path):
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     res = CliRunner().invoke(app, ["reproduce", "--table", "frontier", "--dry-run", "--ray", "auto", "--gpus", "8",

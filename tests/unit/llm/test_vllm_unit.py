@@ -74,8 +74,8 @@ def test_vllm_bar_feeds_the_progress_and_passes_iterables_through() -> None:
 
 
 def test_cached_llm_shows_one_progress_over_all_chunks_and_says_what_is_cached(caplog, tmp_path) -> None:
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     seen: list[tuple[int, int]] = []
 
@@ -95,20 +95,21 @@ def test_cached_llm_shows_one_progress_over_all_chunks_and_says_what_is_cached(c
     prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(5)]
     llm.generate(prompts[:2], SamplingParams())
     caplog.clear()  # only the second call's lines (an earlier CLI test may have set INFO already)
-    with caplog.at_level("INFO", logger="r2med_agent.llm.cached"):
+    with caplog.at_level("INFO", logger="r2med_agent.llm.cache.wrapper"):
         llm.generate(prompts, SamplingParams())
     assert seen[-2:] == [(2, 3), (3, 3)]  # one count over the 3 misses, in 2 chunks
     (msg,) = [r.getMessage() for r in caplog.records
-              if r.name == "r2med_agent.llm.cached" and "generating" in r.getMessage()]
+              if r.name == "r2med_agent.llm.cache.wrapper" and "generating" in r.getMessage()]
     assert msg == "scripted: generating 3 of 5 texts (2 from the cache) in 2 backend calls"
     caplog.clear()
-    with caplog.at_level("INFO", logger="r2med_agent.llm.cached"):
+    with caplog.at_level("INFO", logger="r2med_agent.llm.cache.wrapper"):
         llm.generate(prompts, SamplingParams())  # all cached: no "generating" line
     assert not [r for r in caplog.records if "generating" in r.getMessage()]
 
 
 def test_progress_counts_chunks_of_backends_that_report_nothing(monkeypatch) -> None:
-    from r2med_agent.llm import cached, dispatch
+    from r2med_agent.llm.cache import wrapper as cached
+    from r2med_agent.llm.cache import dispatch
 
     opened: list[GenerationProgress] = []
     real = dispatch.tracking
@@ -148,7 +149,7 @@ class _Closable(ScriptedLLM):
 
 
 def test_lazy_backend_close_closes_a_built_backend_only() -> None:
-    from r2med_agent.llm.cached import CachedLLM, LazyBackend
+    from r2med_agent.llm.cache.wrapper import CachedLLM, LazyBackend
 
     made: list[_Closable] = []
 
@@ -168,8 +169,8 @@ def test_lazy_backend_close_closes_a_built_backend_only() -> None:
 @pytest.mark.parametrize("fail", [False, True])
 def test_runner_closes_the_llm_it_built_also_on_errors(monkeypatch, tmp_path, fail: bool) -> None:
     import r2med_agent.llm as llm_pkg
-    from r2med_agent.llm.cached import CachedLLM
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.llm.cache.wrapper import CachedLLM
+    from r2med_agent.api import RunConfig, run_experiment
 
     backend = _Closable(lambda m, p: "fever anemia")
     real_make = llm_pkg.make_llm
@@ -198,8 +199,8 @@ def test_runner_closes_the_llm_it_built_also_on_errors(monkeypatch, tmp_path, fa
 
 
 def test_runner_leaves_an_llm_passed_in_open(tmp_path) -> None:
-    from r2med_agent.llm.cached import CachedLLM
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.llm.cache.wrapper import CachedLLM
+    from r2med_agent.api import RunConfig, run_experiment
 
     backend = _Closable(lambda m, p: "fever")
     cfg = RunConfig(tasks=("sample",), method="hyde", llm="smollm2", output_dir=tmp_path, show_progress=False)
@@ -357,7 +358,7 @@ def test_cli_seed_none_reaches_the_runner_and_a_bad_seed_exits_2(monkeypatch, tm
     from typer.testing import CliRunner
 
     from r2med_agent.cli import app
-    import r2med_agent.runner as runner
+    import r2med_agent.api as runner
 
     seen: list[Any] = []
     monkeypatch.setattr(runner, "run_experiment", lambda cfg, llm=None: seen.append(cfg) or (_ for _ in ()).throw(SystemExit(0)))
@@ -375,8 +376,8 @@ def test_cli_seed_none_reaches_the_runner_and_a_bad_seed_exits_2(monkeypatch, tm
 @pytest.mark.parametrize("entry_seed, cli, sent", [(None, {}, None), (42, {}, 42), (42, {"seed": None}, None), (None, {"seed": 5}, 5)])
 def test_loops_send_the_entry_seed_or_the_cli_one(monkeypatch, tmp_path, method, entry_seed, cli, sent) -> None:
     from r2med_agent import config
-    from r2med_agent.llm.cached import CachedLLM
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.llm.cache.wrapper import CachedLLM
+    from r2med_agent.api import RunConfig, run_experiment
 
     user = tmp_path / "c.yaml"
     user.write_text(f"llms:\n  s:\n    backend: local\n    model: x.gguf\n    seed: {'null' if entry_seed is None else entry_seed}\n", encoding="utf-8")
@@ -397,7 +398,7 @@ def test_loops_send_the_entry_seed_or_the_cli_one(monkeypatch, tmp_path, method,
 
 # -- split environments ---------------------------------------------------------------------
 def test_dry_run_flags_rows_whose_llm_and_retriever_need_separate_environments() -> None:
-    from r2med_agent.reproduce import ReproduceOptions, load_grid, plan
+    from r2med_agent.api import ReproduceOptions, load_grid, plan
 
     def flagged(table: str) -> tuple[int, int, list[Any]]:
         runs = plan(load_grid(table), ReproduceOptions(tasks=("Biology",), generations="fresh"))
@@ -498,8 +499,8 @@ def test_prompt_path_rendered_sends_the_template_text_to_generate(monkeypatch, p
 
 def test_prompt_path_is_part_of_the_generation_key_and_set_by_the_run(monkeypatch, tmp_path) -> None:
     import r2med_agent.llm as llm_pkg
-    from r2med_agent.llm.cached import RequestBuilder, generation_options
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.llm.cache.wrapper import RequestBuilder, generation_options
+    from r2med_agent.api import RunConfig, run_experiment
 
     chat = LLMSpec(name="m", backend="vllm", model="m")
     rendered = LLMSpec(name="m", backend="vllm", model="m", prompt_path="rendered")

@@ -456,7 +456,7 @@ def test_search_o1_query_in_the_last_turn_is_run_and_then_the_loop_stops():
 
 
 def test_search_o1_final_response_follows_the_reasoning_format(tmp_path):
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     script = o1_script(["fever"], final="so it is anemia.</think>\n\nIron deficiency anemia.")
     llm = CachedLLM(ScriptedLLM(script), reasoning_format="think", cache=None)
@@ -503,7 +503,7 @@ def _two_step_script(first: str, second: str):
     ],
 )
 def test_search_o1_final_response_parses_the_whole_output(fmt, first, second, expected):
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     llm = CachedLLM(ScriptedLLM(_two_step_script(first, second)), reasoning_format=fmt, cache=None)
     task = make_task(n=1)
@@ -523,7 +523,7 @@ def test_search_o1_final_response_parses_the_whole_output(fmt, first, second, ex
     ],
 )
 def test_search_r1_final_response_without_an_answer_parses_the_whole_output(fmt, expected):
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     def script(messages, params):
         if "<information>" not in last_text(messages):
@@ -539,7 +539,7 @@ def test_search_r1_final_response_without_an_answer_parses_the_whole_output(fmt,
 
 
 def test_search_r1_answer_span_is_the_final_response_under_every_format():
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     def script(messages, params):
         if "<information>" not in last_text(messages):
@@ -668,8 +668,8 @@ def test_run_loop_reports_step_statistics():
 
 
 def test_step_statistics_count_the_backend_calls_of_the_cache_wrapper(tmp_path):
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     task = make_task(n=5)
 
@@ -688,9 +688,9 @@ def test_step_statistics_count_the_backend_calls_of_the_cache_wrapper(tmp_path):
 
 
 def test_runner_summary_records_the_loop_steps(tmp_path, monkeypatch):
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.wrapper import CachedLLM
     from r2med_agent.llm.registry import LLMSpec
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     monkeypatch.setattr("r2med_agent.llm.registry.get_llm_spec",
                         lambda name: LLMSpec(name="scripted", backend="local", model="scripted"))
@@ -757,8 +757,8 @@ def test_search_r1_step_cut_by_max_tokens_gets_the_corrective_message():
 
 
 def test_interrupted_loop_resumes_from_the_cache(tmp_path):
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     task = make_task(n=3)
     script = o1_script(["fever", "anemia"])
@@ -796,8 +796,8 @@ def test_interrupted_loop_resumes_from_the_cache(tmp_path):
 
 
 def test_cached_llm_gets_sample_index_and_meta(tmp_path):
-    from r2med_agent.llm.cache import GenerationCache
-    from r2med_agent.llm.cached import CachedLLM
+    from r2med_agent.llm.cache.store import GenerationCache
+    from r2med_agent.llm.cache.wrapper import CachedLLM
 
     task = make_task(n=1)
     with GenerationCache(tmp_path / "c.sqlite") as cache:
@@ -961,7 +961,7 @@ def test_trace_show_renders(tmp_path):
     from typer.testing import CliRunner
 
     import r2med_agent.cli.trace_cmd  # noqa: F401  (registers the command)
-    from r2med_agent.cli.app import app
+    from r2med_agent.cli.common import app
 
     traces = _traces()
     path = tmp_path / "Biology.traces.jsonl"
@@ -1291,7 +1291,7 @@ class SystemPromptBackend:
 
 def _run_with_model(tmp_path, monkeypatch, method: str, model: str, script, specs=None, **fields):
     from r2med_agent.llm.registry import LLMSpec
-    from r2med_agent.runner import RunConfig, run_experiment
+    from r2med_agent.api import RunConfig, run_experiment
 
     spec = LLMSpec(name="m", backend="vllm", model=model, **fields)  # the registry's default system prompt
     assert spec.system_prompt == "You are a helpful assistant."

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from r2med_agent import prompt_templates as prompts
+from r2med_agent.prompts import templates as prompts
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.methods import METHODS, ExpansionMethod, HyDE, LameR, NoneMethod, Query2Doc, get_method
 from r2med_agent.methods.expansion import cut_words, top_doc_ids

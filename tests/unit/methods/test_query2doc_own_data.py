@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from r2med_agent import prompt_templates
+from r2med_agent.prompts import templates as prompt_templates
 from r2med_agent.paths import prompts_dir, resources_dir
 
 EXAMPLE = {"query": "Why does my knee swell after running?", "passage": "Exercise can inflame the synovium."}

@@ -200,7 +200,7 @@ def test_r2med_embedding_caches_keep_their_keys_and_bright_ones_get_their_own() 
 def test_the_block_is_part_of_a_user_entrys_identity(tmp_path: Path) -> None:
     from r2med_agent.config import set_user_config
     from r2med_agent.experiment.runner import entries_in_use
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     hashes = []
     for length in (8192, 4096):
@@ -216,7 +216,7 @@ def test_the_block_is_part_of_a_user_entrys_identity(tmp_path: Path) -> None:
 
 
 def test_the_dry_run_describes_the_settings_each_task_runs() -> None:
-    from r2med_agent.analysis.first_stage import first_stage_lines
+    from r2med_agent.grids.first_stage import first_stage_lines
     from r2med_agent.experiment.resolve import resolve
     from r2med_agent.experiment.spec import RunSpec
 
@@ -235,8 +235,8 @@ def test_the_dry_run_describes_the_settings_each_task_runs() -> None:
 
 
 def test_the_dry_runs_needs_follow_the_bright_settings() -> None:
-    from r2med_agent.analysis.grids import GridEntry
-    from r2med_agent.analysis.needs import entry_needs
+    from r2med_agent.grids.grid import GridEntry
+    from r2med_agent.grids.needs import entry_needs
 
     entry = GridEntry(method="none", retriever="rader-7b")
     bright = entry_needs(entry, tasks=("bright-biology",))

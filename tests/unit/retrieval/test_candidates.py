@@ -224,7 +224,8 @@ def test_candidate_names_are_retrievers() -> None:
 
 @pytest.fixture()
 def cli():
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     _register()
     return app
@@ -260,7 +261,7 @@ def test_runs_score_the_lists_as_the_card_does_and_compare_shows_the_card(split,
 def test_card_numbers_give_its_query_weighted_group_scores() -> None:
     # The card's per-split nDCG@10 (packaged CSV) reproduce its group numbers, weighted by the
     # registry's query counts (876 in all): BM25 0.2110, dense 0.2980.
-    from r2med_agent.compare import PublishedKey, published_results
+    from r2med_agent.api import PublishedKey, published_results
 
     pub = published_results()
     for retriever, group in (("nano-bm25", 0.2110), ("harrier", 0.2980)):

@@ -366,7 +366,8 @@ def test_reasoning_retriever_then_groupwise_reranker_through_the_cli(tmp_path: P
 
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
 
     tok = _byte_bpe_tokenizer(**TOKENIZER_STYLES["qwen3"])
     folder = tmp_path / "tiny-reasonembed"
@@ -412,7 +413,8 @@ def test_diver_first_stage_then_groupwise_reranker_through_the_cli(tmp_path: Pat
 
     from typer.testing import CliRunner
 
-    from r2med_agent.cli.app import _register, app
+    from r2med_agent.cli.app import _register
+    from r2med_agent.cli.common import app
     from r2med_agent.data.load import load_task
     from r2med_agent.retrieval.dense.tokens import decoded_text_cut
 
@@ -461,7 +463,7 @@ def test_the_cut_is_part_of_a_runs_identity(tmp_path: Path) -> None:
 
     from r2med_agent.config import set_user_config
     from r2med_agent.experiment.runner import entries_in_use
-    from r2med_agent.runner import RunConfig
+    from r2med_agent.api import RunConfig
 
     hashes = []
     for truncation in ("decoded-text", "tokens"):

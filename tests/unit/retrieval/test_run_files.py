@@ -15,7 +15,7 @@ from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.evaluation import evaluate, read_trec_run
 from r2med_agent.retrieval import make_retriever
 from r2med_agent.retrieval.run_files import find_candidate_files, read_ranked_run
-from r2med_agent.runner import RunConfig, run_experiment
+from r2med_agent.api import RunConfig, run_experiment
 from r2med_agent.types import SearchRequest
 from tests.unit.experiment.test_fidelity import ReversingReranker
 
@@ -69,9 +69,9 @@ def test_a_reranker_gets_the_candidates_top_k_in_the_files_order(tmp_path: Path,
 def test_an_llm_reranker_keeps_the_files_order_where_scores_tie(tmp_path: Path, monkeypatch) -> None:
     """ReasonRank's released runs tie scores in 103 of 876 queries; the authors read each list in
     the file's order. A listwise reranker's one window shows them so, not by score and document id."""
-    from r2med_agent.llm.cached import CachedLLM
-    from r2med_agent.retrieval.rerank.llm import LLMReranker
-    from r2med_agent.retrieval.rerank.spec import RerankerSpec
+    from r2med_agent.llm.cache.wrapper import CachedLLM
+    from r2med_agent.rerank.llm import LLMReranker
+    from r2med_agent.rerank.spec import RerankerSpec
     from tests.fakes import ScriptedLLM
 
     task = load_task("sample")

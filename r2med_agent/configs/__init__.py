@@ -1,1 +1,0 @@
-"""YAML registries, installed as r2med_agent.configs."""
