@@ -299,7 +299,7 @@ def run_options() -> tuple[str, ...]:
 
     from r2med_agent.experiment.run_config import RunConfig
 
-    return tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("tasks", "retriever"))
+    return tuple(f.name for f in dataclasses.fields(RunConfig) if f.init and f.name not in ("tasks", "retriever"))
 
 
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)((?: NAME| FOLDER)?)")

@@ -24,6 +24,7 @@ Every problem in the files raises :class:`~r2med_agent.errors.DataError` naming 
 
 from __future__ import annotations
 
+from r2med_agent.data.bright import excluded_depth, ranking_depth, remove_excluded, task_metrics
 from r2med_agent.data.formats import NANO_CONFIGS, R2MED_HUB_FILES, corpus_fingerprint, data_fingerprint, load_task_dir
 from r2med_agent.data.load import load_task
 from r2med_agent.data.nano import NANO_CANDIDATE_SUBSETS, read_nano_candidates
@@ -56,6 +57,7 @@ __all__ = [
     "base_task_name",
     "corpus_fingerprint",
     "data_fingerprint",
+    "excluded_depth",
     "get_task_spec",
     "list_tasks",
     "local_task_names",
@@ -64,8 +66,11 @@ __all__ = [
     "load_task_dir",
     "read_nano_candidates",
     "read_qrels_file",
+    "ranking_depth",
     "read_qrels_jsonl",
     "reference_name",
+    "remove_excluded",
+    "task_metrics",
     "task_names",
     "task_registry",
 ]

@@ -25,10 +25,11 @@ an earlier version's upgraded with the version markers of behaviours changed sin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from r2med_agent.errors import ConfigError, did_you_mean
+from r2med_agent.experiment.plan import RetrieverFacts, RunPlan
 from r2med_agent.experiment.spec import (
     FINAL_MODES,
     LOOP_RULES,
@@ -44,7 +45,7 @@ from r2med_agent.methods.base import Capabilities, capabilities
 from r2med_agent.names import ORIGINAL_QUERY, member_names
 from r2med_agent.types import SAMPLING_KNOBS, sampling_problems
 
-__all__ = ["Registries", "applicable", "cli_args", "resolve", "spec_of_config"]
+__all__ = ["Registries", "applicable", "cli_args", "plan", "resolve", "spec_of_config"]
 
 
 class Registries:
@@ -96,33 +97,107 @@ class Registries:
         """The LLM entry ``name`` (None: none given, or unknown: reported where it is built)."""
         if not name:
             return None
-        from r2med_agent.llm.registry import load_llm_specs
+        from r2med_agent.llm.registry import get_llm_spec
 
-        return load_llm_specs().get(name)
+        try:
+            return get_llm_spec(name)
+        except ConfigError:
+            return None
 
 
 def resolve(spec: RunSpec, registries: Registries | None = None) -> RunSpec:
     """The spec of the run ``spec`` asks for: names canonical, settings that do not apply and
     explicit defaults set back to their defaults, ``prompts_from`` the sources the run renders.
-    Resolving a resolved spec gives it back.
+    Resolving a resolved spec gives it back. (:func:`plan`'s ``spec``.)
 
     Raises:
         ConfigError: an unknown method or a setting out of range or that cannot go with another,
             naming the option and the fix.
     """
-    return _resolve(spec, registries or Registries(), explicit_sampling=False)
+    return plan(spec, registries).spec
 
 
-def _resolve(spec: RunSpec, reg: Registries, *, explicit_sampling: bool) -> RunSpec:
+def plan(spec: RunSpec, registries: Registries | None = None) -> RunPlan:
+    """The plan of the run ``spec`` asks for (:class:`~r2med_agent.experiment.plan.RunPlan`):
+    its resolved spec (:func:`resolve`) and every entry, kind and merged setting the run reads,
+    each looked up, merged and checked here, once.
+
+    Raises:
+        ConfigError: as :func:`resolve`.
+    """
+    reg = registries or Registries()
+    resolved, method_cls, found = _resolve(spec, reg, explicit_sampling=False)
+    return _plan(resolved, method_cls, found, reg)
+
+
+def _resolve(spec: RunSpec, reg: Registries, *, explicit_sampling: bool) -> tuple[RunSpec, type[Any], _Found]:
     v: dict[str, Any] = {f.name: getattr(spec, f.name) for f in fields(RunSpec)}
     _check_choices(v)
     v["method"], method_cls = reg.method(v["method"])
     caps = capabilities(method_cls)
-    _normalise(v, reg, caps)
+    found = _Found(llm=reg.llm(v["llm"]), reranker=reg.reranker(v["reranker"] or None))
+    _normalise(v, reg, caps, found)
     _validate(v, reg, caps)
     if not explicit_sampling:
-        _drop_default_sampling(v, reg, method_cls)
-    return RunSpec(**v)
+        _drop_default_sampling(v, found, method_cls)
+    return RunSpec(**v), method_cls, found
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The entries of a run, each looked up by name once."""
+
+    llm: Any = None
+    reranker: Any = None
+
+
+def _plan(spec: RunSpec, method_cls: type[Any], found: _Found, reg: Registries) -> RunPlan:
+    """The plan of a resolved spec: its entries (the one lookup of each, in :func:`_resolve`),
+    the facts of its retrievers, its final sampling (the one merge) and its prompt folders."""
+    from r2med_agent.data.sources import generation_source
+    from r2med_agent.prompts.sources import split_folders
+
+    caps = capabilities(method_cls)
+    llm_problem = reranker_problem = None
+    source = generation_source(spec.generations)
+    if found.llm is None and spec.llm and caps.uses_llm and (source is None or source.needs_llm_entry):
+        llm_problem = _lookup_problem("llm", spec.llm)
+    if found.reranker is None and spec.reranker:
+        reranker_problem = _lookup_problem("reranker", spec.reranker)
+    sampling = None
+    if found.llm is not None and caps.uses_llm and spec.generations not in RELEASED_SOURCES:
+        sampling = method_cls().sampling(found.llm, dict(spec.sampling))
+    retrievers = tuple(RetrieverFacts(word, kind.combine, bool(kind.has_model), tuple(kind.settings))
+                       for word in dict.fromkeys(_searched_names(vars(spec), caps))
+                       if (kind := reg.retriever_kind(word)) is not None)
+    return RunPlan(spec=spec, method=method_cls, llm=found.llm, llm_problem=llm_problem, reranker=found.reranker,
+                   reranker_kind=found.reranker.kind_of if found.reranker is not None else None,
+                   reranker_problem=reranker_problem, reranker_llm=_reranker_llm(found.reranker, reg), retrievers=retrievers, sampling=sampling,
+                   prompt_folders=tuple((f, r, s.short if s is not None else None) for f, r, s in split_folders(spec)),
+                   source=source)
+
+
+def _reranker_llm(entry: Any, reg: Registries) -> Any:
+    """The LLM entry an LLM reranker's entry names (None: no such reranker, or an unknown LLM)."""
+    if entry is None or not entry.kind_of.uses_llm or not entry.llm:
+        return None
+    return reg.llm(entry.llm)
+
+
+def _lookup_problem(what: str, name: str) -> str:
+    """The registry's own message for an unknown entry (its lookup raises it)."""
+    try:
+        if what == "llm":
+            from r2med_agent.llm.registry import get_llm_spec
+
+            get_llm_spec(name)
+        else:
+            from r2med_agent.rerank.spec import get_reranker_spec
+
+            get_reranker_spec(name)
+    except ConfigError as e:
+        return str(e)
+    return f"unknown {what} '{name}'"
 
 
 def _default(name: str) -> Any:
@@ -157,7 +232,7 @@ def _check_choices(v: dict[str, Any]) -> None:
     check_value(v["prompts_from"])
 
 
-def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
+def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities, found: _Found) -> None:
     """Canonical forms, and settings that do not apply set back to their defaults."""
     from r2med_agent.retrieval.bm25.retriever import DEFAULT_B, DEFAULT_K1
     from r2med_agent.retrieval.registry import RUN_FILES
@@ -174,10 +249,10 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
         v["first_pass"] = _default("first_pass")  # the released generations already hold their first pass
     if not v["reranker"]:
         v["reranker"], v["rerank_k"] = None, _default("rerank_k")
-    entry = reg.reranker(v["reranker"])
+    entry = found.reranker if v["reranker"] else None
     if entry is None or not _published(entry):
         v["rerank_rules"] = RERANK_RULES  # no published LLM reranker ran
-    if not _versioned_requests(reg, caps, v["llm"], v["generations"]):
+    if not _versioned_requests(found.llm, caps, v["generations"]):
         v["request_rules"] = REQUEST_RULES  # no request to an entry that declares the marker
     if not caps.uses_llm or released:
         v["prompts"] = None
@@ -194,15 +269,15 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities) -> None:
     models = [k.has_model for k in _kinds(reg, v["retriever"], v["loop_retriever"])]
     if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):
         v["precision"] = v["encoder_backend"] = None
-    _normalise_reference_options(v, reg, caps, entry)
+    _normalise_reference_options(v, reg, caps, entry, found.llm)
     from r2med_agent.prompts.sources import resolve as resolve_prompts
 
     v["prompts_from"] = resolve_prompts(v["prompts_from"], v["method"], v["llm"], v["generations"], v["reranker"])
 
 
-def _versioned_requests(reg: Registries, caps: Capabilities, llm: str | None, generations: str) -> bool:
-    """Whether the run sends fresh requests to an LLM entry that declares ``request_rules``."""
-    return caps.uses_llm and generations not in RELEASED_SOURCES and bool(getattr(reg.llm(llm), "request_rules", False))
+def _versioned_requests(llm: Any, caps: Capabilities, generations: str) -> bool:
+    """Whether the run sends fresh requests to an LLM entry (``llm``) that declares ``request_rules``."""
+    return caps.uses_llm and generations not in RELEASED_SOURCES and bool(getattr(llm, "request_rules", False))
 
 
 def _searched_names(v: Mapping[str, Any], caps: Capabilities) -> list[str]:
@@ -244,7 +319,7 @@ def _normalise_fusion_depth(v: dict[str, Any]) -> None:
     v["fusion_depth"] = None if all(d == v["top_k"] for d in depths) else depths
 
 
-def _normalise_reference_options(v: dict[str, Any], reg: Registries, caps: Capabilities, entry: Any) -> None:
+def _normalise_reference_options(v: dict[str, Any], reg: Registries, caps: Capabilities, entry: Any, llm: Any) -> None:
     """The options that follow R2MED's scripts, set back where they do not apply: the identical-id
     exclusion where no retriever declares it, the empty-generation policy without an LLM, the
     prompt path without fresh generations of an LLM whose backend takes it; a reranker's input
@@ -255,7 +330,6 @@ def _normalise_reference_options(v: dict[str, Any], reg: Registries, caps: Capab
         v["exclude_identical_ids"] = False
     if not caps.uses_llm:
         v["empty_generation"] = _default("empty_generation")
-    llm = reg.llm(v["llm"])
     if not caps.uses_llm or v["generations"] in RELEASED_SOURCES or (llm is not None and llm.backend not in PROMPT_PATH_BACKENDS):
         v["llm_prompt"] = _default("llm_prompt")
     if v["rerank_max_length"] is not None:
@@ -264,12 +338,12 @@ def _normalise_reference_options(v: dict[str, Any], reg: Registries, caps: Capab
             v["rerank_max_length"] = None
 
 
-def _drop_default_sampling(v: dict[str, Any], reg: Registries, method_cls: type[Any]) -> None:
+def _drop_default_sampling(v: dict[str, Any], found: _Found, method_cls: type[Any]) -> None:
     """Sampling overrides that give the sampling the method uses without them (``--temperature
     0.7`` for an LLM whose default is 0.7) are dropped: the same run, folder and cache keys."""
     if not v["sampling"] or v["generations"] in RELEASED_SOURCES:
         return
-    llm = reg.llm(v["llm"])
+    llm = found.llm
     if llm is None:
         return
     method = method_cls()
@@ -397,7 +471,7 @@ def spec_of_config(config: Mapping[str, Any], registries: Registries | None = No
     if all(f.name in config for f in fields(RunSpec)):
         return spec
     markers = {name: 1 for name in VERSION_MARKERS if name not in config}
-    return _resolve(replace(spec, **markers), registries or Registries(), explicit_sampling=True)
+    return _resolve(replace(spec, **markers), registries or Registries(), explicit_sampling=True)[0]
 
 
 def applicable(spec: RunSpec, registries: Registries | None = None) -> list[str]:
@@ -421,7 +495,7 @@ def applicable(spec: RunSpec, registries: Registries | None = None) -> list[str]
     entry = reg.reranker(spec.reranker)
     if entry is None or not _published(entry):
         skip.add("rerank_rules")
-    if not _versioned_requests(reg, caps, spec.llm, spec.generations):
+    if not _versioned_requests(reg.llm(spec.llm), caps, spec.generations):
         skip.add("request_rules")
     if not any(reg.encoder_rules(word) > 1 for word in _searched_names(vars(spec), caps)):
         skip.add("encoder_rules")

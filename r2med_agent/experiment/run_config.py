@@ -9,18 +9,19 @@ registry entries from a user config), and what this version cannot run is refuse
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import DEFAULT_METRICS, metrics_within_depth
-from r2med_agent.experiment.resolve import resolve
+from r2med_agent.experiment.plan import RunPlan
+from r2med_agent.experiment.resolve import plan
 from r2med_agent.experiment.spec import VERSION_MARKERS, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.names import member_names
 
-__all__ = ["RUN_OPTIONS", "RunConfig", "config_record", "entries_in_use", "folder_fingerprint", "model_precisions", "prompts_in_use"]
+__all__ = ["RUN_OPTIONS", "RunConfig", "plan_config", "config_record", "entries_in_use", "folder_fingerprint", "model_precisions", "prompts_in_use"]
 
 
 @dataclass(frozen=True)
@@ -79,26 +80,15 @@ class RunConfig(RunSpec):
     no_eval: bool = False
 
     def __post_init__(self) -> None:
-        if self.candidates_path is not None:
-            from r2med_agent.retrieval.run_files import candidates_fingerprint
-
-            object.__setattr__(self, "candidates", candidates_fingerprint(self.candidate_files()))
-        super().__post_init__()
-        resolved = resolve(self.spec())
-        for f in fields(RunSpec):
-            object.__setattr__(self, f.name, getattr(resolved, f.name))
-        for name, (current, _, plural) in VERSION_MARKERS.items():
-            if getattr(self, name) != current:
-                raise ConfigError(f"{name} {getattr(self, name)} names results of an earlier version's {plural}; "
-                                  f"this version runs only {name} {current}")
         object.__setattr__(self, "tasks", tuple(self.tasks))
-        if self.chunk_size is not None and self.chunk_size < 0:
-            raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {self.chunk_size}")
-        _check_prompt_sources(self)
-        if self.prompts is None:
-            object.__setattr__(self, "prompts", prompts_in_use(self))
-        if self.entries is None:
-            object.__setattr__(self, "entries", entries_in_use(self))
+        super().__post_init__()
+        made = plan_config(self)
+        for f in fields(RunSpec):
+            object.__setattr__(self, f.name, getattr(made.spec, f.name))
+        object.__setattr__(self, "plan", made)
+
+    plan: RunPlan = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+    """The run's plan (:func:`plan_config`): everything the runner reads of the registries."""
 
     def retriever_options(self, fused: bool = True) -> Any:
         """The typed options every retriever of the run is built with
@@ -151,7 +141,37 @@ class RunConfig(RunSpec):
         return self.store.folder(self)
 
 
-def _check_prompt_sources(cfg: RunConfig) -> None:
+def plan_config(cfg: RunConfig) -> RunPlan:
+    """The plan of a config, made in one step: its spec resolved (:func:`~r2med_agent.experiment.resolve.plan`)
+    with the hashes of the files that are part of its identity (first-stage run files, a prompts
+    folder of the user's own, registry entries from a user config), and what this version cannot
+    run refused.
+
+    Raises:
+        ConfigError: a bad setting (naming the option), or a spec of an earlier version.
+    """
+    spec = cfg.spec()
+    if cfg.candidates_path is not None:
+        from r2med_agent.retrieval.run_files import candidates_fingerprint
+
+        spec = replace(spec, candidates=candidates_fingerprint(cfg.candidate_files()))
+    made = plan(spec)
+    for name, (current, _, plural) in VERSION_MARKERS.items():
+        if getattr(made.spec, name) != current:
+            raise ConfigError(f"{name} {getattr(made.spec, name)} names results of an earlier version's {plural}; "
+                              f"this version runs only {name} {current}")
+    if cfg.chunk_size is not None and cfg.chunk_size < 0:
+        raise ConfigError(f"--chunk-size must be >= 0 (0 = one backend call), got {cfg.chunk_size}")
+    _check_prompt_sources(made.spec)
+    hashes = {}
+    if made.spec.prompts is None:
+        hashes["prompts"] = prompts_in_use(made, cfg.prompts_dir)
+    if made.spec.entries is None:
+        hashes["entries"] = entries_in_use(made, cfg.tasks, cfg.data_dir)
+    return made.with_spec(replace(made.spec, **hashes)) if hashes else made
+
+
+def _check_prompt_sources(cfg: RunSpec) -> None:
     """A spec that names the authors' prompts at commits this version does not pin names results
     of an earlier version; it cannot run."""
     from r2med_agent.prompts.sources import AUTHORS, OWN, resolve
@@ -164,33 +184,26 @@ def _check_prompt_sources(cfg: RunConfig) -> None:
                           f"commits; this version fetches {current} (--prompts authors)")
 
 
-def prompts_in_use(cfg: RunConfig) -> str | None:
+def prompts_in_use(plan: RunPlan, prompts_dir: Path | None) -> str | None:
     """Hash of the overriding prompt folder's templates when the run renders prompts in the
     project's wording (an LLM method with fresh generations, or a reranker, whose folders are not
     all rendered in the authors' wording), else None (the shipped templates). Its templates are
     checked for what the template sandbox refuses first, before any work."""
-    from r2med_agent.experiment.resolve import Registries
-    from r2med_agent.methods.base import capabilities
-
-    method = Registries().methods().get(cfg.method)
-    generates = method is not None and capabilities(method).uses_llm and cfg.generations == "fresh"
-    if not (generates or cfg.reranker):
+    if not (plan.generates or plan.spec.reranker):
         return None
-    from r2med_agent.prompts.sources import split_folders
-
-    folders = split_folders(cfg)
+    folders = plan.prompt_folders
     if folders and all(src is not None for _, _, src in folders):
         return None  # every prompt is the authors'
     from r2med_agent.prompts import templates as prompts
 
-    folders = prompts.search_path(cfg.prompts_dir)
+    folders = prompts.search_path(prompts_dir)
     if len(folders) < 2:
         return None
     prompts.check_folder(folders[0])
     return folder_fingerprint(folders[0])
 
 
-def entries_in_use(cfg: RunConfig) -> str | None:
+def entries_in_use(plan: RunPlan | RunConfig, tasks: tuple[str, ...] = (), data_dir: Path | None = None) -> str | None:
     """Hash of the registry entries the run uses that come from a user config file rather than
     the package's: an LLM, encoder or reranker of the same name but other settings is another run,
     and so is a task whose entry gives it another family or domain where the run renders prompts
@@ -203,6 +216,9 @@ def entries_in_use(cfg: RunConfig) -> str | None:
     from r2med_agent.config import PYTHON_SOURCE, registry_entries
     from r2med_agent.paths import configs_dir
 
+    if isinstance(plan, RunConfig):
+        plan, tasks, data_dir = plan.plan, plan.tasks, plan.data_dir
+    cfg = plan.spec
     used: dict[str, set[str]] = {"llms": set(), "encoders": set(), "rerankers": set()}
     if cfg.generations == "fresh" and cfg.llm:  # an LLM that generates (the spec has one only then)
         used["llms"].add(cfg.llm)
@@ -214,7 +230,7 @@ def entries_in_use(cfg: RunConfig) -> str | None:
         llm = entries["rerankers"].get(cfg.reranker, ({}, None))[0].get("llm")
         if llm:
             used["llms"].add(str(llm))
-    own = _task_entries(cfg) if _renders_task_text(cfg, entries) else []
+    own = _task_entries(tasks, data_dir) if _renders_task_text(plan, entries) else []
     for section, names in used.items():
         shipped = configs_dir() / f"{section}.yaml"
         for name in sorted(names):
@@ -226,20 +242,17 @@ def entries_in_use(cfg: RunConfig) -> str | None:
     return hashlib.sha256(json.dumps(own, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _renders_task_text(cfg: RunConfig, entries: dict[str, Any]) -> bool:
+def _renders_task_text(plan: RunPlan, entries: dict[str, Any]) -> bool:
     """Whether the run renders text from its tasks' family and domain: an LLM method's prompts
     (fresh generations), a reranker's, or a dense encoder's instructions."""
-    from r2med_agent.experiment.resolve import Registries
-    from r2med_agent.methods.base import capabilities
-
-    method = Registries().methods().get(cfg.method)
-    if cfg.reranker or (method is not None and capabilities(method).uses_llm and cfg.generations == "fresh"):
+    cfg = plan.spec
+    if cfg.reranker or plan.generates:
         return True
     return any(n in entries["encoders"] for s in (cfg.retriever, cfg.loop_retriever or "", cfg.first_pass)
                for n in member_names(s))
 
 
-def _task_entries(cfg: RunConfig) -> list[list[Any]]:
+def _task_entries(tasks: tuple[str, ...], data_dir: Path | None) -> list[list[Any]]:
     """``["tasks", name, {family, domain}]`` for each of the run's tasks whose family or domain is
     not the one the package gives it (its shipped entry's, or, for a task of your own, the generic
     ``qa`` and ``medical``): a user config's task entry changes the prompts, so it is another run."""
@@ -251,9 +264,9 @@ def _task_entries(cfg: RunConfig) -> list[list[Any]]:
 
     shipped = load_yaml(configs_dir() / "tasks.yaml") or {}
     out = []
-    for name in cfg.tasks:
+    for name in tasks:
         try:
-            family, domain, _ = prompt_facts(name, cfg.data_dir)
+            family, domain, _ = prompt_facts(name, data_dir)
         except (ConfigError, DataError):
             continue  # the run's own loading says what is wrong
         default = shipped.get(name) or {"family": LOCAL_FAMILY, "domain": LOCAL_DOMAIN}
@@ -276,7 +289,7 @@ def folder_fingerprint(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-RUN_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.name not in {g.name for g in fields(RunSpec)})
+RUN_OPTIONS = tuple(f.name for f in fields(RunConfig) if f.init and f.name not in {g.name for g in fields(RunSpec)})
 """RunConfig's fields that are not part of the run's identity (they cannot change a result)."""
 
 
@@ -284,14 +297,13 @@ def model_precisions(cfg: RunConfig) -> dict[str, str]:
     """The precision each local encoder and reranker of ``cfg`` runs at on a GPU (``--precision``
     or its registry entry's; on a CPU everything runs in float32), by registry name."""
     from r2med_agent.retrieval.dense.spec import encoder_registry
-    from r2med_agent.rerank.spec import get_reranker_spec
 
     encoders = encoder_registry()
     names = {p for spec in (cfg.retriever, cfg.loop_retriever or "") for p in member_names(spec)}
     out = {n: cfg.precision or encoders[n].precision
            for n in sorted(names) if n in encoders and encoders[n].kind == "hf"}
     if cfg.reranker:
-        out[cfg.reranker] = cfg.precision or get_reranker_spec(cfg.reranker).precision
+        out[cfg.reranker] = cfg.precision or cfg.plan.reranker_entry().precision
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.data.formats import data_fingerprint
-from r2med_agent.data.bright import excluded_depth, ranking_depth, remove_excluded, task_metrics
+from r2med_agent.data import excluded_depth, ranking_depth, remove_excluded, task_metrics
 from r2med_agent.evaluation import (
     Evaluation,
     average_over_tasks,
@@ -119,13 +119,11 @@ def _generation_stats(gens: Sequence[Generation], spec: Any) -> dict[str, Any]:
     }
 
 
-def _add_rerank_stats(stats: dict[str, Any], rerank: dict[str, Any]) -> None:
+def _add_rerank_stats(stats: dict[str, Any], rerank: dict[str, Any], reranker_llm: Any) -> None:
     """An LLM reranker's tokens, time and cost join the task's totals (what ``compare --cost``
     sums); its own numbers stay apart under ``rerank``."""
-    from r2med_agent.llm.registry import get_llm_spec
-
     rerank = dict(rerank)
-    rerank["cost_usd"] = _cost_usd(get_llm_spec(rerank["llm"]), rerank["prompt_tokens"], rerank["completion_tokens"])
+    rerank["cost_usd"] = _cost_usd(reranker_llm, rerank["prompt_tokens"], rerank["completion_tokens"])
     for key in ("generations", "cache_hits", "prompt_tokens", "completion_tokens"):
         stats[key] = stats.get(key, 0) + rerank[key]
     for key in ("llm_time_s", "llm_time_new_s"):
@@ -133,15 +131,6 @@ def _add_rerank_stats(stats: dict[str, Any], rerank: dict[str, Any]) -> None:
     if rerank["cost_usd"] is not None:
         stats["cost_usd"] = round((stats.get("cost_usd") or 0.0) + rerank["cost_usd"], 6)
     stats["rerank"] = rerank
-
-
-def _with_overrides(params: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
-    """Apply CLI sampling overrides; unknown names are errors naming the allowed ones."""
-    allowed = set(params.to_dict())
-    unknown = sorted(set(overrides) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    return replace(params, **overrides)
 
 
 def cut_run(run: Run, k: int) -> Run:
@@ -201,20 +190,15 @@ def run_experiment(cfg: RunConfig, llm: Any | None = None) -> ExperimentResult:
 def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> ExperimentResult:
     from r2med_agent.data import load_task
     from r2med_agent.data.load import generic_prompt_note
-    from r2med_agent.methods import get_method
     from r2med_agent.prompts.sources import check_tasks, run_prompts
 
-    method = get_method(cfg.method)()
-    if method.uses_llm and cfg.generations == "fresh":  # released texts need no registry entry
-        from r2med_agent.llm.registry import get_llm_spec
-
-        get_llm_spec(cfg.llm)  # type: ignore[arg-type]  # a misspelt name, before any fetch
-    if cfg.generations == "r2med":
-        from r2med_agent.data.released import check_samples
-
-        check_samples(cfg.tasks, cfg.method, cfg.llm or "", cfg.samples, cfg.data_dir)
+    method = cfg.plan.method()
+    if cfg.plan.generates:  # released texts need no registry entry
+        cfg.plan.llm_entry()  # a misspelt name, before any fetch
+    if cfg.plan.released is not None:
+        cfg.plan.released.check(cfg.plan, cfg.tasks, cfg.data_dir)
     # The authors' prompts first: fetched, or refused with one message, before any other work.
-    prompts = run_prompts(cfg, cfg.prompts_dir)
+    prompts = run_prompts(cfg, cfg.prompts_dir, folders=cfg.plan.prompt_folders)
     tasks = [load_task(name, cfg.data_dir, allow_missing_qrels_docs=cfg.allow_missing_qrels_docs,
                        allow_count_mismatch=cfg.allow_count_mismatch, qrels_split=cfg.split,
                        all_queries=cfg.all_queries)
@@ -227,7 +211,7 @@ def _run_experiment(cfg: RunConfig, llm: Any | None, owned: list[Any]) -> Experi
     ctx = _Context(cfg, method, cfg.spec(), cfg.store, prompts=prompts)
     _check_models(ctx)
     entry = ctx.reranker_entry
-    if (method.uses_llm and cfg.generations == "fresh") or (entry is not None and entry.kind_of.uses_llm):
+    if cfg.plan.generates or (entry is not None and cfg.plan.reranker_kind.uses_llm):
         for note in filter(None, (generic_prompt_note(t.name, cfg.data_dir) for t in tasks)):
             log.warning("%s", note)  # the prompts name the task's domain: say which one it gets
     released = _load_released(ctx, tasks)
@@ -251,17 +235,14 @@ def _check_models(ctx: _Context) -> None:
     LLM's name, then the reranker's model (tokenizer, config; its weights load when reranking
     starts: loaded now, they would hold GPU memory an in-process vLLM engine expects to have)."""
     cfg = ctx.cfg
-    if ctx.method.uses_llm and cfg.generations != "bright":  # BRIGHT's reasoning LLMs need no entry
-        from r2med_agent.llm.registry import get_llm_spec
-
-        ctx.llm_spec = get_llm_spec(cfg.llm)  # type: ignore[arg-type]
+    ctx.llm_spec = cfg.plan.llm_entry()  # None where no entry is needed (BRIGHT's reasoning LLMs)
     if cfg.reranker:
-        from r2med_agent.experiment.resolve import Registries
         from r2med_agent.retrieval import make_reranker
 
-        ctx.reranker_entry = Registries().reranker(cfg.reranker)
+        # the plan's entry (None where the registry has none: make_reranker says so by name)
+        ctx.reranker_entry = cfg.plan.reranker
         ctx.reranker = make_reranker(
-            cfg.reranker, precision=cfg.precision, max_length=cfg.rerank_max_length,
+            cfg.reranker, entry=ctx.reranker_entry, precision=cfg.precision, max_length=cfg.rerank_max_length,
             cache_path=cfg.cache_path, use_cache=cfg.use_cache,
             refresh=cfg.refresh_cache, chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
             prompts_dir=ctx.prompts.reranker_dir if ctx.prompts is not None else cfg.prompts_dir,
@@ -270,25 +251,15 @@ def _check_models(ctx: _Context) -> None:
 
 
 def _load_released(ctx: _Context, tasks: Sequence[Task]) -> dict[str, tuple[list[Generation], str]]:
-    """R2MED's released generations, or BRIGHT's released reasoning queries, of every task (found
-    and checked before any index is built)."""
+    """The released generations of every task from the plan's registered source
+    (:mod:`r2med_agent.data.sources`), found and checked before any index is built; {} when the
+    run generates its own."""
     cfg = ctx.cfg
-    if cfg.generations == "bright":
-        from r2med_agent.data.bright_released import load_reasoning_generations
-
-        out = {task.name: load_reasoning_generations(task, cfg.llm, cfg.data_dir) for task in tasks}
-        log.info("scoring BRIGHT's released reasoning queries of %s: no LLM is built", cfg.llm)
-        return out
-    if cfg.generations != "r2med":
+    source = cfg.plan.released
+    if source is None:
         return {}
-    from r2med_agent.data.released import load_generations
-
-    # A method whose outputs have a format of their own (Search-R1's <answer>) parses them so,
-    # whatever the LLM entry's format.
-    fmt = ctx.method.output_format or ctx.llm_spec.reasoning_format
-    out = {task.name: load_generations(task, cfg.method, cfg.llm, fmt, cfg.data_dir)
-           for task in tasks}
-    log.info("scoring R2MED's released %s generations of %s: no LLM is built", cfg.method, cfg.llm)
+    out = {task.name: source.load(task, cfg.plan, cfg.data_dir) for task in tasks}
+    log.info("scoring %s (%s, %s): no LLM is built", source.about, cfg.method, cfg.llm)
     return out
 
 
@@ -321,6 +292,7 @@ def _make_llm(ctx: _Context, llm: Any | None, owned: list[Any]) -> Any:
         refresh=cfg.refresh_cache,
         overrides={**ctx.method.llm_overrides, **_prompt_path(cfg)} or None,
         chunk_size="auto" if cfg.chunk_size is None else cfg.chunk_size,
+        entry=ctx.llm_spec,
     )
     owned.append(made)
     return made
@@ -343,12 +315,7 @@ def _run_method(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
         depth = ctx.method.first_pass_depth
         first_pass = (lambda r=r: _first_pass(cfg, r, depth)) if ctx.method.needs_first_pass else None
         jobs.append(MethodJob(r.task, searched, r.retriever, first_pass))
-    params = None
-    if ctx.llm_spec is not None:
-        from r2med_agent.llm import default_sampling
-
-        params = _with_overrides(default_sampling(ctx.llm_spec), dict(cfg.sampling))
-    settings = MethodSettings(params=params, sampling=dict(cfg.sampling), llm_spec=ctx.llm_spec,
+    settings = MethodSettings(params=cfg.plan.sampling, sampling=dict(cfg.sampling), llm_spec=ctx.llm_spec,
                               samples=cfg.samples, final=cfg.final, top_k=cfg.top_k,
                               prompts_dir=ctx.prompts.method_dir if ctx.prompts is not None else cfg.prompts_dir)
     result = ctx.method.run_tasks(jobs, ctx.llm, settings)
@@ -409,13 +376,14 @@ def _search(ctx: _Context, runs: dict[str, _TaskRun]) -> None:
 def _rerank_all(ctx: _Context, runs: list[_TaskRun]) -> None:
     """A reranker that batches tasks (the LLM rerankers) over every task at once; the run's own
     LLM is shared when the reranker's kind uses an LLM and its entry names the run's."""
+    from r2med_agent.retrieval.base import keeps_order
     from r2med_agent.rerank.base import RerankJob
 
     cfg, reranker, entry = ctx.cfg, ctx.reranker, ctx.reranker_entry
-    if ctx.llm is not None and entry is not None and entry.kind_of.uses_llm and cfg.llm == entry.llm:
+    if ctx.llm is not None and entry is not None and cfg.plan.reranker_kind.uses_llm and cfg.llm == entry.llm:
         reranker.share_llm(ctx.llm)
     jobs = [RerankJob(r.task, r.output.requests, r.run, {d.doc_id: d.full_text for d in r.task.corpus},
-                      ordered=bool(getattr(r.retriever, "keeps_order", False)) and r.output.fused_run is None)
+                      ordered=keeps_order(r.retriever) and r.output.fused_run is None)
             for r in runs]
     t0 = time.perf_counter()
     outputs = reranker.rerank_tasks(jobs, cfg.rerank_k)
@@ -483,7 +451,7 @@ def _stats(ctx: _Context, r: _TaskRun) -> dict[str, Any]:
     stats["retrieval_time_s"] = round(r.retrieval_time, 4)
     stats["index_time_s"] = round(r.index_time, 4)
     if r.rerank is not None:
-        _add_rerank_stats(stats, r.rerank.stats)
+        _add_rerank_stats(stats, r.rerank.stats, ctx.cfg.plan.reranker_llm)
     return stats
 
 
@@ -494,7 +462,9 @@ def _average(outcomes: list[TaskOutcome]) -> dict[str, float]:
 def _llm_stats(ctx: _Context) -> dict[str, Any]:
     llm = ctx.llm
     llm_stats = asdict(llm.stats) if llm is not None and hasattr(llm, "stats") else {}
-    rerank_llm = getattr(ctx.reranker, "built_llm", None)
+    from r2med_agent.rerank.base import built_llm
+
+    rerank_llm = built_llm(ctx.reranker)
     if rerank_llm is not None and rerank_llm is not llm and hasattr(rerank_llm, "stats"):
         llm_stats = {**llm_stats, "reranker": asdict(rerank_llm.stats)}
     return llm_stats

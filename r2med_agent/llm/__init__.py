@@ -47,13 +47,14 @@ def default_cache_path() -> Path:
     return cache_dir() / "generations.sqlite"
 
 
-def resolve_spec(name: str, overrides: Mapping[str, Any] | None = None) -> LLMSpec:
-    """The registry entry ``name`` with ``overrides`` (spec field -> value) applied and validated.
+def resolve_spec(name: str, overrides: Mapping[str, Any] | None = None, entry: LLMSpec | None = None) -> LLMSpec:
+    """The registry entry ``name`` (``entry``: that entry, already looked up) with ``overrides``
+    (spec field -> value) applied and validated.
 
     Raises:
         ConfigError: unknown entry, unknown field, or an invalid value.
     """
-    spec = get_llm_spec(name)
+    spec = entry if entry is not None else get_llm_spec(name)
     if not overrides:
         return spec
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(LLMSpec)}
@@ -76,6 +77,7 @@ def make_llm(
     refresh: bool = False,
     overrides: Mapping[str, Any] | None = None,
     chunk_size: int | None | Literal["auto"] = "auto",
+    entry: LLMSpec | None = None,
 ) -> CachedLLM:
     """The registry entry ``name``'s backend behind the generation cache.
 
@@ -89,13 +91,14 @@ def make_llm(
             0: all at once; ``auto``: the entry's ``chunk_size``, whose own ``auto`` is
             ``DEFAULT_CHUNK_SIZES`` of its backend); see :mod:`r2med_agent.llm.cache.wrapper` for the
             trade-off.
+        entry: the entry ``name`` itself, already looked up (a run's plan holds it): not looked up again.
 
     Raises:
         ConfigError: unknown name or bad override.
         MissingExtraError: (on the first cache miss) the backend's optional dependency is not
             installed.
     """
-    spec = resolve_spec(name, overrides)
+    spec = resolve_spec(name, overrides, entry)
     cache = GenerationCache(cache_path or default_cache_path()) if use_cache else None
     # Built on the first cache miss: a fully cached run never loads the model or its extra.
     backend = LazyBackend(lambda: make_backend(spec), spec.model)

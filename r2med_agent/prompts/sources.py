@@ -479,22 +479,31 @@ def split_folders(spec: Any) -> list[tuple[str, str | None, PromptSource | None]
             for folder, reader in renderers(spec.method, spec.llm, spec.generations, spec.reranker)]
 
 
-def run_prompts(spec: Any, own_dir: Path | None = None) -> RunPrompts:
+def run_prompts(spec: Any, own_dir: Path | None = None,
+                folders: Sequence[tuple[str, str | None, str | None]] | None = None) -> RunPrompts:
     """Have every authors' source the run renders (fetching what the cache lacks) and say where
     its method and reranker read their templates. Called before any work.
+    ``folders``: the run plan's ``prompt_folders`` (checked when it was made); None: from ``spec``'s names.
 
     Raises:
         PromptSourceError: a source could not be had (nothing of the run has started).
         ConfigError: the spec names sources of another version (other commits).
     """
-    folders = split_folders(spec)
-    wanted = [s for _, _, s in folders if s is not None]
+    if folders is not None:
+        return _fetch(spec, own_dir, [(f, r, source_of_folder(f) if s else None) for f, r, s in folders])
+    split = split_folders(spec)
     current = resolve(AUTHORS, spec.method, spec.llm, spec.generations, spec.reranker)
-    if wanted and spec.prompts_from != current:
+    if any(s is not None for _, _, s in split) and spec.prompts_from != current:
         raise ConfigError(
             f"prompts_from {spec.prompts_from} names results made with the authors' prompts at other commits; "
             f"this version pins {current}"
         )
+    return _fetch(spec, own_dir, split)
+
+
+def _fetch(spec: Any, own_dir: Path | None, folders: list[tuple[str, str | None, PromptSource | None]]) -> RunPrompts:
+    """Fetch what ``folders`` render of the authors' and say where the method and reranker read."""
+    wanted = [s for _, _, s in folders if s is not None]
     dirs = {s.name: ensure(s) for s in dict.fromkeys(wanted)}
     method_dir = reranker_dir = own_dir
     from r2med_agent.prompts.importer import run_prompt_folders

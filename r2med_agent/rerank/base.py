@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from r2med_agent.types import Run, SearchRequest, Task, Trace
 
-__all__ = ["RerankJob", "RerankOutput"]
+__all__ = ["BatchReranker", "RerankJob", "RerankOutput", "built_llm"]
 
 
 @dataclass
@@ -42,3 +42,33 @@ class RerankOutput:
         from r2med_agent.traces import traces_to_jsonl
 
         return {".rerank.jsonl": traces_to_jsonl(self.traces)}
+
+
+@runtime_checkable
+class BatchReranker(Protocol):
+    """A reranker whose kind declares ``batches_tasks`` (the LLM rerankers): what the runner
+    calls of it besides :class:`~r2med_agent.rerank.spec.Reranker`'s.
+
+    The runner hands it the run's own LLM (:meth:`share_llm`) when the entry's kind uses an LLM
+    and names the run's, calls :meth:`rerank_tasks` once with every task, and reports the
+    statistics of :attr:`built_llm` when that is not the run's own.
+    """
+
+    def rerank_tasks(self, jobs: Sequence[RerankJob], k: int) -> list[RerankOutput]:
+        """One :class:`~r2med_agent.rerank.base.RerankOutput` per
+        :class:`~r2med_agent.rerank.base.RerankJob`, in order."""
+        ...
+
+    def share_llm(self, llm: Any) -> None:
+        """Use ``llm`` (the run's own) instead of building one, unless one is built."""
+        ...
+
+    @property
+    def built_llm(self) -> Any:
+        """The LLM it built or was given (None: none yet; nothing is built by asking)."""
+        ...
+
+
+def built_llm(reranker: Any) -> Any:
+    """A reranker's :attr:`BatchReranker.built_llm`; None for one that does not batch tasks (it has no LLM)."""
+    return reranker.built_llm if isinstance(reranker, BatchReranker) else None

@@ -7,17 +7,19 @@ import dataclasses
 from typing import Any
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.rerank.kinds import RerankerOptions
+from r2med_agent.rerank.kinds import RerankerKind, RerankerOptions
 from r2med_agent.rerank.spec import Reranker, RerankerSpec, get_reranker_spec
 
-__all__ = ["build_cross_encoder", "build_groupwise", "build_llm_reranker", "build_setwise", "make_reranker"]
+__all__ = ["build_cross_encoder", "build_reranker", "build_groupwise", "build_llm_reranker", "build_setwise", "make_reranker"]
 
 
-def make_reranker(name: str, *, options: RerankerOptions | None = None, **keywords: Any) -> Reranker:
+def make_reranker(name: str, *, entry: RerankerSpec | None = None, options: RerankerOptions | None = None,
+                  **keywords: Any) -> Reranker:
     """The reranker of a registry entry (``configs/rerankers.yaml``); models load on first use.
 
     Args:
         name: the entry's name.
+        entry: the entry itself, already looked up (a run's plan holds it): ``name`` is not looked up again.
         options: what the run passes (:class:`~r2med_agent.rerank.kinds.RerankerOptions`:
             precision and ``max_length`` overrides of a kind with a model, device, backend,
             progress; the LLM kinds' ``llm``, ``cache_path``, ``use_cache``, ``refresh``,
@@ -36,12 +38,21 @@ def make_reranker(name: str, *, options: RerankerOptions | None = None, **keywor
         options = RerankerOptions(**keywords)
     elif keywords:
         raise ConfigError(f"make_reranker takes options= or keywords, not both (got {', '.join(sorted(keywords))})")
-    spec = get_reranker_spec(name)
-    kind = spec.kind_of
+    spec = entry if entry is not None else get_reranker_spec(name)
+    return build_reranker(spec, spec.kind_of, options)
+
+
+def build_reranker(spec: RerankerSpec, kind: RerankerKind, options: RerankerOptions) -> Reranker:
+    """The reranker of an entry already looked up (a run's plan holds it and its ``kind``), built
+    by the kind's declared builder.
+
+    Raises:
+        ConfigError: a builder whose reranker does not batch tasks as its kind declares.
+    """
     reranker = kind.builder()(spec, options)
     if bool(getattr(reranker, "batches_tasks", False)) != kind.batches_tasks:
-        raise ConfigError(f"reranker '{name}': kind {spec.kind} declares batches_tasks={kind.batches_tasks}, but its "
-                          f"builder made a {type(reranker).__name__} that does not")
+        raise ConfigError(f"reranker '{spec.name}': kind {spec.kind} declares batches_tasks={kind.batches_tasks}, but "
+                          f"its builder made a {type(reranker).__name__} that does not")
     return reranker
 
 

@@ -302,3 +302,53 @@ def test_no_code_asks_whether_the_method_is_none() -> None:
                        for s in sides) and any(isinstance(s, ast.Constant) and s.value == "none" for s in sides):
                     found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)}")
     assert found == []
+
+
+REGISTRY_LOOKUPS = {"Registries", "METHODS", "get_method", "get_llm_spec", "load_llm_specs", "lookup",
+                    "get_reranker_spec", "reranker_registry", "reranker_kind", "RERANKER_KINDS", "encoder_registry",
+                    "retriever_kind", "RETRIEVER_KINDS", "default_sampling", "loop_sampling"}
+"""What reads a registry entry by name (or merges an entry's sampling): resolution's business."""
+RESOLUTION = {"r2med_agent.experiment.resolve", "r2med_agent.experiment.run_config"}
+"""The modules that resolve a run into its plan (and may read the registries for it)."""
+PLAN_READERS = ("r2med_agent.experiment.runner",)
+"""Modules that run a resolved run: they read its plan, never a registry."""
+
+
+def _imported_names(path: Path) -> set[str]:
+    return {a.asname or a.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) for a in node.names}
+
+
+def test_no_registry_read_outside_resolution_in_what_runs_a_plan() -> None:
+    """The runner reads the run's plan (experiment/plan.py), built by resolution (RESOLUTION); it
+    looks up no entry by name and merges no sampling."""
+    modules = _modules()
+    assert not RESOLUTION & set(PLAN_READERS)
+    found = [f"{m}: {sorted(_imported_names(modules[m]) & REGISTRY_LOOKUPS)}" for m in PLAN_READERS
+             if _imported_names(modules[m]) & REGISTRY_LOOKUPS]
+    assert found == []
+
+
+def test_no_benchmark_named_in_the_runner() -> None:
+    """Released generations come from the plan's registered source (data/sources.py): the runner
+    imports no benchmark's module and spells no source's name."""
+    from r2med_agent.data.sources import GENERATION_SOURCES
+
+    modules = _modules()
+    path = modules["r2med_agent.experiment.runner"]
+    named = sorted(m for m in _imports("r2med_agent.experiment.runner", path, modules)
+                   if any(b in m.rsplit(".", 1)[-1] for b in (*GENERATION_SOURCES, "released")))
+    named += [f"{node.lineno} {node.value!r}" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.Constant) and node.value in GENERATION_SOURCES]
+    assert named == []
+
+
+def test_the_runner_reads_no_undeclared_member() -> None:
+    """What the runner calls of a component its protocol declares (Method, Retriever with
+    ``keeps_order``, BatchReranker's ``share_llm``, ``rerank_tasks``, ``built_llm``): no
+    ``getattr(component, "name", default)`` guesses."""
+    path = PACKAGE / "experiment" / "runner.py"
+    guessed = [f"{n.lineno} {n.args[1].value}" for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "getattr" and len(n.args) > 1
+               and isinstance(n.args[1], ast.Constant)]
+    assert guessed == []
