@@ -48,8 +48,8 @@ def _generate(backend):
     return backend.generate(PROMPTS, SamplingParams(max_tokens=4))
 
 
-@pytest.mark.parametrize("url", [f"http://127.0.0.1:{_refused_port()}/v1",
-                                 "http://no-such-host.invalid/v1"])
+@pytest.mark.parametrize("url", [f"http://127.0.0.1:{_refused_port()}/v1", "http://no-such-host.invalid/v1"],
+                         ids=["refused-port", "unresolvable-name"])  # the same ids in every xdist worker
 def test_refused_port_and_unresolvable_name_are_not_retried(url, no_proxy, caplog):
     caplog.set_level(logging.WARNING)
     backend = _backend(url)
