@@ -19,6 +19,15 @@ def _register() -> None:
     from r2med_agent.cli import cache_cmd, compare_cmd, prompts_cmd, results_cmd, run_cmd, trace_cmd  # noqa: F401
 
 
+def _named_plugins(argv: list[str]) -> None:
+    """The ``--plugin`` modules of the command line, added before the commands are made (which
+    loads the plugins), so the options a plugin's retriever kind declares are ``run`` options."""
+    from r2med_agent.plugins import add_plugin_modules
+
+    add_plugin_modules([argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
+                       + [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: user errors print one message and exit non-zero, no traceback."""
     # Our own progress at INFO; other libraries (faiss, httpx, transformers) only when they warn.
@@ -26,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, handlers=[progress.log_handler(sys.stderr)])
     logging.getLogger("r2med_agent").setLevel(logging.INFO)
     try:
+        _named_plugins(sys.argv[1:] if argv is None else argv)
         _register()
         # Standalone mode: click prints usage errors (unknown option, bad value) as one message
         # with exit code 2 and handles --help; our own errors propagate to the handler below.

@@ -129,10 +129,31 @@ def run_parameters() -> list[inspect.Parameter]:
               for name, flags in spec_options().items()]
     params += [_parameter(name, Optional[str] if knob["optional"] else Optional[knob["type"]], None, (knob["flag"],),
                           "Sampling", knob["help"]) for name, knob in SAMPLING_KNOBS.items() if knob["flag"]]
+    params += _kind_parameters()
     params += [_parameter(name, annotation, _CLI_DEFAULTS[name] if name in _CLI_DEFAULTS else defaults[name], flags,
                           panel, text) for name, (annotation, flags, panel, text) in _RUN_OPTIONS.items()]
     first = {p.name: i for i, p in enumerate(params)}
     return sorted(params, key=lambda p: (OPTION_GROUPS.index(p.default.rich_help_panel), p.name != "task", first[p.name]))
+
+
+def _kind_parameters() -> list[inspect.Parameter]:
+    """One option per field of the registered retriever kinds' ``options`` dataclasses; None (the
+    kind's default, shown) leaves it out of the spec."""
+    from r2med_agent.retrieval.registry import kind_option_fields
+
+    params = []
+    for kind, f, flags, hint in kind_option_fields():
+        annotation = _option_type(hint)[0]
+        option = typer.Option(None, *flags, help=f"{f.metadata.get('help', '')} Default: {f.default}.",
+                              rich_help_panel="Retrieval", show_default=False)
+        params.append(inspect.Parameter(_kind_param(kind, f.name), inspect.Parameter.KEYWORD_ONLY,
+                                        default=option, annotation=Optional[annotation]))
+    return params
+
+
+def _kind_param(kind: str, name: str) -> str:
+    """The ``run`` parameter of a kind's option (an identifier whatever the kind's name)."""
+    return "kind__" + "".join(c if c.isalnum() else "_" for c in kind) + "__" + name
 
 
 def spec_values(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -148,6 +169,11 @@ def spec_values(options: Mapping[str, Any]) -> dict[str, Any]:
         out[name] = options[name] if item is None else _parse_list(options[name], item, flags[0])
     out["sampling"] = {name: _knob_value(knob, options[name]) for name, knob in SAMPLING_KNOBS.items()
                        if knob["flag"] and options.get(name) is not None}
+    from r2med_agent.retrieval.registry import kind_option_fields
+
+    for kind, f, _, _ in kind_option_fields():
+        if options.get(_kind_param(kind, f.name)) is not None:
+            out.setdefault("kind_options", {}).setdefault(kind, {})[f.name] = options[_kind_param(kind, f.name)]
     return out
 
 

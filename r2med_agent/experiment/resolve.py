@@ -77,6 +77,11 @@ class Registries:
 
         return retriever_kind(word)
 
+    def retriever_kind_options(self, name: str, values: Mapping[str, Any]) -> Any:
+        """Kind ``name``'s ``options`` dataclass filled with ``values`` (ConfigError: it declares no such option)."""
+        from r2med_agent.retrieval.registry import kind_options
+        return kind_options(name, values)
+
     def reranker(self, name: str | None) -> Any:
         """The reranker entry ``name`` (None: none given, or unknown: reported where it is built)."""
         if not name:
@@ -216,6 +221,17 @@ def _kinds(reg: Registries, *specs: str | None) -> list[Any]:
     return out
 
 
+def _normalise_kind_options(v: dict[str, Any], reg: Registries, searched: list[Any]) -> None:
+    """Kinds' own options checked by their dataclass; kept for searched kinds where not the default."""
+    from r2med_agent.retrieval.registry import kind_name, non_default_options
+    used, out = {kind_name(kind) for kind in searched}, {}
+    for name, values in dict(v["kind_options"]).items():
+        changed = non_default_options(reg.retriever_kind_options(name, values))
+        if name in used and changed:
+            out[name] = changed
+    v["kind_options"] = out
+
+
 def _check_choices(v: dict[str, Any]) -> None:
     """Settings with a fixed set of values, checked even where they play no part."""
     from r2med_agent.prompts.sources import check_value
@@ -265,6 +281,7 @@ def _normalise(v: dict[str, Any], reg: Registries, caps: Capabilities, found: _F
     applies = {s for k in searched for s in k.settings}
     if "bm25_k1" not in applies:
         v["bm25_k1"] = v["bm25_b"] = None
+    _normalise_kind_options(v, reg, searched)
     _normalise_encoder_rules(v, reg, caps)
     models = [k.has_model for k in _kinds(reg, v["retriever"], v["loop_retriever"])]
     if not any(models) and not (entry is not None and entry.kind_of.has_model) and not (v["reranker"] and entry is None):

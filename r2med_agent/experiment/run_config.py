@@ -112,6 +112,7 @@ class RunConfig(RunSpec):
                              b=DEFAULT_B if self.bm25_b is None else self.bm25_b, show_progress=self.show_progress),
             fusion=fusion,
             run_files=RunFiles(self.candidate_files(), self.allow_missing_candidates) if self.candidates_path else None,
+            kinds=self.kind_options,
         )
 
     def candidate_files(self) -> dict[str, Path]:

@@ -164,6 +164,8 @@ class RunSpec:
             (:data:`RERANK_RULES`); as ``loop_rules``.
         encoder_rules: the version of the shipped encoder entries' behaviour
             (:data:`ENCODER_RULES`); as ``loop_rules``.
+        kind_options: the settings retriever kinds declare for themselves (a kind's ``options``
+            dataclass), by kind name, where not the default (``short.depth=3`` in a label).
     """
 
     method: str = field(default="none", metadata=_option(
@@ -289,6 +291,10 @@ class RunSpec:
         "Version of the shipped encoder entries' behaviour: 2 runs diver-4b on DIVER's raw queries, as its code "
         "stood when its numbers were made (this version runs only it); 1 names results of earlier versions, made "
         "with diver-4b's instructed queries (now diver-4b-instructed)."))
+    kind_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, metadata=_help(
+        "The settings retriever kinds declare for themselves (a kind's ``options`` dataclass), by kind name: "
+        "the values that differ from the kind's defaults, for the kinds the run searches with, e.g. "
+        '{"toy": {"depth": 3}}, shown as toy.depth=3.'))
 
     def __post_init__(self) -> None:
         _canonical(self)
@@ -342,7 +348,7 @@ class RunSpec:
         for key in ("fusion_weights", "fusion_depth"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
-        for key in ("sampling", "rerank_k", "top_k", "samples", "rrf_k", *VERSION_MARKERS,
+        for key in ("sampling", "kind_options", "rerank_k", "top_k", "samples", "rrf_k", *VERSION_MARKERS,
                     "prompts_from", "generations", "first_pass", "final", "fusion", "retriever", "method"):
             if kwargs.get(key) is None:
                 kwargs.pop(key, None)  # an earlier version's null: the default
@@ -383,6 +389,8 @@ class RunSpec:
                 continue
             if name == "sampling":
                 out.update({f"sampling.{k}": v for k, v in sorted(value.items())})
+            elif name == "kind_options":
+                out.update({f"{kind}.{k}": v for kind, values in value.items() for k, v in values.items()})
             else:
                 out[name] = value
         return out
@@ -460,6 +468,7 @@ def _canonical(spec: RunSpec) -> None:
     """Canonical types, so equal settings compare (and key) equal: sampling values by their
     knob's type (1 and 1.0 are the same temperature), tuples for the lists."""
     _set(spec, "sampling", canonical_sampling(spec.sampling))
+    _set(spec, "kind_options", {str(k): dict(sorted(v.items())) for k, v in sorted(spec.kind_options.items()) if v})
     if spec.fusion_weights is not None:
         _set(spec, "fusion_weights", tuple(float(w) for w in spec.fusion_weights))
     if spec.fusion_depth is not None:

@@ -55,8 +55,8 @@ takes them as keywords (``show_progress``, ``precision``, ``encoder_backend``, `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from r2med_agent.errors import ConfigError, did_you_mean
@@ -99,6 +99,10 @@ class RetrieverOptions:
     """How a '+'-joined spec fuses (None: the defaults; set only for such a spec)."""
     run_files: RunFiles | None = None
     """The first-stage run files of the ``candidates`` word (``run --candidates``)."""
+    kinds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Kind name -> the non-default values of its declared ``options`` (the spec's ``kind_options``)."""
+    own: Any = None
+    """The building kind's ``options`` dataclass, filled from :attr:`kinds` (None: it declares none)."""
 
     @classmethod
     def from_keywords(cls, **keywords: Any) -> RetrieverOptions:
@@ -154,6 +158,11 @@ class RetrieverKind:
     """Other run-spec settings that apply to it (``bm25_k1``, ``bm25_b``, ``exclude_identical_ids``)."""
     encoders: Callable[[str], Sequence[str]] = lambda word: ()
     """The encoder registry entries a word loads (what ``reproduce --dry-run`` sizes)."""
+    options: type | None = None
+    """A dataclass of the kind's own settings, each field with a default and :func:`kind_option`
+    metadata: ``run`` gets an option per field, a run that searches with the kind holds the values
+    that differ from the defaults under ``kind_options[<kind name>]`` (its identity), and the
+    builder reads the filled dataclass as ``options.own``."""
 
     def __post_init__(self) -> None:
         if self.combine not in COMBINES:
@@ -233,6 +242,9 @@ def _check_word(name: str, but: str | None = None) -> None:
 def _check_kind(registry: Registry[RetrieverKind], key: str, kind: RetrieverKind) -> RetrieverKind:
     if not isinstance(kind, RetrieverKind):
         raise PluginError(f"retriever kind '{key}' must be a RetrieverKind, got {type(kind).__name__}")
+    if kind.options is not None and (not is_dataclass(kind.options) or any(
+            f.default is MISSING and f.default_factory is MISSING for f in fields(kind.options))):
+        raise PluginError(f"retriever kind '{key}': options must be a dataclass whose every field has a default")
     for word in kind.names():
         _check_word(word, but=key)
     return kind
@@ -364,9 +376,54 @@ def _spec_words(spec: str) -> list[str]:
     return parts
 
 
+def kind_option(text: str, *flags: str) -> dict[str, Any]:
+    """The metadata of a field of a retriever kind's ``options`` dataclass: its ``run --help``
+    text and option names (default: ``--<kind>-<field>``, dashes for underscores)."""
+    return {"help": text, "flags": flags}
+
+
+def kind_option_fields() -> list[tuple[str, Any, tuple[str, ...], Any]]:
+    """``(kind name, field, option names, type)`` of every field the registered kinds' ``options`` declare."""
+    from typing import get_type_hints
+
+    return [(name, f, f.metadata.get("flags") or (f"--{name}-{f.name}".replace("_", "-"),),
+             get_type_hints(kind.options)[f.name])
+            for name, kind in RETRIEVER_KINDS.items() if kind.options is not None for f in fields(kind.options)]
+
+
+def kind_name(kind: RetrieverKind) -> str:
+    """The name ``kind`` is registered under."""
+    return next(name for name, known in RETRIEVER_KINDS.items() if known is kind)
+
+
+def kind_options(name: str, values: Mapping[str, Any]) -> Any:
+    """Kind ``name``'s ``options`` dataclass filled with ``values`` (its own checks run).
+
+    Raises:
+        ConfigError: ``name`` declares no options, or ``values`` names a field it lacks.
+    """
+    kind = RETRIEVER_KINDS.get(name)
+    if kind is None or kind.options is None:
+        raise ConfigError(f"retriever kind '{name}' declares no options")
+    known = [f.name for f in fields(kind.options)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"retriever kind '{name}' has no option {', '.join(unknown)}; allowed: {', '.join(known)}")
+    return kind.options(**values)
+
+
+def non_default_options(options: Any) -> dict[str, Any]:
+    """The fields of a kind's filled ``options`` dataclass that differ from its defaults."""
+    default = type(options)()
+    return {f.name: getattr(options, f.name) for f in fields(options) if getattr(options, f.name) != getattr(default, f.name)}
+
+
 def _single(word: str, task: Task, options: RetrieverOptions) -> Retriever:
     name = word.removesuffix(ORIGINAL_QUERY)
     kind = retriever_kind(name)  # _spec_words checked it is known
+    if kind.options is not None:  # type: ignore[union-attr]
+        own = kind_name(kind)  # type: ignore[arg-type]
+        options = replace(options, own=kind_options(own, options.kinds.get(own, {})))
     built = kind.build(name, task, options)  # type: ignore[union-attr]
     if kind.combine == "text":  # type: ignore[union-attr]
         built = TextQueryRetriever(built)
