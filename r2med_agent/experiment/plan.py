@@ -47,6 +47,9 @@ class RunPlan:
         reranker_problem: why a run with a reranker has no entry (the registry's message).
         reranker_llm: the LLM entry an LLM reranker's entry names (its prices price its tokens).
         retrievers: the declared facts of every retriever word the run searches with.
+        encoders: ``(word, encoder entry)`` of every searched word that names an encoder entry
+            (:class:`~r2med_agent.retrieval.dense.spec.EncoderSpec`), and of the dense encoder a
+            rebuilt shipped list fuses with (:data:`~r2med_agent.retrieval.candidates.DENSE_ENCODER`).
         sampling: the final sampling of the method's generations (None: nothing generates).
         prompt_folders: ``(folder, reader LLM, authors' source or None)`` of every prompt folder
             the run renders (:func:`~r2med_agent.prompts.sources.split_folders`).
@@ -63,6 +66,7 @@ class RunPlan:
     reranker_problem: str | None = None
     reranker_llm: Any = None
     retrievers: tuple[RetrieverFacts, ...] = ()
+    encoders: tuple[tuple[str, Any], ...] = ()
     sampling: SamplingParams | None = None
     prompt_folders: tuple[tuple[str, str | None, str | None], ...] = ()
     source: Any = None
@@ -84,6 +88,10 @@ class RunPlan:
     def reranker_entry(self) -> Any:
         """The reranker entry (None without one; ConfigError, the registry's message, where unknown)."""
         return _known(self.reranker, self.reranker_problem)
+
+    def encoder(self, word: str) -> Any:
+        """The encoder entry of a retriever word the run searches with (None: no encoder entry)."""
+        return dict(self.encoders).get(word)
 
     def with_spec(self, spec: RunSpec) -> RunPlan:
         """This plan for ``spec``, the same run with the hashes a config adds (``prompts``,

@@ -90,12 +90,16 @@ class Registries:
 
         return reranker_registry().get(name)
 
+    def encoder(self, word: str) -> Any:
+        """The encoder entry ``word`` (None: an unknown word, or a retriever that is no encoder)."""
+        from r2med_agent.retrieval.dense.spec import encoder_registry
+
+        return encoder_registry().get(word)
+
     def encoder_rules(self, word: str) -> int:
         """The version at which the encoder entry ``word`` last changed its settings (1: an
         unknown word, a retriever that is no encoder, or an entry never changed)."""
-        from r2med_agent.retrieval.dense.spec import encoder_registry
-
-        entry = encoder_registry().get(word)
+        entry = self.encoder(word)
         return entry.encoder_rules if entry is not None else 1
 
     def llm(self, name: str | None) -> Any:
@@ -177,9 +181,21 @@ def _plan(spec: RunSpec, method_cls: type[Any], found: _Found, reg: Registries) 
                        if (kind := reg.retriever_kind(word)) is not None)
     return RunPlan(spec=spec, method=method_cls, llm=found.llm, llm_problem=llm_problem, reranker=found.reranker,
                    reranker_kind=found.reranker.kind_of if found.reranker is not None else None,
-                   reranker_problem=reranker_problem, reranker_llm=_reranker_llm(found.reranker, reg), retrievers=retrievers, sampling=sampling,
+                   reranker_problem=reranker_problem, reranker_llm=_reranker_llm(found.reranker, reg),
+                   retrievers=retrievers, encoders=_encoders(spec, caps, reg), sampling=sampling,
                    prompt_folders=tuple((f, r, s.short if s is not None else None) for f, r, s in split_folders(spec)),
                    source=source)
+
+
+def _encoders(spec: RunSpec, caps: Capabilities, reg: Registries) -> tuple[tuple[str, Any], ...]:
+    """``(word, entry)`` of every searched word with an encoder entry, and of the dense encoder a
+    rebuilt shipped list fuses with."""
+    from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT
+
+    words = _searched_names(vars(spec), caps)
+    if any(word in REBUILT for word in words):
+        words.append(DENSE_ENCODER)
+    return tuple((word, entry) for word in dict.fromkeys(words) if (entry := reg.encoder(word)) is not None)
 
 
 def _reranker_llm(entry: Any, reg: Registries) -> Any:

@@ -46,10 +46,8 @@ def ray_address(given: str) -> str | None:
 
 def build_jobs(planned: Sequence[Any], opts: Any) -> list[RowJob]:
     """The pending rows of a plan as jobs, each with its resources and stage producer."""
-    from r2med_agent.grids.needs import Registries
     from r2med_agent.config import user_config_path
     from r2med_agent.experiment.spec import RunSpec
-    from r2med_agent.methods import get_method
     from r2med_agent.methods.base import capabilities
 
     user = user_config_path()
@@ -60,19 +58,18 @@ def build_jobs(planned: Sequence[Any], opts: Any) -> list[RowJob]:
         candidates=str(Path(opts.candidates).resolve()) if opts.candidates else None,
         user_config=user.read_text(encoding="utf-8") if user is not None and user.exists() else None,
     )
-    registries = Registries.load()
     jobs: list[RowJob] = []
     makers: dict[str, int] = {}
     for i, p in enumerate(planned):
         if not p.pending:
             continue
         spec = RunSpec.from_key(p.spec_key)
-        stage = stage_key(spec, capabilities(get_method(spec.method)).agentic)
+        stage = stage_key(spec, capabilities(p.plan.method).agentic)
         after = makers.get(stage) if stage is not None else None
         if stage is not None and after is None:
             makers[stage] = i
         jobs.append(RowJob(i, p.entry.label, p.spec_key, p.pending, options,
-                           row_resources(spec, registries), stage, after))
+                           row_resources(p.plan), stage, after))
     return jobs
 
 

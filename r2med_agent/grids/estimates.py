@@ -6,26 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from r2med_agent.experiment.plan import RunPlan
 from r2med_agent.grids.grid import GridEntry
 from r2med_agent.methods.base import capabilities
-
-
-class Registries(Protocol):
-    """The registries an estimate reads (:class:`r2med_agent.grids.needs.Registries` has them)."""
-
-    llms: Mapping[str, Any]
-    rerankers: Mapping[str, Any]
-    models: Mapping[str, Any]
-    encoders: Mapping[str, Any]
-
-
-def method_caps(entry: GridEntry) -> Any:
-    """The capabilities the entry's method declares."""
-    from r2med_agent.methods import get_method
-
-    return capabilities(get_method(entry.method))
 
 
 TOKENS_PER_WORD = 1.4
@@ -97,33 +82,34 @@ def format_hours(hours: float) -> str:
     return f"{hours:.1f}" if hours >= 0.05 else "<0.1"
 
 
-def token_estimate(entry: GridEntry, n_queries: int, registries: Registries,
+def token_estimate(entry: GridEntry, n_queries: int, plan: RunPlan, models: Mapping[str, Any],
                    released: bool = False) -> list[TokenEstimate]:
     """Upper-bound LLM calls and tokens of an entry's LLM stages over ``n_queries`` queries:
     prompts from the reranker's document cut (``max_doc_tokens``, ``max_doc_chars`` /
     CHARS_PER_TOKEN or ``max_doc_words`` x TOKENS_PER_WORD), outputs at the entries'
     ``max_tokens`` (reasoning models often use far fewer); the reasoning loops at their turn and
     search limits, every step at its ``max_tokens`` (:func:`_loop_work`). Dollars where the LLM
-    entry has prices, GPU-hours for a self-hosted model of known size."""
+    entry has prices, GPU-hours for a self-hosted model of known size. The LLM, the reranker and
+    its LLM are the row's ``plan``'s entries; sizes come from ``models`` (``configs/reproduce/models.yaml``)."""
     out: list[TokenEstimate] = []
     samples = int(entry.args.get("samples", 1))
-    caps = method_caps(entry)
-    if caps.uses_llm and entry.llm in registries.llms and not released:
-        spec = registries.llms[entry.llm]
+    caps = capabilities(plan.method)
+    if caps.uses_llm and entry.llm and plan.llm is not None and not released:
+        spec = plan.llm
         if caps.agentic:
-            label, calls, p_in, p_out = _loop_work(entry, spec, n_queries)
+            label, calls, p_in, p_out = _loop_work(entry, plan.method, spec, n_queries)
         else:
             calls = n_queries * samples
             p_in = calls * (EXPANSION_PROMPT_TOKENS + (4000 if caps.needs_first_pass else 0))
             label, p_out = f"{entry.method} {entry.llm} x{samples}", calls * _max_tokens(entry, spec.max_tokens)
-        out.append(_estimate(label, spec, calls, p_in, p_out, registries.models.get(entry.llm), caps.agentic))
-    rr = registries.rerankers.get(entry.reranker) if entry.reranker else None
-    if rr is not None and rr.kind_of.work is not None and rr.llm in registries.llms:
-        spec = registries.llms[rr.llm]
+        out.append(_estimate(label, spec, calls, p_in, p_out, models.get(entry.llm), caps.agentic))
+    rr = plan.reranker if entry.reranker else None
+    if rr is not None and rr.kind_of.work is not None and plan.reranker_llm is not None:
+        spec = plan.reranker_llm
         k = int(entry.args.get("rerank_k", 100))
         label, calls, p_in = _rerank_work(rr, k, n_queries)
         out.append(_estimate(label, spec, calls, p_in, calls * (rr.max_tokens or spec.max_tokens),
-                             registries.models.get(rr.llm)))
+                             models.get(rr.llm)))
     return out
 
 
@@ -133,15 +119,13 @@ def _max_tokens(entry: GridEntry, default: int) -> int:
     return int(sampling.get("max_tokens") or default)
 
 
-def _loop_work(entry: GridEntry, spec: Any, n_queries: int) -> tuple[str, int, int, int]:
+def _loop_work(entry: GridEntry, method_cls: type[Any], spec: Any, n_queries: int) -> tuple[str, int, int, int]:
     """``(label, calls, prompt tokens, output tokens)`` of a reasoning loop over ``n_queries``, at its
     limits: every turn taken (Search-R1: the searching turns and the final one; Search-o1: its turns,
     each search condensed by Reason-in-Documents), every step writing its ``max_tokens``, each step's
     prompt the task prompt plus everything written and inserted before it (at most the entry's
     context length)."""
-    from r2med_agent.methods import get_method
-
-    method = get_method(entry.method)()
+    method = method_cls()
     if hasattr(method, "for_model"):
         method = method.for_model(spec.model)
     step = _max_tokens(entry, int(method.model_sampling.get("max_tokens") or

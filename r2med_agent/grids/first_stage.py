@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from r2med_agent.experiment.plan import RunPlan
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.retrieval.fusion import member_names
 
@@ -22,23 +23,23 @@ def _how_searched(spec: RunSpec, name: str, members: list[str]) -> str:
     return f"{queries}; {fusion}; {depth}"
 
 
-def first_stage_lines(spec: RunSpec, tasks: Sequence[str] = ()) -> list[str]:
-    """One line per dense encoder of the row's retriever (none for BM25 or given run files):
+def first_stage_lines(plan: RunPlan, tasks: Sequence[str] = ()) -> list[str]:
+    """One line per dense encoder of the row's retriever (none for BM25 or given run files; the
+    entries are the row's ``plan``'s):
     ``first stage`` when the row reranks, else ``retrieval``; then the entry's ``reference``. An
     entry with BRIGHT settings of its own is described as it runs on the row's ``tasks``: with
     those on BRIGHT's tasks, its own on the others (both when the row has both)."""
     from r2med_agent.retrieval.dense.instructions import describe_inputs, is_bright_task
-    from r2med_agent.retrieval.dense.spec import encoder_registry
 
+    spec = plan.spec
     if spec.candidates:
         return []
-    encoders = encoder_registry()
     members = member_names(spec.retriever)
     label = "first stage" if spec.reranker else "retrieval"
     on_bright = [is_bright_task(t) for t in tasks]
     out = []
     for name in members:
-        enc = encoders.get(name)
+        enc = plan.encoder(name)
         if enc is None:
             continue
         model = enc.model or f"{enc.query_model} / {enc.doc_model}"

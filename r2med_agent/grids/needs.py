@@ -10,11 +10,13 @@ from typing import Any
 
 from r2med_agent.config import build, load_yaml
 from r2med_agent.errors import ConfigError
+from r2med_agent.experiment.plan import RunPlan
+from r2med_agent.methods.base import capabilities
 from r2med_agent.paths import configs_dir
 from r2med_agent.retrieval.fusion import member_names
 
 logger = logging.getLogger(__name__)
-from r2med_agent.grids.estimates import EncodeEstimate, TokenEstimate, encode_estimate, method_caps, token_estimate
+from r2med_agent.grids.estimates import EncodeEstimate, TokenEstimate, encode_estimate, token_estimate
 from r2med_agent.grids.grid import BYTES_PER_PARAM, GPU_GIB, GridEntry, released_llms
 
 # ----------------------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ pins >= 5.16.1); an encoder or reranker whose ``transformers`` specifier exclude
 share an environment with the vLLM engine."""
 
 
-def split_recipe(entry: GridEntry, llm_spec: Any, pins: Mapping[str, str]) -> tuple[str, ...]:
+def split_recipe(entry: GridEntry, plan: RunPlan, llm_spec: Any, pins: Mapping[str, str]) -> tuple[str, ...]:
     """How to run ``entry`` when its vLLM LLM and the models in ``pins`` (name -> transformers
     specifier, each excluding vLLM's) need separate environments: vLLM serves the model in its
     own environment, r2med-agent runs beside NV-Embed/GritLM in another and reaches it over
@@ -124,7 +126,7 @@ def split_recipe(entry: GridEntry, llm_spec: Any, pins: Mapping[str, str]) -> tu
         f"{entry.llm}'s reasoning_format, system_prompt and sampling fields, then this command "
         f"with --llm {served}",
     ]
-    if not method_caps(entry).agentic:
+    if not capabilities(plan.method).agentic:
         lines.append(
             "  or generate first in env 1 (r2med-agent + vllm): the same command with "
             "--retriever bm25 fills the generation cache; this command in env 2 (same "
@@ -180,24 +182,6 @@ def _gpu_line(
     return line
 
 
-@dataclass(frozen=True)
-class Registries:
-    """The registries ``--dry-run`` consults, read once per plan."""
-
-    llms: Mapping[str, Any]
-    encoders: Mapping[str, Any]
-    rerankers: Mapping[str, Any]
-    models: Mapping[str, ModelInfo]
-
-    @classmethod
-    def load(cls) -> Registries:
-        from r2med_agent.llm.registry import load_llm_specs
-        from r2med_agent.retrieval.dense.spec import encoder_registry
-        from r2med_agent.rerank.spec import reranker_registry
-
-        return cls(load_llm_specs(), encoder_registry(), reranker_registry(), load_models())
-
-
 def dataset_repos(tasks: Sequence[str], data_dir: Path | None = None) -> list[str]:
     """Hub dataset repos the tasks load from (none with a local ``data_dir``)."""
     if data_dir is not None:
@@ -211,9 +195,10 @@ def dataset_repos(tasks: Sequence[str], data_dir: Path | None = None) -> list[st
 
 def entry_needs(
     entry: GridEntry,
+    plan: RunPlan,
     datasets: Sequence[str] = (),
     gpu_gib: float = GPU_GIB,
-    registries: Registries | None = None,
+    models: Mapping[str, ModelInfo] | None = None,
     generations: str = "fresh",
     n_queries: int = 0,
     tasks: Sequence[str] = (),
@@ -222,15 +207,16 @@ def entry_needs(
     from R2MED's released generations runs no LLM: no LLM weights, keys, tokens or
     split-environment recipe are listed for it.
 
-    Backends, hub ids, API key variables and tensor parallelism come from the registries
-    (configs/llms.yaml, encoders.yaml, rerankers.yaml); sizes and gating from
+    Backends, hub ids, API key variables and tensor parallelism come from the row's plan (its
+    LLM, encoder and reranker entries, looked up once in resolution); sizes and gating from
     configs/reproduce/models.yaml. Names missing from either are reported as problems.
 
     Args:
         entry: the grid entry.
+        plan: the entry's run plan (:func:`~r2med_agent.experiment.resolve.plan`).
         datasets: hub dataset repos its tasks load from (:func:`dataset_repos`).
         gpu_gib: memory of one GPU.
-        registries: the registries (read here when not given).
+        models: ``configs/reproduce/models.yaml`` (:func:`load_models`; read here when not given).
         generations: ``r2med`` when the entry scores R2MED's released generations (no LLM).
         n_queries: queries of the planned tasks, for the token estimate (0: none).
         tasks: the planned tasks: an encoder runs its BRIGHT settings (``EncoderSpec.bright``:
@@ -238,12 +224,12 @@ def entry_needs(
     """
     if entry.generations == "bright" and entry.uses_llm:
         generations = "bright"  # BRIGHT's released reasoning queries, always (GridEntry.generations_mode)
-    reg = registries or Registries.load()
-    found = _NeedsFinder(entry, reg, gpu_gib, tasks)
+    models = load_models() if models is None else models
+    found = _NeedsFinder(entry, plan, models, gpu_gib, tasks)
     found.generations(generations)
     found.retrievers()
     found.reranker()
-    llm_spec = reg.llms.get(entry.llm) if entry.llm else None
+    llm_spec = plan.llm if entry.llm else None
     others = sum(v for role, v in found.per_gpu.items() if role not in ("LLM", "reranker LLM"))
     if "LLM" in found.per_gpu and others > 0 and llm_spec is not None:
         found.gpu.append(_together_line(found.per_gpu["LLM"], others, llm_spec.gpu_memory_utilization, gpu_gib))
@@ -252,7 +238,7 @@ def entry_needs(
     # Released generations: the method's LLM never runs, so nothing is served or split off.
     released = generations in ("r2med", "bright")
     split = found.split_environments(llm_spec if not released else None)
-    estimates = tuple(token_estimate(entry, n_queries, reg, released=released)) if n_queries else ()
+    estimates = tuple(token_estimate(entry, n_queries, plan, models, released=released)) if n_queries else ()
     return Needs(tuple(found.gpu), tuple(dict.fromkeys(found.keys)), tuple(found.hub), tuple(found.problems),
                  tuple(found.setup), split, estimates, tuple(found.encoding))
 
@@ -260,10 +246,11 @@ def entry_needs(
 class _NeedsFinder:
     """Collects an entry's needs, one part of the entry at a time."""
 
-    def __init__(self, entry: GridEntry, reg: Registries, gpu_gib: float, tasks: Sequence[str] = ()) -> None:
+    def __init__(self, entry: GridEntry, plan: RunPlan, models: Mapping[str, ModelInfo], gpu_gib: float,
+                 tasks: Sequence[str] = ()) -> None:
         from r2med_agent.retrieval.dense.instructions import is_bright_task
 
-        self.entry, self.reg, self.gpu_gib = entry, reg, gpu_gib
+        self.entry, self.plan, self.models, self.gpu_gib = entry, plan, models, gpu_gib
         self.on_bright = any(is_bright_task(t) for t in tasks)
         self.tasks = tuple(tasks)
         self.encoding: list[EncodeEstimate] = []
@@ -276,7 +263,7 @@ class _NeedsFinder:
 
     def weights(self, role: str, name: str, repos: Sequence[str], tp: int = 1,
                 precision: tuple[str, int] = ("bf16", BYTES_PER_PARAM)) -> None:
-        info = self.reg.models.get(name)
+        info = self.models.get(name)
         if info is None:
             self.problems.append(f"no size for {role} '{name}' in configs/reproduce/models.yaml")
         else:
@@ -293,7 +280,7 @@ class _NeedsFinder:
         if spec.backend == "openai":
             if spec.api_key_env:
                 self.keys.append(spec.api_key_env)
-            if getattr(spec, "server", "") == "vllm" and name in self.reg.models:
+            if getattr(spec, "server", "") == "vllm" and name in self.models:
                 # An entry served by the user's own `vllm serve` (a LoRA adapter on its base model).
                 self.setup.append(f"{role} {name}: served by your own `vllm serve` (the command is in "
                                   "its configs/llms.yaml entry)")
@@ -327,9 +314,9 @@ class _NeedsFinder:
         released = entry.llm in released_llms().get(entry.method, ())
         self.setup.append(f"generations: fresh with {entry.llm}"
                           + (" (--generations fresh)" if released else " (R2MED released none for this row)"))
-        if method_caps(entry).needs_first_pass:
+        if capabilities(self.plan.method).needs_first_pass:
             self.setup.append(f"LameR first pass: {entry.args.get('first_pass', 'bm25')} top 10")
-        spec = self.reg.llms.get(entry.llm)
+        spec = self.plan.llm
         if spec is None:
             self.problems.append(f"unknown LLM '{entry.llm}' (not in configs/llms.yaml or the user config)")
         elif not self.llm_needs("LLM", entry.llm, spec):
@@ -344,7 +331,7 @@ class _NeedsFinder:
                 continue
             if part in REBUILT:  # the shipped BM25 list fused with the dense encoder's ranking
                 part = DENSE_ENCODER
-            enc = self.reg.encoders.get(part)
+            enc = self.plan.encoder(part)
             if enc is None:
                 self.problems.append(f"unknown retriever '{part}' (not bm25 and not in configs/encoders.yaml)")
             elif enc.kind == "api":
@@ -369,7 +356,7 @@ class _NeedsFinder:
 
     def encodes(self, name: str, spec: Any) -> None:
         """The encoder's work over the planned tasks, where their counts are known."""
-        estimate = encode_estimate(name, spec, self.tasks, self.reg.models.get(name))
+        estimate = encode_estimate(name, spec, self.tasks, self.models.get(name))
         if estimate is not None:
             self.encoding.append(estimate)
 
@@ -377,11 +364,11 @@ class _NeedsFinder:
         entry = self.entry
         if not entry.reranker:
             return
-        rr = self.reg.rerankers.get(entry.reranker)
+        rr = self.plan.reranker
         if rr is None:
             self.problems.append(f"unknown reranker '{entry.reranker}' (not in configs/rerankers.yaml)")
         elif rr.kind_of.uses_llm:
-            rspec = self.reg.llms.get(rr.llm)
+            rspec = self.plan.reranker_llm
             if rspec is None:
                 self.problems.append(f"reranker '{entry.reranker}': unknown LLM '{rr.llm}'")
             elif rr.llm != entry.llm or rspec.backend != "vllm":
@@ -398,18 +385,18 @@ class _NeedsFinder:
 
     def split_environments(self, llm_spec: Any) -> tuple[str, ...]:
         """The split-environment recipe when a model pins a transformers vLLM cannot take."""
-        entry, reg = self.entry, self.reg
+        entry, plan = self.entry, self.plan
         if llm_spec is None or llm_spec.backend != "vllm":
             return ()
         pins = {}
         for part in member_names(entry.retriever):
-            enc = reg.encoders.get(part)
+            enc = plan.encoder(part)
             if enc is not None and _excludes_vllm(getattr(enc, "transformers", "")):
                 pins[part] = enc.transformers
-        rr = reg.rerankers.get(entry.reranker) if entry.reranker else None
+        rr = plan.reranker if entry.reranker else None
         if rr is not None and _excludes_vllm(getattr(rr, "transformers", "")):
             pins[entry.reranker] = rr.transformers
-        return split_recipe(entry, llm_spec, pins) if pins else ()
+        return split_recipe(entry, plan, llm_spec, pins) if pins else ()
 
 
 def _together_line(llm_gib: float, others_gib: float, utilization: float, gpu_gib: float) -> str:

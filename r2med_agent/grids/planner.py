@@ -22,7 +22,7 @@ from r2med_agent.experiment.store import (
 logger = logging.getLogger(__name__)
 from r2med_agent.grids.first_stage import first_stage_lines
 from r2med_agent.grids.grid import GPU_GIB, Grid, GridEntry, reference_line
-from r2med_agent.grids.needs import Needs, Registries, dataset_repos, entry_needs
+from r2med_agent.grids.needs import Needs, dataset_repos, entry_needs, load_models
 from r2med_agent.analysis.tables import ComparisonTable, build_table
 
 # ----------------------------------------------------------------------------------------------
@@ -88,6 +88,9 @@ class PlannedRun:
     prompts: str = ""
     """Whose prompts the row renders (the authors' at a pinned commit, and whether they are at
     hand; imported ones; or the project's own); "none ..." when it renders none."""
+    plan: Any = field(default=None, compare=False, repr=False)
+    """The row's run plan (:class:`~r2med_agent.experiment.plan.RunPlan`): the entries its
+    estimates, first stage and cluster resources read."""
 
     @property
     def published_average(self) -> float | None:
@@ -195,7 +198,7 @@ def task_option(tasks: Sequence[str]) -> str:
 
 def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     """Every entry of ``grid`` with its command, finished/pending tasks and needs."""
-    registries = Registries.load()
+    models = load_models()
     repos: dict[tuple[str, ...], list[str]] = {}
     task_arg = task_option(opts.tasks)
     expected_data = _ExpectedData(opts.data_dir, opts.allow_count_mismatch)
@@ -204,7 +207,8 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
     averages = grid.averages or (None,) * len(grid.entries)
     for entry, scores, average in zip(grid.entries, grid.published, averages):
         mode = entry.generations_mode(opts.generations)
-        spec = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch).spec()
+        cfg = entry.run_config(opts.tasks, opts.output_dir, opts.data_dir, mode, opts.allow_count_mismatch)
+        spec = cfg.spec()
         stale: dict[str, str] = {}
         done = []
         for t in opts.tasks:
@@ -227,26 +231,27 @@ def plan(grid: Grid, opts: ReproduceOptions) -> list[PlannedRun]:
                 result_dir=store.folder(spec),
                 done=tuple(done),
                 pending=pending,
-                needs=entry_needs(entry, repos[needed], opts.gpu_gib, registries, generations=mode,
+                needs=entry_needs(entry, cfg.plan, repos[needed], opts.gpu_gib, models, generations=mode,
                                   n_queries=_queries(needed), tasks=needed),
                 stale=stale,
                 generations=mode,
                 spec_key=spec.key(),
                 source_average=average,
                 source_tasks=grid.tasks,
-                prompts=_prompts_line(spec),
+                prompts=_prompts_line(cfg.plan),
+                plan=cfg.plan,
             )
         )
     return out
 
 
-def _prompts_line(spec: RunSpec) -> str:
+def _prompts_line(plan: Any) -> str:
     """Whose prompts a row renders: the authors' (each source's repo@commit, its files, and
     whether they are at hand), the imports or the user's own files in $R2MED_PROMPTS_DIR, or the
     project's; "none" when it renders none (no LLM, or released generations only)."""
     from r2med_agent.prompts.sources import describe
 
-    return describe(spec) or "none (no LLM reads a prompt in this row)"
+    return describe(plan) or "none (no LLM reads a prompt in this row)"
 
 
 def _result_file(store: ResultStore, spec: RunSpec, task: str) -> Path | None:
@@ -294,7 +299,7 @@ def format_plan(planned: Sequence[PlannedRun]) -> str:
             lines.append(f"    stale {task} (runs again): {reason}")
         if p.prompts:
             lines.append(f"    prompts: {p.prompts}")
-        lines += [f"    {line}" for line in first_stage_lines(RunSpec.from_key(p.spec_key), p.done + p.pending)]
+        lines += [f"    {line}" for line in first_stage_lines(p.plan, p.done + p.pending)]
         lines += [f"    {line}" for line in p.needs.lines()]
         if p.entry.candidates:
             lines.append(f"    first-stage run files: {p.entry.candidates_where()} (hash {p.entry.candidates})")
@@ -455,12 +460,12 @@ def reproduce(grid: Grid, opts: ReproduceOptions, ray: str | None = None) -> Com
 def _have_prompts(planned: Sequence[PlannedRun]) -> None:
     """The authors' prompts of every row that will run, fetched (or refused) before the first
     row starts: a grid never stops hours in for want of a prompt file."""
-    from r2med_agent.prompts.sources import ensure, split_folders
+    from r2med_agent.prompts.sources import ensure, plan_folders
 
     needed = {}
     for p in planned:
         if p.pending:
-            folders = split_folders(RunSpec.from_key(p.spec_key))
+            folders = plan_folders(p.plan.prompt_folders)
             needed.update({s.name: s for _, _, s in folders if s is not None})
     for source in needed.values():
         ensure(source)

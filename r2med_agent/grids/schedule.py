@@ -38,21 +38,23 @@ def stage_key(spec: Any, agentic: bool = False) -> str | None:
     return json.dumps({k: rec.get(k) for k in GENERATING}, sort_keys=True, default=str)
 
 
-def row_resources(spec: Any, registries: Any) -> Resources:
+def row_resources(plan: Any) -> Resources:
     """What a row asks Ray for: GPUs for its self-hosted LLM's tensor-parallel size (vLLM), its
     local encoder and its reranker's model (the largest of them: they run one after another in
-    the row), else one CPU and :data:`CPU_ROW_MEMORY`."""
+    the row), else one CPU and :data:`CPU_ROW_MEMORY`. The entries are the row's plan's
+    (:class:`~r2med_agent.experiment.plan.RunPlan`)."""
+    spec = plan.spec
     gpus = 0
-    llm = registries.llms.get(spec.llm) if spec.llm and spec.generations == "fresh" else None
+    llm = plan.llm if spec.llm and spec.generations == "fresh" else None
     if llm is not None and llm.backend == "vllm":
         gpus = max(gpus, llm.tensor_parallel_size)
     for name in _retriever_words(spec):
-        enc = registries.encoders.get(name)
+        enc = plan.encoder(name)
         if enc is not None and getattr(enc, "kind", "hf") != "api":
             gpus = max(gpus, 1)
-    rr = registries.rerankers.get(spec.reranker) if spec.reranker else None
+    rr = plan.reranker if spec.reranker else None
     if rr is not None:
-        rllm = registries.llms.get(rr.llm) if rr.llm else None
+        rllm = plan.reranker_llm if rr.llm else None
         if rllm is None:
             gpus = max(gpus, 1)
         elif rllm.backend == "vllm":

@@ -490,7 +490,7 @@ def run_prompts(spec: Any, own_dir: Path | None = None,
         ConfigError: the spec names sources of another version (other commits).
     """
     if folders is not None:
-        return _fetch(spec, own_dir, [(f, r, source_of_folder(f) if s else None) for f, r, s in folders])
+        return _fetch(spec, own_dir, plan_folders(folders))
     split = split_folders(spec)
     current = resolve(AUTHORS, spec.method, spec.llm, spec.generations, spec.reranker)
     if any(s is not None for _, _, s in split) and spec.prompts_from != current:
@@ -501,18 +501,20 @@ def run_prompts(spec: Any, own_dir: Path | None = None,
     return _fetch(spec, own_dir, split)
 
 
+def plan_folders(folders: Sequence[tuple[str, str | None, str | None]]) -> list[tuple[str, str | None, Any]]:
+    """A run plan's ``prompt_folders`` with each authors' source as its :class:`PromptSource`."""
+    return [(f, r, source_of_folder(f) if s else None) for f, r, s in folders]
+
+
 def _fetch(spec: Any, own_dir: Path | None, folders: list[tuple[str, str | None, PromptSource | None]]) -> RunPrompts:
-    """Fetch what ``folders`` render of the authors' and say where the method and reranker read."""
+    """Fetch what ``folders`` render of the authors' and say where the method (its name's folder) and reranker read."""
     wanted = [s for _, _, s in folders if s is not None]
     dirs = {s.name: ensure(s) for s in dict.fromkeys(wanted)}
     method_dir = reranker_dir = own_dir
-    from r2med_agent.prompts.importer import run_prompt_folders
-
-    method_folders = set(run_prompt_folders(spec.method, spec.generations, ""))
     for folder, _, src in folders:
         if src is None:
             continue
-        if folder in method_folders:
+        if folder == spec.method:
             method_dir = dirs[src.name]
         else:
             reranker_dir = dirs[src.name]
@@ -520,12 +522,12 @@ def _fetch(spec: Any, own_dir: Path | None, folders: list[tuple[str, str | None,
     return RunPrompts(method_dir, reranker_dir, tuple(dict.fromkeys(wanted)), own)
 
 
-def describe(spec: Any, prompts_dir: Any = None) -> str:
-    """One phrase for ``reproduce --dry-run``: whose prompts a row renders, with each authors'
-    source, its files and whether they are at hand ("" when the row renders none)."""
+def describe(plan: Any, prompts_dir: Any = None) -> str:
+    """One phrase for ``reproduce --dry-run``: whose prompts a row renders (its ``plan``'s ``prompt_folders``),
+    with each authors' source, its files and whether they are at hand ("" when the row renders none)."""
     from r2med_agent.prompts.importer import describe as describe_own
 
-    folders = split_folders(spec)
+    folders = plan_folders(plan.prompt_folders)
     if not folders:
         return ""
     parts = []

@@ -310,8 +310,10 @@ REGISTRY_LOOKUPS = {"Registries", "METHODS", "get_method", "get_llm_spec", "load
 """What reads a registry entry by name (or merges an entry's sampling): resolution's business."""
 RESOLUTION = {"r2med_agent.experiment.resolve", "r2med_agent.experiment.run_config"}
 """The modules that resolve a run into its plan (and may read the registries for it)."""
-PLAN_READERS = ("r2med_agent.experiment.runner",)
-"""Modules that run a resolved run: they read its plan, never a registry."""
+PLAN_READERS = ("r2med_agent.experiment.runner", "r2med_agent.grids.estimates", "r2med_agent.grids.needs",
+                "r2med_agent.grids.first_stage", "r2med_agent.grids.schedule")
+"""Modules that run or cost a resolved run (the runner; ``reproduce --dry-run``'s estimates, needs,
+first stage and cluster resources): they read its plan, never a registry."""
 
 
 def _imported_names(path: Path) -> set[str]:
@@ -320,13 +322,22 @@ def _imported_names(path: Path) -> set[str]:
 
 
 def test_no_registry_read_outside_resolution_in_what_runs_a_plan() -> None:
-    """The runner reads the run's plan (experiment/plan.py), built by resolution (RESOLUTION); it
-    looks up no entry by name and merges no sampling."""
+    """The runner and the estimates read the run's plan (experiment/plan.py), built by resolution
+    (RESOLUTION); they look up no entry by name and merge no sampling."""
     modules = _modules()
     assert not RESOLUTION & set(PLAN_READERS)
     found = [f"{m}: {sorted(_imported_names(modules[m]) & REGISTRY_LOOKUPS)}" for m in PLAN_READERS
              if _imported_names(modules[m]) & REGISTRY_LOOKUPS]
     assert found == []
+
+
+def test_one_class_says_what_resolution_reads() -> None:
+    """One ``Registries`` (resolution's, experiment/resolve.py), not one per consumer: the grid
+    planner's needs and estimates read the rows' plans instead."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for path in PACKAGE.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ClassDef) and node.name == "Registries"]
+    assert [f.split(":")[0] for f in found] == ["r2med_agent/experiment/resolve.py"], found
 
 
 def test_no_benchmark_named_in_the_runner() -> None:

@@ -165,11 +165,12 @@ def test_dry_run_counts_each_reranker_kinds_calls_and_gpu_hours():
     100): GroupRank 5 groups x 6 passes, ReasonRank 9 windows, Rank1 100 pairs, Rank-R1's heap
     sort about 25 comparisons of 20; GPU-hours from the stated throughput assumption."""
     from r2med_agent.grids.estimates import GPU_TOKENS_PER_S, gpu_hours, token_estimate
-    from r2med_agent.grids.needs import Registries
+    from r2med_agent.grids.needs import load_models
 
-    reg = Registries.load()
+    models = load_models()
     grid = load_grid("frontier")
-    lines = {e.reranker: [t.line() for t in token_estimate(e, 876, reg)] for e in grid.entries if e.reranker}
+    lines = {e.reranker: [t.line() for t in token_estimate(e, 876, e.run_config(("Biology",), Path("results")).plan, models)]
+             for e in grid.entries if e.reranker}
     assert "5 groups of 20 x 6 passes per query): 26,280 calls" in lines["grouprank-32b"][0]
     assert "9 windows of 20 per query): 7,884 calls" in lines["reasonrank-32b"][0]
     assert "100 pairs per query + forced ends): 87,600 calls" in lines["rank1-32b"][0]

@@ -157,3 +157,17 @@ def test_the_protocols_declare_what_the_runner_calls() -> None:
     assert isinstance(llm_reranker, BatchReranker) and built_llm(llm_reranker) is not None
     assert built_llm(object()) is None
     assert keeps_order(CandidateRunRetriever({}, Path("x"))) and not keeps_order(object())
+
+
+def test_the_plan_holds_the_encoder_entries_the_dry_run_reads() -> None:
+    """``reproduce --dry-run`` (grids/needs.py, first_stage.py, schedule.py) reads encoder entries
+    from the plan: every searched word's, and the dense encoder a rebuilt shipped list fuses with."""
+    from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT
+    from r2med_agent.retrieval.dense.spec import encoder_registry
+
+    made = plan(RunSpec(retriever="bm25+medcpt"))
+    assert made.encoder("medcpt") == encoder_registry()["medcpt"] and made.encoder("bm25") is None
+    assert [w for w, _ in made.encoders] == ["medcpt"]
+    rebuilt = plan(RunSpec(retriever=REBUILT[0]))
+    assert rebuilt.encoder(DENSE_ENCODER) == encoder_registry()[DENSE_ENCODER]
+    assert pickle.loads(pickle.dumps(made)).encoders == made.encoders

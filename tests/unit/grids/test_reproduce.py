@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from r2med_agent import api as rep
 from r2med_agent.grids import planner
 from r2med_agent.grids.grid import RUN_ARGS
-from r2med_agent.grids.needs import Registries, entry_needs, weights_gib
+from r2med_agent.experiment.resolve import Registries
+from r2med_agent.grids.needs import entry_needs, load_models, weights_gib
 from r2med_agent.grids.planner import task_option
 from r2med_agent.analysis.results import r2med_tasks
 from r2med_agent.api import PublishedKey, published_results
@@ -114,11 +115,17 @@ def test_grid_scores_are_the_csv_scores():
             assert scores == entry.ndcg_at_10 or name == "frontier" or name.startswith("bright")
 
 
+def _needs(entry, generations="fresh", **kw):
+    """``entry_needs`` of a grid entry with its row's plan (as ``reproduce`` makes it)."""
+    cfg = entry.run_config(("Biology",), Path("results"), generations=generations)
+    return entry_needs(entry, cfg.plan, generations=generations, **kw)
+
+
 def test_every_grid_model_is_in_the_registries_and_sized():
-    registries = Registries.load()
+    models = load_models()
     for grid in load_grids().values():
         for entry in grid.entries:
-            needs = entry_needs(entry, ["R2MED/Biology"], registries=registries)
+            needs = _needs(entry, datasets=["R2MED/Biology"], models=models)
             assert needs.problems == (), (entry.label, needs.problems)
 
 
@@ -218,23 +225,22 @@ def test_dry_run_commands_and_needs(tmp_path):
 def test_dry_run_adds_up_an_llm_and_an_encoder_on_one_gpu(tmp_path):
     grid = load_grid("gar")
     entry = next(e for e in grid.entries if e.label == "hyde/qwen-7b/nv")
-    registries = Registries.load()
     # qwen-7b: 7.6e9 * 2 B = 14.16 GiB; nv: 7.85e9 * 2 B = 14.62 GiB; with a fifth more: 34.5 GiB.
     # llms.yaml runs qwen-7b with gpu_memory_utilization 0.85: vLLM leaves 12.0 GiB of 80, less
     # than nv's 17.5; 0.78 of the GPU leaves it room.
-    assert entry.generations_mode() == "r2med" and entry_needs(entry, registries=registries, generations="r2med").gpu == (
+    assert entry.generations_mode() == "r2med" and _needs(entry, generations="r2med").gpu == (
         "encoder nv ≈14.6 GiB fp16 weights",)
-    needs = entry_needs(entry, registries=registries)
+    needs = _needs(entry)
     assert needs.gpu[2] == (
         "together (estimate, if resident at once): ≈14.2 GiB LLM share + ≈14.6 GiB encoder/reranker "
         "weights, ≈34.5 GiB with a fifth for activations and KV cache; vLLM reserves 85% of the GPU "
         "(gpu_memory_utilization), leaving ≈12.0 GiB: set it to at most 0.78 in the LLM's registry entry"
     )
-    small = entry_needs(entry, gpu_gib=24, registries=registries)
+    small = _needs(entry, gpu_gib=24)
     assert small.gpu[2].endswith("≈34.5 GiB with a fifth for activations and KV cache (does not fit one 24 GiB GPU)")
     # One model on the GPU: no sum.
     alone = next(e for e in grid.entries if e.label == "hyde/qwen-7b/bm25-compat")
-    assert len(entry_needs(alone, registries=registries).gpu) == 1
+    assert len(_needs(alone).gpu) == 1
 
 
 def test_finished_work_is_skipped_and_partial_work_resumed(tmp_path, monkeypatch):
@@ -600,20 +606,20 @@ def test_dry_run_advice_matches_how_each_row_runs(tmp_path, generations):
     vLLM model beside an encoder that pins another transformers gets the split recipe."""
     from packaging.specifiers import SpecifierSet
 
-    registries = Registries.load()
+    registries = Registries()
     planned = plan(load_grid("gar"), ReproduceOptions(output_dir=tmp_path, generations=generations))
     released = [p for p in planned if p.generations == "r2med"]
     assert generations == "fresh" or len(released) >= 12
     for p in planned:
         text = "\n".join(p.needs.lines())
-        llm = registries.llms[p.entry.llm]
+        llm = registries.llm(p.entry.llm)
         if p.generations == "r2med":
             assert "no LLM runs" in text, p.entry.label
             for word in ("vllm", "vLLM", "SPLIT", "-served", llm.model, "LLM " + p.entry.llm, "tokens:"):
                 assert word not in text, (p.entry.label, word)
             assert all(k != llm.api_key_env for k in p.needs.api_keys), p.entry.label
         else:
-            encoders = [registries.encoders.get(part) for part in p.entry.retriever.split("+")]
+            encoders = [registries.encoder(part) for part in p.entry.retriever.split("+")]
             pinned = any(getattr(e, "transformers", "") and not SpecifierSet(e.transformers).contains("5.16.1")
                          for e in encoders)
             split = any(line.startswith("SPLIT ENVIRONMENTS") for line in p.needs.split)
@@ -688,7 +694,7 @@ def test_dry_runs_add_up_their_llm_work_and_never_print_zero_hours(tmp_path, gen
 
 
 def test_dry_run_estimates_of_a_loop_an_api_reranker_and_given_run_files(tmp_path):
-    registries = Registries.load()
+    registries = Registries()
     agentic = plan(load_grid("agentic"), ReproduceOptions(output_dir=tmp_path, generations="fresh"))
     r1 = next(p for p in agentic if p.entry.method == "search-r1" and p.entry.llm == "qwen-7b-ins")
     [line] = r1.needs.tokens
@@ -701,7 +707,7 @@ def test_dry_run_estimates_of_a_loop_an_api_reranker_and_given_run_files(tmp_pat
     assert "Reason-in-Documents calls per query" in o1.needs.tokens[0]
     frontier = format_plan(plan(load_grid("frontier"), ReproduceOptions(output_dir=tmp_path)))
     insert = next(x for x in frontier.splitlines() if "tokens: insertrank-r1" in x)
-    deepseek = registries.llms["deepseek-r1"]
+    deepseek = registries.llm("deepseek-r1")
     assert deepseek.price_in_per_mtok > 0 and ", ≤$" in insert and "cost unknown" not in insert
     assert "--candidates ReasonRank/runs --reranker reasonrank-32b" in frontier
     assert "git clone https://github.com/8421BCD/ReasonRank, then --candidates ReasonRank/runs" in frontier

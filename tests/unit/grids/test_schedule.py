@@ -8,7 +8,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from r2med_agent.grids.needs import Registries
+from r2med_agent.experiment.resolve import Registries
+from r2med_agent.experiment.resolve import plan as plan_of
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.grids.cluster import build_jobs, write_output
 from r2med_agent.grids.rows import RowJob, RowOptions, RowOutput, resolve_row
@@ -31,13 +32,12 @@ def test_rows_with_equal_generating_settings_share_one_stage():
 
 
 def test_each_row_asks_for_the_gpus_of_its_models():
-    reg = Registries.load()
-    assert row_resources(RunSpec(method="none", retriever="bm25"), reg).num_gpus == 0
-    assert row_resources(RunSpec(method="none", retriever="medcpt"), reg).num_gpus == 1
-    tp = reg.llms["qwen-32b"].tensor_parallel_size
-    assert tp > 1 and row_resources(RunSpec(method="hyde", llm="qwen-32b", retriever="bm25"), reg).num_gpus == tp
+    assert row_resources(plan_of(RunSpec(method="none", retriever="bm25"))).num_gpus == 0
+    assert row_resources(plan_of(RunSpec(method="none", retriever="medcpt"))).num_gpus == 1
+    tp = Registries().llm("qwen-32b").tensor_parallel_size
+    assert tp > 1 and row_resources(plan_of(RunSpec(method="hyde", llm="qwen-32b", retriever="bm25"))).num_gpus == tp
     # Released generations: the LLM never runs.
-    assert row_resources(RunSpec(method="hyde", llm="qwen-32b", generations="r2med"), reg).num_gpus == 0
+    assert row_resources(plan_of(RunSpec(method="hyde", llm="qwen-32b", generations="r2med"))).num_gpus == 0
 
 
 def test_pack_places_rows_on_free_gpus_after_their_stage():

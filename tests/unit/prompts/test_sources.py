@@ -22,7 +22,7 @@ from r2med_agent.prompts import sources as ps
 from r2med_agent.prompts import templates as prompts
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError, PromptSourceError
-from r2med_agent.experiment.resolve import cli_args, resolve
+from r2med_agent.experiment.resolve import cli_args, plan, resolve
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.types import Query
 from tests.prompt_mirror import LoopbackMirror, closed_port_url, mirror_files
@@ -83,7 +83,7 @@ def test_a_file_mirror_works_the_same(sources, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(ps.BASE_URL_ENV, root.as_uri())
     templates = ps.ensure(source)
     assert (templates / "search-r1" / "invalid.j2").is_file()
-    assert ps.describe(resolve(RunSpec(method="search-r1", llm="qwen-7b-ins", prompts_from="authors"))) == (
+    assert ps.describe(plan(RunSpec(method="search-r1", llm="qwen-7b-ins", prompts_from="authors"))) == (
         f"the authors', PeterGriffinJin/Search-R1@{source.commit[:12]} (scripts/data_process/nq_search.py, "
         "search_r1/llm_agent/generation.py): at hand")
 

@@ -217,18 +217,18 @@ def test_the_block_is_part_of_a_user_entrys_identity(tmp_path: Path) -> None:
 
 def test_the_dry_run_describes_the_settings_each_task_runs() -> None:
     from r2med_agent.grids.first_stage import first_stage_lines
-    from r2med_agent.experiment.resolve import resolve
+    from r2med_agent.experiment.resolve import plan
     from r2med_agent.experiment.spec import RunSpec
 
-    spec = resolve(RunSpec(retriever="reasonembed-qwen3-8b"))
-    bright = "\n".join(first_stage_lines(spec, ("bright-biology", "bright-pony")))
+    row = plan(RunSpec(retriever="reasonembed-qwen3-8b"))
+    bright = "\n".join(first_stage_lines(row, ("bright-biology", "bright-pony")))
     assert "on BRIGHT's tasks" in bright and "8192 tokens" in bright and "ReasonEmbed/evaluation_bright/" in bright
     assert "512 tokens" not in bright
-    r2med = "\n".join(first_stage_lines(spec, ("Biology",)))
+    r2med = "\n".join(first_stage_lines(row, ("Biology",)))
     assert "512 tokens" in r2med and "evaluation_r2med" in r2med and "BRIGHT" not in r2med
-    both = "\n".join(first_stage_lines(spec, ("Biology", "bright-biology")))
+    both = "\n".join(first_stage_lines(row, ("Biology", "bright-biology")))
     assert "on BRIGHT's tasks" in both and "on the other tasks" in both
-    rader = "\n".join(first_stage_lines(resolve(RunSpec(retriever="rader-7b")), ("bright-aops",)))
+    rader = "\n".join(first_stage_lines(plan(RunSpec(retriever="rader-7b")), ("bright-aops",)))
     assert '"query: Instruct: {instruction}\\nQuery: {query}" with the task\'s instruction' in rader
     assert "131072 tokens" in rader and "EOS appended" in rader and "Debrup-61/RaDeR" in rader
     assert "tokenized by Qwen/Qwen2.5-14B-Instruct's tokenizer" in rader
@@ -239,10 +239,11 @@ def test_the_dry_runs_needs_follow_the_bright_settings() -> None:
     from r2med_agent.grids.needs import entry_needs
 
     entry = GridEntry(method="none", retriever="rader-7b")
-    bright = entry_needs(entry, tasks=("bright-biology",))
+    row = entry.run_config(("Biology",), Path("results")).plan
+    bright = entry_needs(entry, row, tasks=("bright-biology",))
     assert any("in fp32, texts through Qwen/Qwen2.5-14B-Instruct's tokenizer" in s for s in bright.setup)
     assert any("fp32 weights" in g for g in bright.gpu) and "Qwen/Qwen2.5-14B-Instruct (tokenizer)" in bright.hub
-    r2med = entry_needs(entry, tasks=("Biology",))
+    r2med = entry_needs(entry, row, tasks=("Biology",))
     assert any(" in fp16" in s for s in r2med.setup) and not any("tokenizer" in h for h in r2med.hub)
 
 
