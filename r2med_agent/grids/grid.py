@@ -240,10 +240,10 @@ class GridEntry:
         allow_count_mismatch: bool = False, candidates_path: Path | None = None,
     ) -> str:
         """The equivalent ``r2med-agent run`` command line (``task``: its ``--task`` value), built
-        from the entry's run spec (:func:`~r2med_agent.experiment.spec.cli_args`); a
+        from the entry's run spec (:func:`~r2med_agent.experiment.command.cli_args`); a
         ``candidates`` entry names ``candidates_path`` (else the folder its files come in,
         ``candidates_dir``; ``<run files>`` for an entry that names none)."""
-        from r2med_agent.experiment.resolve import cli_args
+        from r2med_agent.experiment.command import cli_args
 
         spec = self.run_config((), Path(output_dir), data_dir, generations).spec()
         where = str(candidates_path) if candidates_path is not None else (self.candidates_dir or "<run files>")

@@ -102,3 +102,18 @@ def test_options_of_a_kind_that_declares_none_are_refused() -> None:
         resolve(RunSpec(retriever="minilm", kind_options={"dense": {"depth": 3}}))
     # BM25's own settings keep their names and identity (bm25_k1, token k1-1.2).
     assert resolve(RunSpec(bm25_k1=1.2)).settings() == {"bm25_k1": 1.2}
+
+
+def test_the_command_line_of_a_spec_gives_a_kinds_own_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``reproduce`` prints and runs a row's command line from its spec: a kind's own setting
+    comes back as the option the kind declares, never as a ``--kind-options`` dict."""
+    from r2med_agent.experiment.command import cli_args
+    from r2med_agent.retrieval.registry import RETRIEVER_KINDS
+
+    namespace: dict[str, object] = {}
+    exec(PLUGIN.replace('register("retrievers", "short", RetrieverKind(', 'KIND = (RetrieverKind('), namespace)  # noqa: S102
+    monkeypatch.setitem(RETRIEVER_KINDS, "short", namespace["KIND"])
+    spec = RunSpec(retriever="short", kind_options={"short": {"depth": 3}})
+    assert cli_args(spec) == ["--method", "none", "--retriever", "short", "--short-depth", "3"]
+    with pytest.raises(ConfigError, match="declares no option depth here"):
+        cli_args(RunSpec(retriever="short", kind_options={"gone": {"depth": 3}}))

@@ -15,7 +15,8 @@ from r2med_agent.analysis.published import AVERAGE_TASK, PublishedKey, Published
 from r2med_agent.analysis.results import load_results, r2med_tasks
 from r2med_agent.analysis.tables import build_table
 from r2med_agent.errors import ConfigError, DataError
-from r2med_agent.experiment.resolve import cli_args, resolve
+from r2med_agent.experiment.command import cli_args
+from r2med_agent.experiment.resolve import resolve
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.paths import resources_dir
 from tests.result_trees import GOOD, write_result

@@ -17,7 +17,8 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.api import build_table, load_results
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.resolve import applicable, cli_args, resolve, spec_of_config
+from r2med_agent.experiment.command import cli_args
+from r2med_agent.experiment.resolve import applicable, resolve, spec_of_config
 from r2med_agent.experiment.spec import ENCODER_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.api import ReproduceOptions, load_grid, plan

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.resolve import applicable, cli_args, resolve, spec_of_config
+from r2med_agent.experiment.command import cli_args
+from r2med_agent.experiment.resolve import applicable, resolve, spec_of_config
 from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, RunSpec
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.api import RunConfig

@@ -523,6 +523,11 @@ def test_run_args_are_runner_fields_and_run_flags(cli):
         if arg == "sampling":  # a mapping: one flag per override
             assert set(SAMPLING_FLAGS.values()) <= flags
             continue
+        if arg == "kind_options":  # a mapping: one flag per field a registered kind declares
+            from r2med_agent.retrieval.registry import kind_option_fields
+
+            assert {names[0] for _, _, names, _ in kind_option_fields()} <= flags
+            continue
         assert SPEC_FLAGS.get(arg, f"--{arg.replace('_', '-')}") in flags
 
 

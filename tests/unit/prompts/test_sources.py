@@ -22,7 +22,8 @@ from r2med_agent.prompts import sources as ps
 from r2med_agent.prompts import templates as prompts
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError, PromptSourceError
-from r2med_agent.experiment.resolve import cli_args, plan, resolve
+from r2med_agent.experiment.command import cli_args
+from r2med_agent.experiment.resolve import plan, resolve
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.types import Query
 from tests.prompt_mirror import LoopbackMirror, closed_port_url, mirror_files

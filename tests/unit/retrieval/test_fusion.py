@@ -248,7 +248,8 @@ def test_a_query_member_searches_with_the_original_query(sample_task) -> None:
 
 
 def test_fusion_depth_is_part_of_the_run_spec() -> None:
-    from r2med_agent.experiment.resolve import cli_args, resolve
+    from r2med_agent.experiment.command import cli_args
+    from r2med_agent.experiment.resolve import resolve
     from r2med_agent.experiment.spec import RunSpec
 
     base = dict(retriever="bm25+minilm:query")
