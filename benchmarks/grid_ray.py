@@ -9,7 +9,8 @@ one LLM's generations (an OpenAI-compatible server on 127.0.0.1 that answers eac
 sequentially (``reproduce``), then with ``reproduce --ray`` on a two-node cluster started here
 (2 + 1 CPUs), each from empty caches. Both wall times include the CLI's start; the Ray run's
 excludes the cluster's start. Part 2 packs the frontier grid's rows onto 8 GPUs from the
-``--dry-run`` estimates (list scheduling, as the cluster fills) and prints the makespan, the idle
+``--dry-run`` estimates (list scheduling, as the cluster fills; each encoder's corpus embeddings
+counted once, in the first row of that encoder, the others after it) and prints the makespan, the idle
 GPU share and the longest chain of dependent rows beside the sequential sum.
 """
 
@@ -71,7 +72,7 @@ def small_grid(delay: float) -> None:
 
 
 def frontier(gpus: int = 8, gpu_gib: float = 80.0) -> None:
-    from r2med_agent.grids.cluster import build_jobs, row_hours
+    from r2med_agent.grids.cluster import build_jobs, job_graph
     from r2med_agent.grids.schedule import idle_share, longest_chain, pack
     from r2med_agent.api import ReproduceOptions, load_grid, plan
 
@@ -79,10 +80,8 @@ def frontier(gpus: int = 8, gpu_gib: float = 80.0) -> None:
     opts = ReproduceOptions(output_dir=Path("results"), tasks=grid.tasks, gpu_gib=gpu_gib)
     planned = plan(grid, opts)
     jobs = build_jobs(planned, opts)
-    at = {j.index: n for n, j in enumerate(jobs)}
-    hours = [row_hours(planned[j.index], j.resources.num_gpus) for j in jobs]
-    after = {n: at[j.after] for n, j in enumerate(jobs) if j.after is not None}
-    slots = pack(hours, [int(j.resources.num_gpus) for j in jobs], after, gpus)
+    hours, row_gpus, after = job_graph(planned, jobs)  # a corpus's encoding counted once, in its first row
+    slots = pack(hours, row_gpus, after, gpus)
     makespan = max(s.end for s in slots)
     chain = longest_chain(hours, after)
     gpu_hours = sum(h * max(j.resources.num_gpus, 1) for h, j in zip(hours, jobs))

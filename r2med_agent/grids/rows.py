@@ -72,8 +72,9 @@ class Resources:
 
 @dataclass(frozen=True)
 class RowJob:
-    """One pending grid row: its spec, tasks and options, what it asks for, and the row whose
-    generation stage it reads (``after``: that row's index; None when it makes its own)."""
+    """One pending grid row: its spec, tasks and options, what it asks for, and its stages
+    (:mod:`~r2med_agent.grids.schedule`): ``stages`` every generation or embedding stage it takes
+    part in, ``reads`` those of them another row makes, ``after`` the indexes of those rows."""
 
     index: int
     label: str
@@ -81,14 +82,16 @@ class RowJob:
     tasks: tuple[str, ...]
     options: RowOptions
     resources: Resources = field(default_factory=Resources)
-    stage: str | None = None
-    after: int | None = None
+    stages: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    after: tuple[int, ...] = ()
 
 
 @dataclass
 class RowOutput:
     """What a finished row sends back: its result files (path under the result tree -> bytes),
-    the generations and uses it made, its embedding cache files, and where it ran."""
+    the generations and uses it made, the files of the embedding folders it made (path under
+    the embedding cache -> bytes; never those it was seeded with), and where it ran."""
 
     index: int
     files: dict[str, bytes]
@@ -130,7 +133,8 @@ def scratch_dir(job: RowJob, run: str = "") -> Path:
 
 
 def run_row(job: RowJob, seed: Sequence[CacheRecord], *stages: RowOutput) -> RowOutput:
-    """Run one row in its scratch folder (the Ray task's body) and return what it made."""
+    """Run one row in its scratch folder (the Ray task's body), seeded with the generations and
+    embeddings of the rows that made its stages (``stages``), and return what it made."""
     from r2med_agent.experiment.runner import run_experiment
     from r2med_agent.llm import default_cache_path
     from r2med_agent.llm.cache.store import GenerationCache
@@ -145,16 +149,33 @@ def run_row(job: RowJob, seed: Sequence[CacheRecord], *stages: RowOutput) -> Row
         with GenerationCache(default_cache_path()) as cache:
             have = set(cache.get_many(r.key for r in seeded))
             cache.put_many(r for r in seeded if r.key not in have)
+        given = _seed_embeddings(scratch / "cache" / "embeddings", stages)
         run_experiment(resolve_row(job))
         known = {r.key for r in seeded}
         with GenerationCache(default_cache_path()) as cache:
             records = [r for r in cache.iter_records() if r.key not in known]
             uses = [u for u, _ in cache.uses()]
         files = _read_tree(Path(job.options.output_dir))
-        embeddings = _read_tree(scratch / "cache" / "embeddings")
+        embeddings = {rel: data for rel, data in _read_tree(scratch / "cache" / "embeddings").items()
+                      if rel.split("/", 1)[0] not in given}
     shutil.rmtree(scratch, ignore_errors=True)
     return RowOutput(job.index, files, records, uses, embeddings, socket.gethostname(),
                      time.monotonic() - start)
+
+
+def _seed_embeddings(root: Path, stages: Sequence[RowOutput]) -> set[str]:
+    """Write the embedding folders the stage rows made under ``root`` (the row's embedding
+    cache), where missing; returns the names of the folders the row was given."""
+    from r2med_agent.io import atomic_write_bytes
+
+    given: set[str] = set()
+    for out in stages:
+        for rel, data in out.embeddings.items():
+            folder = rel.split("/", 1)[0]
+            given.add(folder)
+            if not (root / rel).exists():
+                atomic_write_bytes(root / rel, data)
+    return given
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:

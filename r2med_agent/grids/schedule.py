@@ -1,11 +1,13 @@
 """The schedule of a grid on a cluster: each row's resource request, the generation stages rows
 share, and the estimated makespan beside the sequential total (``reproduce --dry-run --ray``).
 
-A *stage* is a row's generation work that other rows can read from the generation cache: rows
-whose generating settings are equal (method, LLM, sampling, prompts, first pass, loop retriever;
-everything but the retrieval and reranking after it) send the same requests, so the first of
-them makes the stage and the others run after it, finding every text in the cache. Grouping too
-much only orders rows that could have run side by side; it never changes a result.
+A *stage* is a row's work that other rows can read from a cache: a *generation stage* (rows
+whose generating settings are equal: method, LLM, sampling, prompts, first pass, loop retriever;
+everything but the retrieval and reranking after it, send the same requests) or an *embedding
+stage* (one encoder's document embeddings of one task's corpus, which the embedding cache keeps
+per encoder and corpus). The first row of a stage makes it; the others run after it, seeded with
+what it made, so every text and every embedding is made once. Grouping too much only orders rows
+that could have run side by side; it never changes a result.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ def stage_key(spec: Any, agentic: bool = False) -> str | None:
     if agentic and rec.get("loop_retriever") is None:
         rec["loop_retriever"] = rec["retriever"]
     return json.dumps({k: rec.get(k) for k in GENERATING}, sort_keys=True, default=str)
+
+
+def embedding_stages(plan: Any, tasks: Sequence[str]) -> list[str]:
+    """The embedding stages of a row: each encoder entry of its retrievers (first pass and loop
+    included; the row's plan holds them) over each of its tasks."""
+    names = dict.fromkeys(w for w in _retriever_words(plan.spec) if plan.encoder(w) is not None)
+    return [embedding_stage(name, task) for name in names for task in tasks]
+
+
+def embedding_stage(encoder: str, task: str) -> str:
+    """The key of the stage that makes ``encoder``'s document embeddings of ``task``'s corpus."""
+    return f"embeddings {encoder} {task}"
+
+
+def is_embedding(stage: str) -> bool:
+    """Whether ``stage`` is an embedding stage (else a generation stage)."""
+    return stage.startswith("embeddings ")
 
 
 def row_resources(plan: Any) -> Resources:
@@ -79,9 +98,10 @@ class Slot:
     gpus: int
 
 
-def pack(hours: Sequence[float], gpus: Sequence[int], after: Mapping[int, int], total_gpus: int) -> list[Slot]:
-    """Rows placed on ``total_gpus`` GPUs, longest first among those whose stage is made, each
-    as soon as its GPUs are free (list scheduling, the way a Ray cluster fills up). A row that
+def pack(hours: Sequence[float], gpus: Sequence[int], after: Mapping[int, Sequence[int]],
+         total_gpus: int) -> list[Slot]:
+    """Rows placed on ``total_gpus`` GPUs, longest first among those whose stages are made (``after``:
+    a row's index -> the rows that make the stages it reads), each as soon as its GPUs are free (list scheduling, the way a Ray cluster fills up). A row that
     needs no GPU runs beside the others; one that needs more GPUs than there are cannot run and
     is left out."""
     free = [0.0] * total_gpus
@@ -89,12 +109,12 @@ def pack(hours: Sequence[float], gpus: Sequence[int], after: Mapping[int, int], 
     slots: list[Slot] = []
     todo = [i for i in range(len(hours)) if gpus[i] <= total_gpus]
     while todo:
-        ready = [i for i in todo if after.get(i) is None or after[i] in done]
-        if not ready:  # the producer cannot run: its dependents cannot either
+        ready = [i for i in todo if all(a in done for a in after.get(i, ()))]
+        if not ready:  # a producer cannot run: its dependents cannot either
             break
         i = max(ready, key=lambda j: (hours[j], -j))
         todo.remove(i)
-        earliest = done.get(after[i], 0.0) if after.get(i) is not None else 0.0
+        earliest = max((done[a] for a in after.get(i, ())), default=0.0)
         if gpus[i] == 0:
             start = earliest
         else:
@@ -107,10 +127,10 @@ def pack(hours: Sequence[float], gpus: Sequence[int], after: Mapping[int, int], 
     return slots
 
 
-def longest_chain(hours: Sequence[float], after: Mapping[int, int]) -> float:
+def longest_chain(hours: Sequence[float], after: Mapping[int, Sequence[int]]) -> float:
     """Hours of the longest chain of dependent rows (a lower bound of any makespan)."""
     def chain(i: int) -> float:
-        return hours[i] + (chain(after[i]) if after.get(i) is not None else 0.0)
+        return hours[i] + max((chain(a) for a in after.get(i, ())), default=0.0)
     return max((chain(i) for i in range(len(hours))), default=0.0)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -124,6 +125,35 @@ def test_grid_on_two_nodes_matches_the_sequential_run(cluster, sequential, serve
     # Run again: every row is done, nothing is sent.
     _finish(_reproduce(tmp_path, env, "--ray", cluster.address))
     assert len(server.requests) - before == requests
+
+
+ENCODER_GRID = """title: shared embeddings
+entries:
+  - {method: none, retriever: minilm}
+  - {method: none, retriever: bm25+minilm}
+"""
+
+
+def test_rows_of_one_encoder_encode_the_corpus_once_on_the_cluster(cluster, server, tmp_path):
+    """Two rows of the MiniLM encoder: the corpus is encoded once, by the first; the second runs
+    after it, seeded with its embeddings; the files are the sequential run's."""
+    runs = {}
+    for name, extra in (("sequential", ()), ("ray", ("--ray", cluster.address))):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        env = _setup(tmp, server.base_url)
+        (tmp / "grid.yaml").write_text(ENCODER_GRID, encoding="utf-8")
+        runs[name] = tmp, _finish(_reproduce(tmp, env, *extra), timeout=400)
+    (seq, _), (tmp, out) = runs["sequential"], runs["ray"]
+    folders = sorted(p.name for p in (seq / "cache" / "embeddings").iterdir())
+    assert len(folders) == 1  # the sequential run's encoder passes: one corpus, one encoder
+    assert sorted(p.name for p in (tmp / "cache" / "embeddings").iterdir()) == folders
+    encoded = [int(n) for n in re.findall(r"(\d+) corpus embedding\(s\) encoded", out)]
+    assert sorted(encoded) == [0, 1], out  # two rows, one encoder pass in the cluster
+    assert "grid: 2 done, 0 running" in out
+    assert _tree(tmp / "results") == _tree(seq / "results")
+    npy = f"{folders[0]}/embeddings.npy"
+    assert (tmp / "cache" / "embeddings" / npy).read_bytes() == (seq / "cache" / "embeddings" / npy).read_bytes()
 
 
 def test_dry_run_prints_the_schedule_on_the_cluster(cluster, server, tmp_path):

@@ -321,3 +321,10 @@ def test_every_package_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "r2med_agent").rglob("__init__.py")}
     assert found - listed == set()
+
+
+def test_the_slurm_script_in_the_docs_is_the_tested_file():
+    """docs/reproduce.md shows docs/slurm/ray-grid.sbatch verbatim, the file
+    tests/integration/test_slurm_script.py runs: the two cannot drift apart."""
+    script = (ROOT / "docs" / "slurm" / "ray-grid.sbatch").read_text(encoding="utf-8")
+    assert f"```bash\n{script}```\n" in (ROOT / "docs" / "reproduce.md").read_text(encoding="utf-8")

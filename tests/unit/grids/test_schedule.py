@@ -6,14 +6,15 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from r2med_agent.experiment.resolve import Registries
 from r2med_agent.experiment.resolve import plan as plan_of
 from r2med_agent.experiment.spec import RunSpec
-from r2med_agent.grids.cluster import build_jobs, write_output
+from r2med_agent.grids.cluster import build_jobs, row_hours, schedule_lines, write_output
 from r2med_agent.grids.rows import RowJob, RowOptions, RowOutput, resolve_row
-from r2med_agent.grids.schedule import idle_share, longest_chain, pack, row_resources, stage_key
+from r2med_agent.grids.schedule import embedding_stage, idle_share, longest_chain, pack, row_resources, stage_key
 from r2med_agent.llm.cache.records import CacheRecord, Use
 from r2med_agent.api import ReproduceOptions, load_grid, plan
 
@@ -42,11 +43,11 @@ def test_each_row_asks_for_the_gpus_of_its_models():
 
 def test_pack_places_rows_on_free_gpus_after_their_stage():
     # Row 1 reads row 0's stage; row 2 needs 2 GPUs; 2 GPUs in all.
-    slots = {s.index: s for s in pack([2.0, 1.0, 3.0, 1.0], [1, 1, 2, 0], {1: 0}, 2)}
+    slots = {s.index: s for s in pack([2.0, 1.0, 3.0, 1.0], [1, 1, 2, 0], {1: [0]}, 2)}
     assert slots[2].start == 0.0 and slots[2].end == 3.0  # the longest ready row first
     assert slots[0].start == 3.0 and slots[1].start == slots[0].end == 5.0
     assert slots[3].start == 0.0  # a CPU row runs beside the others
-    assert longest_chain([2.0, 1.0, 3.0, 1.0], {1: 0}) == 3.0
+    assert longest_chain([2.0, 1.0, 3.0, 1.0], {1: [0]}) == 3.0
     assert round(idle_share(list(slots.values()), 2), 4) == round(1 - (2 + 1 + 6) / (6 * 2), 4)
     assert 5 not in {s.index for s in pack([1.0], [4], {}, 2)}  # too big: left out
 
@@ -57,9 +58,37 @@ def test_dependent_rows_wait_for_the_row_that_makes_their_stage(tmp_path):
                     "  - {method: hyde, llm: qwen-7b, retriever: medcpt}\n  - {method: none, retriever: bm25}\n")
     opts = ReproduceOptions(output_dir=Path("results"), tasks=("sample",), generations="fresh")
     jobs = build_jobs(plan(load_grid(grid), opts), opts)
-    assert [j.after for j in jobs] == [None, 0, None]
-    assert jobs[0].stage == jobs[1].stage and jobs[2].stage is None
+    assert [j.after for j in jobs] == [(), (0,), ()]
+    assert jobs[0].stages[0] == jobs[1].stages[0] == jobs[1].reads[0] and jobs[2].stages == ()
     assert [j.resources.num_gpus for j in jobs] == [jobs[0].resources.num_gpus, 1, 0]
+
+
+def test_a_row_waits_for_every_row_that_makes_a_stage_it_reads():
+    # Row 2 reads row 0's embeddings and row 1's generations: it starts after both.
+    slots = {s.index: s for s in pack([2.0, 1.0, 1.0], [1, 1, 1], {2: [0, 1]}, 2)}
+    assert slots[2].start == 2.0
+    assert longest_chain([2.0, 1.0, 1.0], {2: [0, 1]}) == 3.0
+
+
+def test_rows_of_one_encoder_share_its_corpus_embeddings(tmp_path):
+    grid = tmp_path / "g.yaml"
+    grid.write_text("title: t\nentries:\n  - {method: none, retriever: medcpt}\n"
+                    "  - {method: none, retriever: bm25+medcpt}\n  - {method: none, retriever: bm25}\n"
+                    "  - {method: hyde, llm: qwen-7b, retriever: medcpt}\n")
+    opts = ReproduceOptions(output_dir=Path("results"), tasks=("sample",), generations="fresh")
+    planned = plan(load_grid(grid), opts)
+    jobs = build_jobs(planned, opts)
+    assert jobs[0].stages == (embedding_stage("medcpt", "sample"),) and jobs[0].reads == ()
+    assert [j.after for j in jobs] == [(), (0,), (), (0,)]
+    assert jobs[1].reads == jobs[0].stages and jobs[2].stages == ()
+    assert jobs[3].reads == jobs[0].stages and len(jobs[3].stages) == 2  # its generation stage, made by itself
+    # The encoding of the corpus counts once: in the row that makes it.
+    made, reads = row_hours(planned[0], 1, jobs[0].reads), row_hours(planned[1], 1, jobs[1].reads)
+    assert made > 0 and reads < made and reads == pytest.approx(row_hours(planned[1], 1, ()) - planned[1].needs.encoding[0].doc_hours)
+    text = "\n".join(schedule_lines(planned, jobs, 2, 80))
+    assert "[0] none/none/medcpt: 1 GPU(s), 1 CPU(s); " in text and "makes 1 embedding stage(s)" in text
+    assert "[1] none/none/bm25+medcpt" in text and "reads the stage of [0]" in text
+    assert "1 corpus embedding(s) made once" in text
 
 
 def test_a_row_ships_as_its_spec_and_resolves_to_it_in_another_process():
