@@ -44,6 +44,7 @@ at collection or in a test, is reported as a failure with the skip's reason.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -268,26 +269,31 @@ def python_sigint():  # noqa: ANN201
 
 
 
-ENGINE_FIXTURES = frozenset({"vllm_model_dir", "vllm_server", "one_engine"})
-"""Fixtures whose tests start (or stand beside) a real vLLM engine."""
+
+ENGINE_MARKS = ("mark.vllm", "vllm_model_dir", "vllm_server", "one_engine")
+"""What a test file that starts a real vLLM engine says: the ``vllm`` mark or an engine fixture."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist (``-n 2``, as the README and CI run the suite): every test that starts a vLLM
-    engine runs on one worker, one engine at a time as on a single process (two engines at once
-    would not fit a small machine), and every other test file stays whole on one worker, so a
-    module's fixtures (a Lucene index, a model, a server) are built once."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        engine = item.get_closest_marker("vllm") is not None or ENGINE_FIXTURES & set(
-            getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("vllm-engines" if engine else item.nodeid.split("::")[0]))
+@functools.cache
+def engine_files() -> frozenset[str]:
+    """The test files (paths from the repository root, as in test ids) whose tests start a real
+    vLLM engine or stand beside one."""
+    root = _TESTS.parent
+    return frozenset(path.relative_to(root).as_posix() for path in _TESTS.rglob("test_*.py")
+                     if any(mark in path.read_text(encoding="utf-8") for mark in ENGINE_MARKS))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``-n N`` schedules by the groups above (xdist's ``--dist loadgroup``) without saying so."""
-    from xdist.scheduler import LoadGroupScheduling
+    """With pytest-xdist (``-n 2``, as the README and CI run the suite): every test file stays
+    whole on one worker (its module fixtures, a Lucene index, a model or a server, are built once),
+    and every file that starts a vLLM engine goes to one worker, one engine at a time as in a single
+    process (two engines at once would not fit a small machine)."""
+    from xdist.scheduler import LoadScopeScheduling
 
-    return LoadGroupScheduling(config, log)
+    class ByFileAndEngine(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "vllm-engines" if path in engine_files() else path
+
+    return ByFileAndEngine(config, log)
