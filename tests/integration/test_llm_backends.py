@@ -426,12 +426,22 @@ class _FakeVLLM:
         return mod
 
 
+def _install(monkeypatch, fake: _FakeVLLM) -> None:
+    """Put the stand-in engine in vllm's place, with no engine cached and a fixed RAM figure: the
+    engine is a stand-in, so its RAM check must not depend on what else runs on the machine (in CI
+    an xdist worker beside this one held 4 GiB of 23.5 and 0.85 of the RAM no longer fit)."""
+    from r2med_agent.llm import vllm_backend
+
+    monkeypatch.setitem(sys.modules, "vllm", fake.module())
+    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    monkeypatch.setattr(vllm_backend, "_memory_bytes", lambda: (64 * 2**30, 64 * 2**30))
+
+
 def test_vllm_backend_maps_params_and_outputs(monkeypatch) -> None:
     from r2med_agent.llm import vllm_backend
 
     fake = _FakeVLLM()
-    monkeypatch.setitem(sys.modules, "vllm", fake.module())
-    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    _install(monkeypatch, fake)
     backend = make_backend(get_llm_spec("qwen3-32b"))
     assert backend.generate([], SamplingParams()) == []
     assert fake.engines == []  # nothing to do: no engine built
@@ -488,8 +498,7 @@ def test_vllm_backend_continues_from_the_generation_prompt_rendered_once(monkeyp
     from r2med_agent.llm import vllm_backend
 
     fake = _FakeVLLM(echo=True, template=QWQ_TEMPLATE)
-    monkeypatch.setitem(sys.modules, "vllm", fake.module())
-    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    _install(monkeypatch, fake)
     backend = make_backend(get_llm_spec("qwq-32b"))
 
     def user(q: str) -> dict[str, str]:
@@ -565,8 +574,7 @@ def test_vllm_continuation_prompt_with_reasoning_templates(monkeypatch, llm, tem
     from r2med_agent.llm import vllm_backend
 
     fake = _FakeVLLM(echo=True, template=template)
-    monkeypatch.setitem(sys.modules, "vllm", fake.module())
-    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
+    _install(monkeypatch, fake)
     backend = make_backend(get_llm_spec(llm))
     running = "<think>\nI reason.</think>\nPartial.\n<|begin_search_query|>q2<|end_search_query|>"
     if llm == "r1-qwen-32b":
@@ -1247,11 +1255,7 @@ def test_vllm_runs_a_whole_r2med_run_in_one_engine_call(monkeypatch, tmp_path) -
     from r2med_agent.llm import vllm_backend
 
     fake = _FakeVLLM(echo=True)
-    monkeypatch.setitem(sys.modules, "vllm", fake.module())
-    monkeypatch.setattr(vllm_backend, "_ENGINES", {})
-    # The engine is a stand-in: the RAM check must not depend on what else runs on the machine
-    # (an xdist worker beside this one took 4 GiB of 23.5 and 0.85 of the RAM no longer fit).
-    monkeypatch.setattr(vllm_backend, "_memory_bytes", lambda: (64 * 2**30, 64 * 2**30))
+    _install(monkeypatch, fake)
     llm = make_llm("qwen-32b", cache_path=tmp_path / "g.sqlite")
     prompts = [[{"role": "user", "content": f"query {i}"}] for i in range(876)]
     gens = llm.generate(prompts, default_sampling(llm.spec))
