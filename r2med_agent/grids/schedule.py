@@ -43,8 +43,7 @@ def stage_key(spec: Any, agentic: bool = False) -> str | None:
 def embedding_stages(plan: Any, tasks: Sequence[str]) -> list[str]:
     """The embedding stages of a row: each encoder entry of its retrievers (first pass and loop
     included; the row's plan holds them) over each of its tasks."""
-    names = dict.fromkeys(w for w in _retriever_words(plan.spec) if plan.encoder(w) is not None)
-    return [embedding_stage(name, task) for name in names for task in tasks]
+    return [embedding_stage(name, task) for name, _ in plan.encoders for task in tasks]
 
 
 def embedding_stage(encoder: str, task: str) -> str:
@@ -67,10 +66,8 @@ def row_resources(plan: Any) -> Resources:
     llm = plan.llm if spec.llm and spec.generations == "fresh" else None
     if llm is not None and llm.backend == "vllm":
         gpus = max(gpus, llm.tensor_parallel_size)
-    for name in _retriever_words(spec):
-        enc = plan.encoder(name)
-        if enc is not None and getattr(enc, "kind", "hf") != "api":
-            gpus = max(gpus, 1)
+    if any(getattr(enc, "kind", "hf") != "api" for _, enc in plan.encoders):
+        gpus = max(gpus, 1)
     rr = plan.reranker if spec.reranker else None
     if rr is not None:
         rllm = plan.reranker_llm if rr.llm else None
@@ -81,11 +78,6 @@ def row_resources(plan: Any) -> Resources:
     if gpus:
         return Resources(num_cpus=1, num_gpus=gpus)
     return Resources(num_cpus=1, memory=CPU_ROW_MEMORY)
-
-
-def _retriever_words(spec: Any) -> list[str]:
-    words = [spec.retriever, spec.first_pass, spec.loop_retriever or ""]
-    return [w for word in words for w in str(word).replace("+", ",").split(",") if w]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from r2med_agent.experiment.resolve import Registries
-from r2med_agent.experiment.resolve import plan as plan_of
+from r2med_agent.experiment.resolve import resolve as plan_of
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.grids.cluster import build_jobs, row_hours, schedule_lines, write_output
 from r2med_agent.grids.rows import RowJob, RowOptions, RowOutput, resolve_row
@@ -90,6 +90,20 @@ def test_rows_of_one_encoder_share_its_corpus_embeddings(tmp_path):
     assert "[1] none/none/bm25+medcpt" in text and "reads the stage of [0]" in text
     assert "1 corpus embedding(s) made once" in text
 
+
+
+def test_a_word_searched_with_the_original_query_reads_its_encoders_stage(tmp_path):
+    # ``medcpt:query`` searches with the encoder ``medcpt`` (the suffix only says which query it
+    # embeds): the row reads the corpus embeddings row 0 makes, asks for a GPU, and runs after it.
+    grid = tmp_path / "g.yaml"
+    grid.write_text("title: t\nentries:\n  - {method: none, retriever: medcpt}\n"
+                    "  - {method: hyde, llm: qwen-7b, retriever: 'bm25+medcpt:query'}\n")
+    opts = ReproduceOptions(output_dir=Path("results"), tasks=("sample",), generations="fresh")
+    planned = plan(load_grid(grid), opts)
+    assert [name for name, _ in planned[1].plan.encoders] == ["medcpt"]
+    jobs = build_jobs(planned, opts)
+    assert embedding_stage("medcpt", "sample") in jobs[1].reads and jobs[1].after == (0,)
+    assert row_resources(planned[1].plan).num_gpus >= 1
 
 def test_a_row_ships_as_its_spec_and_resolves_to_it_in_another_process():
     spec = RunSpec(method="none", retriever="bm25-compat", top_k=50)
