@@ -271,7 +271,7 @@ def import_for_method(cache, file: Path, target: ImportTarget):
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         params = replace(params, **sampling_overrides)
-    from r2med_agent.experiment.resolve import resolve
+    from r2med_agent.experiment.resolve import resolve_spec
     from r2med_agent.experiment.spec import RunSpec
     from r2med_agent.prompts.sources import check_tasks, run_prompts
 
@@ -280,7 +280,7 @@ def import_for_method(cache, file: Path, target: ImportTarget):
         takers = [n for n, c in METHODS.items() if c.uses_llm and not c.agentic]
         raise ConfigError(f"--method {method}: only single-shot expansion methods ({', '.join(takers)}) can be imported")
     # The prompts the matching run renders: the authors' are had (fetched) before any work.
-    wording = run_prompts(resolve(RunSpec(method=method, llm=llm, prompts_from=target.prompts_from)))
+    wording = run_prompts(resolve_spec(RunSpec(method=method, llm=llm, prompts_from=target.prompts_from)))
     the_task = load_task(task, target.data_dir, allow_missing_qrels_docs=target.allow_missing_qrels_docs,
                          allow_count_mismatch=target.allow_count_mismatch)
     check_tasks(wording, method, [the_task])

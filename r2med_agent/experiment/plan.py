@@ -1,5 +1,5 @@
 """A run's plan: everything resolving a run looked up, merged and checked, in one frozen,
-picklable object (:func:`~r2med_agent.experiment.resolve.plan`).
+picklable object (:func:`~r2med_agent.experiment.resolve.resolve`).
 
 The runner, the estimates and the prompt fetching read a plan, never a registry: the method
 class, the LLM entry, the reranker entry and its kind, the declared facts of every retriever the

@@ -1,9 +1,10 @@
-"""Resolving a run: the one step, at build time, between what a user asks for and the run's spec.
+"""Resolving a run: the one step, at build time, between what a user asks for and the run's plan.
 
 A :class:`~r2med_agent.experiment.spec.RunSpec` is pure data. What a user asks for (a method's
 name in any case, options that play no part in the run, a sampling override equal to the LLM's
-own default, ``authors`` for the prompts) becomes the spec of the run here, by :func:`resolve`,
-which reads the registries once, through :class:`Registries`, and only what the components
+own default, ``authors`` for the prompts) becomes the run's plan here, by :func:`resolve` (a
+:class:`~r2med_agent.experiment.plan.RunPlan`: the resolved spec, which is the run's identity, and
+every entry and merged setting the run reads; :func:`resolve_spec` is its spec alone), which reads the registries once, through :class:`Registries`, and only what the components
 declare, never their names:
 
 - a method's :class:`~r2med_agent.methods.base.Capabilities` (does it generate, loop, take
@@ -43,7 +44,7 @@ from r2med_agent.methods.base import Capabilities, capabilities
 from r2med_agent.names import ORIGINAL_QUERY, member_names
 from r2med_agent.types import SAMPLING_KNOBS, sampling_problems
 
-__all__ = ["Registries", "applicable", "plan", "resolve", "spec_of_config"]
+__all__ = ["Registries", "applicable", "resolve", "resolve_spec", "spec_of_config"]
 
 
 class Registries:
@@ -112,29 +113,25 @@ class Registries:
             return None
 
 
-def resolve(spec: RunSpec, registries: Registries | None = None) -> RunSpec:
-    """The spec of the run ``spec`` asks for: names canonical, settings that do not apply and
-    explicit defaults set back to their defaults, ``prompts_from`` the sources the run renders.
-    Resolving a resolved spec gives it back. (:func:`plan`'s ``spec``.)
+def resolve(spec: RunSpec, registries: Registries | None = None) -> RunPlan:
+    """The plan of the run ``spec`` asks for (:class:`~r2med_agent.experiment.plan.RunPlan`): its
+    resolved spec (names canonical, settings that do not apply and explicit defaults set back to
+    their defaults, ``prompts_from`` the sources the run renders) and every entry, kind and merged
+    setting the run reads, each looked up, merged and checked here, once. Resolving a resolved
+    spec gives the same plan.
 
     Raises:
         ConfigError: an unknown method or a setting out of range or that cannot go with another,
             naming the option and the fix.
     """
-    return plan(spec, registries).spec
-
-
-def plan(spec: RunSpec, registries: Registries | None = None) -> RunPlan:
-    """The plan of the run ``spec`` asks for (:class:`~r2med_agent.experiment.plan.RunPlan`):
-    its resolved spec (:func:`resolve`) and every entry, kind and merged setting the run reads,
-    each looked up, merged and checked here, once.
-
-    Raises:
-        ConfigError: as :func:`resolve`.
-    """
     reg = registries or Registries()
     resolved, method_cls, found = _resolve(spec, reg, explicit_sampling=False)
     return _plan(resolved, method_cls, found, reg)
+
+
+def resolve_spec(spec: RunSpec, registries: Registries | None = None) -> RunSpec:
+    """The resolved spec alone (:func:`resolve`'s ``spec``): the run's identity."""
+    return resolve(spec, registries).spec
 
 
 def _resolve(spec: RunSpec, reg: Registries, *, explicit_sampling: bool) -> tuple[RunSpec, type[Any], _Found]:

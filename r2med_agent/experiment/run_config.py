@@ -16,7 +16,7 @@ from typing import Any
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import DEFAULT_METRICS, metrics_within_depth
 from r2med_agent.experiment.plan import RunPlan
-from r2med_agent.experiment.resolve import plan
+from r2med_agent.experiment.resolve import resolve as resolve_run
 from r2med_agent.experiment.spec import VERSION_MARKERS, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.names import member_names
@@ -143,7 +143,7 @@ class RunConfig(RunSpec):
 
 
 def plan_config(cfg: RunConfig) -> RunPlan:
-    """The plan of a config, made in one step: its spec resolved (:func:`~r2med_agent.experiment.resolve.plan`)
+    """The plan of a config, made in one step: its spec resolved (:func:`~r2med_agent.experiment.resolve.resolve`)
     with the hashes of the files that are part of its identity (first-stage run files, a prompts
     folder of the user's own, registry entries from a user config), and what this version cannot
     run refused.
@@ -156,7 +156,7 @@ def plan_config(cfg: RunConfig) -> RunPlan:
         from r2med_agent.retrieval.run_files import candidates_fingerprint
 
         spec = replace(spec, candidates=candidates_fingerprint(cfg.candidate_files()))
-    made = plan(spec)
+    made = resolve_run(spec)
     for name, (current, _, plural) in VERSION_MARKERS.items():
         if getattr(made.spec, name) != current:
             raise ConfigError(f"{name} {getattr(made.spec, name)} names results of an earlier version's {plural}; "

@@ -213,7 +213,7 @@ def entry_needs(
 
     Args:
         entry: the grid entry.
-        plan: the entry's run plan (:func:`~r2med_agent.experiment.resolve.plan`).
+        plan: the entry's run plan (:func:`~r2med_agent.experiment.resolve.resolve`).
         datasets: hub dataset repos its tasks load from (:func:`dataset_repos`).
         gpu_gib: memory of one GPU.
         models: ``configs/reproduce/models.yaml`` (:func:`load_models`; read here when not given).

@@ -96,12 +96,12 @@ def test_a_kinds_own_option_is_a_run_option_and_part_of_the_identity(site: Path,
 
 
 def test_options_of_a_kind_that_declares_none_are_refused() -> None:
-    from r2med_agent.experiment.resolve import resolve
+    from r2med_agent.experiment.resolve import resolve_spec
 
     with pytest.raises(ConfigError, match="retriever kind 'dense' declares no options"):
-        resolve(RunSpec(retriever="minilm", kind_options={"dense": {"depth": 3}}))
+        resolve_spec(RunSpec(retriever="minilm", kind_options={"dense": {"depth": 3}}))
     # BM25's own settings keep their names and identity (bm25_k1, token k1-1.2).
-    assert resolve(RunSpec(bm25_k1=1.2)).settings() == {"bm25_k1": 1.2}
+    assert resolve_spec(RunSpec(bm25_k1=1.2)).settings() == {"bm25_k1": 1.2}
 
 
 def test_the_command_line_of_a_spec_gives_a_kinds_own_option(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from r2med_agent.analysis.results import load_results, r2med_tasks
 from r2med_agent.analysis.tables import build_table
 from r2med_agent.errors import ConfigError, DataError
 from r2med_agent.experiment.command import cli_args
-from r2med_agent.experiment.resolve import resolve
+from r2med_agent.experiment.resolve import resolve_spec
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.paths import resources_dir
 from tests.result_trees import GOOD, write_result
@@ -119,7 +119,7 @@ def test_the_candidates_entry_names_its_files_and_refuses_others(tmp_path: Path)
 
 
 def test_cli_args_of_a_candidates_run_name_the_files():
-    spec = resolve(RunSpec(retriever="candidates", candidates="cfd8477aeab57f44", reranker="bge-reranker"))
+    spec = resolve_spec(RunSpec(retriever="candidates", candidates="cfd8477aeab57f44", reranker="bge-reranker"))
     assert cli_args(spec, "ReasonRank/runs")[:4] == ["--method", "none", "--candidates", "ReasonRank/runs"]
     with pytest.raises(ConfigError, match="files' path"):
         cli_args(spec)

@@ -12,7 +12,7 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.data import load_task
 from r2med_agent.evaluation import read_trec_run
-from r2med_agent.experiment.resolve import resolve
+from r2med_agent.experiment.resolve import resolve_spec
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.retrieval.bm25.analysis import LuceneEnglishAnalyzer
 from tests.unit.retrieval.test_bm25 import analyzed_corpus, assert_ranking
@@ -34,7 +34,7 @@ def test_k1_and_b_reach_the_scoring_and_the_folder(tmp_path: Path) -> None:
     dictionary = Dictionary(corpus)
     analyzer = LuceneEnglishAnalyzer()
     for k1, b in ((1.2, 0.75), (0.9, 0.4), (2.0, 0.1)):
-        spec = resolve(RunSpec(retriever="bm25-compat", bm25_k1=k1, bm25_b=b))
+        spec = resolve_spec(RunSpec(retriever="bm25-compat", bm25_k1=k1, bm25_b=b))
         folder = out / spec.folder()
         assert json.loads((folder / "spec.json").read_text())["key"] == spec.key()
         run = read_trec_run(folder / "sample.run")
@@ -54,8 +54,8 @@ def test_k1_and_b_are_checked_and_dropped_where_no_bm25_runs() -> None:
     from r2med_agent.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--b must be between 0 and 1"):
-        resolve(RunSpec(bm25_b=1.5))
+        resolve_spec(RunSpec(bm25_b=1.5))
     with pytest.raises(ConfigError, match="--k1 must be >= 0"):
-        resolve(RunSpec(bm25_k1=-1))
-    assert resolve(RunSpec(retriever="minilm", bm25_k1=1.2)) == resolve(RunSpec(retriever="minilm"))
-    assert resolve(RunSpec(retriever="bm25+minilm", bm25_k1=1.2)).settings() == {"bm25_k1": 1.2}
+        resolve_spec(RunSpec(bm25_k1=-1))
+    assert resolve_spec(RunSpec(retriever="minilm", bm25_k1=1.2)) == resolve_spec(RunSpec(retriever="minilm"))
+    assert resolve_spec(RunSpec(retriever="bm25+minilm", bm25_k1=1.2)).settings() == {"bm25_k1": 1.2}

@@ -18,7 +18,7 @@ from r2med_agent.cli.app import main
 from r2med_agent.api import build_table, load_results
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.command import cli_args
-from r2med_agent.experiment.resolve import applicable, resolve, spec_of_config
+from r2med_agent.experiment.resolve import applicable, resolve_spec, spec_of_config
 from r2med_agent.experiment.spec import ENCODER_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.api import ReproduceOptions, load_grid, plan
@@ -48,7 +48,7 @@ def test_only_diver_4b_changed_its_settings() -> None:
     RunSpec(method="lamer", llm="qwen-7b", retriever="bm25", first_pass="diver-4b"),
 ], ids=["alone", "reranked", "fused", "loop", "first-pass"])
 def test_a_diver_4b_record_without_encoder_rules_is_of_the_instructed_queries(spec: RunSpec) -> None:
-    new = resolve(spec)
+    new = resolve_spec(spec)
     assert RunSpec.from_record(new.record()) == new and "encoder_rules" in applicable(new)
     old = _old(new)
     assert old.encoder_rules == 1 and old.key() != new.key() and old.folder() != new.folder()
@@ -60,10 +60,10 @@ def test_a_diver_4b_record_without_encoder_rules_is_of_the_instructed_queries(sp
 def test_other_encoders_old_records_keep_their_spec_and_folder() -> None:
     for spec in (RunSpec(), RunSpec(retriever="diver-4b-instructed"), RunSpec(retriever="diver-4b-reasonembed"),
                  RunSpec(retriever="minilm", reranker="monobert"), RunSpec(method="hyde", llm="qwen-7b")):
-        new = resolve(spec)
+        new = resolve_spec(spec)
         assert _old(new) == new and _old(new).folder() == new.folder()
         assert "encoder_rules" not in applicable(new)
-    assert resolve(RunSpec(retriever="minilm", encoder_rules=1)) == resolve(RunSpec(retriever="minilm"))
+    assert resolve_spec(RunSpec(retriever="minilm", encoder_rules=1)) == resolve_spec(RunSpec(retriever="minilm"))
     with pytest.raises(ConfigError, match="this version runs only encoder_rules 2"):
         RunConfig(tasks=("sample",), retriever="diver-4b", encoder_rules=1)
     with pytest.raises(ConfigError, match="encoder_rules must be an encoder version from 1 to 2"):

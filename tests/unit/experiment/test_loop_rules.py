@@ -16,7 +16,7 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.api import build_table, load_results
 from r2med_agent.errors import ConfigError
-from r2med_agent.experiment.resolve import resolve
+from r2med_agent.experiment.resolve import resolve_spec
 from r2med_agent.experiment.spec import LOOP_RULES, RunSpec
 from r2med_agent.experiment.store import ResultStore
 from r2med_agent.llm.cache.store import GenerationCache
@@ -25,7 +25,7 @@ from r2med_agent.api import ReproduceOptions, RunConfig, format_plan, load_grid,
 from tests.fakes import ScriptedLLM
 from tests.result_trees import GOOD, MIXED, write_result
 
-OLD = resolve(RunSpec(method="search-o1", llm="scripted", loop_rules=1))
+OLD = resolve_spec(RunSpec(method="search-o1", llm="scripted", loop_rules=1))
 """The spec an old Search-o1 run of the default settings reads as."""
 
 
@@ -128,7 +128,7 @@ def test_other_methods_old_results_keep_their_spec_and_folder(tmp_path, scripted
     folder = _old_tree(root, method="hyde")
     assert folder == root / "hyde" / "scripted" / "bm25"
     found = list(ResultStore(root).results())
-    assert [f.spec for f in found] == [resolve(RunSpec(method="hyde", llm="scripted"))]
+    assert [f.spec for f in found] == [resolve_spec(RunSpec(method="hyde", llm="scripted"))]
     assert main(["results", "migrate", str(root)]) == 0
     assert sorted(p.name for p in (root / "hyde" / "scripted").iterdir()) == ["bm25"]
     before = (folder / "sample.json").read_bytes()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from r2med_agent.experiment.plan import RunPlan
-from r2med_agent.experiment.resolve import Registries, plan, resolve
+from r2med_agent.experiment.resolve import Registries, resolve, resolve_spec
 from r2med_agent.experiment.spec import RELEASED_SOURCES, RunSpec
 from r2med_agent.api import RunConfig, run_experiment
 from r2med_agent.types import Generation
@@ -98,9 +98,9 @@ def test_resolving_looks_each_entry_up_once(monkeypatch) -> None:
             calls["reranker"] += 1
             return super().reranker(name)
 
-    made = plan(RunSpec(method="hyde", llm="smollm2", reranker="bge-reranker", sampling={"temperature": 0.3}), Counting())
+    made = resolve(RunSpec(method="hyde", llm="smollm2", reranker="bge-reranker", sampling={"temperature": 0.3}), Counting())
     assert calls == {"llm": 1, "reranker": 1}
-    assert made.spec == resolve(made.spec)  # resolving a resolved spec gives it back
+    assert made.spec == resolve_spec(made.spec)  # resolving a resolved spec gives it back
 
 
 def test_a_run_config_builds_its_plan_in_one_call(monkeypatch, tmp_path: Path) -> None:
@@ -165,9 +165,9 @@ def test_the_plan_holds_the_encoder_entries_the_dry_run_reads() -> None:
     from r2med_agent.retrieval.candidates import DENSE_ENCODER, REBUILT
     from r2med_agent.retrieval.dense.spec import encoder_registry
 
-    made = plan(RunSpec(retriever="bm25+medcpt"))
+    made = resolve(RunSpec(retriever="bm25+medcpt"))
     assert made.encoder("medcpt") == encoder_registry()["medcpt"] and made.encoder("bm25") is None
     assert [w for w, _ in made.encoders] == ["medcpt"]
-    rebuilt = plan(RunSpec(retriever=REBUILT[0]))
+    rebuilt = resolve(RunSpec(retriever=REBUILT[0]))
     assert rebuilt.encoder(DENSE_ENCODER) == encoder_registry()[DENSE_ENCODER]
     assert pickle.loads(pickle.dumps(made)).encoders == made.encoders

@@ -18,7 +18,7 @@ import pytest
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError
 from r2med_agent.evaluation import read_trec_run
-from r2med_agent.experiment.resolve import resolve
+from r2med_agent.experiment.resolve import resolve_spec
 from r2med_agent.llm.cache.store import GenerationCache
 from r2med_agent.llm.cache.wrapper import CachedLLM
 from r2med_agent.api import RunConfig, RunSpec, run_experiment
@@ -64,7 +64,7 @@ def test_another_top_k_gets_its_own_folder_and_only_metrics_it_reaches(tmp_path,
         code, out, _ = _cli(["run", "--task", "sample", "-o", str(tmp_path), "--no-progress",
                              "--top-k", k], capsys)
         assert code == 0
-    k10_spec = resolve(RunSpec(top_k=10))
+    k10_spec = resolve_spec(RunSpec(top_k=10))
     full_dir, k10_dir = tmp_path / "none" / "none" / "bm25", tmp_path / k10_spec.folder()
     assert k10_dir.name == f"bm25__k10__{k10_spec.digest()}"
     assert f"results: {k10_dir}" in out and "R@100" in out
@@ -380,7 +380,7 @@ def test_hyde_with_the_local_model_twice_then_resume_after_sigkill(tmp_path, smo
     second = subprocess.run([*args, "-o", str(tmp_path / "b")], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "LLM generations: 0 new, 12 from cache" in second.stdout
-    folder = resolve(RunSpec(method="hyde", llm="smollm2", sampling={"max_tokens": 24})).folder()  # hyde/smollm2/bm25__mt24__...
+    folder = resolve_spec(RunSpec(method="hyde", llm="smollm2", sampling={"max_tokens": 24})).folder()  # hyde/smollm2/bm25__mt24__...
     a = json.loads((tmp_path / "a" / folder / "sample.json").read_text())["test"]
     b = json.loads((tmp_path / "b" / folder / "sample.json").read_text())["test"]
     assert a == b

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.command import cli_args
-from r2med_agent.experiment.resolve import applicable, resolve, spec_of_config
+from r2med_agent.experiment.resolve import applicable, resolve_spec, spec_of_config
 from r2med_agent.experiment.spec import LOOP_RULES, RERANK_RULES, SAMPLING_FLAGS, RunSpec
 from r2med_agent.experiment.store import legacy_leaf
 from r2med_agent.api import RunConfig
@@ -19,7 +19,7 @@ from r2med_agent.api import RunConfig
 
 def Spec(**kw) -> RunSpec:  # noqa: N802 - reads as the spec it makes
     """The spec of the run ``kw`` asks for (resolved, as a run resolves it)."""
-    return resolve(RunSpec(**kw))
+    return resolve_spec(RunSpec(**kw))
 
 ENCODERS = ["minilm", "bge", "nv", "e5"]
 

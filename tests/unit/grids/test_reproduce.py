@@ -18,7 +18,7 @@ from r2med_agent.grids.needs import entry_needs, load_models, weights_gib
 from r2med_agent.grids.planner import task_option
 from r2med_agent.analysis.results import r2med_tasks
 from r2med_agent.api import PublishedKey, published_results
-from r2med_agent.experiment.resolve import resolve
+from r2med_agent.experiment.resolve import resolve_spec
 from r2med_agent.errors import ConfigError
 from r2med_agent.experiment.spec import SAMPLING_FLAGS, SPEC_FLAGS, RunSpec
 from r2med_agent.paths import resources_dir
@@ -160,7 +160,7 @@ def test_dry_run_commands_and_needs(tmp_path):
         f"r2med-agent run --method hyde --llm qwen-72b --generations r2med --retriever bm25-compat "
         f"--empty-generation keep --task all --output-dir {tmp_path}"
     )
-    kept = resolve(RunSpec(method="hyde", llm="qwen-72b", generations="r2med", retriever="bm25-compat", empty_generation="keep"))
+    kept = resolve_spec(RunSpec(method="hyde", llm="qwen-72b", generations="r2med", retriever="bm25-compat", empty_generation="keep"))
     assert p.generations == "r2med" and p.result_dir == tmp_path / "hyde" / "qwen-72b@r2med" / kept.leaf
     assert kept.leaf == f"bm25-compat__empty-keep__{kept.digest()}"
     assert p.needs.gpu == () and p.needs.setup[0].startswith(
@@ -202,7 +202,7 @@ def test_dry_run_commands_and_needs(tmp_path):
     rank = find("rerank", "none/none/nv/rankllama")
     assert rank.command.endswith(f"--reranker rankllama --rerank-k 10 --rerank-cut --exclude-identical-ids "
                                  f"--task all --output-dir {tmp_path}")
-    rank_spec = resolve(RunSpec(retriever="nv", reranker="rankllama", rerank_k=10, rerank_cut=True, exclude_identical_ids=True))
+    rank_spec = resolve_spec(RunSpec(retriever="nv", reranker="rankllama", rerank_k=10, rerank_cut=True, exclude_identical_ids=True))
     assert rank.result_dir == tmp_path / rank_spec.folder()
     assert rank.result_dir.name == f"nv__top10__noself__rankllama__{rank_spec.digest()}"
     assert "reranker rankllama in fp16: re-scores the top 10 of nv and keeps only those 10" in rank.needs.setup

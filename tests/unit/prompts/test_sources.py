@@ -23,7 +23,7 @@ from r2med_agent.prompts import templates as prompts
 from r2med_agent.cli.app import main
 from r2med_agent.errors import ConfigError, PromptSourceError
 from r2med_agent.experiment.command import cli_args
-from r2med_agent.experiment.resolve import plan, resolve
+from r2med_agent.experiment.resolve import resolve, resolve_spec
 from r2med_agent.experiment.spec import RunSpec
 from r2med_agent.types import Query
 from tests.prompt_mirror import LoopbackMirror, closed_port_url, mirror_files
@@ -84,7 +84,7 @@ def test_a_file_mirror_works_the_same(sources, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(ps.BASE_URL_ENV, root.as_uri())
     templates = ps.ensure(source)
     assert (templates / "search-r1" / "invalid.j2").is_file()
-    assert ps.describe(plan(RunSpec(method="search-r1", llm="qwen-7b-ins", prompts_from="authors"))) == (
+    assert ps.describe(resolve(RunSpec(method="search-r1", llm="qwen-7b-ins", prompts_from="authors"))) == (
         f"the authors', PeterGriffinJin/Search-R1@{source.commit[:12]} (scripts/data_process/nq_search.py, "
         "search_r1/llm_agent/generation.py): at hand")
 
@@ -192,23 +192,23 @@ def test_a_clone_at_another_commit_or_with_a_changed_file_is_refused(sources, tm
 def test_which_runs_render_the_authors_prompts(sources) -> None:
     r2med = sources["R2MED"][0].short
     # The paper's LLMs take the authors' prompts; the local smoke model its own (offline).
-    assert resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from=None)).prompts_from == r2med
-    assert resolve(RunSpec(method="hyde", llm="smollm2", prompts_from=None)).prompts_from == "own"
-    assert resolve(RunSpec(method="hyde", llm="smollm2", prompts_from="authors")).prompts_from == r2med
-    assert resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from="own")).prompts_from == "own"
+    assert resolve_spec(RunSpec(method="hyde", llm="qwen-7b", prompts_from=None)).prompts_from == r2med
+    assert resolve_spec(RunSpec(method="hyde", llm="smollm2", prompts_from=None)).prompts_from == "own"
+    assert resolve_spec(RunSpec(method="hyde", llm="smollm2", prompts_from="authors")).prompts_from == r2med
+    assert resolve_spec(RunSpec(method="hyde", llm="qwen-7b", prompts_from="own")).prompts_from == "own"
     # Released generations render nothing; a folder without a source is the project's wording.
-    assert resolve(RunSpec(method="hyde", llm="qwen-7b", generations="r2med", prompts_from=None)).prompts_from == "own"
-    assert resolve(RunSpec(reranker="qwen3-32b-listwise", prompts_from="authors")).prompts_from == "own"
+    assert resolve_spec(RunSpec(method="hyde", llm="qwen-7b", generations="r2med", prompts_from=None)).prompts_from == "own"
+    assert resolve_spec(RunSpec(reranker="qwen3-32b-listwise", prompts_from="authors")).prompts_from == "own"
     with pytest.raises(ConfigError, match="--prompts must be one of authors, own, got 'theirs'"):
-        resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from="theirs"))
+        resolve_spec(RunSpec(method="hyde", llm="qwen-7b", prompts_from="theirs"))
 
 
 def test_the_two_wordings_are_two_runs_with_their_own_folders_labels_and_commands(sources) -> None:
     from r2med_agent.api import RunConfig
 
     commit = sources["R2MED"][0].commit
-    authors = resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from=None))
-    own = resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from="own"))
+    authors = resolve_spec(RunSpec(method="hyde", llm="qwen-7b", prompts_from=None))
+    own = resolve_spec(RunSpec(method="hyde", llm="qwen-7b", prompts_from="own"))
     assert authors.folder() == f"hyde/qwen-7b/bm25__authors-R2MED@{commit[:8]}__{authors.digest()}"
     assert own.folder() == "hyde/qwen-7b/bm25"  # the wording every earlier result was made with
     assert authors.label == f"hyde/qwen-7b/bm25 [prompts_from=R2MED/R2MED@{commit[:12]}]" and own.label == "hyde/qwen-7b/bm25"
@@ -218,7 +218,7 @@ def test_the_two_wordings_are_two_runs_with_their_own_folders_labels_and_command
     assert RunSpec.from_record(old) == own
     # A record made at other commits names results this version does not make.
     other = "R2MED/R2MED@" + "1" * 12
-    spec = resolve(RunSpec(method="hyde", llm="qwen-7b", prompts_from=other))
+    spec = resolve_spec(RunSpec(method="hyde", llm="qwen-7b", prompts_from=other))
     assert spec.prompts_from == other
     with pytest.raises(ConfigError, match="at other commits"):
         cli_args(spec)

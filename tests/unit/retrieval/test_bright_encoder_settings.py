@@ -217,10 +217,10 @@ def test_the_block_is_part_of_a_user_entrys_identity(tmp_path: Path) -> None:
 
 def test_the_dry_run_describes_the_settings_each_task_runs() -> None:
     from r2med_agent.grids.first_stage import first_stage_lines
-    from r2med_agent.experiment.resolve import plan
+    from r2med_agent.experiment.resolve import resolve
     from r2med_agent.experiment.spec import RunSpec
 
-    row = plan(RunSpec(retriever="reasonembed-qwen3-8b"))
+    row = resolve(RunSpec(retriever="reasonembed-qwen3-8b"))
     bright = "\n".join(first_stage_lines(row, ("bright-biology", "bright-pony")))
     assert "on BRIGHT's tasks" in bright and "8192 tokens" in bright and "ReasonEmbed/evaluation_bright/" in bright
     assert "512 tokens" not in bright
@@ -228,7 +228,7 @@ def test_the_dry_run_describes_the_settings_each_task_runs() -> None:
     assert "512 tokens" in r2med and "evaluation_r2med" in r2med and "BRIGHT" not in r2med
     both = "\n".join(first_stage_lines(row, ("Biology", "bright-biology")))
     assert "on BRIGHT's tasks" in both and "on the other tasks" in both
-    rader = "\n".join(first_stage_lines(plan(RunSpec(retriever="rader-7b")), ("bright-aops",)))
+    rader = "\n".join(first_stage_lines(resolve(RunSpec(retriever="rader-7b")), ("bright-aops",)))
     assert '"query: Instruct: {instruction}\\nQuery: {query}" with the task\'s instruction' in rader
     assert "131072 tokens" in rader and "EOS appended" in rader and "Debrup-61/RaDeR" in rader
     assert "tokenized by Qwen/Qwen2.5-14B-Instruct's tokenizer" in rader

@@ -249,15 +249,15 @@ def test_a_query_member_searches_with_the_original_query(sample_task) -> None:
 
 def test_fusion_depth_is_part_of_the_run_spec() -> None:
     from r2med_agent.experiment.command import cli_args
-    from r2med_agent.experiment.resolve import resolve
+    from r2med_agent.experiment.resolve import resolve_spec
     from r2med_agent.experiment.spec import RunSpec
 
     base = dict(retriever="bm25+minilm:query")
-    assert resolve(RunSpec(**base, fusion_depth=(100,))).fusion_depth is None  # the default depth
-    deep = resolve(RunSpec(**base, fusion_depth=(1000,)))
-    assert deep.fusion_depth == (1000, 1000) and deep == resolve(RunSpec(**base, fusion_depth=(1000, 1000)))
-    mixed = resolve(RunSpec(**base, fusion_depth=(1000, 200)))
-    assert mixed.folder() != deep.folder() != resolve(RunSpec(**base)).folder()
+    assert resolve_spec(RunSpec(**base, fusion_depth=(100,))).fusion_depth is None  # the default depth
+    deep = resolve_spec(RunSpec(**base, fusion_depth=(1000,)))
+    assert deep.fusion_depth == (1000, 1000) and deep == resolve_spec(RunSpec(**base, fusion_depth=(1000, 1000)))
+    mixed = resolve_spec(RunSpec(**base, fusion_depth=(1000, 200)))
+    assert mixed.folder() != deep.folder() != resolve_spec(RunSpec(**base)).folder()
     assert "fd1000-200" in mixed.folder()
     assert RunSpec.from_key(mixed.key()) == mixed == RunSpec.from_record(mixed.record())
     args = cli_args(mixed)

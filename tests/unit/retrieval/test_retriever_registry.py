@@ -163,19 +163,19 @@ def test_every_kind_declares_how_it_combines_an_expansion() -> None:
 
 
 def test_the_spec_reads_what_a_kind_declares(toy_kind: str) -> None:
-    from r2med_agent.experiment.resolve import resolve
+    from r2med_agent.experiment.resolve import resolve_spec
     from r2med_agent.experiment.spec import RunSpec
 
     # No model: --precision and --encoder-backend play no part (no `toy-word-overlap__float16__...`).
-    assert resolve(RunSpec(retriever=toy_kind, precision="float16")) == resolve(RunSpec(retriever=toy_kind))
-    assert resolve(RunSpec(retriever="minilm", precision="float16")).precision == "float16"
+    assert resolve_spec(RunSpec(retriever=toy_kind, precision="float16")) == resolve_spec(RunSpec(retriever=toy_kind))
+    assert resolve_spec(RunSpec(retriever="minilm", precision="float16")).precision == "float16"
     # A registered retriever declares the same; a fixed list refuses an LLM's queries before any work.
     try:
         register_retriever("fixed-toy", WordOverlapRetriever, combine="fixed")
         with pytest.raises(ConfigError, match="fixed-toy answer the task's own queries from a fixed list"):
-            resolve(RunSpec(method="hyde", llm="smollm2", retriever="bm25+fixed-toy"))
-        assert resolve(RunSpec(retriever="fixed-toy", precision="float16")).precision is None
+            resolve_spec(RunSpec(method="hyde", llm="smollm2", retriever="bm25+fixed-toy"))
+        assert resolve_spec(RunSpec(retriever="fixed-toy", precision="float16")).precision is None
     finally:
         unregister_retriever("fixed-toy")
     with pytest.raises(ConfigError, match="nano-bm25 answer the task's own queries"):
-        resolve(RunSpec(method="hyde", llm="smollm2", retriever="nano-bm25"))
+        resolve_spec(RunSpec(method="hyde", llm="smollm2", retriever="nano-bm25"))
