@@ -28,7 +28,8 @@ CLI's ConfigError and DataError, with each option named as the keyword these fun
 
 The module is also the public Python API of ``run``, ``compare`` and ``reproduce``
 (docs/python-api.md): :class:`RunConfig`, :func:`run_experiment`, :func:`load_results`,
-:func:`build_table`, :func:`load_grid`, :func:`plan`, :func:`reproduce` and the rest of
+:func:`build_table`, :func:`resolve` (a spec into its :class:`RunPlan`), :func:`load_grid`,
+:func:`plan` (a grid's rows), :func:`reproduce` and the rest of
 ``_PUBLIC``, each imported from the module that defines it on first use, so importing this
 module never loads the whole pipeline.
 """
@@ -54,6 +55,8 @@ _PUBLIC = {
     "r2med_agent.experiment.run_config": ("RunConfig",),
     "r2med_agent.experiment.runner": ("ExperimentResult", "TaskOutcome", "run_experiment"),
     "r2med_agent.experiment.spec": ("DEFAULT_TOP_K", "RunSpec"),
+    "r2med_agent.experiment.resolve": ("resolve",),
+    "r2med_agent.experiment.plan": ("RunPlan",),
     "r2med_agent.analysis.published": ("PublishedKey", "PublishedResults", "published_results"),
     "r2med_agent.analysis.render": ("FORMATS", "print_rich", "render"),
     "r2med_agent.analysis.results": ("ResultRow", "TaskResult", "load_results"),

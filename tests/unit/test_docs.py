@@ -73,7 +73,8 @@ def test_python_api_page_example_runs(tmp_path, monkeypatch, capsys):
 
 def test_python_api_runs_tables_and_grids_example_runs(tmp_path, monkeypatch, capsys):
     """The page's example of the API of run, compare and reproduce, executed as written: a BM25
-    run of the sample task, its table, and the NanoR2MED grid's plan (nothing of it runs)."""
+    run of the sample task, its table, the NanoR2MED grid's plan (nothing of it runs) and one
+    run's resolved plan."""
     monkeypatch.chdir(tmp_path)
     page = "docs/python-api.md"
     exec(compile(_doc_block(page, "Runs, tables and grids"), page, "exec"),
@@ -83,6 +84,7 @@ def test_python_api_runs_tables_and_grids_example_runs(tmp_path, monkeypatch, ca
     assert folder == "results/none/none/bm25" and 0.0 < float(score) <= 1.0
     assert "| 0 | none | none | bm25 |" in out and "r2med-agent run --method none --retriever nano-bm25" in out
     assert not (tmp_path / "results/none/none/nano-bm25").exists()
+    assert out.rstrip().endswith("hyde {} 0.7")  # a run resolved: the default temperature is no setting
 
 
 def test_python_api_lists_each_public_name_of_run_compare_and_reproduce():
