@@ -10,12 +10,7 @@ import time
 
 import pytest
 
-
-def sigint_default() -> None:
-    """``preexec_fn`` of a child that a test interrupts: SIGINT back to its default, so that the
-    child's Python installs its Ctrl-C handler even where this process ignores SIGINT (a suite
-    started as a background job or under nohup)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from tests.interrupts import sigint_default
 
 
 @pytest.mark.parametrize(("trigger", "wait_s"), [("generating", 1.0), ("with llama.cpp", 0.0)],
