@@ -53,6 +53,9 @@ class RunPlan:
         sampling: the final sampling of the method's generations (None: nothing generates).
         prompt_folders: ``(folder, reader LLM, authors' source or None)`` of every prompt folder
             the run renders (:func:`~r2med_agent.prompts.sources.split_folders`).
+        plugins: ``(component, who registered it)`` of each component of the run that is not
+            built in (``"rerankers toy"``, ``"plugin 'toy' (toy_pkg) of distribution toy-pkg
+            0.1"``): recorded with the results, so a reader knows which package made them.
         source: the registered source of released generations the method's texts come from
             (:class:`~r2med_agent.data.sources.GenerationSource`; None: ``fresh``, an LLM).
     """
@@ -70,6 +73,7 @@ class RunPlan:
     sampling: SamplingParams | None = None
     prompt_folders: tuple[tuple[str, str | None, str | None], ...] = ()
     source: Any = None
+    plugins: tuple[tuple[str, str], ...] = ()
 
     @property
     def generates(self) -> bool:

@@ -89,6 +89,20 @@ class Registries:
 
         return reranker_registry().get(name)
 
+    def origin(self, group: str, name: str) -> str | None:
+        """Who registered component ``name`` of ``group`` (:func:`~r2med_agent.plugins.registry`):
+        ``built in``, a plugin and its distribution, or ``Python``; None: no such name."""
+        from r2med_agent.plugins import registry
+
+        return registry(group).origin(name)
+
+    def retriever_kind_name(self, word: str) -> str | None:
+        """The registry name of a retriever word's kind (None: unknown)."""
+        from r2med_agent.retrieval.registry import RETRIEVER_KINDS
+
+        kind = self.retriever_kind(word)
+        return next((name for name, k in RETRIEVER_KINDS.items() if k is kind), None)
+
     def encoder(self, word: str) -> Any:
         """The encoder entry ``word`` (None: an unknown word, or a retriever that is no encoder)."""
         from r2med_agent.retrieval.dense.spec import encoder_registry
@@ -179,7 +193,27 @@ def _plan(spec: RunSpec, method_cls: type[Any], found: _Found, reg: Registries) 
                    reranker_problem=reranker_problem, reranker_llm=_reranker_llm(found.reranker, reg),
                    retrievers=retrievers, encoders=_encoders(spec, caps, reg), sampling=sampling,
                    prompt_folders=tuple((f, r, s.short if s is not None else None) for f, r, s in split_folders(spec)),
-                   source=source)
+                   source=source, plugins=_plugins(spec, caps, found, reg))
+
+
+def _plugins(spec: RunSpec, caps: Capabilities, found: _Found, reg: Registries) -> tuple[tuple[str, str], ...]:
+    """``(component, who registered it)`` of every component of the run that is not built in: the
+    method, each searched word's retriever kind and encoder, the reranker's kind, the LLM's backend."""
+    from r2med_agent.plugins import BUILT_IN
+
+    wanted = [("methods", spec.method)]
+    for word in dict.fromkeys(_searched_names(vars(spec), caps)):
+        wanted += [("retrievers", reg.retriever_kind_name(word) or word), ("encoders", word)]
+    if found.reranker is not None:
+        wanted.append(("rerankers", found.reranker.kind))
+    if found.llm is not None and caps.uses_llm:
+        wanted.append(("llm-backends", found.llm.backend))
+    out = {}
+    for group, name in wanted:
+        origin = reg.origin(group, name)
+        if origin is not None and origin != BUILT_IN:
+            out[f"{group} {name}"] = origin
+    return tuple(out.items())
 
 
 def _encoders(spec: RunSpec, caps: Capabilities, reg: Registries) -> tuple[tuple[str, Any], ...]:

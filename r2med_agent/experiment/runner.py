@@ -481,6 +481,7 @@ def _summary(ctx: _Context, out_dir: Path, outcomes: list[TaskOutcome]) -> str:
         "llm_stats": _llm_stats(ctx),
         **({"loop_steps": ctx.loop_steps} if ctx.loop_steps is not None else {}),
         "config": _config_record(cfg),
+        **({"plugins": dict(cfg.plan.plugins)} if cfg.plan.plugins else {}),
         "precision": model_precisions(cfg),
     }
     return summary_text(scores, ctx.spec, extra)
@@ -510,6 +511,7 @@ def _write_task_files(cfg: RunConfig, out_dir: Path, r: _TaskRun, run: Run, ev: 
         "per_query": ev.per_query,
         "stats": stats,
         "config": _config_record(cfg),
+        **({"plugins": dict(cfg.plan.plugins)} if cfg.plan.plugins else {}),  # who made its components
         "spec_key": cfg.key(),
         "precision": model_precisions(cfg),
         "source": task.source,

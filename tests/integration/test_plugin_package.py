@@ -81,6 +81,11 @@ def test_a_separate_package_runs_through_the_cli_and_reads_back_without_it(toy: 
     config = record["config"]
     assert (config["method"], config["llm"], config["retriever"], config["reranker"]) == (
         "keywords", "parrot", "word-overlap+hash-64", "upside-down")
+    # Which package made the components the run used: recorded with the result (built-ins are not).
+    assert {"methods keywords", "rerankers reverse", "encoders hash-64"} <= set(record["plugins"]), record["plugins"]
+    assert all("of distribution r2med-toy 0.1" in who for who in record["plugins"].values()), record["plugins"]
+    summary = json.loads(result.with_name("summary.json").read_text())
+    assert summary["plugins"] == record["plugins"]
     task = load_task("sample")
     run = read_trec_run(result.with_name("sample.run"))
     assert record["test"]["ndcg_at_10"] == pytest.approx(evaluate(run, task.qrels).mean["ndcg_at_10"])

@@ -4,7 +4,9 @@ Document embeddings are cached per (encoder settings that shape them, resolved d
 instruction, corpus fingerprint) under ``cache_dir()/embeddings/<encoder>__<key>/``. Encoding writes
 shards of ``shard_size`` documents, each atomically, so a killed run resumes from its last shard;
 the shards are then merged into one float32 ``embeddings.npy`` (memory-mapped when reused) and a
-``meta.json``, both written atomically.
+``meta.json``, both written atomically. ``meta.json`` holds the SHA-256 of ``embeddings.npy``; a
+matrix whose bytes no longer match it (a flipped bit on disk, a file copied in part or edited) is
+named in a warning and encoded again, checked once per process and file, never used as it is.
 
 Concurrent runs that need the same embeddings take the folder's ``.lock`` (``build_lock``) before
 encoding: one encodes, the others wait and then load its result (or resume its shards when it
@@ -175,6 +177,8 @@ class EmbeddingCache:
             return None
         if not isinstance(meta, dict) or meta.get("key") != self.key or meta.get("n_docs") != self.meta["n_docs"]:
             return None
+        if not _matches_checksum(self.embeddings_path, meta.get("sha256")):
+            return None
         arr = _load_npy(self.embeddings_path)
         if arr is None or arr.dtype != np.float32 or arr.ndim != 2 or arr.shape[0] != self.meta["n_docs"]:
             return None
@@ -253,14 +257,17 @@ class EmbeddingCache:
         try:
             self._write_rows(tmp, shards, dim)
             set_default_mode(tmp)
+            digest = file_sha256(Path(tmp))
             os.replace(tmp, self.embeddings_path)
         except BaseException as e:
             Path(tmp).unlink(missing_ok=True)
             raise_if_disk_full(e, self.embeddings_path, size)
             raise
+        _CHECKED.add(_stamp(self.embeddings_path))  # just written: its checksum is its own
         atomic_write_json(
             self.meta_path,
-            {**self.meta, "key": self.key, "dim": dim, "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+            {**self.meta, "key": self.key, "dim": dim, "sha256": digest,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
         shutil.rmtree(shards.dir, ignore_errors=True)
 
@@ -276,6 +283,43 @@ class EmbeddingCache:
             out.flush()
         finally:
             del out  # unmapped now, also on an error (whose traceback would keep it mapped)
+
+
+_CHECKED: set[tuple[str, int, int]] = set()
+"""``(path, size, mtime)`` of the matrices whose checksum this process has checked (or written)."""
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in blocks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path), st.st_size, st.st_mtime_ns
+
+
+def _matches_checksum(path: Path, expected: Any) -> bool:
+    """Whether the matrix at ``path`` has the SHA-256 its ``meta.json`` recorded (True without one:
+    written by an earlier version); False with a warning naming the file, which is then encoded
+    again. Each file is read once per process (again only when its size or time changes)."""
+    if not isinstance(expected, str):
+        return True
+    try:
+        stamp = _stamp(path)
+        if stamp in _CHECKED:
+            return True
+        actual = file_sha256(path)
+    except OSError as e:
+        logger.warning("%s is damaged (%s); its embeddings are encoded again", path, e)
+        return False
+    if actual != expected:
+        logger.warning("%s is damaged (its SHA-256 is not the one meta.json recorded when it was written); "
+                       "its embeddings are encoded again", path)
+        return False
+    _CHECKED.add(stamp)
+    return True
 
 
 def _load_npy(path: Path) -> np.ndarray | None:
