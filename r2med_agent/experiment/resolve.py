@@ -4,8 +4,9 @@ A :class:`~r2med_agent.experiment.spec.RunSpec` is pure data. What a user asks f
 name in any case, options that play no part in the run, a sampling override equal to the LLM's
 own default, ``authors`` for the prompts) becomes the run's plan here, by :func:`resolve` (a
 :class:`~r2med_agent.experiment.plan.RunPlan`: the resolved spec, which is the run's identity, and
-every entry and merged setting the run reads; :func:`resolve_spec` is its spec alone), which reads the registries once, through :class:`Registries`, and only what the components
-declare, never their names:
+every entry and merged setting the run reads; :func:`resolve_spec` is its spec alone), which
+reads the registries once, through :class:`Registries`, and only what the components declare,
+never their names:
 
 - a method's :class:`~r2med_agent.methods.base.Capabilities` (does it generate, loop, take
   samples or a first pass, fuse its searches) and the sampling its generations use
@@ -185,24 +186,26 @@ def _plan(spec: RunSpec, method_cls: type[Any], found: _Found, reg: Registries) 
     sampling = None
     if found.llm is not None and caps.uses_llm and spec.generations not in RELEASED_SOURCES:
         sampling = method_cls().sampling(found.llm, dict(spec.sampling))
+    words = list(dict.fromkeys(_searched_names(vars(spec), caps)))
     retrievers = tuple(RetrieverFacts(word, kind.combine, bool(kind.has_model), tuple(kind.settings))
-                       for word in dict.fromkeys(_searched_names(vars(spec), caps))
+                       for word in words
                        if (kind := reg.retriever_kind(word)) is not None)
     return RunPlan(spec=spec, method=method_cls, llm=found.llm, llm_problem=llm_problem, reranker=found.reranker,
                    reranker_kind=found.reranker.kind_of if found.reranker is not None else None,
                    reranker_problem=reranker_problem, reranker_llm=_reranker_llm(found.reranker, reg),
                    retrievers=retrievers, encoders=_encoders(spec, caps, reg), sampling=sampling,
                    prompt_folders=tuple((f, r, s.short if s is not None else None) for f, r, s in split_folders(spec)),
-                   source=source, plugins=_plugins(spec, caps, found, reg))
+                   source=source, plugins=_plugins(spec, words, caps, found, reg))
 
 
-def _plugins(spec: RunSpec, caps: Capabilities, found: _Found, reg: Registries) -> tuple[tuple[str, str], ...]:
+def _plugins(spec: RunSpec, words: list[str], caps: Capabilities, found: _Found,
+             reg: Registries) -> tuple[tuple[str, str], ...]:
     """``(component, who registered it)`` of every component of the run that is not built in: the
     method, each searched word's retriever kind and encoder, the reranker's kind, the LLM's backend."""
     from r2med_agent.plugins import BUILT_IN
 
     wanted = [("methods", spec.method)]
-    for word in dict.fromkeys(_searched_names(vars(spec), caps)):
+    for word in words:  # the searched words, each once
         wanted += [("retrievers", reg.retriever_kind_name(word) or word), ("encoders", word)]
     if found.reranker is not None:
         wanted.append(("rerankers", found.reranker.kind))
